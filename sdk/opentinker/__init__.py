@@ -1,0 +1,1 @@
+"""OpenTinker: agentic reinforcement learning as a service."""

@@ -1,0 +1,187 @@
+from opentinker.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_ENV_DONE: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TURNS: _ClassVar[FinishReason]
+    FINISH_REASON_MAX_TOKENS: _ClassVar[FinishReason]
+    FINISH_REASON_ENV_ERROR: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_ENV_DONE: FinishReason
+FINISH_REASON_MAX_TURNS: FinishReason
+FINISH_REASON_MAX_TOKENS: FinishReason
+FINISH_REASON_ENV_ERROR: FinishReason
+
+class RolloutRequest(_message.Message):
+    __slots__ = ("seq", "open", "weights", "collect", "heartbeat", "close")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    open: OpenRollout
+    weights: WeightChunk
+    collect: CollectTrajectories
+    heartbeat: _common_pb2.Heartbeat
+    close: CloseRollout
+    def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
+
+class OpenRollout(_message.Message):
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed")
+    class EnvOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    model: _common_pb2.ModelSpec
+    env_name: str
+    env_options: _containers.ScalarMap[str, str]
+    sampling: _common_pb2.SamplingParams
+    max_turns: int
+    max_episode_tokens: int
+    seed: int
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    IS_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    PROBE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    is_adapter: bool
+    tensors: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tensor]
+    last: bool
+    probe_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, policy_version: _Optional[int] = ..., is_adapter: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.Tensor, _Mapping]]] = ..., last: _Optional[bool] = ..., probe_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CollectTrajectories(_message.Message):
+    __slots__ = ("batch_index", "num_groups", "group_size")
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    batch_index: int
+    num_groups: int
+    group_size: int
+    def __init__(self, batch_index: _Optional[int] = ..., num_groups: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+
+class CloseRollout(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class RolloutResponse(_message.Message):
+    __slots__ = ("seq", "opened", "applied", "batch", "failed", "heartbeat", "closed")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    opened: RolloutOpened
+    applied: WeightsApplied
+    batch: TrajectoryBatch
+    failed: RolloutFailed
+    heartbeat: _common_pb2.Heartbeat
+    closed: RolloutClosed
+    def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[RolloutOpened, _Mapping]] = ..., applied: _Optional[_Union[WeightsApplied, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., failed: _Optional[_Union[RolloutFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., closed: _Optional[_Union[RolloutClosed, _Mapping]] = ...) -> None: ...
+
+class RolloutOpened(_message.Message):
+    __slots__ = ("engine", "policy_version")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    policy_version: int
+    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class WeightsApplied(_message.Message):
+    __slots__ = ("policy_version", "probe_logprobs", "apply_seconds")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    probe_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    apply_seconds: float
+    def __init__(self, policy_version: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
+
+class Trajectory(_message.Message):
+    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text")
+    EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISH_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TEXT_FIELD_NUMBER: _ClassVar[int]
+    episode_id: str
+    group_index: int
+    policy_version: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_length: int
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    loss_mask: _containers.RepeatedScalarFieldContainer[int]
+    reward: float
+    num_turns: int
+    finish_reason: FinishReason
+    finish_detail: str
+    completion_text: str
+    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ...) -> None: ...
+
+class TrajectoryBatch(_message.Message):
+    __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")
+    BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
+    GENERATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    batch_index: int
+    trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
+    generate_seconds: float
+    env_seconds: float
+    generated_tokens: int
+    def __init__(self, batch_index: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., generate_seconds: _Optional[float] = ..., env_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+
+class RolloutFailed(_message.Message):
+    __slots__ = ("reason", "code")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    code: str
+    def __init__(self, reason: _Optional[str] = ..., code: _Optional[str] = ...) -> None: ...
+
+class RolloutClosed(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...

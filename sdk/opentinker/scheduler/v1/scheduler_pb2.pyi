@@ -1,0 +1,233 @@
+from opentinker.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.JobSpec
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_common_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id", "from_seq")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    from_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., from_seq: _Optional[int] = ...) -> None: ...
+
+class WatchJobResponse(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: _common_pb2.JobEvent
+    def __init__(self, event: _Optional[_Union[_common_pb2.JobEvent, _Mapping]] = ...) -> None: ...
+
+class ReportJobProgressRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "step", "log", "failure", "result")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    step: _common_pb2.StepMetrics
+    log: _common_pb2.LogLine
+    failure: JobFailure
+    result: JobResult
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ..., log: _Optional[_Union[_common_pb2.LogLine, _Mapping]] = ..., failure: _Optional[_Union[JobFailure, _Mapping]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ...) -> None: ...
+
+class ReportJobProgressResponse(_message.Message):
+    __slots__ = ("stop",)
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    stop: bool
+    def __init__(self, stop: _Optional[bool] = ...) -> None: ...
+
+class JobFailure(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class JobResult(_message.Message):
+    __slots__ = ("checkpoint_uri", "final_metrics")
+    class FinalMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
+    FINAL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_uri: str
+    final_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("device_id", "kind", "memory_bytes")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    kind: str
+    memory_bytes: int
+    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class ConnectWorkerRequest(_message.Message):
+    __slots__ = ("seq", "register", "heartbeat", "launched", "exited", "closing")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    register: RegisterWorker
+    heartbeat: _common_pb2.Heartbeat
+    launched: JobLaunched
+    exited: JobExited
+    closing: WorkerClosing
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[RegisterWorker, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launched: _Optional[_Union[JobLaunched, _Mapping]] = ..., exited: _Optional[_Union[JobExited, _Mapping]] = ..., closing: _Optional[_Union[WorkerClosing, _Mapping]] = ...) -> None: ...
+
+class RegisterWorker(_message.Message):
+    __slots__ = ("worker_id", "hostname", "devices")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    hostname: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+
+class JobLaunched(_message.Message):
+    __slots__ = ("job_id", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class JobExited(_message.Message):
+    __slots__ = ("job_id", "attempt", "exit_code", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    exit_code: int
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WorkerClosing(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ConnectWorkerResponse(_message.Message):
+    __slots__ = ("seq", "registered", "heartbeat", "launch", "stop", "closing")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    CLOSING_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    registered: WorkerRegistered
+    heartbeat: _common_pb2.Heartbeat
+    launch: LaunchJob
+    stop: StopJob
+    closing: SchedulerClosing
+    def __init__(self, seq: _Optional[int] = ..., registered: _Optional[_Union[WorkerRegistered, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launch: _Optional[_Union[LaunchJob, _Mapping]] = ..., stop: _Optional[_Union[StopJob, _Mapping]] = ..., closing: _Optional[_Union[SchedulerClosing, _Mapping]] = ...) -> None: ...
+
+class WorkerRegistered(_message.Message):
+    __slots__ = ("worker_id", "heartbeat_interval_s", "lease_ttl_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
+
+class LaunchJob(_message.Message):
+    __slots__ = ("job", "lease_id", "device_ids")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    job: _common_pb2.Job
+    lease_id: str
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StopJob(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SchedulerClosing(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...

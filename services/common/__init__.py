@@ -1,0 +1,1 @@
+"""Pieces every service uses: gRPC server construction, error mapping, logging, settings."""

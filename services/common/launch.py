@@ -1,0 +1,72 @@
+"""What a worker agent hands to the processes it starts for a job.
+
+The worker writes ``<run_dir>/launch.json`` (this model, as JSON) and starts
+``python -m opentinker.services.rollout --launch <run_dir>/launch.json`` and, once the rollout
+has written its address to ``<run_dir>/rollout.addr``, ``python -m opentinker.services.trainer
+--launch <run_dir>/launch.json --rollout-address <addr>``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from google.protobuf import json_format
+from pydantic import BaseModel, ConfigDict
+
+from opentinker.common.v1 import common_pb2
+
+
+class LaunchConfig(BaseModel):
+    """One attempt of one job on one worker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_json: str  # common_pb2.Job as JSON (json_format.MessageToJson)
+    lease_id: str
+    device_ids: list[str]
+    scheduler_address: str
+    envhub_address: str
+    run_dir: Path
+
+    @property
+    def job(self) -> common_pb2.Job:
+        return json_format.Parse(self.job_json, common_pb2.Job())
+
+    @classmethod
+    def for_job(cls, job: common_pb2.Job, **fields) -> LaunchConfig:
+        return cls(job_json=json_format.MessageToJson(job), **fields)
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, self.model_dump_json(indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> LaunchConfig:
+        return cls.model_validate_json(Path(path).read_text())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write text so that a reader never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def wait_for_file(path: Path, *, timeout_s: float, alive=lambda: True, poll_s: float = 0.05) -> str:
+    """Wait until ``path`` exists and return its text.
+
+    Raises TimeoutError after ``timeout_s``, or RuntimeError as soon as ``alive()`` is false
+    (the process that should write it has died).
+    """
+    deadline = time.monotonic() + timeout_s
+    path = Path(path)
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text().strip()
+        if not alive():
+            raise RuntimeError(f"the process that should write {path.name} exited first")
+        time.sleep(poll_s)
+    raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s")

@@ -1,0 +1,28 @@
+"""structlog set-up shared by every service: key=value lines on stderr."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(service: str, *, level: str = "INFO") -> structlog.stdlib.BoundLogger:
+    """Configure structlog once per process and return a logger bound to ``service``."""
+    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(
+                key_order=["timestamp", "level", "service", "event"], drop_missing=True
+            ),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    return structlog.get_logger().bind(service=service)

@@ -1,0 +1,1 @@
+"""Model-side pieces shared by trainer and rollout: the tiny local model, weight packing."""

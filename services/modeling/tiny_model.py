@@ -1,0 +1,104 @@
+"""Build a tiny Qwen2-architecture model with a locally made tokenizer, saved like a real one.
+
+Nothing is downloaded: the tokenizer is byte-level (256 byte tokens + ChatML special tokens,
+no merges), the weights are random. Demo and tests load the result through the same
+``from_pretrained`` path a real checkpoint (e.g. Qwen/Qwen2.5-1.5B) uses.
+
+    python -m opentinker.services.modeling.tiny_model --out runs/tiny-qwen2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# ChatML, as Qwen2.5 uses it.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: every byte is one token, plus the ChatML special tokens."""
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
+    for tok in SPECIAL_TOKENS:
+        vocab[tok] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+
+
+def build_tiny_model(
+    out_dir: Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Save a random-init Qwen2 model and its tokenizer to ``out_dir``; return the folder."""
+    out_dir = Path(out_dir)
+    set_seed(seed)
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "opentinker_tiny.json").write_text(json.dumps({"seed": seed}))
+    return out_dir
+
+
+def ensure_tiny_model(out_dir: Path, **kwargs) -> Path:
+    """Build the tiny model once; later calls reuse the saved folder."""
+    out_dir = Path(out_dir)
+    if not (out_dir / "opentinker_tiny.json").exists():
+        build_tiny_model(out_dir, **kwargs)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build the tiny local Qwen2 model.")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    build_tiny_model(args.out, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()
