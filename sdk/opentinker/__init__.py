@@ -1,1 +1,49 @@
-"""OpenTinker: agentic reinforcement learning as a service."""
+"""OpenTinker: agentic reinforcement learning as a service.
+
+Everything a researcher needs on a machine without a GPU: the client of the scheduler, job
+specs, the environment authoring API, and the generated protocol stubs
+(``opentinker.<service>.v1``). Importing this package never imports torch.
+"""
+
+from opentinker.client import Client
+from opentinker.env_server import EnvServerHandle, serve
+from opentinker.errors import (
+    AuthenticationError,
+    ConfigError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    JobFailedError,
+    NotFoundError,
+    OpenTinkerError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from opentinker.game import AbstractGame, StepResult
+from opentinker.jobs import JobEvent, JobInfo
+from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AbstractGame",
+    "AuthenticationError",
+    "Client",
+    "ConfigError",
+    "EnvServerHandle",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "JobEvent",
+    "JobFailedError",
+    "JobInfo",
+    "JobSpec",
+    "LoraConfig",
+    "ModelSpec",
+    "NotFoundError",
+    "OpenTinkerError",
+    "ResourceExhaustedError",
+    "RlConfig",
+    "SamplingParams",
+    "StepResult",
+    "UnavailableError",
+    "serve",
+]

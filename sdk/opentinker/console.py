@@ -1,0 +1,66 @@
+"""How the CLI shows jobs and their events to a person (rich tables and lines)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rich.console import Console
+from rich.table import Table
+
+from opentinker.jobs import JobEvent, JobInfo
+
+STATE_STYLE = {
+    "QUEUED": "yellow",
+    "ALLOCATING": "yellow",
+    "RUNNING": "cyan",
+    "SUCCEEDED": "green",
+    "FAILED": "red",
+    "CANCELLED": "magenta",
+}
+
+# Step metrics shown on each line, in this order, with their format.
+STEP_COLUMNS = [
+    ("reward_mean", "reward {:.3f}"),
+    ("loss", "loss {:+.4f}"),
+    ("entropy", "entropy {:.2f}"),
+    ("tokens_per_s", "{:.0f} tok/s"),
+    ("time_generate_s", "gen {:.2f}s"),
+    ("time_env_s", "env {:.2f}s"),
+    ("time_train_s", "train {:.2f}s"),
+    ("time_weight_sync_s", "sync {:.2f}s"),
+    ("time_mesh_s", "mesh {:.2f}s"),
+]
+
+
+def jobs_table(jobs: list[JobInfo]) -> Table:
+    table = Table(title="jobs", show_lines=False)
+    for column in ("job", "name", "state", "attempt", "created", "reason / checkpoint"):
+        table.add_column(column)
+    for job in jobs:
+        created = dt.datetime.fromtimestamp(job.created_unix_s).strftime("%Y-%m-%d %H:%M:%S")
+        detail = job.reason or job.checkpoint_uri
+        style = STATE_STYLE.get(job.state, "")
+        table.add_row(
+            job.job_id, job.name, f"[{style}]{job.state}[/]", str(job.attempt), created, detail
+        )
+    return table
+
+
+def format_event(event: JobEvent) -> str:
+    """One line for a person: a state change, a step's metrics, or a log message."""
+    if event.kind == "state":
+        style = STATE_STYLE.get(event.state, "")
+        reason = f" — {event.reason}" if event.reason else ""
+        return f"[{style}]● {event.state}[/]{reason}"
+    if event.kind == "step":
+        parts = [f"step {event.step:>5}", f"v{event.policy_version}"]
+        parts += [fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics]
+        return "  ".join(parts)
+    return f"[dim]{event.message}[/]"
+
+
+def print_event(console: Console, event: JobEvent, *, every: int = 1) -> None:
+    """Print state changes and logs always, step lines every ``every`` steps."""
+    if event.kind == "step" and every > 1 and event.step % every != 0:
+        return
+    console.print(format_event(event), highlight=False)

@@ -1,0 +1,93 @@
+"""Plain views of jobs and job events, as the SDK returns them (no protobuf in user code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opentinker.common.v1 import common_pb2
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+def state_name(state: int) -> str:
+    """common_pb2.JobState value -> "QUEUED", "RUNNING", ..."""
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as the scheduler reports it."""
+
+    job_id: str
+    name: str
+    state: str  # QUEUED | ALLOCATING | RUNNING | SUCCEEDED | FAILED | CANCELLED
+    reason: str
+    attempt: int
+    worker_id: str
+    checkpoint_uri: str
+    created_unix_s: float
+    updated_unix_s: float
+    final_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_proto(cls, job: common_pb2.Job) -> JobInfo:
+        return cls(
+            job_id=job.job_id,
+            name=job.spec.name,
+            state=state_name(job.state),
+            reason=job.reason,
+            attempt=job.attempt,
+            worker_id=job.worker_id,
+            checkpoint_uri=job.checkpoint_uri,
+            created_unix_s=job.created_unix_s,
+            updated_unix_s=job.updated_unix_s,
+            final_metrics=dict(job.final_metrics),
+        )
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's event stream.
+
+    kind "state": ``state``/``reason`` set; kind "step": ``step``, ``policy_version`` and
+    ``metrics`` (seconds for ``time_*``, per second for rates); kind "log": ``message``.
+    """
+
+    seq: int
+    time_unix_s: float
+    kind: str
+    state: str = ""
+    reason: str = ""
+    step: int = 0
+    policy_version: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.kind == "state" and self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_proto(cls, ev: common_pb2.JobEvent) -> JobEvent:
+        which = ev.WhichOneof("payload")
+        base = {"seq": ev.seq, "time_unix_s": ev.time_unix_s}
+        if which == "state_change":
+            return cls(
+                kind="state",
+                state=state_name(ev.state_change.state),
+                reason=ev.state_change.reason,
+                **base,
+            )
+        if which == "step":
+            return cls(
+                kind="step",
+                step=ev.step.step,
+                policy_version=ev.step.policy_version,
+                metrics=dict(ev.step.metrics),
+                **base,
+            )
+        return cls(kind="log", message=ev.log.message if which == "log" else "", **base)

@@ -1,0 +1,118 @@
+"""The single-node mesh: an embedded Redis (unless a URL is given), the scheduler, EnvHub and
+one worker agent, each its own process. The worker starts a trainer and a rollout per job.
+
+    with LocalMesh(MeshSettings(run_root=Path("runs/local"))) as mesh:
+        client = opentinker.Client(mesh.scheduler_address)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from opentinker.services.launcher.processes import ServiceProcess, free_port
+from opentinker.services.launcher.redis_process import RedisProcess
+
+log = structlog.get_logger()
+
+
+class MeshSettings(BaseModel):
+    """Where the mesh keeps its files and which Redis it uses (None = start one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_root: Path = Path("runs/local")
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    scheduler_port: int = 0  # 0 = pick a free port
+    envhub_port: int = 0
+    cpu_slots: int = 1
+    startup_timeout_s: float = 120.0
+
+
+class LocalMesh:
+    """Starts the processes in dependency order and stops them in reverse."""
+
+    def __init__(self, settings: MeshSettings) -> None:
+        self.settings = settings
+        self.run_root = settings.run_root.resolve()
+        self.log_dir = self.run_root / "logs"
+        self._stack = contextlib.ExitStack()
+        self.processes: list[ServiceProcess] = []
+        self.redis_url = settings.redis_url or ""
+        self.scheduler_address = ""
+        self.envhub_address = ""
+
+    def __enter__(self) -> LocalMesh:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        s = self.settings
+        if not self.redis_url:
+            redis = self._stack.enter_context(RedisProcess(self.run_root / "redis"))
+            self.redis_url = redis.url
+        log.info("mesh.redis", url=self.redis_url)
+        self.scheduler_address = f"{s.host}:{s.scheduler_port or free_port(s.host)}"
+        self.envhub_address = f"{s.host}:{s.envhub_port or free_port(s.host)}"
+        common = {"OPENTINKER_REDIS_URL": self.redis_url}
+        envhub = self._start(
+            "envhub",
+            "opentinker.services.envhub",
+            {**common, "OPENTINKER_HOST": s.host, "OPENTINKER_PORT": self.envhub_address.split(":")[1]},
+            address=self.envhub_address,
+        )
+        scheduler = self._start(
+            "scheduler",
+            "opentinker.services.scheduler",
+            {
+                **common,
+                "OPENTINKER_HOST": s.host,
+                "OPENTINKER_PORT": self.scheduler_address.split(":")[1],
+                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
+            },
+            address=self.scheduler_address,
+        )
+        envhub.wait_serving(timeout_s=s.startup_timeout_s)
+        scheduler.wait_serving(timeout_s=s.startup_timeout_s)
+        self._start(
+            "worker",
+            "opentinker.services.worker",
+            {
+                **common,
+                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
+                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
+                "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
+                "OPENTINKER_NUM_CPU_SLOTS": str(s.cpu_slots),
+            },
+        )
+        log.info(
+            "mesh.up",
+            scheduler=self.scheduler_address,
+            envhub=self.envhub_address,
+            logs=str(self.log_dir),
+        )
+
+    def _start(self, name: str, module: str, env: dict[str, str], address: str = "") -> ServiceProcess:
+        proc = ServiceProcess.start(name, module, env=env, log_dir=self.log_dir, address=address)
+        self.processes.append(proc)
+        return proc
+
+    def dead_processes(self) -> list[ServiceProcess]:
+        return [p for p in self.processes if not p.alive()]
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        self._stack.close()

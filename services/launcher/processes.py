@@ -1,0 +1,96 @@
+"""Start service processes, wait until their gRPC health check says SERVING, stop them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the service binds it right after)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class ServiceProcess:
+    """One running service: its name, process, log file and (for gRPC services) address."""
+
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    address: str = ""
+
+    @classmethod
+    def start(
+        cls, name: str, module: str, *, env: dict[str, str], log_dir: Path, address: str = ""
+    ) -> ServiceProcess:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"{name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
+        process = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return cls(name=name, process=process, log_path=log_path, address=address)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def wait_serving(self, *, timeout_s: float = 60.0) -> None:
+        """Block until the gRPC health check answers SERVING; fail fast if the process died."""
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    raise RuntimeError(
+                        f"{self.name} exited with code {self.process.returncode} while starting; "
+                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        raise TimeoutError(
+            f"{self.name} at {self.address} was not SERVING within {timeout_s:.0f} s; "
+            f"see {self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def stop(self, *, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL it after ``grace_s``."""
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=5)

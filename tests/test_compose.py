@@ -1,0 +1,57 @@
+"""deploy/compose.yaml describes the single node correctly (parsed with compose-spec, as no
+Docker engine runs here): persistent Redis, the services, a worker holding the GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import compose_spec
+import pytest
+
+from opentinker.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "deploy" / "compose.yaml"
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def compose() -> compose_spec.PyCompose:
+    return compose_spec.PyCompose.from_yaml(COMPOSE.read_text())
+
+
+def test_it_parses_and_has_the_single_node_services(compose) -> None:
+    assert compose.validate() is None
+    compose.to_spec()  # full schema validation
+    assert set(compose.service_names()) == {"redis", "scheduler", "envhub", "worker"}
+
+
+def test_redis_persists_to_a_volume(compose) -> None:
+    redis = compose.services["redis"]
+    assert "--appendonly" in redis.command and "yes" in redis.command
+    assert any(str(v).endswith(":/data") or "/data" in str(v) for v in redis.volumes)
+    assert redis.healthcheck is not None
+
+
+def test_worker_reserves_the_gpus(compose) -> None:
+    devices = compose.services["worker"].deploy.resources.reservations.devices
+    assert devices and devices[0].driver == "nvidia" and "gpu" in devices[0].capabilities
+
+
+def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -> None:
+    parser = build_parser()
+    for name in ("scheduler", "envhub", "worker"):
+        service = compose.services[name]
+        dockerfile = (COMPOSE.parent / service.build.context / service.build.dockerfile).resolve()
+        assert dockerfile.is_file(), dockerfile
+        args = parser.parse_args(list(service.command))
+        assert args.command == "serve" and args.service == name
+        env = service.environment
+        assert env["OPENTINKER_REDIS_URL"].startswith("redis://redis:")
+
+
+def test_dockerfile_copies_what_the_package_needs() -> None:
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    for folder in ("protos", "sdk", "services", "pyproject.toml"):
+        assert folder in text
+    assert 'ENTRYPOINT ["opentinker"]' in text

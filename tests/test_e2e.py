@@ -1,0 +1,132 @@
+"""End to end: the real mesh as separate processes (Redis, scheduler, envhub, worker, and the
+trainer + rollout the worker starts), a real tiny model that really learns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import opentinker
+from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    # No Redis URL: the launcher starts its own redis-server, as `opentinker up` does.
+    settings = MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))
+    with LocalMesh(settings) as running:
+        yield running
+
+
+@pytest.fixture()
+def client(mesh):
+    with opentinker.Client(mesh.scheduler_address, timeout=10) as c:
+        yield c
+
+
+def letter_job(model: Path, **rl) -> JobSpec:
+    options = {
+        "env_name": "letter",
+        "env_options": {"num_letters": "1"},
+        "steps": 40,
+        "prompts_per_step": 8,
+        "samples_per_prompt": 8,
+        "learning_rate": 3e-4,
+        "sampling": SamplingParams(max_new_tokens=1),
+        "stop_at_reward": 0.6,
+        "seed": 1,
+    }
+    options.update(rl)
+    return JobSpec(name="e2e", model=ModelSpec(base_model=str(model), finetune="full"), rl=RlConfig(**options))
+
+
+def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
+    events = []
+    job = client.fit(letter_job(tiny_model), on_event=events.append, timeout=540)
+    assert job.state == "SUCCEEDED", job.reason
+    states = [e.state for e in events if e.kind == "state"]
+    assert states[0] == "QUEUED" and "RUNNING" in states and states[-1] == "SUCCEEDED"
+
+    steps = [e for e in events if e.kind == "step"]
+    assert len(steps) >= 2
+    versions = [e.policy_version for e in steps]
+    assert versions == sorted(versions) and versions[-1] > versions[0], versions
+    rewards = [e.metrics["reward_mean"] for e in steps]
+    assert max(rewards[-3:]) > rewards[0] + 0.2, f"reward did not rise: {rewards}"
+    for key in ("loss", "entropy", "tokens_per_s", "time_generate_s", "time_env_s",
+                "time_train_s", "time_weight_sync_s"):
+        assert key in steps[-1].metrics, key
+    assert job.final_metrics["reward_mean_last10"] > job.final_metrics["reward_mean_first10"]
+
+    # The checkpoint is a real HF checkpoint: it loads through from_pretrained.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(job.checkpoint_uri)
+    tokenizer = AutoTokenizer.from_pretrained(job.checkpoint_uri)
+    assert model.config.vocab_size == len(tokenizer)
+
+    # A late `opentinker tail` replays the whole run from the event stream.
+    out = subprocess.run(
+        [sys.executable, "-m", "opentinker.cli", "--scheduler", mesh.scheduler_address, "tail", job.job_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "QUEUED" in out.stdout and "SUCCEEDED" in out.stdout
+    assert out.stdout.count("step") >= len(steps)
+
+
+def test_lora_job_saves_an_adapter_that_loads(client, tiny_model) -> None:
+    spec = letter_job(tiny_model, steps=2, stop_at_reward=None)
+    spec = spec.model_copy(update={"model": ModelSpec(base_model=str(tiny_model), finetune="lora")})
+    job = client.fit(spec, timeout=300)
+    assert job.state == "SUCCEEDED", job.reason
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    model = PeftModel.from_pretrained(base, job.checkpoint_uri)
+    assert any("lora_" in name for name, _ in model.named_parameters())
+    assert job.final_metrics["policy_version"] == 2
+
+
+def test_unknown_env_fails_the_job_fast_naming_it(client, tiny_model) -> None:
+    started = time.monotonic()
+    with pytest.raises(opentinker.JobFailedError) as info:
+        client.fit(letter_job(tiny_model, env_name="no-such-env"), timeout=120)
+    assert "no-such-env" in info.value.reason
+    assert time.monotonic() - started < 60
+
+
+def test_env_server_that_is_down_fails_the_job_naming_it(client, mesh, tiny_model) -> None:
+    from opentinker.services.envhub.letter_env import LetterGame
+
+    handle = opentinker.serve(
+        LetterGame, name="flaky-letters", envhub_address=mesh.envhub_address, block=False
+    )
+    handle.stop()  # registered, then gone: the address no longer answers
+    started = time.monotonic()
+    with pytest.raises(opentinker.JobFailedError) as info:
+        client.fit(letter_job(tiny_model, env_name="flaky-letters"), timeout=120)
+    assert "flaky-letters" in info.value.reason
+    assert time.monotonic() - started < 60
+
+
+def test_bad_requests_get_clear_status_codes(client) -> None:
+    with pytest.raises(opentinker.NotFoundError) as info:
+        client.get_job("job-does-not-exist")
+    assert "job-does-not-exist" in str(info.value)

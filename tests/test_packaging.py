@@ -1,0 +1,115 @@
+"""One distribution, importable as opentinker.*, whose SDK needs no torch; the public
+surface is pinned; a wheel carries the SDK, the stubs and every service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import opentinker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PUBLIC_SURFACE = {
+    "AbstractGame",
+    "AuthenticationError",
+    "Client",
+    "ConfigError",
+    "EnvServerHandle",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "JobEvent",
+    "JobFailedError",
+    "JobInfo",
+    "JobSpec",
+    "LoraConfig",
+    "ModelSpec",
+    "NotFoundError",
+    "OpenTinkerError",
+    "ResourceExhaustedError",
+    "RlConfig",
+    "SamplingParams",
+    "StepResult",
+    "UnavailableError",
+    "serve",
+}
+
+
+@pytest.mark.unit
+def test_public_surface_is_pinned() -> None:
+    assert set(opentinker.__all__) == PUBLIC_SURFACE
+    for name in opentinker.__all__:
+        assert getattr(opentinker, name) is not None
+
+
+@pytest.mark.unit
+def test_sdk_imports_without_torch_or_server_packages() -> None:
+    code = (
+        "import sys, opentinker, opentinker.cli, opentinker.scheduler.v1.scheduler_pb2_grpc;"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'redis', 'vllm') if m in sys.modules);"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "", f"import opentinker pulled in: {out.stdout.strip()}"
+
+
+@pytest.mark.unit
+def test_errors_are_typed_and_picklable() -> None:
+    import pickle
+
+    err = opentinker.NotFoundError("job 'x' not found", code="NOT_FOUND", reason="JOB_NOT_FOUND")
+    assert isinstance(err, LookupError) and isinstance(err, opentinker.OpenTinkerError)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), back.message, back.code, back.reason) == (
+        type(err),
+        err.message,
+        err.code,
+        err.reason,
+    )
+
+
+@pytest.mark.integration
+def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("opentinker-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for expected in (
+        "opentinker/__init__.py",
+        "opentinker/scheduler/v1/scheduler_pb2.py",
+        "opentinker/scheduler/v1/scheduler_pb2.pyi",
+        "opentinker/envhub/v1/environment_pb2_grpc.py",
+        "opentinker/services/scheduler/__main__.py",
+        "opentinker/services/trainer/__main__.py",
+        "opentinker/services/rollout/__main__.py",
+        "opentinker/services/envhub/__main__.py",
+        "opentinker/services/worker/__main__.py",
+        "opentinker/services/common/grpc_server.py",
+        "opentinker/services/modeling/tiny_model.py",
+    ):
+        assert expected in names, f"{expected} missing from {wheel.name}"
+    # Installed on its own (no editable finder), the services import as opentinker.services.*.
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import opentinker, opentinker.services.common.launch as m;"
+        "print(opentinker.__file__); print(m.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert all(line.startswith(str(target)) for line in out.stdout.split()), out.stdout
