@@ -1,0 +1,96 @@
+"""Where one RL step's time goes, and what the mesh itself costs.
+
+Runs the real single-node mesh (Redis, scheduler, envhub, worker → trainer + rollout, all
+separate processes) on the tiny local model for a fixed number of steps, then prints the mean
+split of a step from the trainer's own timers: generation, environment, training, weight sync
+and the rest (gRPC transfer of trajectories, serialization, Redis/scheduler reporting).
+
+Baseline measured in the same run: the same episodes' environment work done in-process
+(calling the game directly), so "env RPC overhead" is what going through EnvHub over gRPC
+adds on top of the game logic itself.
+
+    .venv/bin/python bench/step_breakdown.py [--steps 30] [--prompts 16] [--samples 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import opentinker
+from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+
+def inprocess_env_seconds(episodes: int) -> float:
+    """Seconds to reset + step ``episodes`` letter games directly, no RPC."""
+    started = time.perf_counter()
+    for i in range(episodes):
+        game = LetterGame()
+        game.reset(seed=i, num_letters="8")
+        game.step("A")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--finetune", choices=["full", "lora"], default="full")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="opentinker-bench-"))
+    model = ensure_tiny_model(root / "tiny-qwen2")
+    spec = JobSpec(
+        name="bench-step-breakdown",
+        model=ModelSpec(base_model=str(model), finetune=args.finetune),
+        rl=RlConfig(
+            env_name="letter",
+            env_options={"num_letters": "8"},
+            steps=args.steps,
+            prompts_per_step=args.prompts,
+            samples_per_prompt=args.samples,
+            learning_rate=1e-4,
+            sampling=SamplingParams(max_new_tokens=2),
+        ),
+    )
+    steps = []
+    with LocalMesh(MeshSettings(run_root=root / "mesh")) as mesh, opentinker.Client(
+        mesh.scheduler_address
+    ) as client:
+        job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
+    steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)
+    keys = ["time_generate_s", "time_env_s", "time_train_s", "time_weight_sync_s", "time_mesh_s"]
+    mean = {k: statistics.fmean(s.metrics.get(k, 0.0) for s in steps) for k in keys}
+    step_s = statistics.fmean(s.metrics["time_step_s"] for s in steps)
+    episodes = args.prompts * args.samples
+    env_direct = inprocess_env_seconds(episodes)
+    env_rpc_overhead = max(mean["time_env_s"] - env_direct, 0.0)
+    mesh_cost = mean["time_mesh_s"] + env_rpc_overhead + mean["time_weight_sync_s"]
+
+    out = sys.stdout
+    out.write(f"job {job.job_id} {job.state}: {len(steps)} steps measured, "
+              f"{episodes} episodes/step, {args.finetune} fine-tuning\n")
+    out.write(f"{'part':<28}{'s/step':>10}{'share':>9}\n")
+    for key in keys:
+        out.write(f"{key.removeprefix('time_').removesuffix('_s'):<28}{mean[key]:>10.4f}"
+                  f"{mean[key] / step_s:>9.1%}\n")
+    out.write(f"{'step total':<28}{step_s:>10.4f}{1:>9.0%}\n\n")
+    out.write(f"baseline: the same {episodes} episodes' env work in-process: {env_direct:.4f} s "
+              f"(through EnvHub over gRPC: {mean['time_env_s']:.4f} s, "
+              f"{mean['time_env_s'] / max(env_direct, 1e-9):.0f}x)\n")
+    out.write(f"mesh cost per step (gRPC + Redis + env RPC + weight sync): {mesh_cost:.4f} s = "
+              f"{mesh_cost / step_s:.1%} of the step\n")
+    out.write(f"steps/s: {1 / step_s:.2f}; tokens/s: "
+              f"{statistics.fmean(s.metrics.get('tokens_per_s', 0.0) for s in steps):.0f}\n")
+
+
+if __name__ == "__main__":
+    main()

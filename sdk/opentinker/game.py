@@ -1,0 +1,108 @@
+"""The environment authoring API: subclass ``AbstractGame``, then ``serve`` it.
+
+One game instance plays one episode. The env server builds a fresh instance per episode, calls
+``reset`` once, then ``step`` with the model's text until a ``StepResult`` says ``done``.
+
+Example (a data-free, single-turn game)::
+
+    class Parity(AbstractGame):
+        name = "parity"
+        max_turns = 1
+
+        def get_system_prompt(self) -> str:
+            return "Answer 'even' or 'odd'."
+
+        def generate_initial_state(self, seed: int, **options: str) -> int:
+            return random.Random(seed).randrange(1000)
+
+        def reset(self, *, seed: int = 0, **options: str) -> str:
+            self.number = self.generate_initial_state(seed, **options)
+            return f"Is {self.number} even or odd?"
+
+        def step(self, action: str) -> StepResult:
+            want = "even" if self.number % 2 == 0 else "odd"
+            return StepResult(observation="", reward=float(action.strip() == want), done=True)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one ``step`` of a game returns.
+
+    observation: shown to the model as the next user message (ignored once ``done``).
+    reward: this step's reward; must be a finite number.
+    done: the episode is over.
+    info: free-form string facts for logs and metrics (e.g. ``{"target": "K"}``).
+    """
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, str] = field(default_factory=dict)
+
+
+class AbstractGame(abc.ABC):
+    """One episode of an environment. Subclass it and implement the abstract methods.
+
+    Class attributes describe the environment (its ``EnvironmentSpec``):
+    name: the default registration name (``serve(name=...)`` overrides it).
+    description: one line for people listing environments.
+    max_turns: the game's own turn limit; 0 = none.
+
+    Call order per episode: ``reset(seed=..., **options)``, then ``get_system_prompt()`` and
+    ``get_initial_user_message()``, then ``step(action)`` until done. The first user message of
+    an episode is ``first_user_message(get_initial_user_message(), reset_observation)``.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    max_turns: ClassVar[int] = 0
+
+    @abc.abstractmethod
+    def get_system_prompt(self) -> str:
+        """The system prompt of this episode (may depend on what ``reset`` chose)."""
+
+    def get_initial_user_message(self) -> str:
+        """Text put before the ``reset`` observation in the first user message; may be empty."""
+        return ""
+
+    @abc.abstractmethod
+    def reset(self, *args: Any, **kwargs: Any) -> str:
+        """Start the episode and return its first observation (may be empty).
+
+        Called with keywords only: ``seed: int`` plus the job's ``env_options`` (all ``str``);
+        ``*args`` is here only so that an override may name its options
+        (``def reset(self, *, seed: int = 0, size: str = "3")``) and still type-check. Raise
+        ``ValueError`` (or ``TypeError`` for an unknown option) to reject bad options; the
+        caller then sees INVALID_ARGUMENT naming this environment.
+        """
+
+    @abc.abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Apply the model's text for this turn."""
+
+    def close(self) -> None:  # noqa: B027 - an optional hook, a no-op unless overridden
+        """Free what the episode holds (files, subprocesses). Called once when the episode ends:
+        closed by the caller, reaped when idle, failed, or replaced. Default: nothing."""
+
+    def generate_initial_state(self, seed: int, **options: str) -> Any:
+        """Optional hook for data-free environments: build a starting state from a seed alone.
+
+        The same seed and options must give the same state (use ``random.Random(seed)``, never
+        the global ``random``). The base class never calls it; call it from your ``reset``.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no generate_initial_state; implement it or build the "
+            "state in reset()"
+        )
+
+
+def first_user_message(initial_user_message: str, reset_observation: str) -> str:
+    """Join the game's intro and its reset observation with a blank line, skipping empty parts."""
+    return "\n\n".join(part for part in (initial_user_message, reset_observation) if part)

@@ -1,0 +1,31 @@
+"""``python -m opentinker.services.envhub``: settings -> registry + built-in envs -> serve."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from opentinker.services.common.logging import configure_logging
+from opentinker.services.envhub.server import EnvHubDeps, create_server
+from opentinker.services.envhub.settings import EnvHubSettings
+
+
+async def main() -> None:
+    settings = EnvHubSettings()
+    log = configure_logging("envhub", level=settings.log_level)
+    deps = EnvHubDeps.create(settings)
+    server, port = await create_server(settings, deps)
+    log.info("serving", host=settings.host, port=port, builtin_envs=settings.builtin_envs)
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+    log.info("stopping")
+    await server.stop(grace=2.0)
+    await deps.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,22 @@
+"""The environments EnvHub hosts itself: each is served in-process by the SDK's ``serve`` on
+its own loopback port and registered (pinned) in EnvHub's own registry."""
+
+from __future__ import annotations
+
+from opentinker.env_server import EnvServerHandle, GameFactory, serve
+from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.registry import Registry
+
+BUILTIN_GAMES: dict[str, GameFactory] = {"letter": LetterGame}
+
+
+def start_builtin_envs(
+    names: list[str], registry: Registry, *, capacity: int
+) -> list[EnvServerHandle]:
+    """Serve and register each named built-in env; returns the handles to stop at shutdown."""
+    handles: list[EnvServerHandle] = []
+    for name in names:
+        handle = serve(BUILTIN_GAMES[name], name=name, capacity=capacity, block=False)
+        registry.register(name, handle.address, capacity, pinned=True)
+        handles.append(handle)
+    return handles

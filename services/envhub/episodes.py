@@ -1,0 +1,223 @@
+"""Route the episodes of one ``RunEpisodes`` stream to env instances and call them.
+
+An episode is placed on the least-loaded instance with room when it is reset and stays there.
+Calls of one episode run in the order they arrived; different episodes run concurrently.
+Every call has a deadline; any failure (dead instance, deadline, an error from the game, a
+malformed reply) ends the episode with an ``EnvironmentError_`` whose ``code`` is a gRPC
+status name and whose message names the environment and the instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+import structlog
+
+from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
+from opentinker.errors import (
+    EnvironmentError_,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.envhub.registry import Instance, Registry
+
+log = structlog.get_logger("opentinker.envhub")
+_Reply = TypeVar("_Reply")
+
+
+class EnvChannels:
+    """One channel per env instance address, shared by every stream."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, environment_pb2_grpc.EnvironmentServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def stub(self, address: str) -> environment_pb2_grpc.EnvironmentServiceStub:
+        if address not in self._stubs:
+            channel = aio_channel(address)
+            self._channels.append(channel)
+            self._stubs[address] = environment_pb2_grpc.EnvironmentServiceStub(channel)
+        return self._stubs[address]
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
+        self._channels.clear()
+        self._stubs.clear()
+
+
+@dataclass
+class _Episode:
+    instance: Instance | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class EpisodeRouter:
+    """The episodes of one stream (one job, one environment)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        channels: EnvChannels,
+        *,
+        env_name: str,
+        job_id: str,
+        call_timeout_s: float,
+    ) -> None:
+        self._registry = registry
+        self._channels = channels
+        self.env_name = env_name
+        self._timeout_s = call_timeout_s
+        self._episodes: dict[str, _Episode] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._log = log.bind(env=env_name, job_id=job_id)
+
+    async def open(self) -> environment_pb2.EnvironmentSpec:
+        """The env's spec, from the first instance that answers (NotFound / Unavailable)."""
+        instances = self._registry.instances(self.env_name)
+        if not instances:
+            registered = sorted({i.env_name for i in self._registry.instances()})
+            raise NotFoundError(
+                f"no environment named {self.env_name!r} is registered; registered: {registered}",
+                reason="ENV_NOT_FOUND",
+            )
+        failures = []
+        for instance in sorted(instances, key=lambda i: i.load):
+            try:
+                reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
+                    environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
+                )
+                return reply.spec
+            except grpc.aio.AioRpcError as err:
+                failures.append(f"{instance.address}: {err.code().name}: {err.details()}")
+        raise UnavailableError(
+            f"no instance of environment '{self.env_name}' answered: {'; '.join(failures)}",
+            code="UNAVAILABLE",
+        )
+
+    async def reset(self, request: environment_pb2.ResetRequest) -> environment_pb2.ResetResponse:
+        """Place (or re-place, on the same instance) an episode and reset it."""
+        episode = self._episodes.setdefault(request.episode_id, _Episode())
+        async with episode.lock:
+            if episode.instance is None:
+                try:
+                    episode.instance = self._registry.acquire(self.env_name)
+                except (NotFoundError, ResourceExhaustedError) as err:
+                    self._forget(request.episode_id, episode)
+                    code = "NOT_FOUND" if isinstance(err, NotFoundError) else "RESOURCE_EXHAUSTED"
+                    raise EnvironmentError_(err.message, code=code) from err
+            stub = self._channels.stub(episode.instance.address)
+            call = stub.Reset(request, timeout=self._timeout_s)
+            return await self._call(episode, request.episode_id, "Reset", call)
+
+    async def step(self, request: environment_pb2.StepRequest) -> environment_pb2.StepResponse:
+        # Wait behind earlier calls of this episode (a Reset sent just before, say).
+        async with self._queued(request.episode_id).lock:
+            episode = self._live(request.episode_id)
+            instance = episode.instance
+            assert instance is not None  # _live checked it
+            call = self._channels.stub(instance.address).Step(request, timeout=self._timeout_s)
+            reply = await self._call(episode, request.episode_id, "Step", call)
+            if not math.isfinite(reply.reward):
+                await self._fail_and_close(episode, request.episode_id)
+                what = f"Step replied with a non-finite reward ({reply.reward})"
+                raise self._failure(instance, request.episode_id, "INTERNAL", what)
+            return reply
+
+    async def close_episode(self, episode_id: str) -> None:
+        """Free an episode on its instance (best effort); harmless for an unknown one."""
+        episode = self._episodes.get(episode_id)
+        if episode is not None:
+            async with episode.lock:  # after the calls sent before it
+                await self._fail_and_close(episode, episode_id)
+
+    async def close_all(self) -> None:
+        """Close every open episode of this stream on its instance (best effort)."""
+        episodes = list(self._episodes.items())
+        await asyncio.gather(*(self._fail_and_close(ep, eid) for eid, ep in episodes))
+
+    @property
+    def open_episodes(self) -> int:
+        return len(self._episodes)
+
+    def _queued(self, episode_id: str) -> _Episode:
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise self._not_open(episode_id)
+        return episode
+
+    def _not_open(self, episode_id: str) -> EnvironmentError_:
+        return EnvironmentError_(
+            f"environment '{self.env_name}': episode '{episode_id}' is not open in this "
+            "stream (never reset, closed, or failed); reset it first",
+            code="NOT_FOUND",
+        )
+
+    def _live(self, episode_id: str) -> _Episode:
+        episode = self._episodes.get(episode_id)
+        if episode is None or episode.instance is None:
+            raise self._not_open(episode_id)
+        return episode
+
+    async def _call(
+        self, episode: _Episode, episode_id: str, method: str, call: Awaitable[_Reply]
+    ) -> _Reply:
+        """Await an env call; turn any RPC failure into an ended episode and a failure."""
+        instance = episode.instance
+        assert instance is not None
+        try:
+            return await call
+        except grpc.aio.AioRpcError as err:
+            code = err.code().name
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                what = f"{method} did not answer within {self._timeout_s:g} s"
+            else:
+                what = f"{method} failed: {code}: {err.details()}"
+            if err.code() == grpc.StatusCode.UNAVAILABLE and not instance.pinned:
+                self._registry.deregister(instance.instance_id)  # it re-registers if alive
+                self._log.warning("instance_unavailable_dropped", address=instance.address)
+            self._forget(episode_id, episode)
+            if err.code() != grpc.StatusCode.UNAVAILABLE:  # free whatever it still holds
+                task = asyncio.create_task(self._close_on(instance, episode_id))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            raise self._failure(instance, episode_id, code, what) from err
+
+    def _failure(
+        self, instance: Instance, episode_id: str, code: str, what: str
+    ) -> EnvironmentError_:
+        message = (
+            f"environment '{self.env_name}' instance {instance.address} "
+            f"(id {instance.instance_id[:8]}), episode '{episode_id}': {what}"
+        )
+        self._log.warning("episode_failed", episode_id=episode_id, code=code, reason=message)
+        return EnvironmentError_(message, code=code)
+
+    def _forget(self, episode_id: str, episode: _Episode) -> None:
+        """Drop the episode from this stream and give its slot back (once)."""
+        if self._episodes.get(episode_id) is episode:
+            del self._episodes[episode_id]
+        if episode.instance is not None:
+            self._registry.release(episode.instance.instance_id)
+            episode.instance = None
+
+    async def _fail_and_close(self, episode: _Episode, episode_id: str) -> None:
+        instance = episode.instance
+        self._forget(episode_id, episode)
+        if instance is not None:
+            await self._close_on(instance, episode_id)
+
+    async def _close_on(self, instance: Instance, episode_id: str) -> None:
+        try:
+            await self._channels.stub(instance.address).CloseEpisode(
+                environment_pb2.CloseEpisodeRequest(episode_id=episode_id),
+                timeout=min(self._timeout_s, 2.0),
+            )
+        except grpc.aio.AioRpcError as err:
+            self._log.info("close_episode_failed", episode_id=episode_id, code=err.code().name)

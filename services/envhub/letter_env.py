@@ -1,0 +1,54 @@
+"""``letter``: the built-in toy environment of the demo.
+
+Single turn and data-free: the seed picks a target letter among the first ``num_letters``
+letters of A..Z, the user message names it, and the reward is 1.0 when the answer (stripped
+of whitespace) starts with that capital letter, else 0.0. A tiny model learns it in a few
+RL steps, which makes it the end-to-end check of the whole mesh.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+from opentinker.game import AbstractGame, StepResult
+
+DEFAULT_NUM_LETTERS = "8"
+
+
+def parse_num_letters(value: str) -> int:
+    """The ``num_letters`` option as an int in 1..26, or a ValueError saying what to pass."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= len(string.ascii_uppercase):
+        raise ValueError(f"env option num_letters must be an integer 1..26, got {value!r}")
+    return count
+
+
+class LetterGame(AbstractGame):
+    """Answer with the letter the user names."""
+
+    name = "letter"
+    description = "Single turn: answer with the capital letter the user names (reward 0 or 1)."
+    max_turns = 1
+
+    def __init__(self) -> None:
+        self.target = ""
+
+    def get_system_prompt(self) -> str:
+        return "You answer with a single capital letter."
+
+    def generate_initial_state(self, seed: int, **options: str) -> str:
+        """The target letter: uniform over the first num_letters letters, fixed by the seed."""
+        count = parse_num_letters(options.get("num_letters", DEFAULT_NUM_LETTERS))
+        return random.Random(seed).choice(string.ascii_uppercase[:count])
+
+    def reset(self, *, seed: int = 0, num_letters: str = DEFAULT_NUM_LETTERS) -> str:
+        self.target = self.generate_initial_state(seed, num_letters=num_letters)
+        return f"Answer with the letter {self.target}."
+
+    def step(self, action: str) -> StepResult:
+        reward = 1.0 if action.strip().startswith(self.target) else 0.0
+        return StepResult(observation="", reward=reward, done=True, info={"target": self.target})

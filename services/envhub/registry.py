@@ -1,0 +1,177 @@
+"""Which environment servers are alive, and which one takes the next episode.
+
+The registry is in memory on purpose: nothing in it must survive an EnvHub restart, because
+every env server re-registers as soon as its renewal is answered NOT_FOUND. Registrations
+that miss renewals for ``ttl_s`` are dropped (checked lazily on every access). Built-in
+environments are registered ``pinned`` (hosted in-process, never expire).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentinker.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
+MAX_PAGE_SIZE = 1000
+
+
+@dataclass
+class Instance:
+    """One registered env server.
+
+    capacity: concurrent episodes it accepts (0 = unlimited).
+    active_episodes: episodes EnvHub has routed to it and not yet closed.
+    registered_unix_s: wall-clock registration time; renewed_s: monotonic time of last renewal.
+    """
+
+    instance_id: str
+    env_name: str
+    address: str
+    capacity: int
+    registered_unix_s: float
+    renewed_s: float
+    active_episodes: int = 0
+    pinned: bool = False
+
+    @property
+    def has_room(self) -> bool:
+        return self.capacity == 0 or self.active_episodes < self.capacity
+
+    @property
+    def load(self) -> float:
+        return self.active_episodes / self.capacity if self.capacity else 0.0
+
+
+class Registry(Protocol):
+    """What EnvHub needs from a registry; ``InMemoryRegistry`` is the implementation."""
+
+    def register(
+        self, env_name: str, address: str, capacity: int, *, pinned: bool = False
+    ) -> Instance: ...
+    def renew(self, instance_id: str) -> None: ...
+    def deregister(self, instance_id: str) -> None: ...
+    def instances(self, env_name: str | None = None) -> list[Instance]: ...
+    def acquire(self, env_name: str) -> Instance: ...
+    def release(self, instance_id: str) -> None: ...
+
+
+class InMemoryRegistry:
+    """Registrations in a dict. Not thread-safe: used from EnvHub's one event loop."""
+
+    def __init__(self, *, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._by_id: dict[str, Instance] = {}
+
+    def register(
+        self, env_name: str, address: str, capacity: int, *, pinned: bool = False
+    ) -> Instance:
+        """Add an instance; one already registered at the same env name and address is replaced."""
+        problems = []
+        if not ENV_NAME_PATTERN.match(env_name):
+            problems.append(f"env_name {env_name!r} must be letters, digits, '_', '.', '-'")
+        if address.rpartition(":")[2].isdigit() is False or not address.rpartition(":")[0]:
+            problems.append(f"address {address!r} must be host:port")
+        if capacity < 0:
+            problems.append(f"capacity {capacity} must be >= 0 (0 = unlimited)")
+        if problems:
+            raise InvalidArgumentError("; ".join(problems), reason="BAD_REGISTRATION")
+        for old in self.instances(env_name):
+            if old.address == address:
+                del self._by_id[old.instance_id]
+        instance = Instance(
+            instance_id=uuid.uuid4().hex,
+            env_name=env_name,
+            address=address,
+            capacity=capacity,
+            registered_unix_s=time.time(),
+            renewed_s=self._clock(),
+            pinned=pinned,
+        )
+        self._by_id[instance.instance_id] = instance
+        return instance
+
+    def renew(self, instance_id: str) -> None:
+        self._expire()
+        instance = self._by_id.get(instance_id)
+        if instance is None:
+            raise NotFoundError(
+                f"no registration {instance_id!r} (expired or EnvHub restarted); register again",
+                reason="INSTANCE_NOT_FOUND",
+            )
+        instance.renewed_s = self._clock()
+
+    def deregister(self, instance_id: str) -> None:
+        """Drop an instance; harmless for an unknown one."""
+        self._by_id.pop(instance_id, None)
+
+    def instances(self, env_name: str | None = None) -> list[Instance]:
+        """Live instances (of one env, or all), sorted by env name then instance id."""
+        self._expire()
+        found = [i for i in self._by_id.values() if env_name is None or i.env_name == env_name]
+        return sorted(found, key=lambda i: (i.env_name, i.instance_id))
+
+    def acquire(self, env_name: str) -> Instance:
+        """Take a slot on the least-loaded instance of ``env_name`` that has room."""
+        candidates = self.instances(env_name)
+        if not candidates:
+            raise NotFoundError(
+                f"no environment named {env_name!r} is registered; registered: "
+                f"{sorted({i.env_name for i in self.instances()})}",
+                reason="ENV_NOT_FOUND",
+            )
+        with_room = [i for i in candidates if i.has_room]
+        if not with_room:
+            raise ResourceExhaustedError(
+                f"all {len(candidates)} instances of environment {env_name!r} are at capacity; "
+                "close finished episodes or register more instances",
+                reason="ENV_AT_CAPACITY",
+            )
+        chosen = min(with_room, key=lambda i: (i.load, i.active_episodes))
+        chosen.active_episodes += 1
+        return chosen
+
+    def release(self, instance_id: str) -> None:
+        """Give back a slot taken by ``acquire``; harmless for a dropped instance."""
+        instance = self._by_id.get(instance_id)
+        if instance is not None and instance.active_episodes > 0:
+            instance.active_episodes -= 1
+
+    def _expire(self) -> None:
+        cutoff = self._clock() - self._ttl_s
+        for instance in list(self._by_id.values()):
+            if not instance.pinned and instance.renewed_s < cutoff:
+                del self._by_id[instance.instance_id]
+
+
+def page(
+    instances: list[Instance], *, page_size: int, page_token: str
+) -> tuple[list[Instance], str]:
+    """One page of ``instances`` (sorted by env name, instance id) and the next page's token."""
+    if page_size < 0:
+        raise InvalidArgumentError(f"page_size {page_size} must be >= 0 (0 = default)")
+    size = min(page_size or 100, MAX_PAGE_SIZE)
+    after: tuple[str, str] = ("", "")
+    if page_token:
+        try:
+            env_name, instance_id = json.loads(base64.urlsafe_b64decode(page_token))
+            after = (str(env_name), str(instance_id))
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                "page_token is not one this EnvHub returned; pass next_page_token as is"
+            ) from exc
+    rest = [i for i in instances if (i.env_name, i.instance_id) > after]
+    chosen = rest[:size]
+    if len(rest) <= size:
+        return chosen, ""
+    last = chosen[-1]
+    token = base64.urlsafe_b64encode(json.dumps([last.env_name, last.instance_id]).encode())
+    return chosen, token.decode()

@@ -1,0 +1,51 @@
+"""Build EnvHub: its dependencies and its gRPC server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+
+from opentinker.env_server import EnvServerHandle
+from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
+from opentinker.services.common.grpc_server import create_aio_server, mark_serving
+from opentinker.services.envhub.builtin_envs import start_builtin_envs
+from opentinker.services.envhub.episodes import EnvChannels
+from opentinker.services.envhub.registry import InMemoryRegistry, Registry
+from opentinker.services.envhub.servicer import EnvHubServicer
+from opentinker.services.envhub.settings import EnvHubSettings
+
+SERVICE_NAME = envhub_pb2.DESCRIPTOR.services_by_name["EnvHubService"].full_name
+
+
+@dataclass
+class EnvHubDeps:
+    """What EnvHub runs on: the registry, channels to env instances, the built-in env servers."""
+
+    registry: Registry
+    channels: EnvChannels = field(default_factory=EnvChannels)
+    builtins: list[EnvServerHandle] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, settings: EnvHubSettings) -> EnvHubDeps:
+        """An in-memory registry with the settings' built-in envs served and registered."""
+        registry = InMemoryRegistry(ttl_s=settings.registration_ttl_s)
+        builtins = start_builtin_envs(
+            settings.builtin_envs, registry, capacity=settings.builtin_capacity
+        )
+        return cls(registry=registry, builtins=builtins)
+
+    async def close(self) -> None:
+        await self.channels.close()
+        for handle in self.builtins:
+            handle.stop(grace_s=0.5)
+
+
+async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
+    """A started EnvHub server on settings.host:settings.port (0 = any free port)."""
+    server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
+    servicer = EnvHubServicer(settings, deps.registry, deps.channels)
+    envhub_pb2_grpc.add_EnvHubServiceServicer_to_server(servicer, server)
+    await server.start()
+    await mark_serving(health, [SERVICE_NAME])
+    return server, port

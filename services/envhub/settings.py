@@ -1,0 +1,40 @@
+"""EnvHub settings, read from OPENTINKER_* environment variables and validated at start-up."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
+
+
+class EnvHubSettings(BaseSettings):
+    """Where EnvHub listens, how it keeps registrations, and which built-in envs it hosts."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(50052, ge=0, le=65535, description="0 = any free port.")
+    renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
+    registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
+    env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
+    builtin_envs: list[str] = Field(default_factory=lambda: ["letter"])
+    builtin_capacity: int = Field(256, ge=0, description="Episodes per built-in env; 0 = any.")
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvHubSettings:
+        problems = []
+        if self.registration_ttl_s <= self.renew_interval_s:
+            problems.append(
+                f"registration_ttl_s ({self.registration_ttl_s:g}) must exceed renew_interval_s "
+                f"({self.renew_interval_s:g}), or every registration lapses between renewals"
+            )
+        unknown = sorted(set(self.builtin_envs) - set(BUILTIN_GAMES))
+        if unknown:
+            problems.append(
+                f"builtin_envs names unknown environments {unknown}; known: {sorted(BUILTIN_GAMES)}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

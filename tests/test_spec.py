@@ -1,0 +1,64 @@
+"""Job specs: validated with every bad field named, and identical after a trip over the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from opentinker import ConfigError, JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.common.v1 import common_pb2
+from opentinker.spec import from_proto, parse_job_spec, to_proto
+
+pytestmark = pytest.mark.unit
+
+
+def test_round_trip_keeps_every_field() -> None:
+    spec = JobSpec(
+        name="x",
+        model=ModelSpec(base_model="/models/tiny", finetune="full"),
+        rl=RlConfig(
+            env_name="letter",
+            env_options={"num_letters": "4"},
+            steps=7,
+            prompts_per_step=3,
+            samples_per_prompt=5,
+            learning_rate=3e-4,
+            sampling=SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=3),
+            max_turns=2,
+            seed=11,
+            stop_at_reward=0.8,
+            checkpoint_every=5,
+        ),
+        num_devices=2,
+    )
+    assert from_proto(to_proto(spec)) == spec
+
+
+def test_all_problems_are_reported_at_once_with_field_names() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_job_spec({"rl": {"env_name": "bad name!", "steps": 0, "samples_per_prompt": 1}})
+    message = str(info.value)
+    for field in ("rl.env_name", "rl.steps", "rl.samples_per_prompt"):
+        assert field in message, message
+
+
+def test_unknown_fields_are_refused() -> None:
+    with pytest.raises(ConfigError, match="rl.stepz"):
+        parse_job_spec({"rl": {"env_name": "letter", "stepz": 3}})
+
+
+def test_rl_job_without_rl_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs `rl`"):
+        parse_job_spec({"name": "x"})
+
+
+def test_wire_spec_of_an_unserved_kind_is_refused_by_name() -> None:
+    pb = common_pb2.JobSpec(kind=common_pb2.JOB_KIND_SFT)
+    with pytest.raises(ConfigError, match="sft"):
+        from_proto(pb)
+
+
+def test_negative_numbers_on_the_wire_are_caught() -> None:
+    pb = to_proto(JobSpec(rl=RlConfig(env_name="letter")))
+    pb.rl.learning_rate = -1.0
+    with pytest.raises(ConfigError, match="rl.learning_rate"):
+        from_proto(pb)
