@@ -1,0 +1,229 @@
+"""The agent loop: episodes against environments, batched generation, token-exact records.
+
+Each episode moves through PENDING (reset; the prompt is tokenized with the chat template)
+-> GENERATING (model tokens: loss mask 1, logprobs kept) -> INTERACTING (the env steps with
+this turn's text; a next observation is appended as ids of a new user turn: loss mask 0,
+logprob 0) -> GENERATING ... -> TERMINATED, when the env says done or the turn or token
+budget ends. All episodes that are GENERATING in a round are sampled in one engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from opentinker.errors import OpenTinkerError
+from opentinker.spec import SamplingParams
+
+from .chat_format import ChatFormat
+from .engine import GenerationEngine
+from .seeds import derive_seed
+from .types import Completion, FinishReason, ResetResult, RolloutStats, StepOutcome, Trajectory
+
+log = structlog.get_logger("opentinker.rollout.agent_loop")
+
+
+class EnvSession(Protocol):
+    """One episode of an environment, seen from the rollout.
+
+    ``reset`` and ``step`` raise an ``OpenTinkerError`` (or ``TimeoutError``) when the
+    environment fails; the loop ends that episode with ENV_ERROR and the message.
+    """
+
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult: ...
+
+    async def step(self, action: str) -> StepOutcome: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    """An episode to play: its id, its GRPO group, the env seed of its reset, its session."""
+
+    episode_id: str
+    group_index: int
+    seed: int
+    session: EnvSession
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Budgets and sampling of every episode in a run.
+
+    max_turns: model turns per episode. max_episode_tokens: prompt + completion tokens.
+    """
+
+    sampling: SamplingParams
+    max_turns: int
+    max_episode_tokens: int
+    env_options: Mapping[str, str] = field(default_factory=dict)
+
+
+class EpisodeState(enum.Enum):
+    PENDING = "PENDING"
+    GENERATING = "GENERATING"
+    INTERACTING = "INTERACTING"
+    TERMINATED = "TERMINATED"
+
+
+@dataclass
+class _Episode:
+    request: EpisodeRequest
+    state: EpisodeState = EpisodeState.PENDING
+    token_ids: list[int] = field(default_factory=list)
+    prompt_length: int = 0
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    turn_start: int = 0  # index in token_ids where the current model turn begins
+    reward: float = 0.0
+    num_turns: int = 0
+    finish_reason: FinishReason | None = None
+    finish_detail: str = ""
+
+    def append(self, ids: Sequence[int], logprobs: Sequence[float], mask: int) -> None:
+        self.token_ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        self.loss_mask.extend([mask] * len(ids))
+
+    def finish(self, reason: FinishReason, detail: str = "") -> None:
+        self.state = EpisodeState.TERMINATED
+        self.finish_reason = reason
+        self.finish_detail = detail
+
+
+class AgentLoop:
+    """Plays batches of episodes with one engine; knows nothing of gRPC."""
+
+    def __init__(self, engine: GenerationEngine, config: LoopConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.chat = ChatFormat(engine.tokenizer)
+
+    async def run(
+        self, requests: Sequence[EpisodeRequest], *, seed: int
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        """Play every episode to the end; ``seed`` fixes the sampling of every round."""
+        episodes = [_Episode(request) for request in requests]
+        stats = RolloutStats()
+        policy_version = self.engine.policy_version
+        started = time.monotonic()
+        await asyncio.gather(*(self._reset(ep) for ep in episodes))
+        stats.env_seconds += time.monotonic() - started
+
+        round_index = 0
+        while active := [ep for ep in episodes if ep.state is EpisodeState.GENERATING]:
+            await self._generate(active, derive_seed(seed, "round", round_index), stats)
+            started = time.monotonic()
+            await asyncio.gather(*(self._interact(ep) for ep in active))
+            stats.env_seconds += time.monotonic() - started
+            round_index += 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(self._close(ep) for ep in episodes))
+        stats.env_seconds += time.monotonic() - started
+        return [self._trajectory(ep, policy_version) for ep in episodes], stats
+
+    async def _reset(self, ep: _Episode) -> None:
+        try:
+            reset = await ep.request.session.reset(ep.request.seed, self.config.env_options)
+        except (OpenTinkerError, TimeoutError) as err:
+            ep.finish(FinishReason.ENV_ERROR, f"reset failed: {err}")
+            return
+        prompt = self.chat.prompt_ids(reset.system_prompt, reset.observation)
+        ep.token_ids = list(prompt)
+        ep.prompt_length = len(prompt)
+        if len(prompt) >= self.config.max_episode_tokens:
+            ep.finish(
+                FinishReason.MAX_TOKENS,
+                f"the prompt has {len(prompt)} tokens, max_episode_tokens is "
+                f"{self.config.max_episode_tokens}",
+            )
+            return
+        ep.state = EpisodeState.GENERATING
+
+    async def _generate(self, active: list[_Episode], seed: int, stats: RolloutStats) -> None:
+        """One batched engine call for every GENERATING episode; appends each model turn."""
+        limits = [
+            min(
+                self.config.sampling.max_new_tokens,
+                self.config.max_episode_tokens - len(ep.token_ids),
+            )
+            for ep in active
+        ]
+        sampling = self.config.sampling.model_copy(update={"max_new_tokens": max(limits)})
+        started = time.monotonic()
+        completions: list[Completion] = await asyncio.to_thread(
+            self.engine.generate, [ep.token_ids for ep in active], sampling, seed
+        )
+        stats.generate_seconds += time.monotonic() - started
+        for ep, completion, limit in zip(active, completions, limits, strict=True):
+            ids, logprobs = completion.token_ids[:limit], completion.logprobs[:limit]
+            ep.turn_start = len(ep.token_ids)
+            ep.append(ids, logprobs, mask=1)
+            ep.num_turns += 1
+            ep.state = EpisodeState.INTERACTING
+            stats.generated_tokens += len(ids)
+
+    async def _interact(self, ep: _Episode) -> None:
+        turn = ep.token_ids[ep.turn_start :]
+        action = self._decode(turn, skip_special_tokens=True)
+        try:
+            outcome = await ep.request.session.step(action)
+        except (OpenTinkerError, TimeoutError) as err:
+            ep.finish(FinishReason.ENV_ERROR, f"step {ep.num_turns} failed: {err}")
+            return
+        ep.reward += outcome.reward
+        if outcome.done:
+            ep.finish(FinishReason.ENV_DONE)
+            return
+        if ep.num_turns >= self.config.max_turns:
+            ep.finish(FinishReason.MAX_TURNS, f"{ep.num_turns} turns")
+            return
+        # Close the assistant turn with exactly one eos (the model's own, when it stopped).
+        closing = [] if turn and turn[-1] == self.chat.eos_token_id else [self.chat.eos_token_id]
+        observation = [*closing, *self.chat.observation_ids(outcome.observation)]
+        if len(ep.token_ids) + len(observation) >= self.config.max_episode_tokens:
+            ep.finish(
+                FinishReason.MAX_TOKENS,
+                f"{len(ep.token_ids)} tokens; the next observation would pass "
+                f"max_episode_tokens={self.config.max_episode_tokens}",
+            )
+            return
+        ep.append(observation, [0.0] * len(observation), mask=0)
+        ep.state = EpisodeState.GENERATING
+
+    async def _close(self, ep: _Episode) -> None:
+        try:
+            await ep.request.session.close()
+        except (OpenTinkerError, TimeoutError) as err:  # the episode is over either way
+            log.warning("episode_close_failed", episode_id=ep.request.episode_id, error=str(err))
+
+    def _decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        assert isinstance(text, str), "decoding one sequence gives one string"
+        return text
+
+    def _trajectory(self, ep: _Episode, policy_version: int) -> Trajectory:
+        assert ep.finish_reason is not None, "every episode ends with a reason"
+        completion = ep.token_ids[ep.prompt_length :]
+        return Trajectory(
+            episode_id=ep.request.episode_id,
+            group_index=ep.request.group_index,
+            token_ids=ep.token_ids,
+            prompt_length=ep.prompt_length,
+            logprobs=ep.logprobs,
+            loss_mask=ep.loss_mask,
+            reward=ep.reward,
+            num_turns=ep.num_turns,
+            finish_reason=ep.finish_reason,
+            finish_detail=ep.finish_detail,
+            completion_text=self._decode(completion, skip_special_tokens=False),
+            policy_version=policy_version,
+        )

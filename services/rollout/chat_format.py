@@ -1,0 +1,63 @@
+"""Token ids of chat turns, built turn by turn from the tokenizer's own chat template.
+
+A transcript is never re-tokenized: the model's tokens stay exactly as sampled, and only the
+new text of each turn (the env's observation) goes through the tokenizer, rendered by the
+chat template so the ids are those the model would see in a whole rendered conversation.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+_PROBE_USER = "u"
+_PROBE_ASSISTANT = "a"
+
+
+class ChatFormat:
+    """Prompt and observation-turn token ids for one tokenizer's chat template."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token to close assistant turns with")
+        self.tokenizer = tokenizer
+        self.eos_token_id: int = tokenizer.eos_token_id
+        closed = self._render(self._probe_conversation(), add_generation_prompt=False)
+        if self.eos_token_id not in closed:
+            raise ValueError(
+                "the chat template does not close an assistant turn with the eos token "
+                f"{tokenizer.eos_token!r}; multi-turn rollouts need it to"
+            )
+        last_eos = len(closed) - 1 - closed[::-1].index(self.eos_token_id)
+        # What the template puts after an assistant's eos (ChatML: a newline).
+        self._after_eos = closed[last_eos + 1 :]
+        self._probe_ids = closed
+
+    def prompt_ids(self, system_prompt: str, observation: str) -> list[int]:
+        """The first prompt: system (if any) and user message, then the assistant header."""
+        messages = [{"role": "user", "content": observation}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return self._render(messages, add_generation_prompt=True)
+
+    def observation_ids(self, observation: str) -> list[int]:
+        """Ids that follow an assistant turn's eos: the turn's end, a user turn, a new header."""
+        messages = [*self._probe_conversation(), {"role": "user", "content": observation}]
+        full = self._render(messages, add_generation_prompt=True)
+        if full[: len(self._probe_ids)] != self._probe_ids:
+            raise ValueError(
+                "the chat template renders earlier turns differently once a turn is added"
+            )
+        return [*self._after_eos, *full[len(self._probe_ids) :]]
+
+    @staticmethod
+    def _probe_conversation() -> list[dict[str, str]]:
+        return [
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_ASSISTANT},
+        ]
+
+    def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+        return list(ids)

@@ -1,0 +1,78 @@
+"""What one rollout session serves, validated from the trainer's ``OpenRollout``."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import InvalidArgumentError
+from opentinker.rollout.v1 import rollout_pb2
+from opentinker.spec import ModelSpec, SamplingParams, validation_message
+
+
+class RolloutConfig(BaseModel):
+    """One job's rollout: model, environment, sampling and per-episode budgets.
+
+    max_episode_tokens counts the prompt and the completion of an episode.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: str = Field(..., min_length=1)
+    model: ModelSpec
+    env_name: str = Field(..., min_length=1)
+    env_options: dict[str, str] = {}
+    sampling: SamplingParams = SamplingParams()
+    max_turns: int = Field(1, ge=1)
+    max_episode_tokens: int = Field(2048, ge=8)
+    seed: int = Field(0, ge=0)
+
+
+_FINETUNE = {common_pb2.FINETUNE_MODE_LORA: "lora", common_pb2.FINETUNE_MODE_FULL: "full"}
+
+
+def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
+    """Validate an OpenRollout; unset (zero) numbers take the defaults, as proto3 cannot tell.
+
+    Raises InvalidArgumentError naming every bad field.
+    """
+    model: dict = {"base_model": msg.model.base_model}
+    if msg.model.finetune:
+        model["finetune"] = _FINETUNE.get(msg.model.finetune, f"unknown mode {msg.model.finetune}")
+    lora = msg.model.lora
+    model["lora"] = {
+        key: value
+        for key, value in {
+            "rank": lora.rank,
+            "alpha": lora.alpha,
+            "dropout": lora.dropout,
+            "target_modules": tuple(lora.target_modules),
+        }.items()
+        if value
+    }
+    data: dict = {
+        "job_id": msg.job_id,
+        "model": model,
+        "env_name": msg.env_name,
+        "env_options": dict(msg.env_options),
+        "seed": msg.seed,
+        "sampling": {
+            key: value
+            for key, value in {
+                "temperature": msg.sampling.temperature,
+                "top_p": msg.sampling.top_p,
+                "max_new_tokens": msg.sampling.max_new_tokens,
+            }.items()
+            if value
+        },
+    }
+    if msg.max_turns:
+        data["max_turns"] = msg.max_turns
+    if msg.max_episode_tokens:
+        data["max_episode_tokens"] = msg.max_episode_tokens
+    try:
+        return RolloutConfig.model_validate(data)
+    except ValidationError as err:
+        raise InvalidArgumentError(
+            f"invalid OpenRollout: {validation_message(err)}", code="INVALID_ARGUMENT"
+        ) from err

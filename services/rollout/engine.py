@@ -1,0 +1,197 @@
+"""Generation engines: sample completions with per-token logprobs, take weight updates.
+
+``GenerationEngine`` is the small contract the agent loop and the service rely on;
+``TransformersEngine`` implements it with Hugging Face transformers (CPU, or one CUDA GPU).
+A vLLM engine implements the same Protocol in its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import peft
+import torch
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from opentinker.spec import ModelSpec, SamplingParams
+
+from .types import Completion
+
+
+class WeightUpdateError(ValueError):
+    """A weight update does not fit the model (unknown tensor name, wrong shape)."""
+
+
+class GenerationEngine(Protocol):
+    """What the rollout needs from a generation engine."""
+
+    name: str  # "transformers" or "vllm", reported in RolloutOpened
+    policy_version: int  # version of the weights now served; 0 right after loading
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+    ) -> list[Completion]:
+        """Sample one completion per prompt; deterministic for a given seed and batch."""
+        ...
+
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        """Copy named tensors into the served weights, then serve ``policy_version``."""
+        ...
+
+    def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
+        """log p(token_ids[i+1] | token_ids[:i+1]) at temperature 1; len(token_ids)-1 entries."""
+        ...
+
+
+class TransformersEngine:
+    """A transformers causal LM sampling with its KV cache, batched with left padding.
+
+    With ``finetune == "lora"`` the model is wrapped with peft exactly as the trainer wraps
+    it, so the adapter tensors the trainer sends have the same names here.
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int = 64,
+    ) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.max_batch_size = max_batch_size
+        self.eos_token_id: int = tokenizer.eos_token_id
+        self.pad_token_id: int = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
+        )
+        self.device = next(model.parameters()).device
+        # A checkpoint's own sampling defaults (top_k, repetition_penalty, ...) would change the
+        # distribution we sample from without the logprobs knowing; start from a clean config.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id
+        )
+
+    @classmethod
+    def load(
+        cls, spec: ModelSpec, *, max_batch_size: int = 64, device: str | None = None
+    ) -> TransformersEngine:
+        """Load ``spec.base_model`` and wrap LoRA if asked.
+
+        device: "cpu" (float32) or "cuda[:n]" (bfloat16); default: CUDA when there is one.
+        """
+        transformers.utils.logging.disable_progress_bar()
+        target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+        tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
+        model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=dtype)
+        model = model.to(target)  # type: ignore[arg-type]  # transformers types .to() narrowly
+        if spec.finetune == "lora":
+            lora = spec.lora
+            # PeftModel forwards every PreTrainedModel method (generate, named_parameters, ...).
+            model = peft.get_peft_model(  # type: ignore[assignment]
+                model,
+                peft.LoraConfig(
+                    r=lora.rank,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                    task_type="CAUSAL_LM",  # as the trainer wraps it: same tensor names
+                ),
+            )
+        model.eval()
+        return cls(model, tokenizer, max_batch_size=max_batch_size)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+    ) -> list[Completion]:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out: list[Completion] = []
+            for start in range(0, len(prompts), self.max_batch_size):
+                out.extend(
+                    self._generate_batch(prompts[start : start + self.max_batch_size], sampling)
+                )
+            return out
+
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt")
+        width = max(len(p) for p in prompts)
+        input_ids_B_T = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids_B_T[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention_mask_B_T[row, width - len(prompt) :] = 1
+        result = self.model.generate(  # type: ignore[operator]  # peft wrapper hides the type
+            input_ids=input_ids_B_T.to(self.device),
+            attention_mask=attention_mask_B_T.to(self.device),
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,  # off: only temperature and top_p shape the distribution
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        new_B_N = result.sequences[:, width:].cpu()
+        # Raw logits of every generated position: N x (B, V) -> (B, N, V).
+        logits_B_N_V = torch.stack(result.logits, dim=1).float().cpu()
+        logprobs_B_N_V = torch.log_softmax(logits_B_N_V / sampling.temperature, dim=-1)
+        sampled_B_N = logprobs_B_N_V.gather(-1, new_B_N.unsqueeze(-1)).squeeze(-1)
+        completions = []
+        for row in range(len(prompts)):
+            ids = new_B_N[row].tolist()
+            # Keep up to and including the first eos; what follows is padding.
+            length = ids.index(self.eos_token_id) + 1 if self.eos_token_id in ids else len(ids)
+            completions.append(
+                Completion(token_ids=ids[:length], logprobs=sampled_B_N[row, :length].tolist())
+            )
+        return completions
+
+    @torch.no_grad()
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        params = dict(self.model.named_parameters())
+        # Check everything first, so a bad update leaves the served weights untouched.
+        for name, tensor in tensors.items():
+            if name not in params:
+                raise WeightUpdateError(
+                    f"weight update names tensor {name!r}, which this model does not have "
+                    f"({type(self.model).__name__}; is the LoRA config the same as the trainer's?)"
+                )
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise WeightUpdateError(
+                    f"weight update tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model's has {tuple(params[name].shape)}"
+                )
+        for name, tensor in tensors.items():
+            params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+        self.policy_version = policy_version
+
+    @torch.no_grad()
+    def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
+        if len(token_ids) < 2:
+            return []
+        ids_1_T = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        logits_T_V = self.model(input_ids=ids_1_T).logits[0, :-1].float()
+        logprobs_T_V = torch.log_softmax(logits_T_V, dim=-1)
+        return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()

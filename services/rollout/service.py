@@ -1,0 +1,223 @@
+"""The RolloutService gRPC servicer: the trainer's Rollout stream <-> a RolloutSession.
+
+Thin: it turns envelopes into session calls and results (or typed errors) into envelopes.
+Heartbeats are answered at once by the reader task while a batch is being collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import (
+    EnvironmentError_,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OpenTinkerError,
+    UnavailableError,
+)
+from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.services.common.grpc_server import create_aio_server, mark_serving
+from opentinker.services.modeling.weights import WeightAssembler
+
+from .config import config_from_proto
+from .session import EngineFactory, RolloutSession, default_engine_factory
+from .settings import RolloutSettings
+from .types import FinishReason, Trajectory, TrajectoryBatch
+
+log = structlog.get_logger("opentinker.rollout.service")
+
+SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
+_TERMINAL = ("failed", "closed")
+_CODES: list[tuple[type[OpenTinkerError], str]] = [
+    (InvalidArgumentError, "INVALID_ARGUMENT"),
+    (FailedPreconditionError, "FAILED_PRECONDITION"),
+    (NotFoundError, "NOT_FOUND"),
+    (UnavailableError, "UNAVAILABLE"),
+    (EnvironmentError_, "UNAVAILABLE"),
+]
+_FINISH_TO_PB = {
+    FinishReason.ENV_DONE: rollout_pb2.FINISH_REASON_ENV_DONE,
+    FinishReason.MAX_TURNS: rollout_pb2.FINISH_REASON_MAX_TURNS,
+    FinishReason.MAX_TOKENS: rollout_pb2.FINISH_REASON_MAX_TOKENS,
+    FinishReason.ENV_ERROR: rollout_pb2.FINISH_REASON_ENV_ERROR,
+}
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, settings: RolloutSettings, engine_factory: EngineFactory) -> None:
+        self._settings = settings
+        self._engine_factory = engine_factory
+
+    async def Rollout(  # noqa: N802 - the gRPC method name
+        self,
+        request_iterator: AsyncIterator[rollout_pb2.RolloutRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[rollout_pb2.RolloutResponse]:
+        stream = _RolloutStream(RolloutSession(self._settings, self._engine_factory))
+        reader = asyncio.create_task(stream.read(request_iterator))
+        worker = asyncio.create_task(stream.work())
+        seq = itertools.count(1)
+        try:
+            while (response := await stream.out.get()) is not None:
+                response.seq = next(seq)
+                yield response
+                if response.WhichOneof("payload") in _TERMINAL:
+                    return
+        finally:
+            for task in (reader, worker):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+
+class _RolloutStream:
+    """State of one Rollout stream: requests in, responses out (None ends the stream)."""
+
+    def __init__(self, session: RolloutSession) -> None:
+        self.session = session
+        self.out: asyncio.Queue[rollout_pb2.RolloutResponse | None] = asyncio.Queue()
+        self._work: asyncio.Queue[rollout_pb2.RolloutRequest | None] = asyncio.Queue()
+        self._assembler = WeightAssembler()
+
+    async def read(self, requests: AsyncIterator[rollout_pb2.RolloutRequest]) -> None:
+        """Answer heartbeats now; queue everything else for the worker, in order."""
+        try:
+            async for request in requests:
+                if request.WhichOneof("payload") == "heartbeat":
+                    self.out.put_nowait(_heartbeat())
+                else:
+                    self._work.put_nowait(request)
+        finally:
+            self._work.put_nowait(None)  # the trainer half-closed (or left): finish, then end
+
+    async def work(self) -> None:
+        while (request := await self._work.get()) is not None:
+            try:
+                response = await self._handle(request)
+            except OpenTinkerError as err:
+                code = _code_of(err)
+                log.warning("rollout_failed", code=code, reason=err.message)
+                response = _failed(err.message, code)
+            except Exception as err:  # a bug: still end the stream with a reason, never hang
+                log.exception("rollout_crashed")
+                response = _failed(
+                    f"rollout internal error: {type(err).__name__}: {err}", "INTERNAL"
+                )
+            if response is None:
+                continue
+            self.out.put_nowait(response)
+            if response.WhichOneof("payload") in _TERMINAL:
+                return
+        self.out.put_nowait(None)
+
+    async def _handle(
+        self, request: rollout_pb2.RolloutRequest
+    ) -> rollout_pb2.RolloutResponse | None:
+        kind = request.WhichOneof("payload")
+        if kind == "open":
+            engine = await self.session.open(config_from_proto(request.open))
+            return rollout_pb2.RolloutResponse(
+                opened=rollout_pb2.RolloutOpened(
+                    engine=engine.name, policy_version=engine.policy_version
+                )
+            )
+        if kind == "weights":
+            return await self._weights(request.weights)
+        if kind == "collect":
+            c = request.collect
+            batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)
+            return rollout_pb2.RolloutResponse(batch=_batch_to_proto(batch))
+        if kind == "close":
+            log.info("rollout_closed", reason=request.close.reason)
+            return rollout_pb2.RolloutResponse(
+                closed=rollout_pb2.RolloutClosed(reason=request.close.reason)
+            )
+        return _failed(f"unknown or empty RolloutRequest payload {kind!r}", "INVALID_ARGUMENT")
+
+    async def _weights(self, chunk: rollout_pb2.WeightChunk) -> rollout_pb2.RolloutResponse | None:
+        self.session.require_open("a weight chunk")
+        try:
+            tensors = self._assembler.add(chunk)
+        except (ValueError, RuntimeError) as err:  # torch raises RuntimeError on a bad reshape
+            return _failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
+        if tensors is None:
+            return None  # more chunks of this update to come
+        result = await self.session.apply_weights(
+            tensors, chunk.policy_version, chunk.probe_token_ids
+        )
+        return rollout_pb2.RolloutResponse(
+            applied=rollout_pb2.WeightsApplied(
+                policy_version=result.policy_version,
+                probe_logprobs=result.probe_logprobs,
+                apply_seconds=result.apply_seconds,
+            )
+        )
+
+
+def _code_of(err: OpenTinkerError) -> str:
+    """The gRPC status code name for a domain error: its own, else the one its type means."""
+    if err.code:
+        return err.code
+    for error_type, code in _CODES:
+        if isinstance(err, error_type):
+            return code
+    return "INTERNAL"
+
+
+def _failed(reason: str, code: str) -> rollout_pb2.RolloutResponse:
+    return rollout_pb2.RolloutResponse(failed=rollout_pb2.RolloutFailed(reason=reason, code=code))
+
+
+def _heartbeat() -> rollout_pb2.RolloutResponse:
+    return rollout_pb2.RolloutResponse(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
+
+
+def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
+    return rollout_pb2.Trajectory(
+        episode_id=t.episode_id,
+        group_index=t.group_index,
+        policy_version=t.policy_version,
+        token_ids=t.token_ids,
+        prompt_length=t.prompt_length,
+        logprobs=t.logprobs,
+        loss_mask=t.loss_mask,
+        reward=t.reward,
+        num_turns=t.num_turns,
+        finish_reason=_FINISH_TO_PB[t.finish_reason],
+        finish_detail=t.finish_detail,
+        completion_text=t.completion_text,
+    )
+
+
+def _batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
+    return rollout_pb2.TrajectoryBatch(
+        batch_index=batch.batch_index,
+        trajectories=[_trajectory_to_proto(t) for t in batch.trajectories],
+        generate_seconds=batch.stats.generate_seconds,
+        env_seconds=batch.stats.env_seconds,
+        generated_tokens=batch.stats.generated_tokens,
+    )
+
+
+async def create_server(
+    settings: RolloutSettings, *, engine_factory: EngineFactory | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A started RolloutService server (health + reflection); returns (server, bound port)."""
+    server, port, health_servicer = create_aio_server(
+        [SERVICE_NAME], host=settings.host, port=settings.port
+    )
+    servicer = RolloutServicer(settings, engine_factory or default_engine_factory(settings))
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
+    await server.start()
+    await mark_serving(health_servicer, [SERVICE_NAME])
+    log.info("rollout_serving", host=settings.host, port=port, envhub=settings.envhub_address)
+    return server, port

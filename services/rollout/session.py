@@ -1,0 +1,176 @@
+"""One trainer's rollout session: load the engine, apply weight updates, collect batches.
+
+Plain asyncio; knows nothing of the gRPC stream that drives it (see ``service.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from opentinker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
+from opentinker.spec import ModelSpec
+
+from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from .config import RolloutConfig
+from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
+from .envhub_client import EnvHubClient
+from .seeds import derive_seed
+from .settings import RolloutSettings
+from .types import FinishReason, TrajectoryBatch
+
+log = structlog.get_logger("opentinker.rollout.session")
+
+EngineFactory = Callable[[ModelSpec], GenerationEngine]
+
+
+class EnvBatchFailedError(UnavailableError):
+    """Too many episodes of a batch ended with ENV_ERROR to train on it."""
+
+
+@dataclass(frozen=True)
+class WeightsResult:
+    policy_version: int
+    probe_logprobs: list[float]
+    apply_seconds: float
+
+
+def episode_id(job_id: str, batch_index: int, group: int, sample: int) -> str:
+    return f"{job_id}-b{batch_index}-g{group}-s{sample}"
+
+
+class RolloutSession:
+    """Serves one job: its engine, its environment, its batches."""
+
+    def __init__(self, settings: RolloutSettings, engine_factory: EngineFactory) -> None:
+        self.settings = settings
+        self._engine_factory = engine_factory
+        self.config: RolloutConfig | None = None
+        self.engine: GenerationEngine | None = None
+        self._loop: AgentLoop | None = None
+
+    async def open(self, config: RolloutConfig) -> GenerationEngine:
+        """Check the environment is reachable, then load the model (policy version 0)."""
+        if self.config is not None:
+            raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
+        if not self.settings.envhub_address:
+            raise FailedPreconditionError("the rollout has no EnvHub address (set envhub_address)")
+        async with self._envhub(config):  # fail early on an unknown or unreachable environment
+            pass
+        try:
+            engine = await asyncio.to_thread(self._engine_factory, config.model)
+        except (OSError, ValueError) as err:
+            raise InvalidArgumentError(
+                f"cannot load model {config.model.base_model!r}: {err}", code="INVALID_ARGUMENT"
+            ) from err
+        self.config, self.engine = config, engine
+        self._loop = AgentLoop(
+            engine,
+            LoopConfig(
+                sampling=config.sampling,
+                max_turns=config.max_turns,
+                max_episode_tokens=config.max_episode_tokens,
+                env_options=config.env_options,
+            ),
+        )
+        log.info(
+            "rollout_opened",
+            job_id=config.job_id,
+            model=config.model.base_model,
+            env=config.env_name,
+        )
+        return engine
+
+    async def apply_weights(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        policy_version: int,
+        probe_token_ids: Sequence[int],
+    ) -> WeightsResult:
+        """Load a complete weight update, then prove it: logprobs of the probe ids."""
+        engine = self.require_open("a weight update")
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(engine.apply_weights, tensors, policy_version)
+        except WeightUpdateError as err:
+            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
+        seconds = time.monotonic() - started
+        probe = await asyncio.to_thread(engine.logprobs_of, list(probe_token_ids))
+        log.info(
+            "weights_applied", policy_version=policy_version, tensors=len(tensors), seconds=seconds
+        )
+        return WeightsResult(policy_version, probe, seconds)
+
+    async def collect(self, batch_index: int, num_groups: int, group_size: int) -> TrajectoryBatch:
+        """Play num_groups * group_size episodes; the episodes of a group share a reset seed."""
+        engine = self.require_open("CollectTrajectories")
+        assert self.config is not None and self._loop is not None
+        if num_groups < 1 or group_size < 1:
+            raise InvalidArgumentError(
+                f"CollectTrajectories needs num_groups >= 1 and group_size >= 1, "
+                f"got {num_groups} and {group_size}",
+                code="INVALID_ARGUMENT",
+            )
+        config = self.config
+        async with self._envhub(config) as envhub:
+            requests = []
+            for g in range(num_groups):
+                group_seed = derive_seed(config.seed, "env", batch_index, g)  # one prompt per group
+                for i in range(group_size):
+                    eid = episode_id(config.job_id, batch_index, g, i)
+                    requests.append(EpisodeRequest(eid, g, group_seed, envhub.session(eid)))
+            trajectories, stats = await self._loop.run(
+                requests, seed=derive_seed(config.seed, "sample", batch_index)
+            )
+        failed = [t for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
+        if len(failed) > self.settings.max_env_error_fraction * len(trajectories):
+            raise EnvBatchFailedError(
+                f"{len(failed)} of {len(trajectories)} episodes of environment "
+                f"'{config.env_name}' failed in batch {batch_index}; "
+                f"first: {failed[0].finish_detail}",
+                code="UNAVAILABLE",
+            )
+        log.info(
+            "batch_collected",
+            batch_index=batch_index,
+            episodes=len(trajectories),
+            env_errors=len(failed),
+            policy_version=engine.policy_version,
+            generate_s=round(stats.generate_seconds, 3),
+            env_s=round(stats.env_seconds, 3),
+            tokens=stats.generated_tokens,
+        )
+        return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
+
+    def _envhub(self, config: RolloutConfig) -> EnvHubClient:
+        return EnvHubClient(
+            self.settings.envhub_address,
+            job_id=config.job_id,
+            env_name=config.env_name,
+            timeout_s=self.settings.env_timeout_s,
+            heartbeat_interval_s=self.settings.env_heartbeat_s,
+        )
+
+    def require_open(self, what: str) -> GenerationEngine:
+        if self.engine is None:
+            raise FailedPreconditionError(
+                f"{what} arrived before OpenRollout; open the rollout first",
+                code="FAILED_PRECONDITION",
+            )
+        return self.engine
+
+
+def default_engine_factory(settings: RolloutSettings) -> EngineFactory:
+    """Transformers on CPU or one GPU (a vLLM engine would be chosen here)."""
+    return lambda spec: TransformersEngine.load(
+        spec, max_batch_size=settings.max_batch_size, device=settings.device or None
+    )

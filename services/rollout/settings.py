@@ -1,0 +1,32 @@
+"""Settings of the rollout service (environment variables OPENTINKER_ROLLOUT_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RolloutSettings(BaseSettings):
+    """Where the rollout listens, where EnvHub is, and how long it waits for environments."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_ROLLOUT_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 = any free port")
+    envhub_address: str = Field("", description="host:port of EnvHub")
+    env_timeout_s: float = Field(15.0, gt=0, description="deadline of every wait on EnvHub")
+    env_heartbeat_s: float = Field(
+        5.0, ge=0, description="heartbeats on the EnvHub stream; 0 = none"
+    )
+    device: str = Field("", description='"cpu", "cuda", "cuda:1"; empty = CUDA when there is one')
+    max_batch_size: int = Field(64, ge=1, description="sequences per transformers generate call")
+    max_env_error_fraction: float = Field(
+        0.5, ge=0, le=1, description="a batch with more ENV_ERROR episodes than this fails"
+    )
+    log_level: str = "INFO"
+
+    @classmethod
+    def with_overrides(cls, **values: object) -> RolloutSettings:
+        """Settings from the environment, with the values given here (None = not given) on top."""
+        given = {key: value for key, value in values.items() if value is not None}
+        return cls.model_validate(given)  # validated like the environment's values

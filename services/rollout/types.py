@@ -1,0 +1,96 @@
+"""Domain types of the rollout: completions, episodes, trajectories and batches.
+
+Token-level fields are plain Python lists (one entry per token); nothing here knows gRPC.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    """Why an episode ended (mirrors rollout.v1.FinishReason)."""
+
+    ENV_DONE = "ENV_DONE"  # the environment said done
+    MAX_TURNS = "MAX_TURNS"  # the turn budget ran out
+    MAX_TOKENS = "MAX_TOKENS"  # the token budget ran out
+    ENV_ERROR = "ENV_ERROR"  # the environment failed or replied badly
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled continuation of one prompt.
+
+    ``token_ids[t]`` is the t-th sampled token (ending with eos when the model stopped by
+    itself); ``logprobs[t]`` is its log-probability under the policy at the sampling
+    temperature. Both have length T_completion.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    """What an environment shows at the start of an episode."""
+
+    system_prompt: str
+    observation: str  # the first user message
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What an environment answers to one model turn."""
+
+    observation: str  # the next user message, unless done
+    reward: float
+    done: bool
+    info: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One finished episode.
+
+    ``token_ids`` is the prompt (``prompt_length`` ids) followed by the completion; the
+    per-completion-token lists ``logprobs`` and ``loss_mask`` have
+    ``len(token_ids) - prompt_length`` entries: loss mask 1 and the sampling logprob on model
+    tokens, loss mask 0 and logprob 0.0 on tokens the environment (or the chat format) added.
+    """
+
+    episode_id: str
+    group_index: int
+    token_ids: list[int]
+    prompt_length: int
+    logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    num_turns: int
+    finish_reason: FinishReason
+    finish_detail: str = ""
+    completion_text: str = ""
+    policy_version: int = 0
+
+
+@dataclass
+class RolloutStats:
+    """Where the time of a batch went: seconds generating, seconds waiting on the env."""
+
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+    generated_tokens: int = 0
+
+    def add(self, other: RolloutStats) -> None:
+        self.generate_seconds += other.generate_seconds
+        self.env_seconds += other.env_seconds
+        self.generated_tokens += other.generated_tokens
+
+
+@dataclass
+class TrajectoryBatch:
+    """The trajectories of one CollectTrajectories request, in (group, sample) order."""
+
+    batch_index: int
+    trajectories: list[Trajectory]
+    stats: RolloutStats
