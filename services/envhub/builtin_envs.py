@@ -4,10 +4,18 @@ its own loopback port and registered (pinned) in EnvHub's own registry."""
 from __future__ import annotations
 
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
+from opentinker.services.envhub.bandit_env import BanditGame
+from opentinker.services.envhub.gomoku_env import GomokuGame
 from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.math_env import MathGame
 from opentinker.services.envhub.registry import Registry
 
-BUILTIN_GAMES: dict[str, GameFactory] = {"letter": LetterGame}
+BUILTIN_GAMES: dict[str, GameFactory] = {
+    "letter": LetterGame,
+    "bandit": BanditGame,
+    "math": MathGame,
+    "gomoku": GomokuGame,
+}
 
 
 def start_builtin_envs(

@@ -11,7 +11,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.envhub.v1 import environment_pb2, envhub_pb2, envhub_pb2_grpc
+from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2
 from opentinker.errors import (
     EnvironmentError_,
     InvalidArgumentError,

@@ -18,7 +18,7 @@ class EnvHubSettings(BaseSettings):
     renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
     registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
-    builtin_envs: list[str] = Field(default_factory=lambda: ["letter"])
+    builtin_envs: list[str] = Field(default_factory=lambda: list(BUILTIN_GAMES))
     builtin_capacity: int = Field(256, ge=0, description="Episodes per built-in env; 0 = any.")
     log_level: str = "INFO"
 

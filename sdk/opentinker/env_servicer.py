@@ -1,0 +1,93 @@
+"""The ``EnvironmentService`` servicer of the SDK's env server: protobuf <-> ``EpisodeTable``,
+typed errors -> gRPC status codes, nothing else."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+import structlog
+
+from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
+from opentinker.episode_table import EpisodeTable
+from opentinker.errors import (
+    REASON_METADATA_KEY,
+    EnvironmentError_,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OpenTinkerError,
+    ResourceExhaustedError,
+)
+from opentinker.game import AbstractGame
+
+SERVICE_NAME = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
+
+log = structlog.get_logger("opentinker.env_server")
+
+_STATUS_OF: dict[type[OpenTinkerError], grpc.StatusCode] = {
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    EnvironmentError_: grpc.StatusCode.INTERNAL,
+}
+
+
+def _abort(context: grpc.ServicerContext, err: OpenTinkerError) -> NoReturn:
+    if err.reason:
+        context.set_trailing_metadata(((REASON_METADATA_KEY, err.reason),))
+    context.abort(_STATUS_OF.get(type(err), grpc.StatusCode.INTERNAL), err.message)
+    raise AssertionError("unreachable: context.abort raises")  # for type checkers
+
+
+class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
+    """Protobuf <-> EpisodeTable; typed errors -> status codes."""
+
+    def __init__(self, table: EpisodeTable, spec: environment_pb2.EnvironmentSpec) -> None:
+        self._table = table
+        self._spec = spec
+
+    def GetEnvironmentSpec(self, request, context):  # noqa: N802
+        return environment_pb2.GetEnvironmentSpecResponse(spec=self._spec)
+
+    def Reset(self, request, context):  # noqa: N802
+        try:
+            system_prompt, observation = self._table.reset(
+                request.episode_id, request.seed, dict(request.options)
+            )
+        except OpenTinkerError as err:
+            log.warning("reset_failed", env=self._table.env_name, error=err.message)
+            _abort(context, err)
+        return environment_pb2.ResetResponse(system_prompt=system_prompt, observation=observation)
+
+    def Step(self, request, context):  # noqa: N802
+        try:
+            result = self._table.step(request.episode_id, request.action)
+        except OpenTinkerError as err:
+            log.warning("step_failed", env=self._table.env_name, error=err.message)
+            _abort(context, err)
+        return environment_pb2.StepResponse(
+            observation=result.observation,
+            reward=float(result.reward),
+            done=result.done,
+            info=result.info,
+        )
+
+    def CloseEpisode(self, request, context):  # noqa: N802
+        self._table.close(request.episode_id)
+        return environment_pb2.CloseEpisodeResponse()
+
+
+def spec_of(game: AbstractGame, env_name: str) -> environment_pb2.EnvironmentSpec:
+    """The ``EnvironmentSpec`` a game's class attributes (and its system prompt) describe."""
+    try:
+        system_prompt = game.get_system_prompt()
+    except Exception:  # a prompt that depends on reset() state; each ResetResponse carries it
+        system_prompt = ""
+    return environment_pb2.EnvironmentSpec(
+        name=env_name,
+        description=game.description,
+        system_prompt=system_prompt if isinstance(system_prompt, str) else "",
+        max_turns=game.max_turns,
+    )

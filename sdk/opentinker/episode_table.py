@@ -1,0 +1,222 @@
+"""The live episodes of one environment server: one game instance per ``episode_id``.
+
+- ``reset`` of an id that is still live replaces that episode (the old game is closed), so a
+  retried Reset never fails.
+- ``step`` of an unknown (never reset, closed, reaped or failed) episode is ``NotFoundError``; a
+  step after ``done`` is ``FailedPreconditionError``.
+- An exception inside the game, or a malformed ``StepResult`` (non-finite reward, non-str
+  observation), is ``EnvironmentError_`` naming the environment and the exception, and drops
+  the episode. Bad reset options (``ValueError``/``TypeError`` from ``reset``) are
+  ``InvalidArgumentError``.
+- ``capacity`` live episodes at most (``ResourceExhaustedError`` beyond; 0 = unlimited);
+  ``reap_idle`` frees episodes unused for ``idle_timeout_s``.
+
+Knows nothing of gRPC. Thread-safe: different episodes step concurrently, the calls of one
+episode one at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import structlog
+
+from opentinker.errors import (
+    EnvironmentError_,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from opentinker.game import AbstractGame, StepResult, first_user_message
+
+GameFactory = Callable[[], AbstractGame]
+_T = TypeVar("_T")
+
+log = structlog.get_logger("opentinker.env_server")
+
+
+@dataclass
+class _Episode:
+    game: AbstractGame
+    last_used_s: float  # time.monotonic() of the last call
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EpisodeTable:
+    """The live episodes of one environment: builds, steps, validates and frees games."""
+
+    def __init__(
+        self, game_factory: GameFactory, *, env_name: str, capacity: int, idle_timeout_s: float
+    ) -> None:
+        self._factory = game_factory
+        self.env_name = env_name
+        self._capacity = capacity
+        self.idle_timeout_s = idle_timeout_s
+        self._episodes: dict[str, _Episode] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._episodes)
+
+    def reset(self, episode_id: str, seed: int, options: dict[str, str]) -> tuple[str, str]:
+        """Start (or restart) an episode; returns (system_prompt, first user message)."""
+        if not episode_id:
+            raise InvalidArgumentError("episode_id is empty; name every episode", reason="NO_ID")
+        if "seed" in options:
+            raise InvalidArgumentError(
+                f"env option 'seed' is reserved in environment '{self.env_name}'; "
+                "set the job's seed instead",
+                reason="BAD_OPTIONS",
+            )
+        self.close(episode_id)  # a repeated Reset replaces the episode
+        with self._lock:
+            if 0 < self._capacity <= len(self._episodes):
+                raise ResourceExhaustedError(
+                    f"environment '{self.env_name}' already runs {self._capacity} episodes "
+                    "(its capacity); close finished episodes or start another instance",
+                    reason="AT_CAPACITY",
+                )
+        game = self._call("build a game", self._factory)
+        try:
+            observation = game.reset(seed=seed, **options)
+        except (ValueError, TypeError) as exc:
+            close_quietly(game)
+            raise InvalidArgumentError(
+                f"environment '{self.env_name}' rejected the reset (seed={seed}, "
+                f"options={options}): {type(exc).__name__}: {exc}",
+                reason="BAD_OPTIONS",
+            ) from exc
+        except Exception as exc:
+            close_quietly(game)
+            raise self._game_error("reset", exc) from exc
+        try:
+            system_prompt = self._call("get_system_prompt", game.get_system_prompt)
+            intro = self._call("get_initial_user_message", game.get_initial_user_message)
+            for what, value in (
+                ("reset observation", observation),
+                ("system prompt", system_prompt),
+                ("initial user message", intro),
+            ):
+                if not isinstance(value, str):
+                    raise self._bad_reply(f"its {what} is {type(value).__name__}, not str")
+        except Exception:
+            close_quietly(game)
+            raise
+        with self._lock:
+            replaced = self._episodes.get(episode_id)
+            self._episodes[episode_id] = _Episode(game=game, last_used_s=time.monotonic())
+        if replaced is not None:  # a concurrent Reset of the same id got there first
+            close_quietly(replaced.game)
+        return system_prompt, first_user_message(intro, observation)
+
+    def step(self, episode_id: str, action: str) -> StepResult:
+        """Apply an action; a game failure or malformed result drops the episode."""
+        episode = self._get(episode_id)
+        with episode.lock:
+            if episode.done:
+                raise FailedPreconditionError(
+                    f"episode '{episode_id}' of environment '{self.env_name}' is already done; "
+                    "reset a new episode",
+                    reason="EPISODE_DONE",
+                )
+            try:
+                result = self._validated(self._call("step", lambda: episode.game.step(action)))
+            except Exception:
+                self._drop(episode_id, episode)
+                raise
+            episode.done = result.done
+            episode.last_used_s = time.monotonic()
+            return result
+
+    def close(self, episode_id: str) -> None:
+        """Free an episode; harmless for an unknown one."""
+        with self._lock:
+            episode = self._episodes.pop(episode_id, None)
+        if episode is not None:
+            close_quietly(episode.game)
+
+    def close_all(self) -> None:
+        with self._lock:
+            episodes, self._episodes = list(self._episodes.values()), {}
+        for episode in episodes:
+            close_quietly(episode.game)
+
+    def reap_idle(self) -> list[str]:
+        """Close episodes unused for longer than ``idle_timeout_s``; returns their ids."""
+        cutoff = time.monotonic() - self.idle_timeout_s
+        with self._lock:
+            idle = [eid for eid, ep in self._episodes.items() if ep.last_used_s < cutoff]
+        for episode_id in idle:
+            self.close(episode_id)
+        return idle
+
+    def _drop(self, episode_id: str, episode: _Episode) -> None:
+        with self._lock:
+            if self._episodes.get(episode_id) is episode:
+                del self._episodes[episode_id]
+        close_quietly(episode.game)
+
+    def _get(self, episode_id: str) -> _Episode:
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None:
+            raise NotFoundError(
+                f"environment '{self.env_name}' has no episode '{episode_id}' (never reset, "
+                "closed, idle longer than "
+                f"{self.idle_timeout_s:g} s, or failed); reset it first",
+                reason="EPISODE_NOT_FOUND",
+            )
+        episode.last_used_s = time.monotonic()
+        return episode
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except Exception as exc:
+            raise self._game_error(what, exc) from exc
+
+    def _game_error(self, what: str, exc: BaseException) -> EnvironmentError_:
+        return EnvironmentError_(
+            f"environment '{self.env_name}' raised in {what}: {type(exc).__name__}: {exc}",
+            reason="GAME_RAISED",
+        )
+
+    def _bad_reply(self, problem: str) -> EnvironmentError_:
+        return EnvironmentError_(
+            f"environment '{self.env_name}' replied badly: {problem}", reason="BAD_REPLY"
+        )
+
+    def _validated(self, result: object) -> StepResult:
+        if not isinstance(result, StepResult):
+            raise self._bad_reply(f"step returned {type(result).__name__}, not StepResult")
+        if not isinstance(result.observation, str):
+            raise self._bad_reply(
+                f"step observation is {type(result.observation).__name__}, not str"
+            )
+        if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)):
+            raise self._bad_reply(f"step reward is {type(result.reward).__name__}, not a number")
+        if not math.isfinite(result.reward):
+            raise self._bad_reply(f"step reward is non-finite ({result.reward})")
+        if not isinstance(result.done, bool):
+            raise self._bad_reply(f"step done is {type(result.done).__name__}, not bool")
+        if not isinstance(result.info, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in result.info.items()
+        ):
+            raise self._bad_reply("step info must be a dict of str to str")
+        return result
+
+
+def close_quietly(game: AbstractGame) -> None:
+    """Call the game's ``close`` hook; a failure there is logged, never raised."""
+    try:
+        game.close()
+    except Exception:
+        log.warning("game_close_failed", game=type(game).__name__, exc_info=True)

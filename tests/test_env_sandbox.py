@@ -1,0 +1,175 @@
+"""The code sandbox of the math-with-code environment, attacked: fork bombs, infinite loops,
+huge outputs, files outside its folder, sockets, memory. Each attack must fail or be cut off,
+and nothing may survive a run. ``guard=False`` runs test the OS layers alone."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from opentinker.services.envhub.sandbox import SandboxLimits, isolation, run_python
+
+pytestmark = pytest.mark.integration
+
+FAST = SandboxLimits(wall_time_s=3.0, cpu_time_s=2, output_bytes=4096)
+needs_namespaces = pytest.mark.skipif(
+    not isolation().namespaces, reason="unshare cannot create namespaces on this machine"
+)
+needs_nobody = pytest.mark.skipif(
+    not isolation().drop_to_nobody, reason="not root, or no setpriv: runs as the caller"
+)
+
+
+def sandbox_processes() -> list[str]:
+    """Command lines of processes still running sandboxed code."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "opentinker-sandbox-" in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def test_plain_code_runs_in_a_fresh_folder_that_is_removed_after() -> None:
+    result = run_python("import os, math\nprint(os.getcwd())\nprint(math.factorial(10))")
+    folder, value = result.output.split()
+    assert result.ok and value == "3628800"
+    assert "opentinker-sandbox-" in folder and not Path(folder).exists()
+
+
+def test_an_error_shows_the_models_own_traceback() -> None:
+    result = run_python("x = 1\ny = x / 0\n")
+    assert result.exit_code == 1 and not result.ok
+    assert "line 2, in <module>" in result.output and "ZeroDivisionError" in result.output
+    assert "sandbox_guard" not in result.output  # the guard's frames are hidden
+
+
+def test_an_infinite_loop_hits_the_cpu_limit() -> None:
+    started = time.monotonic()
+    result = run_python("while True:\n    pass\n", limits=FAST)
+    assert time.monotonic() - started < FAST.wall_time_s + 1
+    assert not result.ok
+    assert "CPU time limit exceeded" in result.output or result.timed_out
+
+
+def test_a_sleeping_program_is_killed_by_the_wall_clock() -> None:
+    started = time.monotonic()
+    result = run_python("import time\ntime.sleep(60)\n", limits=FAST)
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < FAST.wall_time_s + 1.5
+
+
+def test_a_fork_bomb_is_refused() -> None:
+    result = run_python("import os\nwhile True:\n    os.fork()\n", limits=FAST)
+    assert "os.fork is not allowed" in result.output
+    assert sandbox_processes() == []
+
+
+@needs_nobody
+def test_a_fork_bomb_past_the_guard_is_bounded_and_leaves_nothing_behind() -> None:
+    code = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    started = time.monotonic()
+    result = run_python(code, limits=FAST, guard=False)
+    assert time.monotonic() - started < FAST.wall_time_s + 2
+    assert not result.ok
+    time.sleep(0.2)
+    assert sandbox_processes() == []
+
+
+@needs_namespaces
+def test_a_child_that_leaves_the_process_group_dies_with_the_sandbox() -> None:
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()  # out of the process group that killpg reaches\n"
+        "    time.sleep(60)\n"
+        "print('parent exits')\n"
+    )
+    result = run_python(code, limits=FAST, guard=False)
+    assert "parent exits" in result.output
+    time.sleep(0.2)
+    assert sandbox_processes() == []  # the PID namespace took it down
+
+
+@pytest.mark.parametrize("code", ["print('x' * 10**8)", "while True:\n    print('y' * 1000)\n"])
+def test_huge_output_is_cut_at_the_limit_and_the_run_killed(code: str) -> None:
+    started = time.monotonic()
+    result = run_python(code, limits=FAST)
+    assert result.output_truncated and not result.ok
+    assert len(result.output.encode()) == FAST.output_bytes
+    assert time.monotonic() - started < 2.5
+
+
+@pytest.mark.parametrize("guard", [True, pytest.param(False, marks=needs_nobody)])
+def test_files_outside_the_folder_cannot_be_read(tmp_path: Path, guard: bool) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the-secret-value")
+    secret.chmod(0o600)
+    result = run_python(f"print(open({str(secret)!r}).read())", limits=FAST, guard=guard)
+    assert "the-secret-value" not in result.output
+    assert "PermissionError" in result.output
+
+
+def test_files_outside_the_folder_cannot_be_written_and_inside_can(tmp_path: Path) -> None:
+    target = tmp_path / "planted.txt"
+    code = (
+        "open('mine.txt', 'w').write('ok')\n"
+        "print(open('mine.txt').read())\n"
+        f"open({str(target)!r}, 'w').write('pwned')\n"
+    )
+    result = run_python(code, limits=FAST)
+    assert result.output.startswith("ok\n") and "PermissionError" in result.output
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("guard", [True, pytest.param(False, marks=needs_namespaces)])
+def test_sockets_cannot_reach_the_host(guard: bool) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.1)
+        port = listener.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        result = run_python(code, limits=FAST, guard=guard)
+        assert result.exit_code != 0
+        assert ("socket.__new__ is not allowed" in result.output) is guard
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing ever connected
+
+
+def test_memory_is_limited() -> None:
+    result = run_python("block = bytearray(4 * 1024**3)\n", limits=FAST)
+    assert "MemoryError" in result.output
+
+
+def test_native_code_through_ctypes_is_refused() -> None:
+    result = run_python("import ctypes\nctypes.CDLL(None).system(b'id')\n", limits=FAST)
+    assert "ctypes.dlsym is not allowed" in result.output
+
+
+def test_numpy_and_sympy_still_work() -> None:
+    code = "import numpy, sympy\nprint(numpy.arange(4).sum(), sympy.Rational(1, 3) + 1 / 6)"
+    result = run_python(code, limits=SandboxLimits(wall_time_s=20, cpu_time_s=15))
+    assert result.ok, result.output
+    assert result.output.split() == ["6", "0.500000000000000"]
+
+
+def test_the_sandboxed_environment_has_no_inherited_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENTINKER_API_KEY", "sk-secret")
+    result = run_python("import os\nprint(sorted(os.environ))", limits=FAST)
+    assert "OPENTINKER_API_KEY" not in result.output and result.ok
+
+
+def test_nothing_is_left_running_after_all_attacks() -> None:
+    assert os.path.exists("/proc") and sandbox_processes() == []
