@@ -131,7 +131,14 @@ class WeightsApplied(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text")
+    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries")
+    class InfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_INDEX_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +151,8 @@ class Trajectory(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     FINISH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TEXT_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    ENV_RETRIES_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     group_index: int
     policy_version: int
@@ -156,7 +165,9 @@ class Trajectory(_message.Message):
     finish_reason: FinishReason
     finish_detail: str
     completion_text: str
-    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ...) -> None: ...
+    info: _containers.ScalarMap[str, str]
+    env_retries: int
+    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")
