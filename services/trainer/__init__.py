@@ -1,1 +1,1 @@
-"""trainer"""
+"""Trainer: the policy (full or LoRA), GRPO, AdamW, verified weight sync, checkpoints."""

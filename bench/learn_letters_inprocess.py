@@ -1,0 +1,180 @@
+"""How fast does a random-init tiny Qwen2 learn the `letter` task with GRPO? (one process, no gRPC)
+
+The trainer's own Policy and grpo_update, with sampling done in-process by model.generate.
+Task: system "You answer with a single capital letter.", user "Answer with the letter K."
+(K uniform among the first --num-letters letters); reward 1.0 iff the stripped response starts
+with K. Prints the mean reward every --report-every steps and steps/s, and writes a JSON
+summary with --out.
+
+    .venv/bin/python bench/learn_letters_inprocess.py --num-letters 4 --max-new-tokens 2 --lr 1e-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import string
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.training import grpo_update
+from opentinker.spec import ModelSpec
+
+SYSTEM = "You answer with a single capital letter."
+
+
+@functools.cache
+def letter_prompt(tokenizer, letter: str, with_system: bool = True) -> list[int]:
+    user = {"role": "user", "content": f"Answer with the letter {letter}."}
+    messages = [{"role": "system", "content": SYSTEM}, user] if with_system else [user]
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]
+
+
+@torch.no_grad()
+def sample_group_batch(
+    policy: Policy,
+    letters: list[str],
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    with_system: bool = True,
+) -> tuple[list[Episode], int]:
+    """Sample group_size completions per letter; return episodes and generated token count."""
+    tok = policy.tokenizer
+    prompts = [letter_prompt(tok, k, with_system) for k in letters for _ in range(group_size)]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), policy.pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for i, p in enumerate(prompts):  # left padding for generation
+        input_ids[i, width - len(p) :] = torch.tensor(p)
+        attention[i, width - len(p) :] = 1
+    policy.model.eval()
+    out = policy.model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        do_sample=True,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=max_new_tokens,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=policy.pad_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    policy.model.train()
+    new_B_S = out.sequences[:, width:]
+    logp_B_S_V = torch.log_softmax(torch.stack(out.logits, dim=1).float() / temperature, dim=-1)
+    logp_B_S = logp_B_S_V.gather(-1, new_B_S.unsqueeze(-1)).squeeze(-1)
+    episodes: list[Episode] = []
+    generated = 0
+    for i, prompt in enumerate(prompts):
+        ids = new_B_S[i].tolist()
+        n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
+        completion = ids[:n]
+        generated += n
+        letter = letters[i // group_size]
+        text = tok.decode(completion, skip_special_tokens=True)
+        episodes.append(
+            Episode(
+                group_index=i // group_size,
+                policy_version=0,
+                token_ids=prompt + completion,
+                prompt_length=len(prompt),
+                logprobs=logp_B_S[i, :n].tolist(),
+                loss_mask=[1] * n,
+                reward=1.0 if text.strip().startswith(letter) else 0.0,
+                env_error=False,
+            )
+        )
+    return episodes, generated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-letters", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--finetune", choices=["full", "lora"], default="full")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--time-limit-s", type=float, default=180.0)
+    parser.add_argument(
+        "--stop-at", type=float, default=0.95, help="stop when the 10-step mean reaches this"
+    )
+    parser.add_argument("--report-every", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-system",
+        action="store_true",
+        help="drop the system message (shorter prompts, faster steps)",
+    )
+    parser.add_argument(
+        "--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "opentinker-tiny-qwen2"
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    model_dir = ensure_tiny_model(args.model_dir)
+    policy = Policy(
+        ModelSpec(base_model=str(model_dir), finetune=args.finetune), learning_rate=args.lr
+    )
+    alphabet = string.ascii_uppercase[: args.num_letters]
+    rewards: list[float] = []
+    curve: list[tuple[int, float, float]] = []
+    start = time.monotonic()
+    step = 0
+    while step < args.steps and time.monotonic() - start < args.time_limit_s:
+        letters = [rng.choice(alphabet) for _ in range(args.prompts)]
+        episodes, _ = sample_group_batch(
+            policy, letters, args.samples, args.max_new_tokens, 1.0, not args.no_system
+        )
+        grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
+        rewards.append(sum(e.reward for e in episodes) / len(episodes))
+        step += 1
+        last10 = sum(rewards[-10:]) / len(rewards[-10:])
+        if step % args.report_every == 0 or step == 1:
+            curve.append((step, round(last10, 3), round(time.monotonic() - start, 1)))
+            print(
+                f"step {step:5d}  reward(last10) {last10:.3f}  t {time.monotonic() - start:6.1f}s",
+                flush=True,
+            )
+        if last10 >= args.stop_at and step >= 10:
+            break
+    elapsed = time.monotonic() - start
+    summary = {
+        "num_letters": args.num_letters,
+        "max_new_tokens": args.max_new_tokens,
+        "lr": args.lr,
+        "finetune": args.finetune,
+        "system_prompt": not args.no_system,
+        "prompt_tokens": len(letter_prompt(policy.tokenizer, "A", not args.no_system)),
+        "steps": step,
+        "seconds": round(elapsed, 1),
+        "steps_per_s": round(step / elapsed, 2),
+        "reward_first10": round(sum(rewards[:10]) / len(rewards[:10]), 3),
+        "reward_last10": round(sum(rewards[-10:]) / len(rewards[-10:]), 3),
+        "reached_stop_at": sum(rewards[-10:]) / len(rewards[-10:]) >= args.stop_at,
+        "curve": curve,
+    }
+    print(json.dumps(summary), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

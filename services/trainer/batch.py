@@ -1,0 +1,92 @@
+"""Trajectories as the trainer sees them, and their collation into padded tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One trajectory from the rollout, free of protobuf.
+
+    token_ids: prompt (prompt_length ids) followed by the completion (model and env tokens).
+    logprobs, loss_mask: one entry per completion token (len(token_ids) - prompt_length);
+    logprobs are the sampling logprobs (0 on env tokens), loss_mask is 1 on model tokens.
+    """
+
+    group_index: int
+    policy_version: int
+    token_ids: list[int]
+    prompt_length: int
+    logprobs: list[float]
+    loss_mask: list[int]
+    reward: float
+    env_error: bool
+    finish_detail: str = ""
+
+
+@dataclass(frozen=True)
+class CollectedBatch:
+    """One step's episodes with the rollout's own timing (seconds) and token count."""
+
+    episodes: list[Episode]
+    generate_seconds: float
+    env_seconds: float
+    generated_tokens: int
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """Right-padded sequences for one forward pass. ``B`` sequences, ``L`` = longest length.
+
+    tokens_B_L: token ids, padded with pad_id.
+    attention_mask_B_L: 1 on real tokens, 0 on padding.
+    Next-token targets (``T = L - 1`` positions, position t predicts token t+1):
+    loss_mask_B_T: 1 where token t+1 is a model-generated completion token to train on.
+    old_logprobs_B_T: the sampling logprob of token t+1 (0 where loss_mask is 0).
+    """
+
+    tokens_B_L: torch.Tensor
+    attention_mask_B_L: torch.Tensor
+    loss_mask_B_T: torch.Tensor
+    old_logprobs_B_T: torch.Tensor
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.tokens_B_L.shape[0])
+
+
+def collate(episodes: list[Episode], pad_id: int) -> SequenceBatch:
+    """Pad episodes to one SequenceBatch, aligning completion fields to next-token positions."""
+    if not episodes:
+        raise ValueError("cannot collate an empty list of episodes")
+    length = max(len(e.token_ids) for e in episodes)
+    size = len(episodes)
+    tokens_B_L = torch.full((size, length), pad_id, dtype=torch.long)
+    attention_B_L = torch.zeros((size, length), dtype=torch.long)
+    loss_mask_B_T = torch.zeros((size, length - 1), dtype=torch.float32)
+    old_B_T = torch.zeros((size, length - 1), dtype=torch.float32)
+    for b, ep in enumerate(episodes):
+        n = len(ep.token_ids)
+        completion = n - ep.prompt_length
+        if (
+            ep.prompt_length < 1
+            or len(ep.loss_mask) != completion
+            or len(ep.logprobs) != completion
+        ):
+            raise ValueError(
+                f"malformed trajectory: {n} tokens, prompt_length {ep.prompt_length}, "
+                f"{len(ep.loss_mask)} mask and {len(ep.logprobs)} logprob entries "
+                f"(expected {completion} each)"
+            )
+        tokens_B_L[b, :n] = torch.tensor(ep.token_ids, dtype=torch.long)
+        attention_B_L[b, :n] = 1
+        # Completion token k sits at position prompt_length + k and is predicted at t = that - 1.
+        start = ep.prompt_length - 1
+        loss_mask_B_T[b, start : start + completion] = torch.tensor(
+            ep.loss_mask, dtype=torch.float32
+        )
+        old_B_T[b, start : start + completion] = torch.tensor(ep.logprobs, dtype=torch.float32)
+    return SequenceBatch(tokens_B_L, attention_B_L, loss_mask_B_T, old_B_T * loss_mask_B_T)

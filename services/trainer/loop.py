@@ -1,0 +1,334 @@
+"""The managed RL loop: collect -> advantages -> loss -> step -> sync weights -> report.
+
+Knows nothing of gRPC: it drives a ``RolloutSession`` and a ``ProgressReporter`` (small
+Protocols, implemented over gRPC in rollout_client.py and reporter.py). Model work runs in a
+worker thread so the process's gRPC server stays responsive during a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+import torch
+
+from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.spec import JobSpec, RlConfig
+
+from .batch import CollectedBatch, Episode
+from .errors import WeightSyncError
+from .policy import Policy
+from .rollout_client import WeightsAck
+from .settings import TrainerSettings
+from .training import grpo_update
+
+log = structlog.get_logger()
+
+REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and final metrics
+
+
+class RolloutSession(Protocol):
+    async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
+
+    async def sync_weights(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        policy_version: int,
+        is_adapter: bool,
+        probe_token_ids: list[int],
+        timeout_s: float,
+    ) -> WeightsAck: ...
+
+    async def collect(
+        self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
+    ) -> CollectedBatch: ...
+
+    async def close(self, *, reason: str, timeout_s: float) -> None: ...
+
+
+class ProgressReporter(Protocol):
+    async def report_step(
+        self, step: int, policy_version: int, metrics: Mapping[str, float]
+    ) -> bool: ...
+
+    async def report_result(
+        self, checkpoint_uri: str, final_metrics: Mapping[str, float]
+    ) -> None: ...
+
+    async def report_failure(self, reason: str) -> None: ...
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass
+class TrainerStatus:
+    """What GetTrainerStatus answers; the loop updates it after every step."""
+
+    job_id: str
+    finetune: str
+    trainable_parameters: int = 0
+    step: int = 0
+    policy_version: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RlLoop:
+    """Runs one RL job to its end. ``run`` reports the failure itself and never raises
+    OpenTinkerError; it returns the Outcome."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        spec: JobSpec,
+        policy: Policy,
+        rollout: RolloutSession,
+        reporter: ProgressReporter,
+        run_dir: Path,
+        settings: TrainerSettings,
+        status: TrainerStatus | None = None,
+    ) -> None:
+        if spec.rl is None:
+            raise ValueError("RlLoop needs an RL job spec")
+        self.job_id = job_id
+        self.spec = spec
+        self.rl: RlConfig = spec.rl
+        self.policy = policy
+        self.rollout = rollout
+        self.reporter = reporter
+        self.run_dir = Path(run_dir)
+        self.settings = settings
+        self.status = status or TrainerStatus(job_id=job_id, finetune=spec.model.finetune)
+        self.status.trainable_parameters = policy.num_trainable_parameters()
+        self.policy_version = 0
+        self.step = 0
+        self.rewards: list[float] = []
+        self.log = log.bind(job_id=job_id, env=self.rl.env_name)
+
+    async def run(self) -> Outcome:
+        try:
+            outcome = await self._train()
+        except OpenTinkerError as err:
+            return await self._fail(str(err))
+        except Exception as err:  # a bug or a torch error: still a reported, clean failure
+            self.log.exception("trainer_crashed")
+            return await self._fail(
+                f"trainer error at step {self.step + 1}: {type(err).__name__}: {err}"
+            )
+        finally:
+            await self.rollout.close(
+                reason="trainer finished", timeout_s=self.settings.close_timeout_s
+            )
+        return outcome
+
+    async def _fail(self, reason: str) -> Outcome:
+        self.log.error("job_failed", reason=reason, step=self.step)
+        await self.rollout.close(
+            reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
+        )
+        try:
+            await self.reporter.report_failure(reason)
+        except OpenTinkerError as err:
+            self.log.error("failure_not_reported", error=str(err))
+        return Outcome.FAILED
+
+    async def _train(self) -> Outcome:
+        engine = await self.rollout.open(
+            job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
+        )
+        self.log.info(
+            "rollout_opened", engine=engine, trainable_parameters=self.status.trainable_parameters
+        )
+        await self._sync_weights()
+        while self.step < self.rl.steps:
+            stop = await self._one_step()
+            if stop:
+                self.log.info("job_cancelled", step=self.step)
+                return Outcome.CANCELLED
+            if (
+                self.rl.checkpoint_every
+                and self.step % self.rl.checkpoint_every == 0
+                and self.step < self.rl.steps
+            ):
+                await self._save(self.run_dir / "checkpoints" / f"step-{self.step:06d}")
+            if self._reached_target():
+                self.log.info(
+                    "stop_at_reward_reached",
+                    step=self.step,
+                    reward=self._window_mean(-REWARD_WINDOW),
+                )
+                break
+        checkpoint = await self._save(self.run_dir / "checkpoint")
+        final = {
+            "reward_mean_last10": self._window_mean(-REWARD_WINDOW),
+            "reward_mean_first10": self._window_mean(REWARD_WINDOW),
+            "steps": float(self.step),
+            "policy_version": float(self.policy_version),
+        }
+        await self.reporter.report_result(str(checkpoint), final)
+        self.log.info("job_succeeded", checkpoint=str(checkpoint), **final)
+        return Outcome.SUCCEEDED
+
+    async def _one_step(self) -> bool:
+        """Collect, train, sync, report one step; True when the scheduler says stop."""
+        started = time.monotonic()
+        batch = await self.rollout.collect(
+            batch_index=self.step,
+            num_groups=self.rl.prompts_per_step,
+            group_size=self.rl.samples_per_prompt,
+            timeout_s=self.settings.collect_timeout_s,
+        )
+        episodes = self._usable_episodes(batch)
+        train_started = time.monotonic()
+        stats = await asyncio.to_thread(
+            grpo_update,
+            self.policy,
+            episodes,
+            clip_epsilon=self.rl.clip_epsilon,
+            temperature=self.rl.sampling.temperature,
+            max_grad_norm=self.settings.max_grad_norm,
+        )
+        time_train = time.monotonic() - train_started
+        self.policy_version += 1
+        self.step += 1
+        time_sync, probe_diff = await self._sync_weights()
+        time_step = time.monotonic() - started
+
+        rewards = [e.reward for e in episodes]
+        reward_mean = sum(rewards) / len(rewards)
+        self.rewards.append(reward_mean)
+        metrics = {
+            "reward_mean": reward_mean,
+            "reward_std": math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)),
+            "loss": stats.loss,
+            "entropy": stats.entropy,
+            "clip_fraction": stats.clip_fraction,
+            "ratio_mean": stats.ratio_mean,
+            "grad_norm": stats.grad_norm,
+            "logprob_gap": stats.logprob_gap,
+            "probe_max_abs_diff": probe_diff,
+            "tokens_per_s": batch.generated_tokens / time_step if time_step > 0 else 0.0,
+            "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
+            / len(episodes),
+            "episodes": float(len(episodes)),
+            "env_errors": float(len(batch.episodes) - len(episodes)),
+            "time_generate_s": batch.generate_seconds,
+            "time_env_s": batch.env_seconds,
+            "time_train_s": time_train,
+            "time_weight_sync_s": time_sync,
+            "time_step_s": time_step,
+            # What the mesh itself cost: gRPC, (de)serialization, packing, waiting.
+            "time_mesh_s": max(
+                0.0, time_step - batch.generate_seconds - batch.env_seconds - time_train - time_sync
+            ),
+        }
+        self.status.step, self.status.policy_version, self.status.last_metrics = (
+            self.step,
+            self.policy_version,
+            metrics,
+        )
+        self.log.info(
+            "step",
+            step=self.step,
+            policy_version=self.policy_version,
+            reward_mean=round(reward_mean, 4),
+            loss=round(stats.loss, 5),
+            time_step_s=round(time_step, 3),
+        )
+        return await self.reporter.report_step(self.step, self.policy_version, metrics)
+
+    def _usable_episodes(self, batch: CollectedBatch) -> list[Episode]:
+        """Check on-policy versions; drop ENV_ERROR episodes (the job fails if none is left)."""
+        expected = self.rl.prompts_per_step * self.rl.samples_per_prompt
+        if len(batch.episodes) != expected:
+            raise WeightSyncError(
+                f"rollout returned {len(batch.episodes)} trajectories, expected {expected}"
+            )
+        stale = [
+            e.policy_version for e in batch.episodes if e.policy_version != self.policy_version
+        ]
+        if stale:
+            raise WeightSyncError(
+                f"off-policy trajectories: {len(stale)} of {len(batch.episodes)} were generated by "
+                f"policy "
+                f"version {stale[0]}, but the rollout had confirmed version {self.policy_version}"
+            )
+        usable = [e for e in batch.episodes if not e.env_error]
+        if not usable:
+            detail = batch.episodes[0].finish_detail or "no detail given"
+            raise EnvironmentError_(
+                f"every episode of env {self.rl.env_name!r} failed at step {self.step + 1} "
+                f"(first error: {detail}); check the environment server"
+            )
+        return usable
+
+    async def _sync_weights(self) -> tuple[float, float]:
+        """Send the trainable weights as ``policy_version`` and verify the rollout serves them.
+
+        Returns (seconds spent applying and probing on both sides, max |Δlogprob| of the probe).
+        """
+        ids = self.policy.probe_token_ids
+        ack = await self.rollout.sync_weights(
+            self.policy.trainable_state(),
+            policy_version=self.policy_version,
+            is_adapter=self.policy.is_lora,
+            probe_token_ids=ids,
+            timeout_s=self.settings.weight_sync_timeout_s,
+        )
+        probe_started = time.monotonic()
+        expected = await asyncio.to_thread(self.policy.probe_logprobs, ids)
+        probe_seconds = time.monotonic() - probe_started
+        if ack.policy_version != self.policy_version:
+            raise WeightSyncError(
+                f"rollout applied policy version {ack.policy_version}, "
+                f"the trainer sent {self.policy_version}"
+            )
+        if len(ack.probe_logprobs) != len(expected):
+            raise WeightSyncError(
+                f"rollout returned {len(ack.probe_logprobs)} probe logprobs for {len(ids)} "
+                f"probe tokens "
+                f"(expected {len(expected)})"
+            )
+        diff = max(
+            (abs(a - b) for a, b in zip(ack.probe_logprobs, expected, strict=True)), default=0.0
+        )
+        if not diff <= self.settings.probe_tolerance:  # also catches nan
+            raise WeightSyncError(
+                f"rollout serves stale/different weights: max |Δlogprob| = {diff:.3g} on the probe "
+                f"after syncing policy version {self.policy_version} (tolerance "
+                f"{self.settings.probe_tolerance:g}); check that the rollout loads the same base "
+                f"model "
+                f"and LoRA config and applies every tensor"
+            )
+        return ack.apply_seconds + probe_seconds, diff
+
+    async def _save(self, directory: Path) -> Path:
+        state = {"job_id": self.job_id, "step": self.step, "policy_version": self.policy_version}
+        path = await asyncio.to_thread(self.policy.save_checkpoint, directory, trainer_state=state)
+        self.log.info("checkpoint_saved", path=str(path), step=self.step)
+        return path
+
+    def _reached_target(self) -> bool:
+        target = self.rl.stop_at_reward
+        return (
+            target is not None
+            and len(self.rewards) >= REWARD_WINDOW
+            and self._window_mean(-REWARD_WINDOW) >= target
+        )
+
+    def _window_mean(self, n: int) -> float:
+        """Mean step reward of the first n steps (n > 0) or the last -n steps (n < 0)."""
+        window = self.rewards[:n] if n > 0 else self.rewards[n:]
+        return sum(window) / len(window) if window else 0.0

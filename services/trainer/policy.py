@@ -1,0 +1,156 @@
+"""The policy the trainer owns: tokenizer, model (LoRA via peft, or all parameters), AdamW.
+
+Loaded through ``from_pretrained`` like any Hugging Face checkpoint, in float32. The rollout
+builds the same model the same way (same base, same peft ``LoraConfig``), so the names of
+``trainable_state()`` are the names it loads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from opentinker.spec import ModelSpec
+
+from .batch import SequenceBatch
+
+# The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
+# of this conversation, tokenized with the model's own chat template.
+PROBE_MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Weight-sync probe: say the alphabet."},
+]
+PROBE_LENGTH = 32
+ADAMW_WEIGHT_DECAY = 0.0  # RL fine-tuning runs usually keep the base weights un-decayed.
+
+
+class Policy:
+    """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in float32."""
+
+    def __init__(
+        self,
+        model_spec: ModelSpec,
+        *,
+        learning_rate: float,
+        device: str = "cpu",
+    ) -> None:
+        self.spec = model_spec
+        self.device = torch.device(device)
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            model_spec.base_model
+        )
+        base = AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32)
+        self.model: PreTrainedModel = self._wrap(base).to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
+        )
+        self.probe_token_ids: list[int] = self._probe_ids()
+
+    @property
+    def is_lora(self) -> bool:
+        return self.spec.finetune == "lora"
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def _wrap(self, base: PreTrainedModel) -> PreTrainedModel:
+        if not self.is_lora:
+            return base
+        lora = self.spec.lora
+        config = PeftLoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(base, config)
+
+    def _probe_ids(self) -> list[int]:
+        if self.tokenizer.chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                PROBE_MESSAGES, tokenize=True, return_dict=False
+            )
+        else:
+            ids = self.tokenizer.encode(" ".join(m["content"] for m in PROBE_MESSAGES))
+        return [int(i) for i in list(ids)[:PROBE_LENGTH]]
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.trainable_parameters())
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Name -> detached tensor of every trainable parameter (LoRA: the adapter only)."""
+        return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def token_logprobs_and_entropy(
+        self, batch: SequenceBatch, *, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token logprobs ``[B, T]`` (with gradient) and entropies ``[B, T]`` (detached).
+
+        Position t holds log p(token t+1 | tokens 0..t) under softmax(logits / temperature),
+        the distribution the rollout sampled from; entropy is of that distribution at t.
+        Values at padded positions are meaningless: multiply by ``batch.loss_mask_B_T``.
+        """
+        tokens_B_L = batch.tokens_B_L.to(self.device)
+        attention_B_L = batch.attention_mask_B_L.to(self.device)
+        logits_B_L_V = self.model(input_ids=tokens_B_L, attention_mask=attention_B_L).logits
+        logp_B_T_V = torch.log_softmax(logits_B_L_V[:, :-1].float() / temperature, dim=-1)
+        logprobs_B_T = logp_B_T_V.gather(-1, tokens_B_L[:, 1:].unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            entropy_B_T = -(logp_B_T_V.exp() * logp_B_T_V).sum(-1)
+        return logprobs_B_T, entropy_B_T
+
+    @torch.no_grad()
+    def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids_1_L = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+            logits_1_L_V = self.model(input_ids=ids_1_L).logits.float()
+            logp_T_V = torch.log_softmax(logits_1_L_V[0, :-1], dim=-1)
+            return logp_T_V.gather(-1, ids_1_L[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+        finally:
+            self.model.train(was_training)
+
+    def optimizer_step(self, max_grad_norm: float) -> float:
+        """Clip gradients to ``max_grad_norm``, step AdamW, zero the gradients.
+
+        Returns the gradient norm before clipping.
+        """
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def save_checkpoint(self, out_dir: Path, *, trainer_state: dict | None = None) -> Path:
+        """Save in Hugging Face format: the adapter (LoRA) or the whole model, plus the tokenizer.
+
+        LoRA: ``adapter_config.json`` + ``adapter_model.safetensors``, loadable with
+        ``PeftModel.from_pretrained(base, out_dir)``; full: loadable with
+        ``AutoModelForCausalLM.from_pretrained(out_dir)``. ``trainer_state`` (step, version)
+        goes to ``trainer_state.json`` beside them.
+        """
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(out_dir)
+        if trainer_state is not None:
+            (out_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+        return out_dir.resolve()

@@ -1,0 +1,208 @@
+"""The trainer's side of the RolloutService.Rollout stream, behind plain async methods.
+
+One request, one awaited answer: open -> opened, weights -> applied, collect -> batch,
+close -> closed. Every wait has a deadline; heartbeats from the rollout are skipped; a
+RolloutFailed, an ended stream or a gRPC error raises RolloutError at once, naming the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.services.modeling.weights import pack_weights
+from opentinker.spec import JobSpec, to_proto
+
+from .batch import CollectedBatch, Episode
+from .errors import RolloutError
+
+
+@dataclass(frozen=True)
+class WeightsAck:
+    """The rollout's answer to a weight update: the version it now serves and the probe."""
+
+    policy_version: int
+    probe_logprobs: list[float]
+    apply_seconds: float
+
+
+class GrpcRolloutSession:
+    """A Rollout stream to ``address``. Create, then ``await open(...)`` first."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, address: str) -> None:
+        self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        self._address = address
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._seq = 0
+
+    async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str:
+        """Open the session for ``spec``'s model and env; returns the engine name."""
+        assert spec.rl is not None
+        pb = to_proto(spec)
+        self._call = self._stub.Rollout()
+        await self._send(
+            rollout_pb2.RolloutRequest(
+                open=rollout_pb2.OpenRollout(
+                    job_id=job_id,
+                    model=pb.model,
+                    env_name=spec.rl.env_name,
+                    env_options=spec.rl.env_options,
+                    sampling=pb.rl.sampling,
+                    max_turns=spec.rl.max_turns,
+                    max_episode_tokens=spec.rl.max_episode_tokens,
+                    seed=spec.rl.seed,
+                )
+            ),
+            timeout_s,
+        )
+        reply = await self._receive("opened", timeout_s)
+        return reply.opened.engine
+
+    async def sync_weights(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        policy_version: int,
+        is_adapter: bool,
+        probe_token_ids: list[int],
+        timeout_s: float,
+    ) -> WeightsAck:
+        """Send one weight update in chunks and wait until the rollout has applied it."""
+        for chunk in pack_weights(
+            tensors,
+            policy_version=policy_version,
+            is_adapter=is_adapter,
+            probe_token_ids=probe_token_ids,
+        ):
+            await self._send(rollout_pb2.RolloutRequest(weights=chunk), timeout_s)
+        reply = await self._receive("applied", timeout_s)
+        applied = reply.applied
+        return WeightsAck(
+            applied.policy_version, list(applied.probe_logprobs), applied.apply_seconds
+        )
+
+    async def collect(
+        self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
+    ) -> CollectedBatch:
+        """Ask for num_groups x group_size episodes and wait for the batch."""
+        request = rollout_pb2.CollectTrajectories(
+            batch_index=batch_index, num_groups=num_groups, group_size=group_size
+        )
+        await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
+        batch = (await self._receive("batch", timeout_s)).batch
+        if batch.batch_index != batch_index:
+            raise RolloutError(
+                f"rollout at {self._address} answered batch {batch.batch_index}, "
+                f"expected {batch_index}"
+            )
+        return CollectedBatch(
+            episodes=[_episode(t) for t in batch.trajectories],
+            generate_seconds=batch.generate_seconds,
+            env_seconds=batch.env_seconds,
+            generated_tokens=batch.generated_tokens,
+        )
+
+    async def close(self, *, reason: str, timeout_s: float) -> None:
+        """Send CloseRollout and wait for RolloutClosed (or the stream's end); never raises."""
+        if self._call is None:
+            return
+        call, self._call = self._call, None
+        if call.done():
+            return
+        try:
+            self._seq += 1
+            close = rollout_pb2.RolloutRequest(
+                seq=self._seq, close=rollout_pb2.CloseRollout(reason=reason)
+            )
+            await asyncio.wait_for(call.write(close), timeout_s)
+            await asyncio.wait_for(call.done_writing(), timeout_s)
+            while True:
+                reply = await asyncio.wait_for(call.read(), timeout_s)
+                if reply is grpc.aio.EOF or reply.WhichOneof("payload") in ("closed", "failed"):
+                    break
+        except (grpc.RpcError, TimeoutError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            pass  # the stream is gone already: nothing left to close
+        finally:
+            call.cancel()
+
+    async def _send(self, request: rollout_pb2.RolloutRequest, timeout_s: float) -> None:
+        if self._call is None:
+            raise RolloutError(f"rollout session to {self._address} is not open")
+        self._seq += 1
+        request.seq = self._seq
+        kind = request.WhichOneof("payload")
+        try:
+            await asyncio.wait_for(self._call.write(request), timeout_s)
+        except TimeoutError as err:
+            raise RolloutError(
+                f"rollout at {self._address} did not take a {kind!r} message "
+                f"within {timeout_s:.0f} s"
+            ) from err
+        except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
+            raise await self._stream_error(err, f"sending {kind!r}") from err
+
+    async def _receive(self, expected: str, timeout_s: float) -> rollout_pb2.RolloutResponse:
+        assert self._call is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                reply = await asyncio.wait_for(self._call.read(), max(deadline - loop.time(), 0.0))
+            except TimeoutError as err:
+                raise RolloutError(
+                    f"rollout at {self._address} sent no {expected!r} within {timeout_s:.0f} s"
+                ) from err
+            except grpc.RpcError as err:
+                raise await self._stream_error(err, f"waiting for {expected!r}") from err
+            if reply is grpc.aio.EOF:
+                raise RolloutError(
+                    f"rollout at {self._address} ended the stream while the trainer waited "
+                    f"for {expected!r}"
+                )
+            kind = reply.WhichOneof("payload")
+            if kind == expected:
+                return reply
+            if kind == "heartbeat":
+                continue
+            if kind == "failed":
+                code = f" ({reply.failed.code})" if reply.failed.code else ""
+                raise RolloutError(
+                    f"rollout failed{code}: {reply.failed.reason}", code=reply.failed.code
+                )
+            raise RolloutError(
+                f"rollout at {self._address} sent {kind!r} while the trainer waited "
+                f"for {expected!r}"
+            )
+
+    async def _stream_error(self, err: Exception, doing: str) -> RolloutError:
+        """RolloutError with the call's final status (a write to an ended call says only that)."""
+        if isinstance(err, grpc.RpcError):
+            code, details = err.code(), err.details()
+        elif self._call is not None and self._call.done():
+            code, details = await self._call.code(), await self._call.details()
+        else:
+            return RolloutError(f"rollout stream to {self._address} is closed ({doing}): {err}")
+        name = code.name if code is not None else "UNKNOWN"
+        return RolloutError(
+            f"rollout at {self._address} unreachable or broken while {doing}: {name}: {details}",
+            code=name,
+        )
+
+
+def _episode(t: rollout_pb2.Trajectory) -> Episode:
+    return Episode(
+        group_index=t.group_index,
+        policy_version=t.policy_version,
+        token_ids=list(t.token_ids),
+        prompt_length=t.prompt_length,
+        logprobs=list(t.logprobs),
+        loss_mask=list(t.loss_mask),
+        reward=t.reward,
+        env_error=t.finish_reason == rollout_pb2.FINISH_REASON_ENV_ERROR,
+        finish_detail=t.finish_detail,
+    )

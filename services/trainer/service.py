@@ -1,0 +1,131 @@
+"""The trainer process: serve TrainerService, connect to rollout and scheduler, run the job."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import structlog
+import torch
+import transformers
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import ConfigError, OpenTinkerError
+from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
+from opentinker.services.common.launch import LaunchConfig, write_atomic
+from opentinker.spec import JobSpec, from_proto
+from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+from .loop import Outcome, RlLoop, TrainerStatus
+from .policy import Policy
+from .reporter import SchedulerReporter
+from .rollout_client import GrpcRolloutSession
+from .settings import TrainerSettings
+
+log = structlog.get_logger()
+
+SERVICE_NAME = trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"].full_name
+_FINETUNE_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    """Answers from the loop's TrainerStatus; nothing else."""
+
+    def __init__(self, status: TrainerStatus) -> None:
+        self._status = status
+
+    async def GetTrainerStatus(
+        self, request: trainer_pb2.GetTrainerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.GetTrainerStatusResponse:
+        s = self._status
+        return trainer_pb2.GetTrainerStatusResponse(
+            job_id=s.job_id,
+            step=s.step,
+            policy_version=s.policy_version,
+            finetune=_FINETUNE_PB.get(s.finetune, common_pb2.FINETUNE_MODE_UNSPECIFIED),
+            trainable_parameters=s.trainable_parameters,
+            last_metrics=s.last_metrics,
+        )
+
+
+async def create_server(
+    settings: TrainerSettings, status: TrainerStatus
+) -> tuple[grpc.aio.Server, int]:
+    """A started TrainerService server (health + reflection) on settings.host:settings.port."""
+    server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(status), server)
+    await server.start()
+    await mark_serving(health, [SERVICE_NAME])
+    return server, port
+
+
+async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerSettings) -> int:
+    """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure)."""
+    job = launch.job
+    job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
+    async with aio_channel(launch.scheduler_address) as scheduler_channel:
+        reporter = SchedulerReporter(
+            scheduler_channel,
+            address=launch.scheduler_address,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            timeout_s=settings.report_timeout_s,
+        )
+        try:
+            spec = from_proto(job.spec)
+        except ConfigError as err:
+            return await _report_failure(reporter, str(err), job_log)
+        status = TrainerStatus(job_id=job.job_id, finetune=spec.model.finetune)
+        server, port = await create_server(settings, status)
+        try:
+            write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
+            job_log.info("trainer_serving", port=port, rollout=rollout_address)
+            return await _train(
+                job.job_id, spec, launch, rollout_address, settings, reporter, status
+            )
+        finally:
+            await server.stop(grace=1.0)
+
+
+async def _train(
+    job_id: str,
+    spec: JobSpec,
+    launch: LaunchConfig,
+    rollout_address: str,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+    status: TrainerStatus,
+) -> int:
+    assert spec.rl is not None
+    torch.manual_seed(spec.rl.seed)
+    transformers.utils.logging.disable_progress_bar()  # keep trainer.log to structured lines
+    try:
+        policy = await asyncio.to_thread(
+            Policy, spec.model, learning_rate=spec.rl.learning_rate, device=settings.device
+        )
+    except (OSError, ValueError) as err:
+        reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
+        return await _report_failure(reporter, reason, log.bind(job_id=job_id))
+    async with aio_channel(rollout_address) as rollout_channel:
+        loop = RlLoop(
+            job_id=job_id,
+            spec=spec,
+            policy=policy,
+            rollout=GrpcRolloutSession(rollout_channel, address=rollout_address),
+            reporter=reporter,
+            run_dir=Path(launch.run_dir),
+            settings=settings,
+            status=status,
+        )
+        outcome = await loop.run()
+    return 1 if outcome is Outcome.FAILED else 0
+
+
+async def _report_failure(reporter: SchedulerReporter, reason: str, job_log) -> int:
+    job_log.error("job_failed", reason=reason)
+    try:
+        await reporter.report_failure(reason)
+    except OpenTinkerError as err:
+        job_log.error("failure_not_reported", error=str(err))
+    return 1

@@ -1,0 +1,28 @@
+"""Trainer process settings (environment variables OPENTINKER_TRAINER_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TrainerSettings(BaseSettings):
+    """Deadlines are seconds; every wait on another process has one."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_TRAINER_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="TrainerService port; 0 = any free port")
+    device: str = "cpu"
+    log_level: str = "INFO"
+    # Largest |logprob difference| on the probe sequence still counted as the same weights.
+    # 1e-3 fits float32 on both sides; bfloat16 serving (vLLM on GPU) needs ~5e-2.
+    probe_tolerance: float = Field(1e-3, gt=0)
+    open_timeout_s: float = Field(
+        300.0, gt=0, description="rollout loads its model before answering"
+    )
+    weight_sync_timeout_s: float = Field(300.0, gt=0)
+    collect_timeout_s: float = Field(600.0, gt=0)
+    close_timeout_s: float = Field(10.0, gt=0)
+    report_timeout_s: float = Field(10.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)

@@ -1,0 +1,140 @@
+"""Policy: LoRA/full parameter sets, logprobs of padded batches, a step, checkpoints that reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.batch import Episode, collate
+from opentinker.services.trainer.policy import PROBE_LENGTH, Policy
+from opentinker.services.trainer.training import grpo_update
+from opentinker.spec import LoraConfig, ModelSpec
+
+pytestmark = pytest.mark.integration  # real tiny model on disk, loaded with from_pretrained
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+def lora_spec(model_dir: Path, dropout: float = 0.0) -> ModelSpec:
+    return ModelSpec(
+        base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4, dropout=dropout)
+    )
+
+
+def episodes_with_signal(policy: Policy) -> list[Episode]:
+    """Two groups of two: in each, one sampled answer is rewarded and one is not."""
+    prompt = policy.probe_token_ids[:12]
+    out = []
+    for group, completions in enumerate([([65], [66, 67]), ([68, 69], [70])]):
+        for reward, completion in zip((1.0, 0.0), completions, strict=True):
+            ids = prompt + completion
+            old = policy.probe_logprobs(ids)[len(prompt) - 1 :]
+            out.append(
+                Episode(group, 0, ids, len(prompt), old, [1] * len(completion), reward, False)
+            )
+    return out
+
+
+def test_lora_trains_only_the_adapter(tiny_model_dir: Path) -> None:
+    policy = Policy(lora_spec(tiny_model_dir), learning_rate=1e-3)
+    state = policy.trainable_state()
+    # 2 layers x 4 target modules (q,k,v,o) x (lora_A, lora_B)
+    assert len(state) == 2 * 4 * 2
+    assert all(".lora_A." in name or ".lora_B." in name for name in state)
+    frozen = [n for n, p in policy.model.named_parameters() if not p.requires_grad]
+    assert frozen and not any("lora_" in n for n in frozen)
+    assert policy.num_trainable_parameters() == sum(t.numel() for t in state.values())
+    # the rollout wraps the same base with the same config: the names are the same
+    other = Policy(lora_spec(tiny_model_dir), learning_rate=1e-3)
+    assert list(other.trainable_state()) == list(state)
+
+
+def test_full_finetune_trains_every_parameter(tiny_model_dir: Path) -> None:
+    policy = Policy(ModelSpec(base_model=str(tiny_model_dir), finetune="full"), learning_rate=1e-3)
+    assert all(p.requires_grad for p in policy.model.parameters())
+    assert "model.embed_tokens.weight" in policy.trainable_state()
+    assert not policy.is_lora
+
+
+def test_probe_ids_come_from_the_chat_template(tiny_model_dir: Path) -> None:
+    policy = Policy(lora_spec(tiny_model_dir), learning_rate=1e-3)
+    ids = policy.probe_token_ids
+    assert len(ids) == PROBE_LENGTH
+    assert policy.tokenizer.decode(ids).startswith("<|im_start|>system\n")
+    assert len(policy.probe_logprobs(ids)) == PROBE_LENGTH - 1
+
+
+def test_padded_batch_logprobs_equal_single_sequence_logprobs(tiny_model_dir: Path) -> None:
+    # dropout 0.3 on: token_logprobs runs in train mode, so compare in eval mode
+    policy = Policy(lora_spec(tiny_model_dir, dropout=0.0), learning_rate=1e-3)
+    episodes = episodes_with_signal(policy)  # lengths 13, 14, 14, 13: padding on two rows
+    batch = collate(episodes, policy.pad_id)
+    logprobs_B_T, entropy_B_T = policy.token_logprobs_and_entropy(batch)
+    for b, ep in enumerate(episodes):
+        alone = torch.tensor(policy.probe_logprobs(ep.token_ids))
+        assert torch.allclose(logprobs_B_T[b, : len(alone)], alone, atol=1e-5)
+        # the masked positions carry exactly the rollout's (here: same weights) logprobs
+        mask = batch.loss_mask_B_T[b] > 0
+        assert torch.allclose(logprobs_B_T[b][mask], batch.old_logprobs_B_T[b][mask], atol=1e-5)
+    # entropy of a distribution over V tokens lies in (0, ln V]
+    assert (entropy_B_T > 0).all() and (entropy_B_T <= torch.log(torch.tensor(float(policy.model.config.vocab_size))) + 1e-4).all()
+
+
+def test_a_step_changes_only_trainable_parameters(tiny_model_dir: Path) -> None:
+    torch.manual_seed(0)
+    policy = Policy(lora_spec(tiny_model_dir), learning_rate=1e-2)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    episodes = episodes_with_signal(policy)
+    lp_before = policy.probe_logprobs(episodes[0].token_ids)[-1]  # rewarded answer 'A'
+    stats = grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
+    after = dict(policy.model.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    assert changed and changed <= set(policy.trainable_state())
+    assert any(".lora_B." in n for n in changed)  # B starts at zero and must move
+    assert (
+        stats.grad_norm > 0 and stats.logprob_gap < 1e-5 and stats.ratio_mean == pytest.approx(1.0)
+    )
+    # the rewarded completion became more likely
+    assert policy.probe_logprobs(episodes[0].token_ids)[-1] > lp_before
+
+
+def test_lora_checkpoint_reloads_with_peft_and_gives_the_same_logprobs(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    policy = Policy(lora_spec(tiny_model_dir), learning_rate=1e-2)
+    grpo_update(policy, episodes_with_signal(policy), clip_epsilon=0.2, temperature=1.0)
+    out = policy.save_checkpoint(tmp_path / "ckpt", trainer_state={"step": 1})
+    assert out.is_absolute()
+    assert (out / "adapter_config.json").exists() and (out / "adapter_model.safetensors").exists()
+    assert (out / "tokenizer.json").exists() and (out / "trainer_state.json").exists()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reloaded = PeftModel.from_pretrained(base, out).eval()
+    ids = torch.tensor([policy.probe_token_ids])
+    logits = reloaded(input_ids=ids).logits[0, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert torch.allclose(
+        lp, torch.tensor(policy.probe_logprobs(policy.probe_token_ids)), atol=1e-5
+    )
+
+
+def test_full_checkpoint_reloads_with_from_pretrained(tiny_model_dir: Path, tmp_path: Path) -> None:
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune="full")
+    policy = Policy(spec, learning_rate=1e-3)
+    grpo_update(policy, episodes_with_signal(policy), clip_epsilon=0.2, temperature=1.0)
+    out = policy.save_checkpoint(tmp_path / "ckpt")
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.tensor([policy.probe_token_ids])
+    lp = torch.log_softmax(reloaded(input_ids=ids).logits[0, :-1], -1)
+    lp = lp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+    expected = torch.tensor(policy.probe_logprobs(policy.probe_token_ids))
+    assert torch.allclose(lp, expected, atol=1e-5)
+    base = Policy(spec, learning_rate=1e-3)  # and the step really moved the weights
+    assert not torch.allclose(torch.tensor(base.probe_logprobs(base.probe_token_ids)), expected)

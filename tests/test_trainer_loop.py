@@ -1,0 +1,390 @@
+"""The trainer's RL loop against the real mesh: EnvHub (built-in `letter` env) + Rollout service,
+both real gRPC servers on 127.0.0.1:0 in this process. The scheduler side is a small real gRPC
+SchedulerService here that implements only ReportJobProgress (the trainer's one call to it)
+and records what it is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from opentinker.services.common.grpc_server import aio_channel, create_aio_server
+from opentinker.services.common.launch import LaunchConfig, wait_for_file
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.service import create_server as create_rollout
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.trainer.loop import Outcome, RlLoop
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reporter import SchedulerReporter
+from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams, to_proto
+from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+REQUIRED_METRICS = {
+    "reward_mean", "reward_std", "loss", "entropy", "clip_fraction", "grad_norm", "tokens_per_s",
+    "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
+    "time_weight_sync_s", "time_step_s", "time_mesh_s",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-init tiny Qwen2, nudged (supervised, a few steps) to answer with *some* letter
+    A..D, so that `letter` rewards are mixed (~1/4) and GRPO advantages are not all zero."""
+    random_init = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(random_init)
+    model = AutoModelForCausalLM.from_pretrained(random_init, dtype=torch.float32)
+    torch.manual_seed(0)
+    prompts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": "You answer with a single capital letter."},
+                {"role": "user", "content": f"Answer with the letter {k}."},
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for k in "ABCD"
+    ]
+    ids_B_L = torch.tensor([list(p) for p in prompts])  # same length: one byte per letter
+    letters = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in "ABCD"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(8):  # first answer token: uniform over A..D, whatever the question
+        logp_B_V = torch.log_softmax(model(input_ids=ids_B_L).logits[:, -1], -1)
+        loss = -logp_B_V[:, letters].logsumexp(-1).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen2-letters"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def job_spec(model_dir: Path, **rl: object) -> JobSpec:
+    rl_config = {
+        "env_name": "letter",
+        "env_options": {"num_letters": "4"},
+        "steps": 3,
+        "prompts_per_step": 2,
+        "samples_per_prompt": 4,
+        "learning_rate": 1e-2,
+        "sampling": SamplingParams(max_new_tokens=2),
+        "seed": 7,
+        **rl,
+    }
+    return JobSpec(
+        name="loop-test",
+        model=ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4)),
+        rl=RlConfig(**rl_config),  # type: ignore[arg-type]
+    )
+
+
+class RecordingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """ReportJobProgress only: records every report, answers stop=True from step `stop_at`."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.reports: list[scheduler_pb2.ReportJobProgressRequest] = []
+        self.stop_at = stop_at
+
+    async def ReportJobProgress(self, request, context):  # noqa: N802 - gRPC method name
+        self.reports.append(request)
+        stop = self.stop_at is not None and request.step.step >= self.stop_at
+        return scheduler_pb2.ReportJobProgressResponse(stop=stop)
+
+    def of(self, kind: str) -> list:
+        return [getattr(r, kind) for r in self.reports if r.WhichOneof("payload") == kind]
+
+
+class WeightIgnoringEngine(TransformersEngine):
+    """A broken engine: claims every update but keeps serving its own weights."""
+
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        self.policy_version = policy_version
+
+
+class VersionLaggingEngine(TransformersEngine):
+    """Applies weights but stamps trajectories with the previous version (a stale-cache bug)."""
+
+    def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        super().apply_weights(tensors, policy_version)
+        self.policy_version = policy_version - 1
+
+
+@dataclass
+class Mesh:
+    rollout_address: str
+    scheduler_address: str
+    scheduler: RecordingScheduler
+    engines: list[TransformersEngine] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def mesh(
+    engine_cls: type[TransformersEngine] = TransformersEngine, stop_at: int | None = None
+) -> AsyncIterator[Mesh]:
+    """Real EnvHub + real Rollout + a recording SchedulerService, all on 127.0.0.1:0."""
+    envhub_settings = EnvHubSettings(port=0)
+    deps = EnvHubDeps.create(envhub_settings)
+    envhub, envhub_port = await create_envhub(envhub_settings, deps)
+    engines: list[TransformersEngine] = []
+
+    def factory(spec: ModelSpec) -> TransformersEngine:
+        base = TransformersEngine.load(spec)
+        engine = engine_cls(base.model, base.tokenizer)
+        engines.append(engine)
+        return engine
+
+    rollout_settings = RolloutSettings(envhub_address=f"127.0.0.1:{envhub_port}")
+    rollout, rollout_port = await create_rollout(rollout_settings, engine_factory=factory)
+    recorder = RecordingScheduler(stop_at)
+    scheduler, scheduler_port, _ = create_aio_server(
+        ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
+    )
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(recorder, scheduler)
+    await scheduler.start()
+    try:
+        yield Mesh(f"127.0.0.1:{rollout_port}", f"127.0.0.1:{scheduler_port}", recorder, engines)
+    finally:
+        for server in (scheduler, rollout, envhub):
+            await server.stop(grace=0.5)
+        await deps.close()
+
+
+async def run_loop(
+    m: Mesh, spec: JobSpec, run_dir: Path, *, rollout_address: str | None = None
+) -> tuple[Outcome, Policy, dict[str, torch.Tensor]]:
+    assert spec.rl is not None
+    torch.manual_seed(spec.rl.seed)
+    policy = Policy(spec.model, learning_rate=spec.rl.learning_rate)
+    initial = {n: t.clone() for n, t in policy.trainable_state().items()}
+    address = rollout_address or m.rollout_address
+    settings = TrainerSettings(collect_timeout_s=60, open_timeout_s=60, weight_sync_timeout_s=30)
+    async with aio_channel(address) as rc, aio_channel(m.scheduler_address) as sc:
+        loop = RlLoop(
+            job_id="job-1",
+            spec=spec,
+            policy=policy,
+            rollout=GrpcRolloutSession(rc, address=address),
+            reporter=SchedulerReporter(
+                sc, address=m.scheduler_address, job_id="job-1", attempt=1, timeout_s=5
+            ),
+            run_dir=run_dir,
+            settings=settings,
+        )
+        outcome = await loop.run()
+    return outcome, policy, initial
+
+
+def test_loop_trains_syncs_reports_and_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+    spec = job_spec(tiny_model_dir, checkpoint_every=2)
+
+    async def scenario() -> None:
+        async with mesh() as m:
+            outcome, policy, initial = await run_loop(m, spec, tmp_path)
+            assert outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            # parameters changed (LoRA B starts at zero: any step moves it)
+            final = policy.trainable_state()
+            assert any(not torch.equal(initial[n], final[n]) for n in initial)
+            # the rollout serves exactly the trainer's final weights, as version 3
+            engine = m.engines[0]
+            assert engine.policy_version == 3
+            served = dict(engine.model.named_parameters())
+            assert all(torch.equal(served[n], t) for n, t in final.items())
+            # one report per step, every required metric, versions 1..3
+            steps = m.scheduler.of("step")
+            assert [s.step for s in steps] == [1, 2, 3]
+            assert [s.policy_version for s in steps] == [1, 2, 3]
+            for s in steps:
+                assert set(s.metrics) >= REQUIRED_METRICS, REQUIRED_METRICS - set(s.metrics)
+                assert 0.0 <= s.metrics["reward_mean"] <= 1.0
+                assert s.metrics["env_errors"] == 0.0
+                assert s.metrics["probe_max_abs_diff"] <= 1e-3
+                assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
+                assert 1.0 <= s.metrics["completion_len_mean"] <= 2.0  # max_new_tokens 2
+            assert [r.job_id for r in m.scheduler.reports] == ["job-1"] * 4
+            (result,) = m.scheduler.of("result")
+            assert result.final_metrics["steps"] == 3.0
+            assert result.final_metrics["policy_version"] == 3.0
+            assert set(result.final_metrics) >= {"reward_mean_first10", "reward_mean_last10"}
+            assert not m.scheduler.of("failure")
+            # final + intermediate checkpoints, in HF/PEFT format
+            ckpt = Path(result.checkpoint_uri)
+            assert ckpt.is_absolute() and ckpt == (tmp_path / "checkpoint").resolve()
+            assert (tmp_path / "checkpoints" / "step-000002" / "adapter_config.json").exists()
+            base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+            reloaded = PeftModel.from_pretrained(base, ckpt).eval()
+            ids = torch.tensor([policy.probe_token_ids])
+            lp = torch.log_softmax(reloaded(input_ids=ids).logits[0, :-1], -1)
+            lp = lp.gather(-1, ids[0, 1:, None]).squeeze(-1)
+            expected = torch.tensor(policy.probe_logprobs(policy.probe_token_ids))
+            assert torch.allclose(lp, expected, atol=1e-5)
+
+    asyncio.run(scenario())
+
+
+def test_a_rollout_that_ignores_weights_fails_the_job(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh(WeightIgnoringEngine) as m:
+            outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir), tmp_path)
+            assert outcome is Outcome.FAILED
+            (failure,) = m.scheduler.of("failure")
+            # v0 passes (LoRA B = 0: adapter is a no-op on both sides); v1 must not
+            assert "rollout serves stale/different weights: max |Δlogprob| =" in failure.reason
+            assert "policy version 1" in failure.reason
+            assert [s.step for s in m.scheduler.of("step")] == []
+            assert not m.scheduler.of("result")
+
+    asyncio.run(scenario())
+
+
+def test_off_policy_trajectories_fail_the_job(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh(VersionLaggingEngine) as m:
+            outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir), tmp_path)
+            assert outcome is Outcome.FAILED
+            (failure,) = m.scheduler.of("failure")
+            assert "off-policy trajectories" in failure.reason
+            assert "generated by policy version -1" in failure.reason
+
+    asyncio.run(scenario())
+
+
+def test_an_unknown_env_fails_the_job_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh() as m:
+            spec = job_spec(tiny_model_dir, env_name="no-such-env")
+            outcome, _, _ = await run_loop(m, spec, tmp_path)
+            assert outcome is Outcome.FAILED
+            (failure,) = m.scheduler.of("failure")
+            assert failure.reason.startswith("rollout failed")
+            assert "no-such-env" in failure.reason
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_rollout_fails_the_job_within_seconds(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh() as m:
+            started = time.monotonic()
+            dead = "127.0.0.1:9"  # discard port: nothing listens
+            outcome, _, _ = await run_loop(
+                m, job_spec(tiny_model_dir), tmp_path, rollout_address=dead
+            )
+            assert outcome is Outcome.FAILED
+            assert time.monotonic() - started < 15
+            (failure,) = m.scheduler.of("failure")
+            assert "rollout at 127.0.0.1:9" in failure.reason and "UNAVAILABLE" in failure.reason
+
+    asyncio.run(scenario())
+
+
+def test_cancel_from_the_scheduler_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with mesh(stop_at=1) as m:
+            outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir, steps=5), tmp_path)
+            assert outcome is Outcome.CANCELLED
+            assert [s.step for s in m.scheduler.of("step")] == [1]
+            assert not m.scheduler.of("result") and not m.scheduler.of("failure")
+            assert not (tmp_path / "checkpoint").exists()
+
+    asyncio.run(scenario())
+
+
+def test_stop_at_reward_ends_the_job_early(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # a target of -1 is always reached, but only once a full window of 10 steps exists
+    spec = job_spec(tiny_model_dir, steps=12, stop_at_reward=-1.0, prompts_per_step=1)
+
+    async def scenario() -> None:
+        async with mesh() as m:
+            outcome, _, _ = await run_loop(m, spec, tmp_path)
+            assert outcome is Outcome.SUCCEEDED
+            assert len(m.scheduler.of("step")) == 10
+            (result,) = m.scheduler.of("result")
+            assert result.final_metrics["steps"] == 10.0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_trainer_process_serves_status_and_exits_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`python -m opentinker.services.trainer` end to end, as the worker agent starts it."""
+    spec = job_spec(tiny_model_dir, steps=2)
+    job = common_pb2.Job(job_id="job-proc", spec=to_proto(spec), attempt=1)
+
+    async def scenario() -> None:
+        async with mesh() as m:
+            launch = LaunchConfig.for_job(
+                job,
+                lease_id="lease-1",
+                device_ids=["cpu:0"],
+                scheduler_address=m.scheduler_address,
+                envhub_address="unused",
+                run_dir=tmp_path,
+            )
+            launch.write(tmp_path / "launch.json")
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "opentinker.services.trainer",
+                "--launch", str(tmp_path / "launch.json"), "--rollout-address", m.rollout_address,
+            )  # fmt: skip
+            addr = await asyncio.to_thread(
+                wait_for_file, tmp_path / "trainer.addr", timeout_s=60,
+                alive=lambda: proc.returncode is None,
+            )  # fmt: skip
+            async with aio_channel(addr) as channel:
+                stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+                status = await stub.GetTrainerStatus(
+                    trainer_pb2.GetTrainerStatusRequest(), timeout=5
+                )
+                assert status.job_id == "job-proc"
+                assert status.finetune == common_pb2.FINETUNE_MODE_LORA
+            code = await asyncio.wait_for(proc.wait(), timeout=120)
+            assert code == 0, m.scheduler.of("failure")
+            assert [s.step for s in m.scheduler.of("step")] == [1, 2]
+            assert m.scheduler.of("result")[0].final_metrics["policy_version"] == 2.0
+
+    asyncio.run(scenario())
+
+
+def test_trainer_status_reports_progress_over_grpc(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from opentinker.services.trainer.loop import TrainerStatus
+    from opentinker.services.trainer.service import create_server
+
+    async def scenario() -> None:
+        status = TrainerStatus(job_id="job-s", finetune="full", trainable_parameters=42)
+        server, port = await create_server(TrainerSettings(), status)
+        try:
+            status.step, status.policy_version, status.last_metrics = 5, 5, {"loss": 0.25}
+            async with aio_channel(f"127.0.0.1:{port}") as channel:
+                stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+                reply = await stub.GetTrainerStatus(
+                    trainer_pb2.GetTrainerStatusRequest(), timeout=5
+                )
+            assert (reply.job_id, reply.step, reply.policy_version) == ("job-s", 5, 5)
+            assert reply.finetune == common_pb2.FINETUNE_MODE_FULL
+            assert reply.trainable_parameters == 42 and reply.last_metrics["loss"] == 0.25
+        finally:
+            await server.stop(grace=0.1)
+
+    asyncio.run(scenario())
