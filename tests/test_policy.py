@@ -138,3 +138,48 @@ def test_full_checkpoint_reloads_with_from_pretrained(tiny_model_dir: Path, tmp_
     assert torch.allclose(lp, expected, atol=1e-5)
     base = Policy(spec, learning_rate=1e-3)  # and the step really moved the weights
     assert not torch.allclose(torch.tensor(base.probe_logprobs(base.probe_token_ids)), expected)
+
+
+def test_skipping_zero_advantage_groups_gives_the_full_batch_update(tiny_model_dir: Path) -> None:
+    """A group whose rewards are all equal has advantage 0 and contributes exactly 0 to the loss
+    and gradient; grpo_update leaves it out of the forward pass and rescales the rest. After one
+    step, parameters must equal those of the plain full-batch update."""
+    from opentinker.services.trainer.grpo import grpo_loss
+    from opentinker.services.trainer.training import episode_advantages
+
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune="full")
+    fast, full = Policy(spec, learning_rate=1e-3), Policy(spec, learning_rate=1e-3)
+    signal = episodes_with_signal(fast)
+    flat = [  # a third group, both rewards 1.0: advantage 0
+        Episode(2, 0, e.token_ids, e.prompt_length, e.logprobs, e.loss_mask, 1.0, False)
+        for e in signal[:2]
+    ]
+    episodes = signal + flat
+
+    stats = grpo_update(fast, episodes, clip_epsilon=0.2, temperature=1.0)
+    assert stats.sequences == 6 and stats.trained_tokens == 6  # only groups 0 and 1 trained
+
+    batch = collate(episodes, full.pad_id)
+    new_B_T, _ = full.token_logprobs_and_entropy(batch, temperature=1.0)
+    loss, _ = grpo_loss(
+        new_B_T, batch.old_logprobs_B_T, episode_advantages(episodes), batch.loss_mask_B_T, 0.2
+    )
+    assert loss.item() == pytest.approx(stats.loss, abs=1e-6)
+    loss.backward()
+    full.optimizer_step(1.0)
+    for (name, a), (_, b) in zip(
+        fast.model.named_parameters(), full.model.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_a_batch_without_signal_takes_no_step(tiny_model_dir: Path) -> None:
+    policy = Policy(ModelSpec(base_model=str(tiny_model_dir), finetune="full"), learning_rate=1e-3)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    same = [
+        Episode(0, 0, e.token_ids, e.prompt_length, e.logprobs, e.loss_mask, 0.0, False)
+        for e in episodes_with_signal(policy)
+    ]
+    stats = grpo_update(policy, same, clip_epsilon=0.2, temperature=1.0)
+    assert stats.trained_tokens == 0 and stats.grad_norm == 0.0 and stats.entropy > 0
+    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())

@@ -18,6 +18,9 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed
 
+# Bumped whenever the recipe changes, so a cached folder from an older recipe is rebuilt.
+VERSION = 2
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # ChatML, as Qwen2.5 uses it.
@@ -114,14 +117,15 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "opentinker_tiny.json").write_text(json.dumps({"seed": seed}))
+    (out_dir / "opentinker_tiny.json").write_text(json.dumps({"seed": seed, "version": VERSION}))
     return out_dir
 
 
 def ensure_tiny_model(out_dir: Path, **kwargs) -> Path:
     """Build the tiny model once; later calls reuse the saved folder."""
     out_dir = Path(out_dir)
-    if not (out_dir / "opentinker_tiny.json").exists():
+    stamp = out_dir / "opentinker_tiny.json"
+    if not stamp.exists() or json.loads(stamp.read_text()).get("version") != VERSION:
         build_tiny_model(out_dir, **kwargs)
     return out_dir
 

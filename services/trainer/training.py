@@ -50,13 +50,36 @@ def grpo_update(
     temperature: float,
     max_grad_norm: float = MAX_GRAD_NORM,
 ) -> TrainStats:
-    """Forward, GRPO loss, backward, clip, AdamW step. ``episodes`` must be non-empty."""
-    batch = collate(episodes, policy.pad_id)
-    advantages_B = episode_advantages(episodes)
+    """Forward, GRPO loss, backward, clip, AdamW step. ``episodes`` must be non-empty.
+
+    Sequences whose advantage is exactly 0 (every member of their group got the same reward)
+    add exactly 0 to the loss and its gradient, so they are left out of the forward pass; the
+    loss over the rest is scaled by n_active / n_total, which keeps it (and the gradient) equal
+    to the full-batch mean. Early in training, when most groups score all zeros, this skips
+    most of the work. When no sequence has signal, no optimizer step is taken.
+    """
+    advantages_all_B = episode_advantages(episodes)
+    active = [i for i in range(len(episodes)) if advantages_all_B[i] != 0]
+    if not active:
+        nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask) if m]
+        return TrainStats(
+            loss=0.0,
+            entropy=sum(nll) / max(len(nll), 1),  # sampled-token NLL: an entropy estimate
+            clip_fraction=0.0,
+            ratio_mean=1.0,
+            grad_norm=0.0,
+            logprob_gap=0.0,
+            sequences=len(episodes),
+            trained_tokens=0,
+        )
+    chosen = [episodes[i] for i in active]
+    batch = collate(chosen, policy.pad_id)
+    advantages_B = advantages_all_B[active]
     new_B_T, entropy_B_T = policy.token_logprobs_and_entropy(batch, temperature=temperature)
     loss, stats = grpo_loss(
         new_B_T, batch.old_logprobs_B_T, advantages_B, batch.loss_mask_B_T, clip_epsilon
     )
+    loss = loss * (len(chosen) / len(episodes))
     loss.backward()
     grad_norm = policy.optimizer_step(max_grad_norm)
     mask_B_T = batch.loss_mask_B_T
@@ -71,6 +94,6 @@ def grpo_update(
         ratio_mean=stats.ratio_mean,
         grad_norm=grad_norm,
         logprob_gap=gap,
-        sequences=batch.num_sequences,
+        sequences=len(episodes),
         trained_tokens=int(mask_B_T.sum()),
     )
