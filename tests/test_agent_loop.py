@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -286,3 +287,162 @@ def test_same_seed_same_trajectories(base_engine: TransformersEngine) -> None:
     )
     assert [t.token_ids for t in first] == [t.token_ids for t in again]
     assert [t.logprobs for t in first] == [t.logprobs for t in again]
+
+
+class Reporting(Countdown):
+    """Countdown whose steps report their count in info; its last step may reply badly.
+
+    intro: "" = the usual first observation, "-" = none (and no system prompt), else this text.
+    """
+
+    def __init__(self, turns: int, last: StepResult | None = None, intro: str = "") -> None:
+        super().__init__(turns=turns)
+        self.last, self.intro = last, intro
+
+    def get_system_prompt(self) -> str:
+        return "" if self.intro == "-" else super().get_system_prompt()
+
+    def reset(self, *, seed: int = 0) -> str:
+        observation = super().reset(seed=seed)
+        return {"": observation, "-": ""}.get(self.intro, self.intro)
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        if self.last is not None and result.done:
+            return self.last
+        return StepResult(
+            result.observation, result.reward, result.done, {"steps": str(self.steps)}
+        )
+
+
+class DyingSession(GameSession):
+    """A session whose env instance dies (UNAVAILABLE) at step ``die_on_step``."""
+
+    def __init__(self, game: AbstractGame, die_on_step: int, code: str = "UNAVAILABLE") -> None:
+        super().__init__(game)
+        self.die_on_step, self.code = die_on_step, code
+
+    async def step(self, action: str) -> StepOutcome:
+        if len(self.actions) + 1 == self.die_on_step:
+            self.actions.append(action)
+            raise EnvironmentError_("instance 10.0.0.1:7 went away", code=self.code)
+        return await super().step(action)
+
+
+def play_requests(
+    engine: RecordingEngine, requests: list[EpisodeRequest], **config: int
+) -> list[Trajectory]:
+    loop_config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        max_turns=config.pop("max_turns", 5),
+        max_episode_tokens=512,
+        **config,
+    )
+    trajectories, stats = asyncio.run(AgentLoop(engine, loop_config).run(requests, seed=3))  # type: ignore[arg-type]
+    assert stats.env_retries == sum(t.env_retries for t in trajectories)
+    return trajectories
+
+
+def test_info_of_the_last_step_and_the_messages_are_kept(engine: RecordingEngine) -> None:
+    session = GameSession(Reporting(turns=3))
+    [t] = play(engine, [session], max_turns=5, seeds=[11])
+    assert t.info == {"steps": "3"} and t.env_retries == 0
+    start = random.Random(11).randrange(1000)
+    assert [(m.role, m.content) for m in t.messages] == [
+        ("system", "Count down with me."),
+        ("user", f"Start at {start}."),
+        ("assistant", session.actions[0]),
+        ("user", f"Now {start - 1}, go on."),
+        ("assistant", session.actions[1]),
+        ("user", f"Now {start - 2}, go on."),
+        ("assistant", session.actions[2]),
+    ]
+
+
+def test_an_episode_whose_instance_died_starts_over_from_reset(engine: RecordingEngine) -> None:
+    opened: list[str] = []
+    replacements: list[GameSession] = []
+
+    def reopen(env_episode_id: str) -> GameSession:
+        opened.append(env_episode_id)
+        replacements.append(GameSession(Reporting(turns=3)))
+        return replacements[-1]
+
+    dying = DyingSession(Reporting(turns=3), die_on_step=2)
+    [t, clean] = play_requests(
+        engine,
+        [
+            EpisodeRequest("ep-0", 0, 9, dying, reopen),
+            EpisodeRequest("ep-1", 1, 9, GameSession(Reporting(turns=3))),
+        ],
+    )
+    assert opened == ["ep-0-r1"] and dying.closed and replacements[0].closed
+    assert (t.finish_reason, t.env_retries, t.num_turns, t.reward) == (
+        FinishReason.ENV_DONE,
+        1,
+        3,
+        0.75,
+    )
+    # The restart played from a fresh reset with the same seed: same prompt, only new turns.
+    assert t.token_ids[: t.prompt_length] == clean.token_ids[: clean.prompt_length]
+    assert len(replacements[0].actions) == 3 and t.info == {"steps": "3"}
+    assert [m.role for m in t.messages].count("assistant") == 3
+    assert len(t.loss_mask) == len(t.token_ids) - t.prompt_length == len(t.logprobs)
+
+
+def test_restarts_are_bounded_and_only_for_a_dead_instance(engine: RecordingEngine) -> None:
+    def always_dying(env_episode_id: str) -> GameSession:
+        return DyingSession(Reporting(turns=3), die_on_step=1)
+
+    def never(env_episode_id: str) -> GameSession:
+        raise AssertionError("an env's own error must not restart the episode")
+
+    doomed, own_fault, deadline = play_requests(
+        engine,
+        [
+            EpisodeRequest("a", 0, 1, DyingSession(Reporting(turns=3), 1), always_dying),
+            EpisodeRequest("b", 1, 2, DyingSession(Reporting(turns=3), 1, code="INTERNAL"), never),
+            EpisodeRequest("c", 2, 3, DyingSession(Reporting(turns=3), 2, "DEADLINE_EXCEEDED")),
+        ],
+        max_episode_retries=2,
+    )
+    assert (doomed.finish_reason, doomed.env_retries) == (FinishReason.ENV_ERROR, 2)
+    assert "gave up after 2 restarts" in doomed.finish_detail
+    assert "went away" in doomed.finish_detail
+    assert (own_fault.finish_reason, own_fault.env_retries) == (FinishReason.ENV_ERROR, 0)
+    # No reopen given: a dead instance ends the episode at once.
+    assert (deadline.finish_reason, deadline.env_retries, deadline.num_turns) == (
+        FinishReason.ENV_ERROR,
+        0,
+        2,
+    )
+
+
+def test_bad_env_replies_end_only_their_episode_with_a_reason(engine: RecordingEngine) -> None:
+    nan, inf, huge, empty, fine, big_prompt = play_requests(
+        engine,
+        [
+            EpisodeRequest("nan", 0, 1, GameSession(Reporting(2, StepResult("", math.nan, True)))),
+            EpisodeRequest("inf", 1, 1, GameSession(Reporting(1, StepResult("", -math.inf, True)))),
+            EpisodeRequest("huge", 2, 1, GameSession(Reporting(1, StepResult("x" * 101, 1, True)))),
+            EpisodeRequest("empty", 3, 1, GameSession(Reporting(1, intro="-"))),
+            EpisodeRequest("fine", 4, 1, GameSession(Reporting(2))),
+            EpisodeRequest("prompt", 5, 1, GameSession(Reporting(1, intro="y" * 101))),
+        ],
+        max_observation_chars=100,
+    )
+    assert all(
+        t.finish_reason is FinishReason.ENV_ERROR for t in (nan, inf, huge, empty, big_prompt)
+    )
+    assert "non-finite reward (nan)" in nan.finish_detail and nan.num_turns == 2
+    assert "non-finite reward (-inf)" in inf.finish_detail
+    assert (
+        "101 characters" in huge.finish_detail and "max_observation_chars=100" in huge.finish_detail
+    )
+    assert "missing fields" in empty.finish_detail and empty.num_turns == 0
+    assert "reset observation has 101 characters" in big_prompt.finish_detail
+    assert (fine.finish_reason, fine.num_turns, fine.info) == (
+        FinishReason.ENV_DONE,
+        2,
+        {"steps": "2"},
+    )

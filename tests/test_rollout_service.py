@@ -59,8 +59,12 @@ class Countdown(AbstractGame):
 
     def step(self, action: str) -> StepResult:
         self.steps += 1
+        done = self.steps >= 2
         return StepResult(
-            observation=f"Now {self.number - self.steps}.", reward=0.5, done=self.steps >= 2
+            observation=f"Now {self.number - self.steps}.",
+            reward=0.5,
+            done=done,
+            info={"outcome": "win", "last": str(self.number - self.steps)} if done else {},
         )
 
 
@@ -239,7 +243,8 @@ def test_open_sync_weights_with_probe_collect_groups_and_close(model_dir: Path) 
                     assert t.policy_version == 1
                     assert len(t.logprobs) == len(t.loss_mask) == len(t.token_ids) - t.prompt_length
                     assert t.finish_reason == rollout_pb2.FINISH_REASON_ENV_DONE
-                    assert (t.num_turns, t.reward) == (2, 1.0)
+                    assert (t.num_turns, t.reward, t.env_retries) == (2, 1.0, 0)
+                    assert t.info["outcome"] == "win" and t.info["last"].isdigit()
                     assert "<|im_start|>user\nNow " in t.completion_text
                     assert all(
                         lp < 0 for lp, mask in zip(t.logprobs, t.loss_mask, strict=True) if mask
@@ -253,6 +258,8 @@ def test_open_sync_weights_with_probe_collect_groups_and_close(model_dir: Path) 
                 assert prompts[0] != prompts[1], "groups get different prompts"
                 assert batch.generated_tokens == sum(sum(t.loss_mask) for t in batch.trajectories)
                 assert batch.generate_seconds > 0 and batch.env_seconds > 0
+                # Every episode was closed on the env server before the batch came back.
+                assert len(m.env.table) == 0
 
                 await trainer.send(close=rollout_pb2.CloseRollout(reason="done"))
                 assert (await trainer.recv()).closed.reason == "done"

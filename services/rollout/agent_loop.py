@@ -5,6 +5,12 @@ Each episode moves through PENDING (reset; the prompt is tokenized with the chat
 this turn's text; a next observation is appended as ids of a new user turn: loss mask 0,
 logprob 0) -> GENERATING ... -> TERMINATED, when the env says done or the turn or token
 budget ends. All episodes that are GENERATING in a round are sampled in one engine call.
+
+An env failure ends the episode with ENV_ERROR and the reason, except when the env instance
+died (UNAVAILABLE / DEADLINE_EXCEEDED): then the episode starts over from Reset with the same
+seed, on a fresh env session (a new episode id), up to ``max_episode_retries`` times. Replies
+that cannot be used (non-finite reward, an observation over ``max_observation_chars``,
+missing fields) end the episode with ENV_ERROR; the other episodes go on.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,8 +29,17 @@ from opentinker.spec import SamplingParams
 
 from .chat_format import ChatFormat
 from .engine import GenerationEngine
+from .env_replies import is_restartable, reset_problem, step_problem
 from .seeds import derive_seed
-from .types import Completion, FinishReason, ResetResult, RolloutStats, StepOutcome, Trajectory
+from .types import (
+    ChatMessage,
+    Completion,
+    FinishReason,
+    ResetResult,
+    RolloutStats,
+    StepOutcome,
+    Trajectory,
+)
 
 log = structlog.get_logger("opentinker.rollout.agent_loop")
 
@@ -33,7 +48,8 @@ class EnvSession(Protocol):
     """One episode of an environment, seen from the rollout.
 
     ``reset`` and ``step`` raise an ``OpenTinkerError`` (or ``TimeoutError``) when the
-    environment fails; the loop ends that episode with ENV_ERROR and the message.
+    environment fails; the loop ends that episode with ENV_ERROR and the message, or restarts
+    it when the error's ``code`` says the env instance died (see ``env_replies``).
     """
 
     async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult: ...
@@ -45,12 +61,17 @@ class EnvSession(Protocol):
 
 @dataclass(frozen=True)
 class EpisodeRequest:
-    """An episode to play: its id, its GRPO group, the env seed of its reset, its session."""
+    """An episode to play: its id, its GRPO group, the env seed of its reset, its session.
+
+    reopen: a fresh session under a new env episode id, for restarting the episode after its
+    env instance died; None = the episode is never restarted.
+    """
 
     episode_id: str
     group_index: int
     seed: int
     session: EnvSession
+    reopen: Callable[[str], EnvSession] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,12 +79,16 @@ class LoopConfig:
     """Budgets and sampling of every episode in a run.
 
     max_turns: model turns per episode. max_episode_tokens: prompt + completion tokens.
+    max_episode_retries: restarts of one episode after its env instance died.
+    max_observation_chars: the longest observation (characters) accepted from the env.
     """
 
     sampling: SamplingParams
     max_turns: int
     max_episode_tokens: int
     env_options: Mapping[str, str] = field(default_factory=dict)
+    max_episode_retries: int = 2
+    max_observation_chars: int = 16384
 
 
 class EpisodeState(enum.Enum):
@@ -76,6 +101,7 @@ class EpisodeState(enum.Enum):
 @dataclass
 class _Episode:
     request: EpisodeRequest
+    session: EnvSession  # the request's, or the one of its latest restart
     state: EpisodeState = EpisodeState.PENDING
     token_ids: list[int] = field(default_factory=list)
     prompt_length: int = 0
@@ -86,6 +112,19 @@ class _Episode:
     num_turns: int = 0
     finish_reason: FinishReason | None = None
     finish_detail: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+    retries: int = 0
+    messages: list[ChatMessage] = field(default_factory=list)
+
+    def start_over(self, session: EnvSession) -> None:
+        """Forget everything played so far; the episode is PENDING on a new session."""
+        self.session = session
+        self.state = EpisodeState.PENDING
+        self.token_ids, self.logprobs, self.loss_mask, self.messages = [], [], [], []
+        self.prompt_length = self.turn_start = self.num_turns = 0
+        self.reward = 0.0
+        self.info = {}
+        self.retries += 1
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float], mask: int) -> None:
         self.token_ids.extend(ids)
@@ -110,7 +149,7 @@ class AgentLoop:
         self, requests: Sequence[EpisodeRequest], *, seed: int
     ) -> tuple[list[Trajectory], RolloutStats]:
         """Play every episode to the end; ``seed`` fixes the sampling of every round."""
-        episodes = [_Episode(request) for request in requests]
+        episodes = [_Episode(request, request.session) for request in requests]
         stats = RolloutStats()
         policy_version = self.engine.policy_version
         started = time.monotonic()
@@ -128,14 +167,21 @@ class AgentLoop:
         started = time.monotonic()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
+        stats.env_retries += sum(ep.retries for ep in episodes)
         return [self._trajectory(ep, policy_version) for ep in episodes], stats
 
     async def _reset(self, ep: _Episode) -> None:
         try:
-            reset = await ep.request.session.reset(ep.request.seed, self.config.env_options)
+            reset = await ep.session.reset(ep.request.seed, self.config.env_options)
         except (OpenTinkerError, TimeoutError) as err:
-            ep.finish(FinishReason.ENV_ERROR, f"reset failed: {err}")
+            await self._fail(ep, f"reset failed: {err}", err)
             return
+        if problem := reset_problem(reset, self.config.max_observation_chars):
+            ep.finish(FinishReason.ENV_ERROR, f"bad reset reply: {problem}")
+            return
+        if reset.system_prompt:
+            ep.messages.append(ChatMessage("system", reset.system_prompt))
+        ep.messages.append(ChatMessage("user", reset.observation))
         prompt = self.chat.prompt_ids(reset.system_prompt, reset.observation)
         ep.token_ids = list(prompt)
         ep.prompt_length = len(prompt)
@@ -174,11 +220,16 @@ class AgentLoop:
     async def _interact(self, ep: _Episode) -> None:
         turn = ep.token_ids[ep.turn_start :]
         action = self._decode(turn, skip_special_tokens=True)
+        ep.messages.append(ChatMessage("assistant", action))
         try:
-            outcome = await ep.request.session.step(action)
+            outcome = await ep.session.step(action)
         except (OpenTinkerError, TimeoutError) as err:
-            ep.finish(FinishReason.ENV_ERROR, f"step {ep.num_turns} failed: {err}")
+            await self._fail(ep, f"step {ep.num_turns} failed: {err}", err)
             return
+        if problem := step_problem(outcome, self.config.max_observation_chars):
+            ep.finish(FinishReason.ENV_ERROR, f"bad reply to step {ep.num_turns}: {problem}")
+            return
+        ep.info = dict(outcome.info)
         ep.reward += outcome.reward
         if outcome.done:
             ep.finish(FinishReason.ENV_DONE)
@@ -197,11 +248,37 @@ class AgentLoop:
             )
             return
         ep.append(observation, [0.0] * len(observation), mask=0)
+        ep.messages.append(ChatMessage("user", outcome.observation))
         ep.state = EpisodeState.GENERATING
+
+    async def _fail(self, ep: _Episode, what: str, err: OpenTinkerError | TimeoutError) -> None:
+        """End the episode with ENV_ERROR, or start it over when its env instance died."""
+        reopen = ep.request.reopen
+        if not is_restartable(err) or reopen is None:
+            after = f" (on restart {ep.retries})" if ep.retries else ""
+            ep.finish(FinishReason.ENV_ERROR, f"{what}{after}")
+            return
+        if ep.retries >= self.config.max_episode_retries:
+            ep.finish(
+                FinishReason.ENV_ERROR,
+                f"{what} (gave up after {ep.retries} restarts; max_episode_retries="
+                f"{self.config.max_episode_retries})",
+            )
+            return
+        await self._close(ep)  # best effort: the instance is most likely gone
+        env_episode_id = f"{ep.request.episode_id}-r{ep.retries + 1}"
+        log.warning(
+            "episode_restarting",
+            episode_id=ep.request.episode_id,
+            env_episode_id=env_episode_id,
+            error=str(err),
+        )
+        ep.start_over(reopen(env_episode_id))
+        await self._reset(ep)
 
     async def _close(self, ep: _Episode) -> None:
         try:
-            await ep.request.session.close()
+            await ep.session.close()
         except (OpenTinkerError, TimeoutError) as err:  # the episode is over either way
             log.warning("episode_close_failed", episode_id=ep.request.episode_id, error=str(err))
 
@@ -226,4 +303,7 @@ class AgentLoop:
             finish_detail=ep.finish_detail,
             completion_text=self._decode(completion, skip_special_tokens=False),
             policy_version=policy_version,
+            info=ep.info,
+            env_retries=ep.retries,
+            messages=ep.messages,
         )

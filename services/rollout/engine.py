@@ -8,6 +8,7 @@ A vLLM engine implements the same Protocol in its own module.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import peft
@@ -24,6 +25,8 @@ from transformers import (
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .types import Completion
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 class WeightUpdateError(ValueError):
@@ -87,17 +90,34 @@ class TransformersEngine:
 
     @classmethod
     def load(
-        cls, spec: ModelSpec, *, max_batch_size: int = 64, device: str | None = None
+        cls,
+        spec: ModelSpec,
+        *,
+        max_batch_size: int = 64,
+        device: str | None = None,
+        adapter_dir: str | None = None,
     ) -> TransformersEngine:
         """Load ``spec.base_model`` and wrap LoRA if asked.
 
         device: "cpu" (float32) or "cuda[:n]" (bfloat16); default: CUDA when there is one.
+        adapter_dir: a saved PEFT adapter (a trained LoRA checkpoint) to apply to the base and
+        merge into it; its tokenizer is used when it has one. Not combined with LoRA training.
         """
         transformers.utils.logging.disable_progress_bar()
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
-        tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
+        has_own_tokenizer = adapter_dir is not None and any(
+            (Path(adapter_dir) / name).exists() for name in _TOKENIZER_FILES
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            adapter_dir if has_own_tokenizer else spec.base_model
+        )
         model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=dtype)
+        if adapter_dir is not None:
+            if spec.finetune == "lora":
+                raise ValueError("adapter_dir is for serving a trained adapter, not LoRA training")
+            adapted = peft.PeftModel.from_pretrained(model, adapter_dir)
+            model = adapted.merge_and_unload()  # type: ignore[assignment]  # a plain model again
         model = model.to(target)  # type: ignore[arg-type]  # transformers types .to() narrowly
         if spec.finetune == "lora":
             lora = spec.lora

@@ -30,6 +30,8 @@ from .types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.envhub_client")
 
+_CLOSE_GRACE_S = 5.0  # at most this long for EnvHub to finish a closed stream's work
+
 
 class EnvHubClient:
     """One RunEpisodes stream to EnvHub for ``env_name``; use ``async with`` or open/close."""
@@ -105,7 +107,14 @@ class EnvHubClient:
         return EnvHubEpisode(self, episode_id)
 
     async def close(self) -> None:
-        """End the stream and fail whatever still waits (idempotent)."""
+        """End the stream and fail whatever still waits (idempotent).
+
+        An open, healthy stream is half-closed first and EnvHub gets a few seconds to finish
+        what it was sent (closing episodes on their instances) and end the stream itself;
+        cancelling at once could cut those closes short and leave episodes on env servers.
+        """
+        if self.spec is not None and self._broken is None and self._tasks:
+            await self._half_close(grace_s=min(self.timeout_s, _CLOSE_GRACE_S))
         self._fail_all(
             UnavailableError(f"the episode stream of environment '{self.env_name}' was closed")
         )
@@ -121,6 +130,19 @@ class EnvHubClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+    async def _half_close(self, *, grace_s: float) -> None:
+        reader, *others = self._tasks
+        for task in others:  # heartbeats: nothing may be written after done_writing
+            task.cancel()
+        call = self._call
+        assert call is not None
+        try:
+            async with self._write_lock:
+                await asyncio.wait_for(call.done_writing(), grace_s)
+            await asyncio.wait_for(asyncio.shield(reader), grace_s)
+        except (grpc.RpcError, asyncio.InvalidStateError, TimeoutError) as err:
+            self._log.info("episode_stream_close_cut_short", error=repr(err))
 
     async def request(
         self, episode_id: str, payload: environment_pb2.ResetRequest | environment_pb2.StepRequest
@@ -206,6 +228,15 @@ class EnvHubClient:
                 )
             )
         elif (kind, expected) in (("reset", "reset"), ("stepped", "step")):
+            if not getattr(reply, kind).HasField("result"):
+                future.set_exception(
+                    EnvironmentError_(
+                        f"EnvHub's {kind} reply of episode {episode_id} of environment "
+                        f"'{self.env_name}' has no result (missing field)",
+                        code="INTERNAL",
+                    )
+                )
+                return
             future.set_result(getattr(reply, kind).result)
         else:
             future.set_exception(

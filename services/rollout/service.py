@@ -195,6 +195,8 @@ def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
         finish_reason=_FINISH_TO_PB[t.finish_reason],
         finish_detail=t.finish_detail,
         completion_text=t.completion_text,
+        info=t.info,
+        env_retries=t.env_retries,
     )
 
 

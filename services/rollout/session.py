@@ -80,6 +80,8 @@ class RolloutSession:
                 max_turns=config.max_turns,
                 max_episode_tokens=config.max_episode_tokens,
                 env_options=config.env_options,
+                max_episode_retries=self.settings.max_episode_retries,
+                max_observation_chars=self.settings.max_observation_chars,
             ),
         )
         log.info(
@@ -127,7 +129,9 @@ class RolloutSession:
                 group_seed = derive_seed(config.seed, "env", batch_index, g)  # one prompt per group
                 for i in range(group_size):
                     eid = episode_id(config.job_id, batch_index, g, i)
-                    requests.append(EpisodeRequest(eid, g, group_seed, envhub.session(eid)))
+                    requests.append(
+                        EpisodeRequest(eid, g, group_seed, envhub.session(eid), envhub.session)
+                    )
             trajectories, stats = await self._loop.run(
                 requests, seed=derive_seed(config.seed, "sample", batch_index)
             )
@@ -144,6 +148,7 @@ class RolloutSession:
             batch_index=batch_index,
             episodes=len(trajectories),
             env_errors=len(failed),
+            env_retries=stats.env_retries,
             policy_version=engine.policy_version,
             generate_s=round(stats.generate_seconds, 3),
             env_s=round(stats.env_seconds, 3),

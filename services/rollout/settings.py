@@ -23,6 +23,12 @@ class RolloutSettings(BaseSettings):
     max_env_error_fraction: float = Field(
         0.5, ge=0, le=1, description="a batch with more ENV_ERROR episodes than this fails"
     )
+    max_episode_retries: int = Field(
+        2, ge=0, description="restarts of an episode whose env instance died (0 = none)"
+    )
+    max_observation_chars: int = Field(
+        16384, ge=1, description="a longer env observation ends its episode with ENV_ERROR"
+    )
     log_level: str = "INFO"
 
     @classmethod

@@ -49,6 +49,14 @@ class StepOutcome:
     info: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of an episode as text: the system prompt, a user message, or a model turn."""
+
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
 @dataclass
 class Trajectory:
     """One finished episode.
@@ -57,6 +65,10 @@ class Trajectory:
     per-completion-token lists ``logprobs`` and ``loss_mask`` have
     ``len(token_ids) - prompt_length`` entries: loss mask 1 and the sampling logprob on model
     tokens, loss mask 0 and logprob 0.0 on tokens the environment (or the chat format) added.
+
+    ``info`` is the env's info of the episode's last step (e.g. ``{"outcome": "win"}``);
+    ``env_retries`` counts restarts of the episode after its env instance died; ``messages``
+    is the episode as text (for people and jsonl; training uses the token ids only).
     """
 
     episode_id: str
@@ -71,20 +83,26 @@ class Trajectory:
     finish_detail: str = ""
     completion_text: str = ""
     policy_version: int = 0
+    info: dict[str, str] = field(default_factory=dict)
+    env_retries: int = 0
+    messages: list[ChatMessage] = field(default_factory=list)
 
 
 @dataclass
 class RolloutStats:
-    """Where the time of a batch went: seconds generating, seconds waiting on the env."""
+    """Where the time of a batch went: seconds generating, seconds waiting on the env; and
+    how many episode restarts (after a dead env instance) it took."""
 
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
     generated_tokens: int = 0
+    env_retries: int = 0
 
     def add(self, other: RolloutStats) -> None:
         self.generate_seconds += other.generate_seconds
         self.env_seconds += other.env_seconds
         self.generated_tokens += other.generated_tokens
+        self.env_retries += other.env_retries
 
 
 @dataclass

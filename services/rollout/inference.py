@@ -1,0 +1,237 @@
+"""Inference against any registered environment: the backend of ``opentinker infer``.
+
+A model (a base model, a full checkpoint, or a trained LoRA adapter) plays ``episodes``
+episodes of an environment through EnvHub with the same ``AgentLoop`` (and the same env code)
+as training, in chunks of ``concurrency`` episodes. Every finished episode becomes one jsonl
+line; the summary is computed from those lines.
+
+    summary = run_inference(model="runs/job-1/checkpoint", env_name="letter",
+                            envhub_address="localhost:50052", episodes=64,
+                            output=Path("letter.jsonl"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from opentinker.errors import ConfigError
+from opentinker.spec import ModelSpec, SamplingParams
+
+from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from .engine import GenerationEngine, TransformersEngine
+from .envhub_client import EnvHubClient
+from .seeds import derive_seed
+from .types import FinishReason, Trajectory
+
+log = structlog.get_logger("opentinker.rollout.inference")
+
+ADAPTER_CONFIG = "adapter_config.json"
+ProgressCallback = Callable[[int, int], None]  # (episodes done, episodes in all)
+
+
+@dataclass(frozen=True)
+class InferenceSummary:
+    """What a run of inference scored.
+
+    mean_reward: mean total episode reward. accuracy: fraction of episodes with reward > 0.
+    mean_turns: mean model turns per episode. env_errors: episodes that ended ENV_ERROR.
+    """
+
+    episodes: int
+    mean_reward: float
+    accuracy: float
+    mean_turns: float
+    env_errors: int
+    output: Path
+    seconds: float
+
+
+def load_inference_engine(
+    model: str, *, device: str | None = None, max_batch_size: int = 64
+) -> TransformersEngine:
+    """An engine for ``model``: a base model or full checkpoint (anything ``from_pretrained``
+    loads), or a PEFT adapter directory (``adapter_config.json``), applied to the base model
+    its ``base_model_name_or_path`` names."""
+    adapter_config = Path(model) / ADAPTER_CONFIG
+    if not adapter_config.is_file():
+        spec = ModelSpec(base_model=model, finetune="full")
+        return TransformersEngine.load(spec, max_batch_size=max_batch_size, device=device)
+    base = json.loads(adapter_config.read_text()).get("base_model_name_or_path") or ""
+    if not base:
+        raise ConfigError(
+            f"{adapter_config} names no base_model_name_or_path; cannot tell which base model "
+            "the adapter belongs to"
+        )
+    spec = ModelSpec(base_model=base, finetune="full")
+    return TransformersEngine.load(
+        spec, max_batch_size=max_batch_size, device=device, adapter_dir=model
+    )
+
+
+def run_inference(
+    *,
+    model: str,
+    env_name: str,
+    envhub_address: str,
+    episodes: int,
+    output: Path,
+    env_options: Mapping[str, str] | None = None,
+    sampling: SamplingParams | None = None,
+    max_turns: int = 1,
+    max_episode_tokens: int = 2048,
+    seed: int = 0,
+    split: str | None = None,
+    concurrency: int = 32,
+    device: str | None = None,
+    env_timeout_s: float = 30.0,
+    max_episode_retries: int = 2,
+    max_observation_chars: int = 16384,
+    progress: ProgressCallback | None = None,
+) -> InferenceSummary:
+    """Play ``episodes`` episodes of ``env_name`` with ``model``; write one jsonl line each.
+
+    model: a base model (id or directory), a full checkpoint directory, or a LoRA adapter
+        directory (see ``load_inference_engine``).
+    split: the dataset split to draw from (passed to the env as the ``split`` option).
+    seed: fixes the env seeds of the episodes and the sampling.
+    concurrency: episodes played (and generated) together.
+    progress: called with (done, total) after every chunk.
+
+    Raises ConfigError for bad arguments, NotFoundError when EnvHub has no such env,
+    UnavailableError when EnvHub cannot be reached, OSError/ValueError when the model cannot
+    be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
+    """
+    options = dict(env_options or {})
+    problems = []
+    if episodes < 1:
+        problems.append(f"episodes must be >= 1, got {episodes}")
+    if concurrency < 1:
+        problems.append(f"concurrency must be >= 1, got {concurrency}")
+    if max_turns < 1 or max_episode_tokens < 8:
+        problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
+    if split is not None:
+        if options.get("split", split) != split:
+            problems.append(f"split={split!r} contradicts env_options split={options['split']!r}")
+        options["split"] = split
+    if problems:
+        raise ConfigError("; ".join(problems))
+    config = LoopConfig(
+        sampling=sampling or SamplingParams(),
+        max_turns=max_turns,
+        max_episode_tokens=max_episode_tokens,
+        env_options=options,
+        max_episode_retries=max_episode_retries,
+        max_observation_chars=max_observation_chars,
+    )
+    run = _InferenceRun(
+        model=model,
+        env_name=env_name,
+        envhub_address=envhub_address,
+        config=config,
+        seed=seed,
+        device=device,
+        env_timeout_s=env_timeout_s,
+        progress=progress,
+    )
+    return asyncio.run(run.play(episodes, Path(output), concurrency))
+
+
+@dataclass
+class _InferenceRun:
+    model: str
+    env_name: str
+    envhub_address: str
+    config: LoopConfig
+    seed: int
+    device: str | None
+    env_timeout_s: float
+    progress: ProgressCallback | None
+
+    async def play(self, episodes: int, output: Path, concurrency: int) -> InferenceSummary:
+        started = time.monotonic()
+        run_id = f"infer-{uuid.uuid4().hex[:8]}"
+        bound = log.bind(run_id=run_id, env=self.env_name, model=self.model)
+        envhub = EnvHubClient(
+            self.envhub_address,
+            job_id=run_id,
+            env_name=self.env_name,
+            timeout_s=self.env_timeout_s,
+            heartbeat_interval_s=5.0,
+        )
+        async with envhub:  # an unknown env or a dead EnvHub fails before the model loads
+            engine = await asyncio.to_thread(load_inference_engine, self.model, device=self.device)
+            loop = AgentLoop(engine, self.config)
+            output.parent.mkdir(parents=True, exist_ok=True)
+            records: list[dict[str, Any]] = []
+            with output.open("w", encoding="utf-8") as out:
+                for first in range(0, episodes, concurrency):
+                    indices = range(first, min(first + concurrency, episodes))
+                    requests = []
+                    for i in indices:
+                        eid = f"{run_id}-e{i}"
+                        env_seed = derive_seed(self.seed, "env", i)
+                        requests.append(
+                            EpisodeRequest(eid, i, env_seed, envhub.session(eid), envhub.session)
+                        )
+                    trajectories, _ = await loop.run(
+                        requests, seed=derive_seed(self.seed, "sample", first)
+                    )
+                    for request, t in zip(requests, trajectories, strict=True):
+                        record = _record(t, request.seed, engine)
+                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                        records.append(record)
+                    out.flush()
+                    rewards = [r["reward"] for r in records]
+                    bound.info(
+                        "inference_progress",
+                        done=len(records),
+                        total=episodes,
+                        mean_reward=round(sum(rewards) / len(rewards), 4),
+                    )
+                    if self.progress is not None:
+                        self.progress(len(records), episodes)
+        summary = summarize(records, output, seconds=time.monotonic() - started)
+        bound.info("inference_done", **{k: v for k, v in asdict(summary).items() if k != "output"})
+        return summary
+
+
+def summarize(records: list[dict[str, Any]], output: Path, *, seconds: float) -> InferenceSummary:
+    """The summary of jsonl records (as ``run_inference`` writes them)."""
+    count = len(records)
+    return InferenceSummary(
+        episodes=count,
+        mean_reward=sum(r["reward"] for r in records) / count if count else 0.0,
+        accuracy=sum(r["reward"] > 0 for r in records) / count if count else 0.0,
+        mean_turns=sum(r["turns"] for r in records) / count if count else 0.0,
+        env_errors=sum(r["finish_reason"] == FinishReason.ENV_ERROR.value for r in records),
+        output=output,
+        seconds=seconds,
+    )
+
+
+def _record(t: Trajectory, env_seed: int, engine: GenerationEngine) -> dict[str, Any]:
+    """One jsonl line: the episode as messages and as the exact transcript the model saw."""
+    transcript = engine.tokenizer.decode(t.token_ids, skip_special_tokens=False)
+    return {
+        "episode_id": t.episode_id,
+        "index": t.group_index,
+        "env_seed": env_seed,
+        "reward": t.reward,
+        "turns": t.num_turns,
+        "finish_reason": t.finish_reason.value,
+        "finish_detail": t.finish_detail,
+        "info": t.info,
+        "env_retries": t.env_retries,
+        "messages": [asdict(m) for m in t.messages],
+        "transcript": transcript,
+        "completion_tokens": sum(t.loss_mask),
+    }

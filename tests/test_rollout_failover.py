@@ -1,0 +1,205 @@
+"""Dead-instance failover: two real env servers under one name behind a real EnvHub, one of
+them a separate process killed (SIGKILL) while its episodes wait in ``step``. The rollout
+restarts those episodes from Reset on the survivor; with no instance left the batch fails
+naming the environment. Nothing hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from opentinker.env_server import EnvServerHandle, serve
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.config import RolloutConfig
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.session import EnvBatchFailedError, RolloutSession
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.types import FinishReason
+from opentinker.spec import ModelSpec, SamplingParams
+
+pytestmark = pytest.mark.integration
+
+ENV_NAME = "fragile"
+
+# The doomed instance: a separate process whose step announces itself, then blocks until the
+# test kills the process.
+DOOMED_SERVER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from opentinker.env_server import serve
+    from opentinker.game import AbstractGame, StepResult
+
+    class Hanging(AbstractGame):
+        name = "fragile"
+
+        def get_system_prompt(self):
+            return "Two steps."
+
+        def reset(self, *, seed=0):
+            return f"Episode {seed}."
+
+        def step(self, action):
+            Path(sys.argv[2]).touch()
+            time.sleep(600)
+            raise AssertionError("killed long before")
+
+    serve(Hanging, envhub_address=sys.argv[1], block=True)
+    """
+)
+
+
+class TwoSteps(AbstractGame):
+    """The survivor: the same env, working; two steps, reward 0.5 each, info on the last."""
+
+    name = ENV_NAME
+
+    def get_system_prompt(self) -> str:
+        return "Two steps."
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.steps = 0
+        return f"Episode {seed}."
+
+    def step(self, action: str) -> StepResult:
+        self.steps += 1
+        done = self.steps == 2
+        return StepResult("Again.", 0.5, done, {"outcome": "win"} if done else {})
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+    return TransformersEngine.load(
+        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
+    )
+
+
+@contextlib.asynccontextmanager
+async def hub_with_doomed_instance(
+    marker: Path, *, survivor: bool
+) -> AsyncIterator[tuple[str, EnvHubDeps, subprocess.Popen[bytes]]]:
+    settings = EnvHubSettings(port=0, builtin_envs=[], env_call_timeout_s=8.0)
+    deps = EnvHubDeps.create(settings)
+    hub, port = await create_envhub(settings, deps)
+    address = f"127.0.0.1:{port}"
+    doomed = subprocess.Popen([sys.executable, "-c", DOOMED_SERVER, address, str(marker)])
+    alive: EnvServerHandle | None = None
+    try:
+        if survivor:
+            alive = await asyncio.to_thread(serve, TwoSteps, envhub_address=address, block=False)
+        wanted = 1 + survivor
+        deadline = time.monotonic() + 20
+        while len(deps.registry.instances(ENV_NAME)) < wanted:
+            assert doomed.poll() is None, "the doomed env server exited early"
+            assert time.monotonic() < deadline, "the doomed env server never registered"
+            await asyncio.sleep(0.05)
+        yield address, deps, doomed
+    finally:
+        if doomed.poll() is None:
+            os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=10)
+        if alive is not None:
+            await asyncio.to_thread(alive.stop, 0)
+        await hub.stop(0)
+        await deps.close()
+
+
+async def open_session(address: str, engine: TransformersEngine) -> RolloutSession:
+    settings = RolloutSettings(
+        envhub_address=address, env_timeout_s=10.0, device="cpu", max_episode_retries=2
+    )
+    session = RolloutSession(settings, lambda spec: engine)
+    await session.open(
+        RolloutConfig(
+            job_id="job-f",
+            model=ModelSpec(base_model="preloaded", finetune="full"),
+            env_name=ENV_NAME,
+            sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+            max_turns=2,
+            max_episode_tokens=256,
+        )
+    )
+    return session
+
+
+async def kill_when_stepping(doomed: subprocess.Popen[bytes], marker: Path) -> float:
+    """SIGKILL the doomed server as soon as one of its episodes is inside ``step``."""
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline, "no episode ever reached the doomed instance's step"
+        await asyncio.sleep(0.02)
+    os.kill(doomed.pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def test_a_killed_instance_mid_episode_fails_over_to_the_survivor(
+    engine: TransformersEngine, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        marker = tmp_path / "stepping"
+        async with hub_with_doomed_instance(marker, survivor=True) as (address, deps, doomed):
+            session = await open_session(address, engine)
+            collect = asyncio.create_task(session.collect(0, num_groups=2, group_size=2))
+            killed_at = await kill_when_stepping(doomed, marker)
+            batch = await asyncio.wait_for(collect, 30)
+            assert time.monotonic() - killed_at < 10, "failover took too long"
+
+            assert len(batch.trajectories) == 4
+            for t in batch.trajectories:
+                assert t.finish_reason is FinishReason.ENV_DONE, t.finish_detail
+                assert (t.num_turns, t.reward, t.info) == (2, 1.0, {"outcome": "win"})
+            retries = [t.env_retries for t in batch.trajectories]
+            # Episodes are spread over both instances: those on the dead one were restarted once.
+            assert sum(r >= 1 for r in retries) >= 1 and max(retries) == 1
+            assert batch.stats.env_retries == sum(retries)
+            # The trainer-facing ids stay the same; the restarted prompt is the group's prompt.
+            assert [t.episode_id for t in batch.trajectories] == [
+                f"job-f-b0-g{g}-s{i}" for g in range(2) for i in range(2)
+            ]
+            for g in range(2):
+                prompts = {
+                    tuple(t.token_ids[: t.prompt_length])
+                    for t in batch.trajectories
+                    if t.group_index == g
+                }
+                assert len(prompts) == 1
+            # EnvHub dropped the dead instance; the survivor holds no leftover episodes.
+            assert len(deps.registry.instances(ENV_NAME)) == 1
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_no_instance_left_fails_the_batch_naming_the_env(
+    engine: TransformersEngine, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        marker = tmp_path / "stepping"
+        async with hub_with_doomed_instance(marker, survivor=False) as (address, _, doomed):
+            session = await open_session(address, engine)
+            collect = asyncio.create_task(session.collect(0, num_groups=1, group_size=2))
+            killed_at = await kill_when_stepping(doomed, marker)
+            with pytest.raises(EnvBatchFailedError) as caught:
+                await asyncio.wait_for(collect, 30)
+            assert time.monotonic() - killed_at < 10
+            message = str(caught.value)
+            assert caught.value.code == "UNAVAILABLE"
+            assert f"2 of 2 episodes of environment '{ENV_NAME}'" in message
+            assert f"no environment named '{ENV_NAME}' is registered" in message
+            assert "on restart 1" in message
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
