@@ -1,4 +1,4 @@
-"""The ``opentinker`` command: submit | jobs | cancel | tail | serve | up | demo | tiny-model.
+"""The ``opentinker`` command: submit | jobs | cancel | tail | serve | up | demo | data | infer.
 
 Prints for people; every command exits non-zero with a one-line reason on failure.
 """
@@ -83,6 +83,58 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    """Turn jsonl/csv into the parquet a dataset environment reads."""
+    from opentinker.data import convert_to_parquet
+
+    counts = convert_to_parquet(
+        args.source,
+        args.destination,
+        prompt_field=args.prompt_field,
+        answer_field=args.answer_field,
+        validation_fraction=args.validation_fraction,
+        seed=args.seed,
+    )
+    splits = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
+    console.print(f"wrote {args.destination} ({splits})")
+    return 0
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    """Run a model (base or trained checkpoint) against a registered env; one jsonl line per
+    episode. The env code is the same one training used."""
+    from rich.progress import Progress
+
+    from opentinker.services.rollout.inference import run_inference  # needs the server extra
+    from opentinker.spec import SamplingParams
+
+    bad = [item for item in args.option if "=" not in item]
+    if bad:
+        raise ValueError(f"--option takes KEY=VALUE, got {bad}")
+    options = dict(item.split("=", 1) for item in args.option)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("episodes", total=args.episodes)
+        summary = run_inference(
+            model=args.model,
+            env_name=args.env,
+            envhub_address=args.envhub,
+            episodes=args.episodes,
+            output=Path(args.output),
+            env_options=options,
+            sampling=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
+            max_turns=args.max_turns,
+            seed=args.seed,
+            split=args.split,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+    console.print(
+        f"{summary.episodes} episodes on '{args.env}': mean reward {summary.mean_reward:.3f}, "
+        f"accuracy {summary.accuracy:.1%}, {summary.mean_turns:.1f} turns/episode, "
+        f"{summary.env_errors} env errors → {summary.output}"
+    )
+    return 0
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from opentinker.services.modeling.tiny_model import build_tiny_model
 
@@ -131,6 +183,29 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-steps", type=int, default=1500)
         p.set_defaults(func=func)
 
+    p = sub.add_parser("data", help="convert jsonl/csv rows into a dataset env's parquet")
+    p.add_argument("source", help="a .jsonl or .csv file")
+    p.add_argument("destination", help="the .parquet file to write")
+    p.add_argument("--prompt-field", default="prompt")
+    p.add_argument("--answer-field", default="ground_truth")
+    p.add_argument("--validation-fraction", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("infer", help="run a model against a registered env, write jsonl")
+    p.add_argument("--model", required=True, help="HF id, model dir, or a trained checkpoint")
+    p.add_argument("--env", required=True, help="registered environment name")
+    p.add_argument("--envhub", default=os.environ.get("OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052"))
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--output", default="infer.jsonl")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
+    p.add_argument("--split", default=None, help="dataset split for dataset envs")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-turns", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_infer)
+
     p = sub.add_parser("tiny-model", help="build the tiny local Qwen2 model")
     p.add_argument("--out", default="runs/tiny-qwen2")
     p.add_argument("--seed", type=int, default=0)
@@ -144,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         code = args.func(args)
     except OpenTinkerError as err:
         console.print(f"[red]error:[/] {err.message}", highlight=False)
+        code = 2
+    except (OSError, ValueError) as err:  # a missing file, unparsable JSON: say so, no traceback
+        console.print(f"[red]error:[/] {err}", highlight=False)
         code = 2
     except KeyboardInterrupt:
         code = 130
