@@ -7,10 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 
+from opentinker.env_server import serve
+from opentinker.envhub.v1 import environment_pb2 as env_pb
+from opentinker.envhub.v1 import environment_pb2_grpc
+from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.sandbox import SandboxLimits, isolation, run_python
 
 pytestmark = pytest.mark.integration
@@ -173,3 +179,42 @@ def test_the_sandboxed_environment_has_no_inherited_secrets(
 
 def test_nothing_is_left_running_after_all_attacks() -> None:
     assert os.path.exists("/proc") and sandbox_processes() == []
+
+
+class _RunsCode(AbstractGame):
+    """Each step runs the action as a sandboxed program, inside a gRPC server's thread."""
+
+    name = "runs-code"
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        return "go"
+
+    def step(self, action: str) -> StepResult:
+        result = run_python(action, limits=FAST)
+        return StepResult(observation=result.output, reward=float(result.ok), done=False)
+
+
+def test_runs_from_a_grpc_servers_threads_while_other_calls_are_in_flight() -> None:
+    # Forking with a preexec_fn from a threaded gRPC process crashed the child (SIGSEGV);
+    # the limits are therefore set by prlimit, and this is what an env server does.
+    handle = serve(_RunsCode, block=False)
+    try:
+        with grpc.insecure_channel(handle.address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            for n in range(4):
+                stub.Reset(env_pb.ResetRequest(episode_id=f"e{n}"), timeout=5)
+
+            def play(n: int) -> tuple[str, float]:
+                action = f"print({n} * 7)"
+                request = env_pb.StepRequest(episode_id=f"e{n}", action=action)
+                reply = stub.Step(request, timeout=10)
+                return reply.observation, reply.reward
+
+            with ThreadPoolExecutor(4) as pool:
+                replies = list(pool.map(play, range(4)))
+    finally:
+        handle.stop(grace_s=0)
+    assert replies == [(f"{n * 7}\n", 1.0) for n in range(4)]

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentinker.env_server import EnvServerHandle, serve
 from opentinker.envhub.v1 import environment_pb2 as pb
 from opentinker.envhub.v1 import environment_pb2_grpc
-from opentinker.game import AbstractGame, StepResult
+from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.services.envhub.letter_env import LetterGame
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,8 @@ class TestGame(AbstractGame):
             return StepResult(observation=42, reward=0.0, done=False)  # type: ignore[arg-type]
         if action == "slow":
             time.sleep(1.0)
+        if action.startswith("big:"):  # an observation of that many characters
+            return StepResult(observation="x" * int(action[4:]), reward=0.0, done=False)
         return StepResult(observation=f"got {action}", reward=0.5, done=action == "end")
 
     def close(self) -> None:
@@ -230,6 +232,65 @@ def test_a_slow_step_does_not_delay_other_episodes(stub) -> None:
     worker.join(timeout=5)
     assert fast_took < 0.6, f"the fast step waited {fast_took:.2f} s behind the slow one"
     assert slow_done and slow_done[0] - started >= 1.0
+
+
+def test_an_observation_over_the_limit_is_never_sent() -> None:
+    handle = start(max_observation_chars=100)
+    try:
+        with grpc.insecure_channel(handle.address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            reset(stub, "e")
+            assert len(step(stub, "e", "big:100").observation) == 100  # at the limit: fine
+            with pytest.raises(grpc.RpcError) as info:
+                step(stub, "e", "big:101")
+            assert info.value.code() == grpc.StatusCode.INTERNAL
+            details = info.value.details()
+            assert "'testgame'" in details and "step observation is 101 characters" in details
+            assert "max_observation_chars (100)" in details
+            assert len(handle.table) == 0  # the episode was dropped
+            with pytest.raises(grpc.RpcError) as too_long:
+                reset(stub, "r", greeting="y" * 200)  # "Intro.\n\n" + 200 + " 0"
+            assert "reset observation is 210 characters" in too_long.value.details()
+    finally:
+        handle.stop(grace_s=0)
+    unlimited = start(max_observation_chars=0)
+    try:
+        with grpc.insecure_channel(unlimited.address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            reset(stub, "e")
+            assert len(step(stub, "e", "big:100000").observation) == 100_000
+    finally:
+        unlimited.stop(grace_s=0)
+
+
+class ToolGame(TestGame):
+    __test__ = False
+    name = "toolgame"
+    tools = (
+        Tool(
+            "search", "Look a word up.", {"type": "object", "properties": {"q": {"type": "string"}}}
+        ),
+        Tool("noop", "Does nothing."),
+    )
+
+
+def test_the_spec_lists_a_games_tools_and_none_by_default(stub) -> None:
+    assert list(stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec.tools) == []
+    handle = start(ToolGame)
+    try:
+        with grpc.insecure_channel(handle.address) as channel:
+            tool_stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            spec = tool_stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec
+    finally:
+        handle.stop(grace_s=0)
+    assert [(t.name, t.description) for t in spec.tools] == [
+        ("search", "Look a word up."),
+        ("noop", "Does nothing."),
+    ]
+    assert spec.tools[0].parameters_json_schema == (
+        '{"properties": {"q": {"type": "string"}}, "type": "object"}'
+    )
+    assert spec.tools[1].parameters_json_schema == '{"type": "object"}'
 
 
 def test_invalid_name_is_refused() -> None:

@@ -20,10 +20,9 @@ from pydantic import ValidationError
 
 from opentinker.common.v1 import common_pb2
 from opentinker.env_server import EnvServerHandle, serve
-from opentinker.envhub.v1 import environment_pb2 as env_pb
-from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
-from opentinker.envhub.v1 import envhub_pb2_grpc
+from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
+from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.letter_env import LetterGame
@@ -457,6 +456,55 @@ def test_a_killed_env_server_mid_step_fails_the_episode_within_seconds(tmp_path:
             finally:
                 process.kill()
                 process.wait(timeout=10)
+
+    run(scenario())
+
+
+class Talker(AbstractGame):
+    """Replies with an observation of as many characters as the action (or reset option) says."""
+
+    name = "talker"
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0, length: str = "2") -> str:
+        return "r" * int(length)
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(observation="s" * int(action), reward=0.0, done=False)
+
+
+@pytest.mark.integration
+def test_an_observation_over_envhubs_limit_fails_the_episode_naming_env_and_size() -> None:
+    async def scenario() -> None:
+        async with envhub(max_observation_chars=50) as hub:
+            # The SDK server's own limit is off, so only EnvHub's check stands in the way.
+            handle = await hub.serve(Talker, max_observation_chars=0)
+            try:
+                episodes = Episodes(hub)
+                await episodes.open("talker")
+                await episodes.reset("e")
+                await episodes.recv()
+                await episodes.step("e", "50")
+                assert len((await episodes.recv()).stepped.result.observation) == 50
+                await episodes.step("e", "51")
+                failed = (await episodes.recv()).failed
+                assert (failed.episode_id, failed.code) == ("e", "INTERNAL")
+                assert "'talker'" in failed.reason and handle.address in failed.reason
+                assert "observation of 51 characters" in failed.reason
+                assert "max_observation_chars (50)" in failed.reason
+                await episodes.reset("big", length="60")
+                failed = (await episodes.recv()).failed
+                assert "Reset replied with an observation of 60 characters" in failed.reason
+                for _ in range(40):  # both episodes were closed on the env server
+                    if len(handle.table) == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert len(handle.table) == 0
+                assert [i.active_episodes for i in await hub.instances("talker")] == [0]
+            finally:
+                await asyncio.to_thread(handle.stop, 0)
 
     run(scenario())
 

@@ -12,7 +12,7 @@ import pytest
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
-from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
+from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, DEFAULT_BUILTIN_ENVS
 from opentinker.services.envhub.math_dataset import default_math_dataset
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -26,6 +26,7 @@ class Episodes:
     def __init__(self, stub: envhub_pb2_grpc.EnvHubServiceStub) -> None:
         self.call = stub.RunEpisodes(timeout=60)
         self.seq = 0
+        self.spec = env_pb.EnvironmentSpec()
 
     async def send(self, **payload: Any) -> hub_pb.RunEpisodesResponse:
         self.seq += 1
@@ -48,13 +49,15 @@ async def open_env(stub: envhub_pb2_grpc.EnvHubServiceStub, name: str) -> Episod
     episodes = Episodes(stub)
     spec = (await episodes.send(open=hub_pb.OpenEpisodes(job_id="j", env_name=name))).opened.spec
     assert spec.name == name
+    episodes.spec = spec
     return episodes
 
 
 def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
     async def scenario() -> None:
         settings = EnvHubSettings(port=0)
-        assert settings.builtin_envs == list(BUILTIN_GAMES)  # all of them by default
+        assert settings.builtin_envs == list(DEFAULT_BUILTIN_ENVS)
+        assert set(BUILTIN_GAMES) - set(DEFAULT_BUILTIN_ENVS) == {"textworld"}  # opt-in
         deps = EnvHubDeps.create(settings)
         server, port = await create_server(settings, deps)
         try:
@@ -66,6 +69,7 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
                     "bandit",
                     "math",
                     "gomoku",
+                    "code_math",
                 }
 
                 bandit = await open_env(stub, "bandit")
@@ -90,6 +94,12 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
                 moved = await gomoku.step("g", move)
                 assert not moved.done and moved.info["outcome"] == "ongoing"
                 assert "Your opponent played" in moved.observation
+
+                code_math = await open_env(stub, "code_math")
+                assert [tool.name for tool in code_math.spec.tools] == ["python"]
+                await code_math.reset("c", seed=4, index="0")
+                ran = await code_math.step("c", "```python\nprint(6 * 7)\n```")
+                assert "```output\n42\n```" in ran.observation and not ran.done
         finally:
             await server.stop(0)
             await deps.close()

@@ -34,6 +34,7 @@ PUBLIC_SURFACE = {
     "RlConfig",
     "SamplingParams",
     "StepResult",
+    "Tool",
     "UnavailableError",
     "serve",
 }

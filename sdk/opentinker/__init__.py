@@ -18,7 +18,7 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from opentinker.game import AbstractGame, StepResult
+from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 
@@ -44,6 +44,7 @@ __all__ = [
     "RlConfig",
     "SamplingParams",
     "StepResult",
+    "Tool",
     "UnavailableError",
     "serve",
 ]

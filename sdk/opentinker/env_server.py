@@ -25,7 +25,12 @@ from grpc_reflection.v1alpha import reflection
 from opentinker.env_servicer import SERVICE_NAME, EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
-from opentinker.episode_table import EpisodeTable, GameFactory, close_quietly
+from opentinker.episode_table import (
+    DEFAULT_MAX_OBSERVATION_CHARS,
+    EpisodeTable,
+    GameFactory,
+    close_quietly,
+)
 from opentinker.errors import InvalidArgumentError
 
 __all__ = ["ENV_NAME_PATTERN", "EnvServerHandle", "EpisodeTable", "GameFactory", "serve"]
@@ -106,6 +111,7 @@ def serve(
     capacity: int = 64,
     idle_timeout_s: float = 600.0,
     max_workers: int | None = None,
+    max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
     block: bool = True,
 ) -> EnvServerHandle:
     """Serve a game as an ``EnvironmentService``.
@@ -118,6 +124,8 @@ def serve(
         host name when listening on all interfaces).
     capacity: live episodes at most; 0 = unlimited. idle_timeout_s: idle episodes are freed.
     max_workers: RPC threads (default: capacity + 8, or 72 when unlimited).
+    max_observation_chars: a longer observation is never sent; the episode fails with an error
+        naming the size instead (0 = no limit). EnvHub applies its own limit as well.
     block: serve until SIGINT/SIGTERM (then deregister and return the stopped handle); with
         False, return the running handle at once.
     """
@@ -127,13 +135,19 @@ def serve(
         raise InvalidArgumentError(
             f"environment name {env_name!r} is invalid: pass name= (letters, digits, _ . -)"
         )
-    if capacity < 0 or idle_timeout_s <= 0:
-        raise InvalidArgumentError("capacity must be >= 0 and idle_timeout_s > 0")
+    if capacity < 0 or idle_timeout_s <= 0 or max_observation_chars < 0:
+        raise InvalidArgumentError(
+            "capacity and max_observation_chars must be >= 0 and idle_timeout_s > 0"
+        )
     spec = spec_of(probe, env_name)
     close_quietly(probe)
 
     table = EpisodeTable(
-        game_factory, env_name=env_name, capacity=capacity, idle_timeout_s=idle_timeout_s
+        game_factory,
+        env_name=env_name,
+        capacity=capacity,
+        idle_timeout_s=idle_timeout_s,
+        max_observation_chars=max_observation_chars,
     )
     server, bound = _start_grpc_server(
         EnvironmentServicer(table, spec),

@@ -3,6 +3,7 @@ typed errors -> gRPC status codes, nothing else."""
 
 from __future__ import annotations
 
+import json
 from typing import NoReturn
 
 import grpc
@@ -19,7 +20,7 @@ from opentinker.errors import (
     OpenTinkerError,
     ResourceExhaustedError,
 )
-from opentinker.game import AbstractGame
+from opentinker.game import AbstractGame, Tool
 
 SERVICE_NAME = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
 
@@ -90,4 +91,14 @@ def spec_of(game: AbstractGame, env_name: str) -> environment_pb2.EnvironmentSpe
         description=game.description,
         system_prompt=system_prompt if isinstance(system_prompt, str) else "",
         max_turns=game.max_turns,
+        tools=[tool_spec_of(tool) for tool in game.tools],
+    )
+
+
+def tool_spec_of(tool: Tool) -> environment_pb2.ToolSpec:
+    """A game's ``Tool`` as the protocol's ``ToolSpec`` (its schema as JSON text)."""
+    return environment_pb2.ToolSpec(
+        name=tool.name,
+        description=tool.description,
+        parameters_json_schema=json.dumps(tool.parameters, sort_keys=True),
     )

@@ -8,6 +8,9 @@
   observation), is ``EnvironmentError_`` naming the environment and the exception, and drops
   the episode. Bad reset options (``ValueError``/``TypeError`` from ``reset``) are
   ``InvalidArgumentError``.
+- An observation longer than ``max_observation_chars`` is never sent: it is an
+  ``EnvironmentError_`` (reason ``OBSERVATION_TOO_LARGE``) naming the environment and the size,
+  and drops the episode.
 - ``capacity`` live episodes at most (``ResourceExhaustedError`` beyond; 0 = unlimited);
   ``reap_idle`` frees episodes unused for ``idle_timeout_s``.
 
@@ -36,6 +39,7 @@ from opentinker.errors import (
 from opentinker.game import AbstractGame, StepResult, first_user_message
 
 GameFactory = Callable[[], AbstractGame]
+DEFAULT_MAX_OBSERVATION_CHARS = 16384
 _T = TypeVar("_T")
 
 log = structlog.get_logger("opentinker.env_server")
@@ -53,12 +57,20 @@ class EpisodeTable:
     """The live episodes of one environment: builds, steps, validates and frees games."""
 
     def __init__(
-        self, game_factory: GameFactory, *, env_name: str, capacity: int, idle_timeout_s: float
+        self,
+        game_factory: GameFactory,
+        *,
+        env_name: str,
+        capacity: int,
+        idle_timeout_s: float,
+        max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
     ) -> None:
+        """max_observation_chars: the longest observation sent (characters); 0 = no limit."""
         self._factory = game_factory
         self.env_name = env_name
         self._capacity = capacity
         self.idle_timeout_s = idle_timeout_s
+        self.max_observation_chars = max_observation_chars
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
 
@@ -107,6 +119,8 @@ class EpisodeTable:
             ):
                 if not isinstance(value, str):
                     raise self._bad_reply(f"its {what} is {type(value).__name__}, not str")
+            first_message = first_user_message(intro, observation)
+            self._check_size("reset", first_message)
         except Exception:
             close_quietly(game)
             raise
@@ -115,7 +129,7 @@ class EpisodeTable:
             self._episodes[episode_id] = _Episode(game=game, last_used_s=time.monotonic())
         if replaced is not None:  # a concurrent Reset of the same id got there first
             close_quietly(replaced.game)
-        return system_prompt, first_user_message(intro, observation)
+        return system_prompt, first_message
 
     def step(self, episode_id: str, action: str) -> StepResult:
         """Apply an action; a game failure or malformed result drops the episode."""
@@ -201,6 +215,7 @@ class EpisodeTable:
             raise self._bad_reply(
                 f"step observation is {type(result.observation).__name__}, not str"
             )
+        self._check_size("step", result.observation)
         if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)):
             raise self._bad_reply(f"step reward is {type(result.reward).__name__}, not a number")
         if not math.isfinite(result.reward):
@@ -212,6 +227,16 @@ class EpisodeTable:
         ):
             raise self._bad_reply("step info must be a dict of str to str")
         return result
+
+    def _check_size(self, what: str, observation: str) -> None:
+        limit = self.max_observation_chars
+        if 0 < limit < len(observation):
+            raise EnvironmentError_(
+                f"environment '{self.env_name}' replied badly: its {what} observation is "
+                f"{len(observation)} characters, more than max_observation_chars ({limit}); "
+                "shorten or truncate it in the game",
+                reason="OBSERVATION_TOO_LARGE",
+            )
 
 
 def close_quietly(game: AbstractGame) -> None:

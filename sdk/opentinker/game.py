@@ -47,6 +47,21 @@ class StepResult:
     info: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call, described in the env's spec (``EnvironmentSpec.tools``).
+
+    name: what the model calls it (e.g. ``python``). description: one or two sentences for the
+    model. parameters: the JSON schema of its arguments (an ``{"type": "object", ...}`` dict).
+    The game itself parses and runs the calls in ``step``; the spec only tells the rollout
+    side (and its chat template) what exists.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+
+
 class AbstractGame(abc.ABC):
     """One episode of an environment. Subclass it and implement the abstract methods.
 
@@ -54,6 +69,7 @@ class AbstractGame(abc.ABC):
     name: the default registration name (``serve(name=...)`` overrides it).
     description: one line for people listing environments.
     max_turns: the game's own turn limit; 0 = none.
+    tools: the tools the model may call (``Tool``); none by default.
 
     Call order per episode: ``reset(seed=..., **options)``, then ``get_system_prompt()`` and
     ``get_initial_user_message()``, then ``step(action)`` until done. The first user message of
@@ -63,6 +79,7 @@ class AbstractGame(abc.ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     max_turns: ClassVar[int] = 0
+    tools: ClassVar[tuple[Tool, ...]] = ()
 
     @abc.abstractmethod
     def get_system_prompt(self) -> str:

@@ -5,26 +5,39 @@ from __future__ import annotations
 
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
 from opentinker.services.envhub.bandit_env import BanditGame
+from opentinker.services.envhub.code_math_env import CodeMathGame
 from opentinker.services.envhub.gomoku_env import GomokuGame
 from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.envhub.math_env import MathGame
 from opentinker.services.envhub.registry import Registry
+from opentinker.services.envhub.textworld_env import HouseholdGame
 
 BUILTIN_GAMES: dict[str, GameFactory] = {
     "letter": LetterGame,
     "bandit": BanditGame,
     "math": MathGame,
     "gomoku": GomokuGame,
+    "code_math": CodeMathGame,
+    "textworld": HouseholdGame,
 }
+# Hosted unless the settings say otherwise. Not ``textworld``: it needs the optional
+# ``textworld`` package, and builds each new game on first use (seconds).
+DEFAULT_BUILTIN_ENVS: tuple[str, ...] = ("letter", "bandit", "math", "gomoku", "code_math")
 
 
 def start_builtin_envs(
-    names: list[str], registry: Registry, *, capacity: int
+    names: list[str], registry: Registry, *, capacity: int, max_observation_chars: int
 ) -> list[EnvServerHandle]:
     """Serve and register each named built-in env; returns the handles to stop at shutdown."""
     handles: list[EnvServerHandle] = []
     for name in names:
-        handle = serve(BUILTIN_GAMES[name], name=name, capacity=capacity, block=False)
+        handle = serve(
+            BUILTIN_GAMES[name],
+            name=name,
+            capacity=capacity,
+            max_observation_chars=max_observation_chars,
+            block=False,
+        )
         registry.register(name, handle.address, capacity, pinned=True)
         handles.append(handle)
     return handles

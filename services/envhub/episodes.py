@@ -3,7 +3,8 @@
 An episode is placed on the least-loaded instance with room when it is reset and stays there.
 Calls of one episode run in the order they arrived; different episodes run concurrently.
 Every call has a deadline; any failure (dead instance, deadline, an error from the game, a
-malformed reply) ends the episode with an ``EnvironmentError_`` whose ``code`` is a gRPC
+malformed reply: a non-finite reward, an observation longer than ``max_observation_chars``)
+ends the episode with an ``EnvironmentError_`` whose ``code`` is a gRPC
 status name and whose message names the environment and the instance.
 """
 
@@ -69,11 +70,13 @@ class EpisodeRouter:
         env_name: str,
         job_id: str,
         call_timeout_s: float,
+        max_observation_chars: int,
     ) -> None:
         self._registry = registry
         self._channels = channels
         self.env_name = env_name
         self._timeout_s = call_timeout_s
+        self._max_observation_chars = max_observation_chars
         self._episodes: dict[str, _Episode] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._log = log.bind(env=env_name, job_id=job_id)
@@ -114,7 +117,9 @@ class EpisodeRouter:
                     raise EnvironmentError_(err.message, code=code) from err
             stub = self._channels.stub(episode.instance.address)
             call = stub.Reset(request, timeout=self._timeout_s)
-            return await self._call(episode, request.episode_id, "Reset", call)
+            reply = await self._call(episode, request.episode_id, "Reset", call)
+            await self._check_observation(episode, request.episode_id, "Reset", reply.observation)
+            return reply
 
     async def step(self, request: environment_pb2.StepRequest) -> environment_pb2.StepResponse:
         # Wait behind earlier calls of this episode (a Reset sent just before, say).
@@ -128,7 +133,23 @@ class EpisodeRouter:
                 await self._fail_and_close(episode, request.episode_id)
                 what = f"Step replied with a non-finite reward ({reply.reward})"
                 raise self._failure(instance, request.episode_id, "INTERNAL", what)
+            await self._check_observation(episode, request.episode_id, "Step", reply.observation)
             return reply
+
+    async def _check_observation(
+        self, episode: _Episode, episode_id: str, method: str, observation: str
+    ) -> None:
+        """An observation over the limit ends the episode (closed on its instance)."""
+        if len(observation) <= self._max_observation_chars:
+            return
+        instance = episode.instance
+        assert instance is not None
+        await self._fail_and_close(episode, episode_id)
+        what = (
+            f"{method} replied with an observation of {len(observation)} characters, more "
+            f"than max_observation_chars ({self._max_observation_chars})"
+        )
+        raise self._failure(instance, episode_id, "INTERNAL", what)
 
     async def close_episode(self, episode_id: str) -> None:
         """Free an episode on its instance (best effort); harmless for an unknown one."""

@@ -5,8 +5,11 @@ Layers, from the outside in:
   network namespaces: no network at all, and when the sandbox's first process dies the kernel
   kills every process left in it, so a fork bomb or a ``setsid`` child cannot outlive the run;
 - a wall-clock timeout that kills the whole group (and so the namespace);
-- ``resource.setrlimit`` on CPU seconds, address space, file size, open files, processes, core
-  dumps; output read up to a limit, after which the run is killed;
+- resource limits on CPU seconds, address space, file size, open files, processes, core
+  dumps, set by ``prlimit`` before the sandbox starts (never by a ``preexec_fn``: forking with
+  Python code to run in the child is unsafe in a threaded process such as a gRPC server, and
+  crashed there; ``preexec_fn`` is only the fallback where ``prlimit`` is missing); output
+  read up to a limit, after which the run is killed;
 - the user ``nobody`` when started as root (via ``setpriv``), so nothing private is readable or
   writable and the process limit applies; a fresh temporary folder as the working directory,
   deleted afterwards; a minimal environment (no inherited secrets);
@@ -82,10 +85,12 @@ class SandboxResult:
 
 @dataclass(frozen=True)
 class Isolation:
-    """The OS layers this machine allows: namespaces via ``unshare``, dropping to nobody."""
+    """The OS layers this machine allows: namespaces via ``unshare``, dropping to nobody,
+    limits set by the ``prlimit`` command."""
 
     namespaces: bool
     drop_to_nobody: bool
+    prlimit: bool = False
 
 
 @functools.cache
@@ -95,8 +100,16 @@ def isolation() -> Isolation:
     namespaces = shutil.which("unshare") is not None and _works(
         [*_unshare_prefix(), *(_setpriv_prefix() if drop else []), "true"]
     )
-    found = Isolation(namespaces=namespaces, drop_to_nobody=drop)
-    log.info("sandbox_isolation", namespaces=found.namespaces, drop_to_nobody=found.drop_to_nobody)
+    prlimit = shutil.which("prlimit") is not None and _works(
+        [*_prlimit_prefix(SandboxLimits()), "true"]
+    )
+    found = Isolation(namespaces=namespaces, drop_to_nobody=drop, prlimit=prlimit)
+    log.info(
+        "sandbox_isolation",
+        namespaces=found.namespaces,
+        drop_to_nobody=found.drop_to_nobody,
+        prlimit=found.prlimit,
+    )
     return found
 
 
@@ -119,10 +132,14 @@ def run_python(
             command = [*_setpriv_prefix(), *command]
         if where.namespaces:
             command = [*_unshare_prefix(), *command]
-        return _run(command, cwd=folder, limits=limits)
+        if where.prlimit:  # outermost: every process of the sandbox inherits the limits
+            command = [*_prlimit_prefix(limits), *command]
+        return _run(command, cwd=folder, limits=limits, preexec_limits=not where.prlimit)
 
 
-def _run(command: list[str], *, cwd: str, limits: SandboxLimits) -> SandboxResult:
+def _run(
+    command: list[str], *, cwd: str, limits: SandboxLimits, preexec_limits: bool
+) -> SandboxResult:
     env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
     process = subprocess.Popen(  # noqa: S603 - the command is ours; the code is in a file
         command,
@@ -132,7 +149,7 @@ def _run(command: list[str], *, cwd: str, limits: SandboxLimits) -> SandboxResul
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: killpg reaches the whole tree
-        preexec_fn=functools.partial(_apply_limits, limits),
+        preexec_fn=functools.partial(_apply_limits, limits) if preexec_limits else None,
     )
     assert process.stdout is not None
     reader = _BoundedReader(process.stdout, limits.output_bytes)
@@ -193,6 +210,20 @@ def _apply_limits(limits: SandboxLimits) -> None:
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(kind, (value, value))
+
+
+def _prlimit_prefix(limits: SandboxLimits) -> list[str]:
+    """The same limits as ``_apply_limits``, set by util-linux ``prlimit`` before it execs."""
+    return [
+        "prlimit",
+        f"--cpu={limits.cpu_time_s}:{limits.cpu_time_s + 1}",
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.file_bytes}",
+        f"--nofile={limits.open_files}",
+        f"--nproc={limits.processes}",
+        "--core=0",
+        "--",
+    ]
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -31,7 +31,10 @@ class EnvHubDeps:
         """An in-memory registry with the settings' built-in envs served and registered."""
         registry = InMemoryRegistry(ttl_s=settings.registration_ttl_s)
         builtins = start_builtin_envs(
-            settings.builtin_envs, registry, capacity=settings.builtin_capacity
+            settings.builtin_envs,
+            registry,
+            capacity=settings.builtin_capacity,
+            max_observation_chars=settings.max_observation_chars,
         )
         return cls(registry=registry, builtins=builtins)
 

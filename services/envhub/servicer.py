@@ -107,6 +107,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             env_name=first.open.env_name,
             job_id=first.open.job_id,
             call_timeout_s=self._settings.env_call_timeout_s,
+            max_observation_chars=self._settings.max_observation_chars,
         )
         try:
             spec = await router.open()

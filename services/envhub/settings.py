@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
+from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, DEFAULT_BUILTIN_ENVS
 
 
 class EnvHubSettings(BaseSettings):
@@ -18,7 +18,10 @@ class EnvHubSettings(BaseSettings):
     renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
     registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
-    builtin_envs: list[str] = Field(default_factory=lambda: list(BUILTIN_GAMES))
+    max_observation_chars: int = Field(
+        16384, ge=1, description="A longer env observation fails its episode (EpisodeFailed)."
+    )
+    builtin_envs: list[str] = Field(default_factory=lambda: list(DEFAULT_BUILTIN_ENVS))
     builtin_capacity: int = Field(256, ge=0, description="Episodes per built-in env; 0 = any.")
     log_level: str = "INFO"
 
