@@ -41,6 +41,14 @@ def letter_prompt(tokenizer, letter: str, with_system: bool = True) -> list[int]
     return [int(i) for i in ids]
 
 
+def letter_reward(text: str, letter: str, alphabet: str, format_reward: float) -> float:
+    """The letter env's reward: 1 for the named letter, format_reward for another valid one."""
+    answer = text.strip()
+    if answer.startswith(letter):
+        return 1.0
+    return format_reward if answer[:1] and answer[0] in alphabet else 0.0
+
+
 @torch.no_grad()
 def sample_group_batch(
     policy: Policy,
@@ -49,6 +57,8 @@ def sample_group_batch(
     max_new_tokens: int,
     temperature: float,
     with_system: bool = True,
+    alphabet: str = string.ascii_uppercase,
+    format_reward: float = 0.0,
 ) -> tuple[list[Episode], int]:
     """Sample group_size completions per letter; return episodes and generated token count."""
     tok = policy.tokenizer
@@ -94,7 +104,7 @@ def sample_group_batch(
                 prompt_length=len(prompt),
                 logprobs=logp_B_S[i, :n].tolist(),
                 loss_mask=[1] * n,
-                reward=1.0 if text.strip().startswith(letter) else 0.0,
+                reward=letter_reward(text, letter, alphabet, format_reward),
                 env_error=False,
             )
         )
@@ -116,6 +126,7 @@ def main() -> None:
     )
     parser.add_argument("--report-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format-reward", type=float, default=0.0)
     parser.add_argument(
         "--no-system",
         action="store_true",
@@ -135,22 +146,33 @@ def main() -> None:
     )
     alphabet = string.ascii_uppercase[: args.num_letters]
     rewards: list[float] = []
+    accuracy: list[float] = []  # fraction answering the named letter
     curve: list[tuple[int, float, float]] = []
     start = time.monotonic()
     step = 0
     while step < args.steps and time.monotonic() - start < args.time_limit_s:
         letters = [rng.choice(alphabet) for _ in range(args.prompts)]
         episodes, _ = sample_group_batch(
-            policy, letters, args.samples, args.max_new_tokens, 1.0, not args.no_system
+            policy,
+            letters,
+            args.samples,
+            args.max_new_tokens,
+            1.0,
+            not args.no_system,
+            alphabet,
+            args.format_reward,
         )
         grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
         rewards.append(sum(e.reward for e in episodes) / len(episodes))
+        accuracy.append(sum(e.reward == 1.0 for e in episodes) / len(episodes))
         step += 1
         last10 = sum(rewards[-10:]) / len(rewards[-10:])
         if step % args.report_every == 0 or step == 1:
             curve.append((step, round(last10, 3), round(time.monotonic() - start, 1)))
             print(
-                f"step {step:5d}  reward(last10) {last10:.3f}  t {time.monotonic() - start:6.1f}s",
+                f"step {step:5d}  reward(last10) {last10:.3f}  "
+                f"accuracy(last10) {sum(accuracy[-10:]) / len(accuracy[-10:]):.3f}  "
+                f"t {time.monotonic() - start:6.1f}s",
                 flush=True,
             )
         if last10 >= args.stop_at and step >= 10:
@@ -160,6 +182,7 @@ def main() -> None:
         "num_letters": args.num_letters,
         "max_new_tokens": args.max_new_tokens,
         "lr": args.lr,
+        "format_reward": args.format_reward,
         "finetune": args.finetune,
         "system_prompt": not args.no_system,
         "prompt_tokens": len(letter_prompt(policy.tokenizer, "A", not args.no_system)),

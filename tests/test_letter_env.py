@@ -60,7 +60,24 @@ def test_reward(answer: str, reward: float) -> None:
     result = game.step(answer.format(t=game.target, lower=game.target.lower()))
     assert result.reward == reward
     assert result.done is True
-    assert result.info == {"target": game.target}
+    assert result.info == {"target": game.target, "outcome": "win" if reward else "loss"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "reward"),
+    [("{t}", 1.0), ("{other}", 0.1), ("Z", 0.0), ("x", 0.0), ("", 0.0)],
+)
+def test_format_reward_pays_for_another_letter_in_play(answer: str, reward: float) -> None:
+    game = LetterGame()
+    game.reset(seed=11, num_letters="8", format_reward="0.1")
+    other = "A" if game.target != "A" else "B"  # in play (A..H) but not the named one
+    assert game.step(answer.format(t=game.target, other=other)).reward == reward
+
+
+@pytest.mark.parametrize("bad", ["-0.1", "1.5", "lots"])
+def test_bad_format_reward_is_refused_naming_the_option(bad: str) -> None:
+    with pytest.raises(ValueError, match="format_reward must be a number in"):
+        LetterGame().reset(seed=0, format_reward=bad)
 
 
 @pytest.mark.parametrize("bad", ["0", "27", "eight", ""])

@@ -27,6 +27,17 @@ def parse_num_letters(value: str) -> int:
     return count
 
 
+def parse_format_reward(value: str) -> float:
+    """The ``format_reward`` option as a float in [0, 1], or a ValueError saying what to pass."""
+    try:
+        reward = float(value)
+    except ValueError:
+        reward = -1.0
+    if not 0.0 <= reward <= 1.0:
+        raise ValueError(f"env option format_reward must be a number in [0, 1], got {value!r}")
+    return reward
+
+
 class LetterGame(AbstractGame):
     """Answer with the letter the user names."""
 
@@ -36,6 +47,8 @@ class LetterGame(AbstractGame):
 
     def __init__(self) -> None:
         self.target = ""
+        self.letters = ""
+        self.format_reward = 0.0
 
     def get_system_prompt(self) -> str:
         return "You answer with a single capital letter."
@@ -45,10 +58,24 @@ class LetterGame(AbstractGame):
         count = parse_num_letters(options.get("num_letters", DEFAULT_NUM_LETTERS))
         return random.Random(seed).choice(string.ascii_uppercase[:count])
 
-    def reset(self, *, seed: int = 0, num_letters: str = DEFAULT_NUM_LETTERS) -> str:
+    def reset(
+        self, *, seed: int = 0, num_letters: str = DEFAULT_NUM_LETTERS, format_reward: str = "0"
+    ) -> str:
+        """Options: num_letters (1..26); format_reward (0..1), the reward for answering with
+        another of the letters in play instead of the named one (0 = plain task)."""
         self.target = self.generate_initial_state(seed, num_letters=num_letters)
+        self.letters = string.ascii_uppercase[: parse_num_letters(num_letters)]
+        self.format_reward = parse_format_reward(format_reward)
         return f"Answer with the letter {self.target}."
 
     def step(self, action: str) -> StepResult:
-        reward = 1.0 if action.strip().startswith(self.target) else 0.0
-        return StepResult(observation="", reward=reward, done=True, info={"target": self.target})
+        answer = action.strip()
+        if answer.startswith(self.target):
+            reward, outcome = 1.0, "win"
+        elif answer[:1] and answer[0] in self.letters:
+            reward, outcome = self.format_reward, "loss"
+        else:
+            reward, outcome = 0.0, "loss"
+        return StepResult(
+            observation="", reward=reward, done=True, info={"target": self.target, "outcome": outcome}
+        )
