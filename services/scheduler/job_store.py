@@ -1,0 +1,299 @@
+"""Jobs as the scheduler keeps them, and what each attempt of a job reported.
+
+A job is a ``common_pb2.Job`` stored serialized. Its ``state`` only moves along the life cycle
+QUEUED → ALLOCATING → RUNNING → SUCCEEDED | FAILED | CANCELLED (plus back to QUEUED when its
+worker is lost); terminal states are final and every other move raises IllegalTransitionError.
+
+Redis layout (``prefix`` defaults to ``ot:jobs``)::
+
+    <prefix>:job:<job_id>                 STRING serialized common_pb2.Job
+    <prefix>:index                        ZSET job id -> creation number (newest = highest)
+    <prefix>:counter                      STRING creation counter
+    <prefix>:request:<request_id>         STRING job id of the first SubmitJob with that id
+    <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step of attempt n
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import ConfigError
+from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.scheduler.errors import (
+    IllegalTransitionError,
+    JobNotFoundError,
+    StaleAttemptError,
+)
+
+# The enum's int values (JOB_STATE_QUEUED, ...), as protobuf's type stubs spell them.
+JobState: TypeAlias = common_pb2.JobState.ValueType
+
+TERMINAL_STATES: frozenset[JobState] = frozenset(
+    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_CANCELLED}
+)
+ACTIVE_STATES: frozenset[JobState] = frozenset(
+    {common_pb2.JOB_STATE_ALLOCATING, common_pb2.JOB_STATE_RUNNING}
+)
+
+# Allowed moves; back to QUEUED happens when the worker is lost (the job resumes elsewhere).
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    common_pb2.JOB_STATE_QUEUED: frozenset(
+        {common_pb2.JOB_STATE_ALLOCATING, common_pb2.JOB_STATE_CANCELLED}
+    ),
+    common_pb2.JOB_STATE_ALLOCATING: frozenset(
+        {
+            common_pb2.JOB_STATE_RUNNING,
+            common_pb2.JOB_STATE_QUEUED,
+            common_pb2.JOB_STATE_FAILED,
+            common_pb2.JOB_STATE_CANCELLED,
+        }
+    ),
+    common_pb2.JOB_STATE_RUNNING: frozenset(
+        {
+            common_pb2.JOB_STATE_SUCCEEDED,
+            common_pb2.JOB_STATE_FAILED,
+            common_pb2.JOB_STATE_CANCELLED,
+            common_pb2.JOB_STATE_QUEUED,
+        }
+    ),
+}
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+
+
+def state_name(state: JobState) -> str:
+    """``JOB_STATE_RUNNING`` -> ``RUNNING``."""
+    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[common_pb2.Job]  # newest first
+    next_page_token: str  # empty on the last page
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What the job's own processes reported during one attempt."""
+
+    failure_reason: str = ""
+    result: scheduler_pb2.JobResult | None = None
+    last_step: common_pb2.StepMetrics | None = None
+
+
+class JobStore(Protocol):
+    """Persistent jobs. ``transition`` is atomic against concurrent writers."""
+
+    async def create(
+        self, spec: common_pb2.JobSpec, *, request_id: str = ""
+    ) -> tuple[common_pb2.Job, bool]:
+        """Store a new QUEUED job; returns (job, created). A repeated request_id returns the
+        first job and created=False."""
+
+    async def get(self, job_id: str) -> common_pb2.Job:
+        """The job; raises JobNotFoundError."""
+
+    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
+        """Jobs newest first; raises ConfigError for a malformed page_token."""
+
+    async def transition(
+        self,
+        job_id: str,
+        to: JobState,
+        *,
+        reason: str = "",
+        expect_attempt: int | None = None,
+        worker_id: str | None = None,
+        next_attempt: bool = False,
+        result: scheduler_pb2.JobResult | None = None,
+    ) -> common_pb2.Job:
+        """Move the job to ``to`` with ``reason``. ``expect_attempt`` guards against stale
+        messages (StaleAttemptError); ``worker_id`` sets the worker; ``next_attempt`` counts one
+        more launch; ``result`` sets checkpoint_uri and final_metrics. Raises
+        IllegalTransitionError for a move the life cycle forbids."""
+
+    async def record_failure(self, job_id: str, attempt: int, reason: str) -> None: ...
+
+    async def record_result(
+        self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
+    ) -> None: ...
+
+    async def record_step(
+        self, job_id: str, attempt: int, step: common_pb2.StepMetrics
+    ) -> None: ...
+
+    async def report(self, job_id: str, attempt: int) -> AttemptReport:
+        """Everything recorded for that attempt (empty when nothing was)."""
+
+
+_CREATE = """
+if ARGV[3] == '1' then
+  local existing = redis.call('GET', KEYS[4])
+  if existing then return existing end
+end
+local n = redis.call('INCR', KEYS[3])
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], n, ARGV[1])
+if ARGV[3] == '1' then redis.call('SET', KEYS[4], ARGV[1]) end
+return ARGV[1]
+"""
+
+
+class RedisJobStore:
+    """JobStore on one Redis."""
+
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "ot:jobs") -> None:
+        self._r = client
+        self._prefix = prefix
+        self._create = client.register_script(_CREATE)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    async def create(
+        self, spec: common_pb2.JobSpec, *, request_id: str = ""
+    ) -> tuple[common_pb2.Job, bool]:
+        now = time.time()
+        job = common_pb2.Job(
+            job_id=f"job-{uuid.uuid4().hex[:12]}",
+            spec=spec,
+            state=common_pb2.JOB_STATE_QUEUED,
+            reason="submitted",
+            created_unix_s=now,
+            updated_unix_s=now,
+        )
+        stored_id = await self._create(
+            keys=[
+                self._key("job", job.job_id),
+                self._key("index"),
+                self._key("counter"),
+                self._key("request", request_id or "-"),
+            ],
+            args=[job.job_id, job.SerializeToString(), "1" if request_id else "0"],
+        )
+        stored_id = stored_id.decode() if isinstance(stored_id, bytes) else stored_id
+        if stored_id != job.job_id:
+            return await self.get(stored_id), False
+        return job, True
+
+    async def get(self, job_id: str) -> common_pb2.Job:
+        raw = await self._r.get(self._key("job", job_id))
+        if raw is None:
+            raise JobNotFoundError.for_id(job_id)
+        return common_pb2.Job.FromString(raw)
+
+    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
+        size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        if size < 0:
+            raise ConfigError(f"page_size must be >= 0, got {page_size}", reason="INVALID_PAGE")
+        if page_token and not page_token.isdigit():
+            raise ConfigError(
+                f"page_token {page_token!r} is not one this server issued; "
+                "pass the next_page_token of the previous ListJobs answer",
+                reason="INVALID_PAGE_TOKEN",
+            )
+        top = f"({page_token}" if page_token else "+inf"
+        rows: list[Any] = await self._r.zrevrangebyscore(
+            self._key("index"), top, "-inf", start=0, num=size + 1, withscores=True
+        )
+        page = rows[:size]
+        jobs = []
+        if page:
+            raws = await self._r.mget([self._key("job", _text(row[0])) for row in page])
+            jobs = [common_pb2.Job.FromString(raw) for raw in raws if raw is not None]
+        next_token = str(int(page[-1][1])) if len(rows) > size else ""
+        return JobPage(jobs=jobs, next_page_token=next_token)
+
+    async def transition(
+        self,
+        job_id: str,
+        to: JobState,
+        *,
+        reason: str = "",
+        expect_attempt: int | None = None,
+        worker_id: str | None = None,
+        next_attempt: bool = False,
+        result: scheduler_pb2.JobResult | None = None,
+    ) -> common_pb2.Job:
+        key = self._key("job", job_id)
+        async with self._r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        raise JobNotFoundError.for_id(job_id)
+                    job = common_pb2.Job.FromString(raw)
+                    _check_transition(job, to, expect_attempt)
+                    job.state = to
+                    job.reason = reason
+                    job.updated_unix_s = time.time()
+                    if worker_id is not None:
+                        job.worker_id = worker_id
+                    if next_attempt:
+                        job.attempt += 1
+                    if result is not None:
+                        job.checkpoint_uri = result.checkpoint_uri
+                        job.final_metrics.clear()
+                        job.final_metrics.update(result.final_metrics)
+                    pipe.multi()
+                    pipe.set(key, job.SerializeToString())
+                    await pipe.execute()
+                    return job
+                except WatchError:
+                    continue  # someone else wrote the job between our read and write: retry
+
+    async def record_failure(self, job_id: str, attempt: int, reason: str) -> None:
+        await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "failure", reason)
+
+    async def record_result(
+        self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
+    ) -> None:
+        await self._r.hset(
+            self._key("job", job_id, "attempt", str(attempt)), "result", result.SerializeToString()
+        )
+
+    async def record_step(self, job_id: str, attempt: int, step: common_pb2.StepMetrics) -> None:
+        await self._r.hset(
+            self._key("job", job_id, "attempt", str(attempt)), "last_step", step.SerializeToString()
+        )
+
+    async def report(self, job_id: str, attempt: int) -> AttemptReport:
+        fields: Mapping[Any, Any] = await self._r.hgetall(
+            self._key("job", job_id, "attempt", str(attempt))
+        )
+        result = fields.get(b"result")
+        step = fields.get(b"last_step")
+        return AttemptReport(
+            failure_reason=fields.get(b"failure", b"").decode(),
+            result=scheduler_pb2.JobResult.FromString(result) if result is not None else None,
+            last_step=common_pb2.StepMetrics.FromString(step) if step is not None else None,
+        )
+
+
+def _check_transition(job: common_pb2.Job, to: JobState, expect_attempt: int | None) -> None:
+    if expect_attempt is not None and job.attempt != expect_attempt:
+        raise StaleAttemptError(
+            f"job {job.job_id!r} is at attempt {job.attempt}, not {expect_attempt}",
+            reason="STALE_ATTEMPT",
+        )
+    if to not in TRANSITIONS.get(job.state, frozenset()):
+        final = " (terminal states are final)" if job.state in TERMINAL_STATES else ""
+        raise IllegalTransitionError(
+            f"job {job.job_id!r} is {state_name(job.state)} and cannot become "
+            f"{state_name(to)}{final}",
+            reason="ILLEGAL_TRANSITION",
+        )
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,279 @@
+"""The GPU lease ledger: which devices each worker offers, and which job holds which device.
+
+A lease holds N devices of one worker for one job. Each held device is a Redis key
+``<prefix>:device:<device_id> = <lease_id>`` with a TTL (``lease_ttl_s``); the worker's heartbeats
+renew it. A worker that stops heartbeating loses its devices when the TTL runs out: the lease is
+then *lapsed* (some of its device keys are gone or belong to another lease), its devices are free
+for others, and ``lapsed()`` lists it so the scheduler can re-queue its job.
+
+Redis layout (``prefix`` defaults to ``ot:ledger``)::
+
+    <prefix>:worker:<worker_id>:devices   LIST of device ids, in the order the worker offered them
+    <prefix>:worker:<worker_id>:leases    SET of lease ids
+    <prefix>:device:<device_id>           STRING lease id, PX = lease TTL
+    <prefix>:lease:<lease_id>             HASH worker_id, job_id, devices ("\\n"-joined), created
+    <prefix>:leases                       SET of every lease id not yet released
+
+Every change that touches several keys is one Lua script, so concurrent schedulers or
+coroutines can never hand one device to two jobs. The scripts build key names from ``prefix``,
+so the ledger needs one Redis (not a cluster).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Devices held by one job on one worker. ``created_unix_s`` is wall-clock seconds."""
+
+    lease_id: str
+    worker_id: str
+    job_id: str
+    device_ids: tuple[str, ...]
+    created_unix_s: float
+
+
+class LeaseLedger(Protocol):
+    """Atomic, expiring device leases. Every method is safe to call concurrently."""
+
+    async def register_worker(self, worker_id: str, device_ids: Sequence[str]) -> None:
+        """Record the devices a worker offers (replacing what it offered before)."""
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Forget a worker's devices; its leases stay until released or lapsed."""
+
+    async def devices(self, worker_id: str) -> list[str]:
+        """The devices a worker offers, in its order."""
+
+    async def free_devices(self, worker_id: str) -> list[str]:
+        """The worker's devices that no live lease holds."""
+
+    async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
+        """Take ``n`` free devices of the worker at once, or none (returns None)."""
+
+    async def renew(self, worker_id: str) -> int:
+        """Extend every live lease of the worker by the TTL; returns how many were renewed."""
+
+    async def release(self, lease_id: str) -> bool:
+        """Free the lease's devices; False when there was no such lease. Idempotent."""
+
+    async def get(self, lease_id: str) -> Lease | None:
+        """The lease, live or lapsed, until it is released."""
+
+    async def leases(self, worker_id: str) -> list[Lease]:
+        """The worker's leases not yet released (live or lapsed)."""
+
+    async def is_live(self, lease_id: str) -> bool:
+        """True while every device of the lease is still held by it."""
+
+    async def lapsed(self) -> list[Lease]:
+        """Leases (of any worker) whose devices ran out of TTL, not yet released."""
+
+
+_ACQUIRE = """
+local prefix, worker_id, job_id = ARGV[1], ARGV[2], ARGV[3]
+local n, lease_id, ttl_ms, now = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+local devices = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
+local free = {}
+for _, d in ipairs(devices) do
+  if #free < n and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
+    table.insert(free, d)
+  end
+end
+if #free < n then return false end
+for _, d in ipairs(free) do
+  redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+end
+redis.call('HSET', prefix .. ':lease:' .. lease_id, 'worker_id', worker_id, 'job_id', job_id,
+           'devices', table.concat(free, '\\n'), 'created', now)
+redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
+redis.call('SADD', prefix .. ':leases', lease_id)
+return free
+"""
+
+# Shared by the scripts below: is every device of the lease still held by it?
+_LIVE_FN = """
+local function lease_devices(prefix, lease_id)
+  local joined = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'devices')
+  local out = {}
+  if not joined then return nil end
+  for d in string.gmatch(joined, '[^\\n]+') do table.insert(out, d) end
+  return out
+end
+local function is_live(prefix, lease_id, devices)
+  for _, d in ipairs(devices) do
+    if redis.call('GET', prefix .. ':device:' .. d) ~= lease_id then return false end
+  end
+  return true
+end
+"""
+
+_RENEW = (
+    _LIVE_FN
+    + """
+local prefix, worker_id, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
+local renewed = 0
+for _, lease_id in ipairs(redis.call('SMEMBERS', prefix .. ':worker:' .. worker_id .. ':leases')) do
+  local devices = lease_devices(prefix, lease_id)
+  if devices and is_live(prefix, lease_id, devices) then
+    for _, d in ipairs(devices) do redis.call('PEXPIRE', prefix .. ':device:' .. d, ttl_ms) end
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+)
+
+_RELEASE = (
+    _LIVE_FN
+    + """
+local prefix, lease_id = ARGV[1], ARGV[2]
+local worker_id = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'worker_id')
+if not worker_id then
+  redis.call('SREM', prefix .. ':leases', lease_id)
+  return 0
+end
+for _, d in ipairs(lease_devices(prefix, lease_id)) do
+  if redis.call('GET', prefix .. ':device:' .. d) == lease_id then
+    redis.call('DEL', prefix .. ':device:' .. d)
+  end
+end
+redis.call('DEL', prefix .. ':lease:' .. lease_id)
+redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
+redis.call('SREM', prefix .. ':leases', lease_id)
+return 1
+"""
+)
+
+_IS_LIVE = (
+    _LIVE_FN
+    + """
+local devices = lease_devices(ARGV[1], ARGV[2])
+if devices and is_live(ARGV[1], ARGV[2], devices) then return 1 end
+return 0
+"""
+)
+
+_LAPSED = (
+    _LIVE_FN
+    + """
+local prefix = ARGV[1]
+local out = {}
+for _, lease_id in ipairs(redis.call('SMEMBERS', prefix .. ':leases')) do
+  local devices = lease_devices(prefix, lease_id)
+  if devices == nil or not is_live(prefix, lease_id, devices) then table.insert(out, lease_id) end
+end
+return out
+"""
+)
+
+
+class RedisLeaseLedger:
+    """LeaseLedger on one Redis; ``lease_ttl_s`` may be fractional (stored as milliseconds)."""
+
+    def __init__(
+        self, client: aioredis.Redis, *, lease_ttl_s: float, prefix: str = "ot:ledger"
+    ) -> None:
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
+        self._r = client
+        self._prefix = prefix
+        self._ttl_ms = max(1, round(lease_ttl_s * 1000))
+        self._acquire = client.register_script(_ACQUIRE)
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._is_live = client.register_script(_IS_LIVE)
+        self._lapsed = client.register_script(_LAPSED)
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    async def register_worker(self, worker_id: str, device_ids: Sequence[str]) -> None:
+        key = self._key("worker", worker_id, "devices")
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if device_ids:
+                pipe.rpush(key, *device_ids)
+            await pipe.execute()
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self._r.delete(self._key("worker", worker_id, "devices"))
+
+    async def devices(self, worker_id: str) -> list[str]:
+        raw = await self._r.lrange(self._key("worker", worker_id, "devices"), 0, -1)
+        return [_text(d) for d in raw]
+
+    async def free_devices(self, worker_id: str) -> list[str]:
+        devices = await self.devices(worker_id)
+        if not devices:
+            return []
+        held = await self._r.exists(*[self._key("device", d) for d in devices])
+        if held == 0:
+            return devices
+        async with self._r.pipeline(transaction=False) as pipe:
+            for d in devices:
+                pipe.exists(self._key("device", d))
+            flags = await pipe.execute()
+        return [d for d, flag in zip(devices, flags, strict=True) if not flag]
+
+    async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
+        if n < 1:
+            raise ValueError(f"a lease needs at least one device, asked for {n}")
+        lease_id = f"lease-{uuid.uuid4().hex[:16]}"
+        now = time.time()
+        taken = await self._acquire(
+            args=[self._prefix, worker_id, job_id, n, lease_id, self._ttl_ms, repr(now)]
+        )
+        if not taken:
+            return None
+        return Lease(lease_id, worker_id, job_id, tuple(_text(d) for d in taken), now)
+
+    async def renew(self, worker_id: str) -> int:
+        return int(await self._renew(args=[self._prefix, worker_id, self._ttl_ms]))
+
+    async def release(self, lease_id: str) -> bool:
+        return bool(await self._release(args=[self._prefix, lease_id]))
+
+    async def get(self, lease_id: str) -> Lease | None:
+        fields = await self._r.hgetall(self._key("lease", lease_id))
+        if not fields:
+            return None
+        f = {_text(k): _text(v) for k, v in fields.items()}
+        return Lease(
+            lease_id=lease_id,
+            worker_id=f["worker_id"],
+            job_id=f["job_id"],
+            device_ids=tuple(d for d in f["devices"].split("\n") if d),
+            created_unix_s=float(f["created"]),
+        )
+
+    async def leases(self, worker_id: str) -> list[Lease]:
+        ids = await self._r.smembers(self._key("worker", worker_id, "leases"))
+        return await self._load(sorted(_text(i) for i in ids))
+
+    async def is_live(self, lease_id: str) -> bool:
+        return bool(await self._is_live(args=[self._prefix, lease_id]))
+
+    async def lapsed(self) -> list[Lease]:
+        ids = await self._lapsed(args=[self._prefix])
+        return await self._load([_text(i) for i in ids])
+
+    async def _load(self, lease_ids: Sequence[str]) -> list[Lease]:
+        out = []
+        for lease_id in lease_ids:
+            lease = await self.get(lease_id)
+            if lease is not None:
+                out.append(lease)
+        return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

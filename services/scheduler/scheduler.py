@@ -1,0 +1,415 @@
+"""The scheduler's logic: jobs, the queue, leases, workers. Knows nothing of gRPC.
+
+Life of a job: ``submit`` stores it QUEUED and queues it. The dispatch loop takes queued jobs in
+order and, for the first connected worker with enough free devices, acquires a lease (atomic),
+moves the job to ALLOCATING (one more attempt) and sends the worker a LaunchCommand. The worker
+reports ``job_launched`` (RUNNING) and ``job_exited`` (SUCCEEDED with the result the trainer
+reported, or FAILED with the best reason known). A worker that disconnects or stops
+heartbeating is lost: its jobs go back to the front of the queue, with their attempt count, and
+resume elsewhere. Every state change is appended to the job's event log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import OpenTinkerError
+from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.scheduler.errors import (
+    IllegalTransitionError,
+    JobNotFoundError,
+    StaleAttemptError,
+)
+from opentinker.services.scheduler.event_log import state_change
+from opentinker.services.scheduler.job_store import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    JobPage,
+    JobState,
+    state_name,
+)
+from opentinker.services.scheduler.stores import Stores
+from opentinker.services.scheduler.worker_session import (
+    CloseCommand,
+    DeviceOffer,
+    LaunchCommand,
+    StopCommand,
+    WorkerSession,
+)
+from opentinker.spec import from_proto
+
+log = structlog.get_logger(__name__)
+
+QUEUED = common_pb2.JOB_STATE_QUEUED
+ALLOCATING = common_pb2.JOB_STATE_ALLOCATING
+RUNNING = common_pb2.JOB_STATE_RUNNING
+SUCCEEDED = common_pb2.JOB_STATE_SUCCEEDED
+FAILED = common_pb2.JOB_STATE_FAILED
+CANCELLED = common_pb2.JOB_STATE_CANCELLED
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``event``; True if it is set.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it can swallow a cancellation that arrives as
+    the wait ends, and a loop built on it then never stops.
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=timeout_s)
+    finally:
+        waiter.cancel()
+    return event.is_set()
+
+
+class Scheduler:
+    """Owns jobs and workers. Call ``start()`` before serving and ``close()`` at shutdown."""
+
+    def __init__(self, stores: Stores, *, heartbeat_interval_s: float, lease_ttl_s: float) -> None:
+        self._jobs = stores.jobs
+        self._queue = stores.queue
+        self._ledger = stores.ledger
+        self._events = stores.events
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lease_ttl_s = lease_ttl_s
+        self._sessions: dict[str, WorkerSession] = {}
+        self._wake = asyncio.Event()
+        self._dispatch_lock = asyncio.Lock()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ---- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._run(), name="scheduler-loop")
+
+    async def close(self, reason: str = "scheduler shutting down") -> None:
+        """Stop the loop and ask every connected worker to close its stream."""
+        self._closing = True  # ends the loop even if a library swallows the cancellation
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.wait({self._loop_task}, timeout=5.0)
+            self._loop_task = None
+        for session in list(self._sessions.values()):
+            session.send(CloseCommand(reason))
+
+    def wake(self) -> None:
+        """Run a dispatch round soon (a job was queued or devices were freed)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        tick = min(self.heartbeat_interval_s, self.lease_ttl_s / 2)
+        while not self._closing:
+            self._wake.clear()
+            try:
+                await self._drop_silent_workers()
+                await self._requeue_lapsed()
+                await self.dispatch()
+            except Exception:  # Redis briefly away, etc.: log and try again next tick
+                log.exception("scheduler_round_failed")
+            await wait_event(self._wake, tick)
+
+    # ---- jobs -------------------------------------------------------------------------------
+
+    async def submit(self, spec: common_pb2.JobSpec, *, request_id: str = "") -> common_pb2.Job:
+        """Validate (ConfigError naming the field) and queue a job; idempotent on request_id."""
+        from_proto(spec)
+        job, created = await self._jobs.create(spec, request_id=request_id)
+        if created:
+            await self._events.append(job.job_id, state_change(QUEUED, job.reason))
+            await self._queue.push(job.job_id)
+            log.info("job_submitted", job_id=job.job_id, name=job.spec.name)
+            self.wake()
+        return job
+
+    async def get(self, job_id: str) -> common_pb2.Job:
+        return await self._jobs.get(job_id)
+
+    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
+        return await self._jobs.list_jobs(page_size=page_size, page_token=page_token)
+
+    async def cancel(self, job_id: str, reason: str = "") -> common_pb2.Job:
+        """QUEUED: cancelled at once. ALLOCATING/RUNNING: its worker is told to stop and its
+        lease released. A finished job raises IllegalTransitionError."""
+        reason = reason or "cancelled by request"
+        job = await self._jobs.get(job_id)
+        if job.state in TERMINAL_STATES:
+            raise IllegalTransitionError(
+                f"job {job_id!r} already ended ({state_name(job.state)}: {job.reason}); "
+                "only queued or running jobs can be cancelled",
+                reason="JOB_ENDED",
+            )
+        cancelled = await self._jobs.transition(job_id, CANCELLED, reason=reason)
+        await self._queue.remove(job_id)
+        await self._events.append(job_id, state_change(CANCELLED, reason))
+        if job.worker_id:
+            session = self._sessions.get(job.worker_id)
+            if session is not None:
+                session.send(StopCommand(job_id, reason))
+            await self._release_job_leases(job.worker_id, job_id)
+        log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
+        return cancelled
+
+    async def watch(self, job_id: str, from_seq: int = 1) -> AsyncIterator[common_pb2.JobEvent]:
+        """The job's events from ``from_seq``, live until it ends; JobNotFoundError first."""
+        await self._jobs.get(job_id)
+        return self._events.read(job_id, from_seq)
+
+    # ---- reports from the job's own processes (return True = the reporter should stop) ------
+
+    async def report_step(self, job_id: str, attempt: int, step: common_pb2.StepMetrics) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_step(job_id, job.attempt, step)
+        await self._events.append(job_id, common_pb2.JobEvent(step=step))
+        return False
+
+    async def report_log(self, job_id: str, attempt: int, message: str) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._events.append(
+            job_id, common_pb2.JobEvent(log=common_pb2.LogLine(message=message))
+        )
+        return False
+
+    async def report_failure(self, job_id: str, attempt: int, reason: str) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_failure(job_id, job.attempt, reason)
+        return False
+
+    async def report_result(
+        self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
+    ) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_result(job_id, job.attempt, result)
+        return False
+
+    async def _current(self, job_id: str, attempt: int) -> common_pb2.Job | None:
+        """The job if it is active and ``attempt`` (0 = not given) is its current attempt."""
+        job = await self._jobs.get(job_id)
+        if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
+            return None
+        return job
+
+    # ---- workers ----------------------------------------------------------------------------
+
+    async def connect_worker(
+        self, worker_id: str, hostname: str, devices: Sequence[DeviceOffer]
+    ) -> WorkerSession:
+        """Register a worker's devices. A worker id that is still connected is taken over:
+        the old session is lost first (its jobs re-queued)."""
+        old = self._sessions.get(worker_id)
+        if old is not None:
+            await self.disconnect_worker(old, "replaced by a new connection")
+            old.send(CloseCommand("replaced by a new connection from the same worker id"))
+        # A fresh connection runs nothing yet: leases left from before (e.g. a scheduler
+        # restart) belong to processes the worker has already stopped.
+        await self._reclaim_leases(worker_id)
+        session = WorkerSession(worker_id=worker_id, hostname=hostname, devices=tuple(devices))
+        await self._ledger.register_worker(worker_id, [d.device_id for d in devices])
+        self._sessions[worker_id] = session
+        log.info("worker_connected", worker_id=worker_id, devices=[d.device_id for d in devices])
+        self.wake()
+        return session
+
+    async def worker_seen(self, session: WorkerSession) -> None:
+        """Any message from the worker counts as a heartbeat: renew its leases."""
+        session.last_seen = time.monotonic()
+        if not session.lost:
+            await self._ledger.renew(session.worker_id)
+
+    async def job_launched(self, session: WorkerSession, job_id: str, attempt: int) -> None:
+        job = await self._jobs.get(job_id)
+        if job.state != ALLOCATING or job.attempt != attempt or job.worker_id != session.worker_id:
+            # Cancelled or re-queued meanwhile: this attempt must not run.
+            session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
+            return
+        reason = f"running on worker {session.worker_id}"
+        await self._change(job_id, RUNNING, reason, expect_attempt=attempt)
+
+    async def job_exited(
+        self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
+    ) -> None:
+        """Decide how the attempt ended; the lease is released whatever happened."""
+        lease_id = session.running.pop((job_id, attempt), None)
+        try:
+            job = await self._jobs.get(job_id)
+            if job.state not in ACTIVE_STATES or job.attempt != attempt:
+                log.info(
+                    "exit_ignored", job_id=job_id, attempt=attempt, state=state_name(job.state)
+                )
+                return
+            report = await self._jobs.report(job_id, attempt)
+            if exit_code == 0 and report.result is not None:
+                await self._change(
+                    job_id,
+                    SUCCEEDED,
+                    "trainer finished",
+                    expect_attempt=attempt,
+                    result=report.result,
+                )
+                return
+            why = report.failure_reason or reason or f"trainer exited with code {exit_code}"
+            if exit_code == 0 and not (report.failure_reason or reason):
+                why += " without reporting a result"
+            await self._change(job_id, FAILED, why, expect_attempt=attempt)
+        finally:
+            if lease_id is not None:
+                await self._ledger.release(lease_id)
+            self.wake()
+
+    async def disconnect_worker(self, session: WorkerSession, reason: str) -> None:
+        """The worker is gone (stream ended, closing, or silent): re-queue its jobs, free its
+        devices. Safe to call more than once, and a no-op for a session already replaced."""
+        if session.lost:
+            return
+        session.lost = True
+        session.running.clear()
+        worker_id = session.worker_id
+        if self._sessions.get(worker_id) is not session:
+            return
+        del self._sessions[worker_id]
+        await self._ledger.unregister_worker(worker_id)
+        await self._reclaim_leases(worker_id)
+        log.warning("worker_lost", worker_id=worker_id, reason=reason)
+        self.wake()
+
+    def connected_workers(self) -> list[str]:
+        return sorted(self._sessions)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+
+    async def dispatch(self) -> int:
+        """Launch every queued job that fits on a connected worker; returns how many."""
+        launched = 0
+        async with self._dispatch_lock:
+            for job_id in await self._queue.list_ids():
+                job = await self._queued_job(job_id)
+                if job is None:
+                    await self._queue.remove(job_id)
+                    continue
+                needed = max(job.spec.num_devices, 1)
+                for session in list(self._sessions.values()):
+                    lease = await self._ledger.acquire(session.worker_id, job_id, needed)
+                    if lease is None:
+                        continue
+                    if await self._launch(session, job_id, lease.lease_id, lease.device_ids):
+                        launched += 1
+                    break
+        return launched
+
+    async def _queued_job(self, job_id: str) -> common_pb2.Job | None:
+        """The job if it still exists and waits in state QUEUED."""
+        try:
+            job = await self._jobs.get(job_id)
+        except JobNotFoundError:
+            return None
+        return job if job.state == QUEUED else None
+
+    async def _launch(
+        self, session: WorkerSession, job_id: str, lease_id: str, device_ids: tuple[str, ...]
+    ) -> bool:
+        reason = f"lease {lease_id} on worker {session.worker_id}"
+        try:
+            if not await self._queue.remove(job_id):
+                raise IllegalTransitionError(f"job {job_id!r} left the queue")
+            job = await self._change(
+                job_id, ALLOCATING, reason, worker_id=session.worker_id, next_attempt=True
+            )
+        except OpenTinkerError:
+            await self._ledger.release(lease_id)
+            return False
+        session.running[(job_id, job.attempt)] = lease_id
+        session.send(LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids))
+        log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
+        return True
+
+    # ---- recovery ---------------------------------------------------------------------------
+
+    async def _drop_silent_workers(self) -> None:
+        now = time.monotonic()
+        for session in list(self._sessions.values()):
+            silent_s = now - session.last_seen
+            if silent_s > self.lease_ttl_s:
+                reason = f"no heartbeat for {silent_s:.1f} s"
+                await self.disconnect_worker(session, reason)
+                session.send(CloseCommand(reason))
+
+    async def _requeue_lapsed(self) -> None:
+        for lease in await self._ledger.lapsed():
+            await self._requeue(lease.job_id, lease.worker_id)
+            await self._ledger.release(lease.lease_id)
+            session = self._sessions.get(lease.worker_id)
+            if session is not None:
+                for key, lease_id in list(session.running.items()):
+                    if lease_id == lease.lease_id:
+                        del session.running[key]
+                        session.send(StopCommand(lease.job_id, "lease lapsed; job re-queued"))
+
+    async def _reclaim_leases(self, worker_id: str) -> None:
+        for lease in await self._ledger.leases(worker_id):
+            await self._requeue(lease.job_id, worker_id)
+            await self._ledger.release(lease.lease_id)
+
+    async def _requeue(self, job_id: str, worker_id: str) -> None:
+        """Put an active job of a lost worker back at the front of the queue (attempt kept)."""
+        try:
+            job = await self._jobs.get(job_id)
+            if job.state not in ACTIVE_STATES or job.worker_id != worker_id:
+                return
+            reason = f"worker {worker_id} lost; re-queued"
+            await self._change(job_id, QUEUED, reason, worker_id="")
+        except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
+            return
+        await self._queue.push_front(job_id)
+
+    async def _release_job_leases(self, worker_id: str, job_id: str) -> None:
+        for lease in await self._ledger.leases(worker_id):
+            if lease.job_id == job_id:
+                await self._ledger.release(lease.lease_id)
+        session = self._sessions.get(worker_id)
+        if session is not None:
+            for key in [k for k in session.running if k[0] == job_id]:
+                del session.running[key]
+        self.wake()
+
+    async def _change(
+        self,
+        job_id: str,
+        to: JobState,
+        reason: str,
+        *,
+        expect_attempt: int | None = None,
+        worker_id: str | None = None,
+        next_attempt: bool = False,
+        result: scheduler_pb2.JobResult | None = None,
+    ) -> common_pb2.Job:
+        """Change the job's state and write the state_change event."""
+        try:
+            job = await self._jobs.transition(
+                job_id,
+                to,
+                reason=reason,
+                expect_attempt=expect_attempt,
+                worker_id=worker_id,
+                next_attempt=next_attempt,
+                result=result,
+            )
+        except (IllegalTransitionError, StaleAttemptError) as err:
+            log.info("transition_skipped", job_id=job_id, to=state_name(to), why=str(err))
+            raise
+        await self._events.append(job_id, state_change(to, reason))
+        log.info("job_state", job_id=job_id, state=state_name(to), reason=reason)
+        return job

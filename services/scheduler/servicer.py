@@ -1,0 +1,250 @@
+"""SchedulerService over gRPC: protobuf <-> Scheduler calls, domain errors -> status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import (
+    ConfigError,
+    FailedPreconditionError,
+    NotFoundError,
+    OpenTinkerError,
+)
+from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from opentinker.services.common.grpc_server import abort
+from opentinker.services.scheduler.scheduler import Scheduler
+from opentinker.services.scheduler.worker_session import (
+    CloseCommand,
+    DeviceOffer,
+    LaunchCommand,
+    StopCommand,
+    WorkerCommand,
+    WorkerSession,
+)
+
+log = structlog.get_logger(__name__)
+
+_CODES: list[tuple[type[OpenTinkerError], grpc.StatusCode]] = [
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+async def _abort_for(context: grpc.aio.ServicerContext, err: OpenTinkerError) -> None:
+    for cls, code in _CODES:
+        if isinstance(err, cls):
+            await abort(context, code, err.message, reason=err.reason)
+    raise err
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    async def SubmitJob(
+        self, request: scheduler_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SubmitJobResponse:
+        try:
+            job = await self._scheduler.submit(request.spec, request_id=request.request_id)
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        return scheduler_pb2.SubmitJobResponse(job=job)
+
+    async def GetJob(
+        self, request: scheduler_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetJobResponse:
+        try:
+            job = await self._scheduler.get(request.job_id)
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        return scheduler_pb2.GetJobResponse(job=job)
+
+    async def ListJobs(
+        self, request: scheduler_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListJobsResponse:
+        try:
+            page = await self._scheduler.list_jobs(
+                page_size=request.page_size, page_token=request.page_token
+            )
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        return scheduler_pb2.ListJobsResponse(jobs=page.jobs, next_page_token=page.next_page_token)
+
+    async def CancelJob(
+        self, request: scheduler_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CancelJobResponse:
+        try:
+            job = await self._scheduler.cancel(request.job_id, request.reason)
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        return scheduler_pb2.CancelJobResponse(job=job)
+
+    async def WatchJob(
+        self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
+        try:
+            events = await self._scheduler.watch(request.job_id, request.from_seq)
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        async for event in events:
+            yield scheduler_pb2.WatchJobResponse(event=event)
+
+    async def ReportJobProgress(
+        self, request: scheduler_pb2.ReportJobProgressRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ReportJobProgressResponse:
+        s, job_id, attempt = self._scheduler, request.job_id, request.attempt
+        kind = request.WhichOneof("payload")
+        try:
+            if kind == "step":
+                stop = await s.report_step(job_id, attempt, request.step)
+            elif kind == "log":
+                stop = await s.report_log(job_id, attempt, request.log.message)
+            elif kind == "failure":
+                stop = await s.report_failure(job_id, attempt, request.failure.reason)
+            elif kind == "result":
+                stop = await s.report_result(job_id, attempt, request.result)
+            else:
+                raise ConfigError(
+                    "payload: set one of step, log, failure or result", reason="EMPTY_REPORT"
+                )
+        except OpenTinkerError as err:
+            await _abort_for(context, err)
+        return scheduler_pb2.ReportJobProgressResponse(stop=stop)
+
+    async def ConnectWorker(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.ConnectWorkerRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.ConnectWorkerResponse]:
+        try:
+            first = await asyncio.wait_for(
+                anext(request_iterator), timeout=self._scheduler.lease_ttl_s
+            )
+        except (TimeoutError, StopAsyncIteration):
+            await abort(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the worker sent no `register` message in time; send it first",
+            )
+        session = await self._register(first, context)
+        outgoing = _Envelopes()
+        yield outgoing.next(
+            registered=scheduler_pb2.WorkerRegistered(
+                worker_id=session.worker_id,
+                heartbeat_interval_s=self._scheduler.heartbeat_interval_s,
+                lease_ttl_s=self._scheduler.lease_ttl_s,
+            )
+        )
+        reader = asyncio.create_task(self._read_worker(session, request_iterator))
+        end_reason = "stream ended"
+        getter: asyncio.Future[WorkerCommand | None] | None = None
+        try:
+            while True:
+                getter = asyncio.ensure_future(session.outbox.get())
+                # asyncio.wait, not wait_for: the latter can swallow the server's cancellation.
+                done, _ = await asyncio.wait({getter}, timeout=self._scheduler.heartbeat_interval_s)
+                if not done:
+                    getter.cancel()
+                    yield outgoing.next(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
+                    continue
+                command = getter.result()
+                if command is None:
+                    break
+                yield outgoing.next(**_command_fields(command))
+                if isinstance(command, CloseCommand):
+                    end_reason = command.reason
+                    break
+        finally:
+            if getter is not None:
+                getter.cancel()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            try:
+                await self._scheduler.disconnect_worker(session, end_reason)
+            except Exception:  # Redis away: the worker's leases lapse and are reclaimed later
+                log.exception("worker_disconnect_failed", worker_id=session.worker_id)
+
+    async def _register(
+        self, first: scheduler_pb2.ConnectWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> WorkerSession:
+        if not first.HasField("register"):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the first ConnectWorker message must be `register`, got "
+                f"`{first.WhichOneof('payload')}`",
+            )
+        reg = first.register
+        ids = [d.device_id for d in reg.devices]
+        if not reg.worker_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "register.worker_id: set it")
+        if "" in ids or len(set(ids)) != len(ids):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"register.devices: every device needs a unique, non-empty device_id; got {ids}",
+            )
+        devices = [DeviceOffer(d.device_id, d.kind, d.memory_bytes) for d in reg.devices]
+        return await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices)
+
+    async def _read_worker(
+        self,
+        session: WorkerSession,
+        request_iterator: AsyncIterator[scheduler_pb2.ConnectWorkerRequest],
+    ) -> None:
+        s = self._scheduler
+        try:
+            async for message in request_iterator:
+                await s.worker_seen(session)
+                kind = message.WhichOneof("payload")
+                try:
+                    if kind == "launched":
+                        m = message.launched
+                        await s.job_launched(session, m.job_id, m.attempt)
+                    elif kind == "exited":
+                        m = message.exited
+                        await s.job_exited(session, m.job_id, m.attempt, m.exit_code, m.reason)
+                    elif kind == "closing":
+                        await s.disconnect_worker(
+                            session, f"worker closing: {message.closing.reason}"
+                        )
+                        break
+                except OpenTinkerError as err:  # one bad message does not end the session
+                    log.warning(
+                        "worker_message_refused", worker_id=session.worker_id, error=str(err)
+                    )
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the stream broke (peer gone): the session ends below
+            log.info("worker_stream_broken", worker_id=session.worker_id, error=repr(err))
+        session.end_stream()
+
+
+class _Envelopes:
+    """Numbers outgoing messages 1, 2, 3…"""
+
+    def __init__(self) -> None:
+        self._seq = 0
+
+    def next(self, **payload: object) -> scheduler_pb2.ConnectWorkerResponse:
+        self._seq += 1
+        return scheduler_pb2.ConnectWorkerResponse(seq=self._seq, **payload)
+
+
+def _command_fields(command: WorkerCommand) -> dict[str, object]:
+    if isinstance(command, LaunchCommand):
+        return {
+            "launch": scheduler_pb2.LaunchJob(
+                job=command.job, lease_id=command.lease_id, device_ids=list(command.device_ids)
+            )
+        }
+    if isinstance(command, StopCommand):
+        return {"stop": scheduler_pb2.StopJob(job_id=command.job_id, reason=command.reason)}
+    return {"closing": scheduler_pb2.SchedulerClosing(reason=command.reason)}

@@ -1,0 +1,34 @@
+"""Scheduler settings, read from OPENTINKER_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SchedulerSettings(BaseSettings):
+    """Where the scheduler listens, where its state lives, and how fast workers must heartbeat."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_", extra="ignore", frozen=True)
+
+    redis_url: str = Field(..., min_length=1, description="e.g. redis://127.0.0.1:6379/0")
+    host: str = "127.0.0.1"
+    port: int = Field(50051, ge=0, le=65535, description="0 = any free port")
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="seconds between heartbeats")
+    lease_ttl_s: float = Field(
+        10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
+    )
+    # LaunchJob has no field for it yet, so workers use their own OPENTINKER_ENVHUB_ADDRESS;
+    # kept here so a deployment configures it in one place once the protocol carries it.
+    envhub_address: str = "127.0.0.1:50052"
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_heartbeats(self) -> SchedulerSettings:
+        if self.lease_ttl_s <= self.heartbeat_interval_s:
+            raise ValueError(
+                f"lease_ttl_s ({self.lease_ttl_s}) must be greater than heartbeat_interval_s "
+                f"({self.heartbeat_interval_s}), or leases lapse between heartbeats; "
+                "set OPENTINKER_LEASE_TTL_S to a few heartbeat intervals"
+            )
+        return self

@@ -1,0 +1,42 @@
+"""The scheduler's state, all in Redis: jobs, the queue, the lease ledger, the event log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
+from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
+from opentinker.services.scheduler.job_store import JobStore, RedisJobStore
+from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+
+# Longer than the event log's blocking reads (1 s), short enough that a dead Redis is noticed.
+REDIS_SOCKET_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Stores:
+    jobs: JobStore
+    queue: JobQueue
+    ledger: LeaseLedger
+    events: EventLog
+
+
+def connect_redis(url: str) -> aioredis.Redis:
+    """A pooled asyncio client returning bytes (the stores decode what they read)."""
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=False,
+        socket_connect_timeout=5.0,
+        socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+    )
+
+
+def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float) -> Stores:
+    return Stores(
+        jobs=RedisJobStore(client),
+        queue=RedisJobQueue(client),
+        ledger=RedisLeaseLedger(client, lease_ttl_s=lease_ttl_s),
+        events=RedisEventLog(client),
+    )

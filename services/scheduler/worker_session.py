@@ -1,0 +1,66 @@
+"""A connected worker agent as the scheduler sees it, and the commands it can be sent.
+
+The servicer turns each command into a ConnectWorkerResponse; the domain never sees protobuf
+envelopes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from opentinker.common.v1 import common_pb2
+
+
+@dataclass(frozen=True)
+class DeviceOffer:
+    """One device a worker offers: a GPU ("cuda") or a CPU slot ("cpu")."""
+
+    device_id: str  # unique across the cluster, e.g. "node-a/cuda:0"
+    kind: str
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    job: common_pb2.Job  # attempt already counted
+    lease_id: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CloseCommand:
+    """The scheduler ends the session (shutting down, or the worker stopped heartbeating)."""
+
+    reason: str
+
+
+WorkerCommand = LaunchCommand | StopCommand | CloseCommand
+
+
+@dataclass(eq=False)
+class WorkerSession:
+    """One ConnectWorker stream. ``outbox`` is drained by the servicer; None ends the stream."""
+
+    worker_id: str
+    hostname: str
+    devices: tuple[DeviceOffer, ...]
+    outbox: asyncio.Queue[WorkerCommand | None] = field(default_factory=asyncio.Queue)
+    last_seen: float = field(default_factory=time.monotonic)
+    lost: bool = False
+    # (job_id, attempt) -> lease_id of what this worker was told to run
+    running: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def send(self, command: WorkerCommand) -> None:
+        if not self.lost or isinstance(command, CloseCommand):
+            self.outbox.put_nowait(command)
+
+    def end_stream(self) -> None:
+        self.outbox.put_nowait(None)

@@ -1,0 +1,52 @@
+"""What devices this machine offers: one per CUDA GPU, else CPU slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+
+from opentinker.services.worker.settings import WorkerSettings
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Device:
+    device_id: str  # "<hostname>/cuda:0" or "<hostname>/cpu:0"
+    kind: str  # "cuda" or "cpu"
+    memory_bytes: int = 0
+
+
+def detect_devices(settings: WorkerSettings) -> list[Device]:
+    """``settings.devices`` when given; else every CUDA GPU torch sees; else CPU slots."""
+    host = settings.hostname
+    if settings.devices:
+        return [Device(f"{host}/{name}", name.split(":", 1)[0]) for name in settings.devices]
+    gpus = _cuda_devices(host)
+    if gpus:
+        return gpus
+    return [Device(f"{host}/cpu:{i}", "cpu") for i in range(settings.num_cpu_slots)]
+
+
+def _cuda_devices(host: str) -> list[Device]:
+    try:
+        import torch  # noqa: PLC0415 - heavy and optional: imported only for this check
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [
+        Device(f"{host}/cuda:{i}", "cuda", torch.cuda.get_device_properties(i).total_memory)
+        for i in range(torch.cuda.device_count())
+    ]
+
+
+def cuda_visible_devices(device_ids: list[str] | tuple[str, ...]) -> str:
+    """CUDA_VISIBLE_DEVICES for leased ids: "host/cuda:0","host/cuda:3" -> "0,3"; CPU -> ""."""
+    indices = []
+    for device_id in device_ids:
+        name = device_id.rsplit("/", 1)[-1]
+        if name.startswith("cuda:"):
+            indices.append(name.split(":", 1)[1])
+    return ",".join(indices)

@@ -1,0 +1,169 @@
+"""One attempt of one job on this worker: start rollout, then trainer, and report how it ended.
+
+``run_root/<job_id>/attempt-<n>/`` holds launch.json, rollout.log, rollout.addr and trainer.log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.services.common.launch import LaunchConfig, wait_for_file
+from opentinker.services.worker.devices import cuda_visible_devices
+from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How an attempt ended, as the worker reports it (JobExited)."""
+
+    exit_code: int
+    reason: str  # empty when the trainer exited 0 by itself
+
+
+class JobRun:
+    """Runs one LaunchJob. ``run()`` returns the Exit; ``stop(reason)`` ends it early."""
+
+    def __init__(
+        self,
+        job: common_pb2.Job,
+        *,
+        lease_id: str,
+        device_ids: list[str],
+        settings: WorkerSettings,
+        on_launched: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.job = job
+        self.lease_id = lease_id
+        self.device_ids = device_ids
+        self.settings = settings
+        self.run_dir = Path(settings.run_root) / job.job_id / f"attempt-{job.attempt}"
+        self._on_launched = on_launched
+        self._stop_reason: str | None = None
+        self._stopped = asyncio.Event()
+        self._processes: list[ManagedProcess] = []
+        self.log = log.bind(job_id=job.job_id, attempt=job.attempt, lease_id=lease_id)
+
+    def stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stopped.set()
+
+    async def run(self) -> Exit:
+        try:
+            return await self._run()
+        finally:
+            for process in self._processes:
+                await process.terminate(self.settings.stop_grace_s)
+
+    async def _run(self) -> Exit:
+        launch_path = self.run_dir / "launch.json"
+        LaunchConfig.for_job(
+            self.job,
+            lease_id=self.lease_id,
+            device_ids=self.device_ids,
+            scheduler_address=self.settings.scheduler_address,
+            envhub_address=self.settings.envhub_address,
+            run_dir=self.run_dir.resolve(),
+        ).write(launch_path)
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": cuda_visible_devices(self.device_ids),
+            "PYTHONUNBUFFERED": "1",
+        }
+        rollout = await self._start(
+            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env
+        )
+        address = await self._wait_for_rollout_address(rollout)
+        if isinstance(address, Exit):
+            return address
+        trainer = await self._start(
+            "trainer",
+            [
+                *self.settings.trainer_command,
+                "--launch",
+                str(launch_path),
+                "--rollout-address",
+                address,
+            ],
+            env,
+        )
+        await self._on_launched()
+        return await self._supervise(rollout, trainer)
+
+    async def _start(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
+        process = await ManagedProcess.start(
+            name, argv, log_path=self.run_dir / f"{name}.log", env=env, cwd=self.run_dir
+        )
+        self._processes.append(process)
+        return process
+
+    async def _wait_for_rollout_address(self, rollout: ManagedProcess) -> str | Exit:
+        addr_path = self.run_dir / "rollout.addr"
+        timeout_s = self.settings.rollout_start_timeout_s
+        # wait_for_file polls in a worker thread; this flag (thread-safe, unlike the event
+        # loop's view of the process) ends it as soon as the rollout exits, the run is stopped,
+        # or this coroutine is abandoned, so no thread outlives the attempt.
+        give_up = threading.Event()
+        exited = asyncio.create_task(rollout.wait())
+        exited.add_done_callback(lambda _: give_up.set())
+        stopped = asyncio.create_task(self._stopped.wait())
+        stopped.add_done_callback(lambda _: give_up.set())
+        try:
+            return await asyncio.to_thread(
+                wait_for_file, addr_path, timeout_s=timeout_s, alive=lambda: not give_up.is_set()
+            )
+        except TimeoutError:
+            return Exit(-1, f"rollout did not write rollout.addr within {timeout_s:.0f} s")
+        except RuntimeError:
+            if self._stop_reason is not None:
+                return Exit(-1, f"stopped: {self._stop_reason}")
+            code = await rollout.wait()
+            return Exit(code or -1, self._died("rollout", code, rollout, "before it was ready"))
+        finally:
+            give_up.set()
+            exited.cancel()
+            stopped.cancel()
+
+    async def _supervise(self, rollout: ManagedProcess, trainer: ManagedProcess) -> Exit:
+        waits = {
+            asyncio.create_task(trainer.wait()): "trainer",
+            asyncio.create_task(rollout.wait()): "rollout",
+            asyncio.create_task(self._stopped.wait()): "stop",
+        }
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        first = {waits[task] for task in done}
+        grace = self.settings.stop_grace_s
+        if "trainer" in first:
+            code = trainer.returncode if trainer.returncode is not None else -1
+            await rollout.terminate(grace)
+            reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
+            self.log.info("trainer_exited", exit_code=code)
+            return Exit(code, reason)
+        if "stop" in first:
+            code = await trainer.terminate(grace)
+            await rollout.terminate(grace)
+            return Exit(code, f"stopped: {self._stop_reason}")
+        rollout_code = rollout.returncode if rollout.returncode is not None else -1
+        await trainer.terminate(grace)
+        return Exit(
+            rollout_code or -1,
+            self._died("rollout", rollout_code, rollout, "while the trainer ran"),
+        )
+
+    def _died(self, name: str, code: int | None, process: ManagedProcess, when: str) -> str:
+        last = last_meaningful_line(process.log_path)
+        detail = f": {last}" if last else ""
+        return f"{name} process died with exit code {code} {when} (see {process.log_path}){detail}"

@@ -1,0 +1,126 @@
+"""Contract tests of the LeaseLedger, run against every implementation (Redis today)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+import redis.asyncio as aioredis
+
+from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+
+pytestmark = pytest.mark.integration
+
+
+def redis_ledgers(redis_url: str) -> Callable[[float], AsyncIterator[LeaseLedger]]:
+    @asynccontextmanager
+    async def make(ttl_s: float) -> AsyncIterator[LeaseLedger]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            yield RedisLeaseLedger(client, lease_ttl_s=ttl_s)
+        finally:
+            await client.aclose()
+
+    return make
+
+
+@pytest.fixture(params=["redis"])
+def make_ledger(request: pytest.FixtureRequest, redis_url: str):
+    """An async context manager factory: ``async with make_ledger(ttl_s) as ledger``."""
+    return {"redis": redis_ledgers}[request.param](redis_url)
+
+
+def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro_fn())
+
+
+def test_concurrent_acquire_of_one_device_has_exactly_one_winner(make_ledger) -> None:
+    async def main() -> None:
+        # Two separate clients (two connections), as two schedulers would have.
+        async with make_ledger(10.0) as a, make_ledger(10.0) as b:
+            await a.register_worker("w1", ["node/cuda:0"])
+            results = await asyncio.gather(
+                *[(a if i % 2 else b).acquire("w1", f"job-{i}", 1) for i in range(20)]
+            )
+            winners = [lease for lease in results if lease is not None]
+            assert len(winners) == 1
+            assert winners[0].device_ids == ("node/cuda:0",)
+            assert await a.free_devices("w1") == []
+
+    run(main)
+
+
+def test_acquire_takes_n_devices_or_none(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(10.0) as ledger:
+            await ledger.register_worker("w1", ["n/cuda:0", "n/cuda:1", "n/cuda:2"])
+            first = await ledger.acquire("w1", "job-a", 2)
+            assert first is not None and first.device_ids == ("n/cuda:0", "n/cuda:1")
+            # One device left: asking for two takes none.
+            assert await ledger.acquire("w1", "job-b", 2) is None
+            assert await ledger.free_devices("w1") == ["n/cuda:2"]
+            # A worker that offers nothing gives nothing.
+            assert await ledger.acquire("w-unknown", "job-c", 1) is None
+            with pytest.raises(ValueError):
+                await ledger.acquire("w1", "job-d", 0)
+
+    run(main)
+
+
+def test_lease_lapses_without_heartbeats_and_frees_its_device(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(0.3) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0"])
+            lease = await ledger.acquire("w1", "job-a", 1)
+            assert lease is not None
+            assert await ledger.is_live(lease.lease_id)
+            assert await ledger.lapsed() == []
+            await asyncio.sleep(0.5)
+            assert not await ledger.is_live(lease.lease_id)
+            assert await ledger.free_devices("w1") == ["n/cpu:0"]
+            assert [lapsed.job_id for lapsed in await ledger.lapsed()] == ["job-a"]
+            # A lapsed lease is not revived by a late heartbeat.
+            assert await ledger.renew("w1") == 0
+            # Its device can be leased again; releasing the lapsed lease leaves the new one.
+            again = await ledger.acquire("w1", "job-b", 1)
+            assert again is not None
+            assert await ledger.release(lease.lease_id)
+            assert await ledger.is_live(again.lease_id)
+            assert await ledger.lapsed() == []
+
+    run(main)
+
+
+def test_renew_keeps_a_lease_alive_past_its_ttl(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(0.3) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0"])
+            lease = await ledger.acquire("w1", "job-a", 1)
+            assert lease is not None
+            for _ in range(5):  # 0.5 s in all, well past the 0.3 s TTL
+                await asyncio.sleep(0.1)
+                assert await ledger.renew("w1") == 1
+            assert await ledger.is_live(lease.lease_id)
+            assert await ledger.free_devices("w1") == []
+
+    run(main)
+
+
+def test_release_frees_devices_and_is_idempotent(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(10.0) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0", "n/cpu:1"])
+            lease = await ledger.acquire("w1", "job-a", 2)
+            assert lease is not None
+            assert [found.lease_id for found in await ledger.leases("w1")] == [lease.lease_id]
+            got = await ledger.get(lease.lease_id)
+            assert got is not None and got.job_id == "job-a" and got.worker_id == "w1"
+            assert await ledger.release(lease.lease_id) is True
+            assert await ledger.release(lease.lease_id) is False
+            assert await ledger.get(lease.lease_id) is None
+            assert await ledger.leases("w1") == []
+            assert await ledger.free_devices("w1") == ["n/cpu:0", "n/cpu:1"]
+
+    run(main)
