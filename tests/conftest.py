@@ -35,3 +35,48 @@ def redis_url(redis_server_url: str) -> str:
     finally:
         client.close()
     return redis_server_url
+
+
+@pytest.fixture(scope="session")
+def letter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-init tiny Qwen2, nudged (supervised, a few steps) to answer with *some*
+    letter A..D whatever the question — like a pretrained model that knows the answer format —
+    so `letter` rewards are mixed (~1/4 with 4 letters) and GRPO has signal from step one.
+    Saved with save_pretrained, loaded by everyone through from_pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from opentinker.services.envhub.letter_env import LetterGame
+    from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+    random_init = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(random_init)
+    model = AutoModelForCausalLM.from_pretrained(random_init, dtype=torch.float32)
+    torch.manual_seed(0)
+    system = LetterGame().get_system_prompt()
+    prompts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Answer with the letter {k}."},
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for k in "ABCD"
+    ]
+    assert len({len(p) for p in prompts}) == 1, "letters must tokenize alike"
+    ids_B_L = torch.tensor([list(p) for p in prompts])
+    letters = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in "ABCD"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(8):  # first answer token: uniform over A..D, whatever the question
+        logp_B_V = torch.log_softmax(model(input_ids=ids_B_L).logits[:, -1], -1)
+        loss = -logp_B_V[:, letters].logsumexp(-1).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen2-letters"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

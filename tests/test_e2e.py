@@ -13,14 +13,14 @@ import pytest
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.modeling.tiny_model import ensure_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2")
+def tiny_model(letter_model_dir: Path) -> Path:
+    """The tiny model after a nudge to answer with some letter A..D (see conftest)."""
+    return letter_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,12 @@ def letter_job(model: Path, **rl) -> JobSpec:
     options = {
         "env_name": "letter",
         "env_options": {"num_letters": "1"},
-        "steps": 40,
+        "steps": 30,
         "prompts_per_step": 8,
         "samples_per_prompt": 8,
-        "learning_rate": 3e-4,
+        "learning_rate": 1e-3,
         "sampling": SamplingParams(max_new_tokens=1),
-        "stop_at_reward": 0.6,
+        "stop_at_reward": 0.95,
         "seed": 1,
     }
     options.update(rl)
@@ -69,7 +69,7 @@ def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
     for key in ("loss", "entropy", "tokens_per_s", "time_generate_s", "time_env_s",
                 "time_train_s", "time_weight_sync_s"):
         assert key in steps[-1].metrics, key
-    assert job.final_metrics["reward_mean_last10"] > job.final_metrics["reward_mean_first10"]
+    assert job.final_metrics["reward_mean_last10"] >= rewards[0] + 0.2
 
     # The checkpoint is a real HF checkpoint: it loads through from_pretrained.
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,7 +80,7 @@ def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
 
     # A late `opentinker tail` replays the whole run from the event stream.
     out = subprocess.run(
-        [sys.executable, "-m", "opentinker.cli", "--scheduler", mesh.scheduler_address, "tail", job.job_id],
+        [sys.executable, "-m", "opentinker", "--scheduler", mesh.scheduler_address, "tail", job.job_id],
         capture_output=True,
         text=True,
         timeout=60,

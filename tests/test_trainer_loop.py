@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -26,7 +26,6 @@ from opentinker.services.common.launch import LaunchConfig, wait_for_file
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
@@ -48,38 +47,8 @@ REQUIRED_METRICS = {
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The random-init tiny Qwen2, nudged (supervised, a few steps) to answer with *some* letter
-    A..D, so that `letter` rewards are mixed (~1/4) and GRPO advantages are not all zero."""
-    random_init = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
-    tokenizer = AutoTokenizer.from_pretrained(random_init)
-    model = AutoModelForCausalLM.from_pretrained(random_init, dtype=torch.float32)
-    torch.manual_seed(0)
-    prompts = [
-        tokenizer.apply_chat_template(
-            [
-                {"role": "system", "content": "You answer with a single capital letter."},
-                {"role": "user", "content": f"Answer with the letter {k}."},
-            ],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for k in "ABCD"
-    ]
-    ids_B_L = torch.tensor([list(p) for p in prompts])  # same length: one byte per letter
-    letters = torch.tensor([tokenizer.convert_tokens_to_ids(k) for k in "ABCD"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(8):  # first answer token: uniform over A..D, whatever the question
-        logp_B_V = torch.log_softmax(model(input_ids=ids_B_L).logits[:, -1], -1)
-        loss = -logp_B_V[:, letters].logsumexp(-1).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    out = tmp_path_factory.mktemp("models") / "tiny-qwen2-letters"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+def tiny_model_dir(letter_model_dir: Path) -> Path:
+    return letter_model_dir
 
 
 def job_spec(model_dir: Path, **rl: object) -> JobSpec:
