@@ -162,7 +162,8 @@ def main() -> None:
             alphabet,
             args.format_reward,
         )
-        grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
+        stats = grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
+        answers = {policy.tokenizer.decode(e.token_ids[e.prompt_length :][:1]) for e in episodes}
         rewards.append(sum(e.reward for e in episodes) / len(episodes))
         accuracy.append(sum(e.reward == 1.0 for e in episodes) / len(episodes))
         step += 1
@@ -172,6 +173,7 @@ def main() -> None:
             print(
                 f"step {step:5d}  reward(last10) {last10:.3f}  "
                 f"accuracy(last10) {sum(accuracy[-10:]) / len(accuracy[-10:]):.3f}  "
+                f"entropy {stats.entropy:.2f}  distinct first tokens {len(answers):3d}  "
                 f"t {time.monotonic() - start:6.1f}s",
                 flush=True,
             )

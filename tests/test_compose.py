@@ -46,8 +46,10 @@ def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -
         assert dockerfile.is_file(), dockerfile
         args = parser.parse_args(list(service.command))
         assert args.command == "serve" and args.service == name
-        env = service.environment
-        assert env["OPENTINKER_REDIS_URL"].startswith("redis://redis:")
+    assert compose.services["scheduler"].environment["OPENTINKER_REDIS_URL"].startswith(
+        "redis://redis:"
+    )
+    assert compose.services["worker"].environment["OPENTINKER_SCHEDULER_ADDRESS"] == "scheduler:50051"
 
 
 def test_dockerfile_copies_what_the_package_needs() -> None:
@@ -55,3 +57,19 @@ def test_dockerfile_copies_what_the_package_needs() -> None:
     for folder in ("protos", "sdk", "services", "pyproject.toml"):
         assert folder in text
     assert 'ENTRYPOINT ["opentinker"]' in text
+
+
+def test_every_setting_in_compose_is_one_the_service_reads(compose) -> None:
+    """No variable in compose.yaml is silently ignored: each names a field of the settings."""
+    from opentinker.services.envhub.settings import EnvHubSettings
+    from opentinker.services.scheduler.settings import SchedulerSettings
+    from opentinker.services.worker.settings import WorkerSettings
+
+    settings = {"scheduler": SchedulerSettings, "envhub": EnvHubSettings, "worker": WorkerSettings}
+    for name, cls in settings.items():
+        env = compose.services[name].environment
+        ours = [k for k in env if k.startswith("OPENTINKER_")]
+        assert ours, name
+        for key in ours:
+            field = key.removeprefix("OPENTINKER_").lower()
+            assert field in cls.model_fields, f"{name}: {key} is not a {cls.__name__} field"

@@ -79,7 +79,6 @@ class LocalMesh:
                 **common,
                 "OPENTINKER_HOST": s.host,
                 "OPENTINKER_PORT": self.scheduler_address.split(":")[1],
-                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
             },
             address=self.scheduler_address,
         )

@@ -18,9 +18,6 @@ class SchedulerSettings(BaseSettings):
     lease_ttl_s: float = Field(
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
     )
-    # LaunchJob has no field for it yet, so workers use their own OPENTINKER_ENVHUB_ADDRESS;
-    # kept here so a deployment configures it in one place once the protocol carries it.
-    envhub_address: str = "127.0.0.1:50052"
     log_level: str = "INFO"
 
     @model_validator(mode="after")
