@@ -62,9 +62,10 @@ def main() -> None:
         ),
     )
     steps = []
-    with LocalMesh(MeshSettings(run_root=root / "mesh")) as mesh, opentinker.Client(
-        mesh.scheduler_address
-    ) as client:
+    with (
+        LocalMesh(MeshSettings(run_root=root / "mesh")) as mesh,
+        opentinker.Client(mesh.scheduler_address) as client,
+    ):
         job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
     steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)
     keys = ["time_generate_s", "time_env_s", "time_train_s", "time_weight_sync_s", "time_mesh_s"]
@@ -76,20 +77,30 @@ def main() -> None:
     mesh_cost = mean["time_mesh_s"] + env_rpc_overhead + mean["time_weight_sync_s"]
 
     out = sys.stdout
-    out.write(f"job {job.job_id} {job.state}: {len(steps)} steps measured, "
-              f"{episodes} episodes/step, {args.finetune} fine-tuning\n")
+    out.write(
+        f"job {job.job_id} {job.state}: {len(steps)} steps measured, "
+        f"{episodes} episodes/step, {args.finetune} fine-tuning\n"
+    )
     out.write(f"{'part':<28}{'s/step':>10}{'share':>9}\n")
     for key in keys:
-        out.write(f"{key.removeprefix('time_').removesuffix('_s'):<28}{mean[key]:>10.4f}"
-                  f"{mean[key] / step_s:>9.1%}\n")
+        out.write(
+            f"{key.removeprefix('time_').removesuffix('_s'):<28}{mean[key]:>10.4f}"
+            f"{mean[key] / step_s:>9.1%}\n"
+        )
     out.write(f"{'step total':<28}{step_s:>10.4f}{1:>9.0%}\n\n")
-    out.write(f"baseline: the same {episodes} episodes' env work in-process: {env_direct:.4f} s "
-              f"(through EnvHub over gRPC: {mean['time_env_s']:.4f} s, "
-              f"{mean['time_env_s'] / max(env_direct, 1e-9):.0f}x)\n")
-    out.write(f"mesh cost per step (gRPC + Redis + env RPC + weight sync): {mesh_cost:.4f} s = "
-              f"{mesh_cost / step_s:.1%} of the step\n")
-    out.write(f"steps/s: {1 / step_s:.2f}; tokens/s: "
-              f"{statistics.fmean(s.metrics.get('tokens_per_s', 0.0) for s in steps):.0f}\n")
+    out.write(
+        f"baseline: the same {episodes} episodes' env work in-process: {env_direct:.4f} s "
+        f"(through EnvHub over gRPC: {mean['time_env_s']:.4f} s, "
+        f"{mean['time_env_s'] / max(env_direct, 1e-9):.0f}x)\n"
+    )
+    out.write(
+        f"mesh cost per step (gRPC + Redis + env RPC + weight sync): {mesh_cost:.4f} s = "
+        f"{mesh_cost / step_s:.1%} of the step\n"
+    )
+    out.write(
+        f"steps/s: {1 / step_s:.2f}; tokens/s: "
+        f"{statistics.fmean(s.metrics.get('tokens_per_s', 0.0) for s in steps):.0f}\n"
+    )
 
 
 if __name__ == "__main__":

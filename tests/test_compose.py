@@ -46,10 +46,14 @@ def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -
         assert dockerfile.is_file(), dockerfile
         args = parser.parse_args(list(service.command))
         assert args.command == "serve" and args.service == name
-    assert compose.services["scheduler"].environment["OPENTINKER_REDIS_URL"].startswith(
-        "redis://redis:"
+    assert (
+        compose.services["scheduler"]
+        .environment["OPENTINKER_REDIS_URL"]
+        .startswith("redis://redis:")
     )
-    assert compose.services["worker"].environment["OPENTINKER_SCHEDULER_ADDRESS"] == "scheduler:50051"
+    assert (
+        compose.services["worker"].environment["OPENTINKER_SCHEDULER_ADDRESS"] == "scheduler:50051"
+    )
 
 
 def test_dockerfile_copies_what_the_package_needs() -> None:

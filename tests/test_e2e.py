@@ -50,7 +50,9 @@ def letter_job(model: Path, **rl) -> JobSpec:
         "seed": 1,
     }
     options.update(rl)
-    return JobSpec(name="e2e", model=ModelSpec(base_model=str(model), finetune="full"), rl=RlConfig(**options))
+    return JobSpec(
+        name="e2e", model=ModelSpec(base_model=str(model), finetune="full"), rl=RlConfig(**options)
+    )
 
 
 def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
@@ -66,10 +68,24 @@ def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
     assert versions == sorted(versions) and versions[-1] > versions[0], versions
     rewards = [e.metrics["reward_mean"] for e in steps]
     assert max(rewards[-3:]) > rewards[0] + 0.2, f"reward did not rise: {rewards}"
-    for key in ("loss", "entropy", "tokens_per_s", "time_generate_s", "time_env_s",
-                "time_train_s", "time_weight_sync_s"):
+    for key in (
+        "loss",
+        "entropy",
+        "tokens_per_s",
+        "time_generate_s",
+        "time_env_s",
+        "time_train_s",
+        "time_weight_sync_s",
+        "env_episodes",
+        "env_reward_mean",
+        "env_turns_mean",
+        "env_win_rate",
+    ):
         assert key in steps[-1].metrics, key
     assert job.final_metrics["reward_mean_last10"] >= rewards[0] + 0.2
+    last = steps[-1].metrics  # env statistics of the step: the letter env reports win/loss
+    assert last["env_episodes"] == 64 and last["env_turns_mean"] == 1.0
+    assert last["env_win_rate"] == pytest.approx(last["env_reward_mean"])
 
     # The checkpoint is a real HF checkpoint: it loads through from_pretrained.
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,7 +96,15 @@ def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
 
     # A late `opentinker tail` replays the whole run from the event stream.
     out = subprocess.run(
-        [sys.executable, "-m", "opentinker", "--scheduler", mesh.scheduler_address, "tail", job.job_id],
+        [
+            sys.executable,
+            "-m",
+            "opentinker",
+            "--scheduler",
+            mesh.scheduler_address,
+            "tail",
+            job.job_id,
+        ],
         capture_output=True,
         text=True,
         timeout=60,

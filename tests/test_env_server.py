@@ -128,7 +128,7 @@ def test_letter_game_served(tmp_path) -> None:
             assert (result.reward, result.done, dict(result.info)) == (
                 1.0,
                 True,
-                {"target": target},
+                {"target": target, "outcome": "win"},
             )
             with pytest.raises(grpc.RpcError) as info:
                 reset(stub, "b", seed=5, num_letters="40")

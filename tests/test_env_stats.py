@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opentinker.services.envhub.env_stats import summarize_episodes
+from opentinker.services.common.env_stats import summarize_episodes
 
 pytestmark = pytest.mark.unit
 

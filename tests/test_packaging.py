@@ -51,7 +51,8 @@ def test_public_surface_is_pinned() -> None:
 def test_sdk_imports_without_torch_or_server_packages() -> None:
     code = (
         "import sys, opentinker, opentinker.cli, opentinker.scheduler.v1.scheduler_pb2_grpc;"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'peft', 'redis', 'vllm') if m in sys.modules);"
+        "names = ('torch', 'transformers', 'peft', 'redis', 'vllm');"
+        "heavy = sorted(m for m in names if m in sys.modules);"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -99,7 +100,17 @@ def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
     # Installed on its own (no editable finder), the services import as opentinker.services.*.
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
     )

@@ -24,7 +24,9 @@ def test_committed_stubs_are_fresh(tmp_path: Path) -> None:
     )
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*"))
     assert generated, "the generator wrote nothing"
-    stale = [str(p) for p in generated if not filecmp.cmp(tmp_path / p, ROOT / "sdk" / p, shallow=False)]
+    stale = [
+        str(p) for p in generated if not filecmp.cmp(tmp_path / p, ROOT / "sdk" / p, shallow=False)
+    ]
     assert not stale, f"stubs differ from protos/ — run `make protos` and commit: {stale}"
 
 
@@ -56,5 +58,7 @@ def test_enums_start_unspecified_and_rpcs_have_own_messages() -> None:
 
 @pytest.mark.parametrize("svc", ["common", "scheduler", "trainer", "rollout", "envhub"])
 def test_stubs_import_under_their_proto_package(svc: str) -> None:
-    module = importlib.import_module(f"opentinker.{svc}.v1.{'environment' if svc == 'envhub' else svc}_pb2")
+    module = importlib.import_module(
+        f"opentinker.{svc}.v1.{'environment' if svc == 'envhub' else svc}_pb2"
+    )
     assert module.DESCRIPTOR.package == f"opentinker.{svc}.v1"

@@ -30,7 +30,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     spec = parse_job_spec(json.loads(Path(args.spec).read_text()))
     with Client(_address(args)) as client:
         job = client.submit(spec)
-    console.print(f"submitted [bold]{job.job_id}[/] ({job.state}); follow it with: opentinker tail {job.job_id}")
+    console.print(f"submitted [bold]{job.job_id}[/] ({job.state})")
+    console.print(f"follow it with: opentinker tail {job.job_id}")
     return 0
 
 
@@ -121,7 +122,9 @@ def cmd_infer(args: argparse.Namespace) -> int:
             episodes=args.episodes,
             output=Path(args.output),
             env_options=options,
-            sampling=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens),
+            sampling=SamplingParams(
+                temperature=args.temperature, max_new_tokens=args.max_new_tokens
+            ),
             max_turns=args.max_turns,
             seed=args.seed,
             split=args.split,
@@ -195,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("infer", help="run a model against a registered env, write jsonl")
     p.add_argument("--model", required=True, help="HF id, model dir, or a trained checkpoint")
     p.add_argument("--env", required=True, help="registered environment name")
-    p.add_argument("--envhub", default=os.environ.get("OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052"))
+    p.add_argument(
+        "--envhub", default=os.environ.get("OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052")
+    )
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--output", default="infer.jsonl")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")

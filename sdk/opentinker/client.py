@@ -78,7 +78,9 @@ class Client:
                 return
 
     def cancel(self, job_id: str, *, reason: str = "", timeout: float | None = None) -> JobInfo:
-        request = scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason or "cancelled by user")
+        request = scheduler_pb2.CancelJobRequest(
+            job_id=job_id, reason=reason or "cancelled by user"
+        )
         return JobInfo.from_proto(self._call(self._stub.CancelJob, request, timeout).job)
 
     def watch(

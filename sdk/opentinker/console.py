@@ -54,7 +54,9 @@ def format_event(event: JobEvent) -> str:
         return f"[{style}]● {event.state}[/]{reason}"
     if event.kind == "step":
         parts = [f"step {event.step:>5}", f"v{event.policy_version}"]
-        parts += [fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics]
+        parts += [
+            fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics
+        ]
         return "  ".join(parts)
     return f"[dim]{event.message}[/]"
 

@@ -104,7 +104,9 @@ def parse_job_spec(data: dict) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"invalid job spec: {validation_message(err)}", reason="INVALID_SPEC") from err
+        raise ConfigError(
+            f"invalid job spec: {validation_message(err)}", reason="INVALID_SPEC"
+        ) from err
 
 
 _FINETUNE_TO_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
@@ -184,7 +186,9 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
             model["base_model"] = m.base_model
         if m.finetune:
             if m.finetune not in _FINETUNE_FROM_PB:
-                raise ConfigError("invalid job spec: model.finetune: unknown mode", reason="INVALID_SPEC")
+                raise ConfigError(
+                    "invalid job spec: model.finetune: unknown mode", reason="INVALID_SPEC"
+                )
             model["finetune"] = _FINETUNE_FROM_PB[m.finetune]
         if m.HasField("lora"):
             lora = {

@@ -49,7 +49,11 @@ def create_aio_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     bound = server.add_insecure_port(f"{host}:{port}")

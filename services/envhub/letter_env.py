@@ -76,6 +76,5 @@ class LetterGame(AbstractGame):
             reward, outcome = self.format_reward, "loss"
         else:
             reward, outcome = 0.0, "loss"
-        return StepResult(
-            observation="", reward=reward, done=True, info={"target": self.target, "outcome": outcome}
-        )
+        info = {"target": self.target, "outcome": outcome}
+        return StepResult(observation="", reward=reward, done=True, info=info)

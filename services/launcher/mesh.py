@@ -69,7 +69,11 @@ class LocalMesh:
         envhub = self._start(
             "envhub",
             "opentinker.services.envhub",
-            {**common, "OPENTINKER_HOST": s.host, "OPENTINKER_PORT": self.envhub_address.split(":")[1]},
+            {
+                **common,
+                "OPENTINKER_HOST": s.host,
+                "OPENTINKER_PORT": self.envhub_address.split(":")[1],
+            },
             address=self.envhub_address,
         )
         scheduler = self._start(
@@ -102,7 +106,9 @@ class LocalMesh:
             logs=str(self.log_dir),
         )
 
-    def _start(self, name: str, module: str, env: dict[str, str], address: str = "") -> ServiceProcess:
+    def _start(
+        self, name: str, module: str, env: dict[str, str], address: str = ""
+    ) -> ServiceProcess:
         proc = ServiceProcess.start(name, module, env=env, log_dir=self.log_dir, address=address)
         self.processes.append(proc)
         return proc

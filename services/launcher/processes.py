@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -89,8 +90,6 @@ class ServiceProcess:
             os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=grace_s)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.process.wait(timeout=5)

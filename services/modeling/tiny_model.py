@@ -1,8 +1,9 @@
 """Build a tiny Qwen2-architecture model with a locally made tokenizer, saved like a real one.
 
-Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a generated corpus
-(512 tokens, ChatML special tokens), the weights are random. Demo and tests load the result through the same
-``from_pretrained`` path a real checkpoint (e.g. Qwen/Qwen2.5-1.5B) uses.
+Nothing is downloaded: the tokenizer is a byte-level BPE trained here on a generated
+corpus (512 tokens, ChatML special tokens), the weights are random. Demo and tests load the
+result through the same ``from_pretrained`` path a real checkpoint (e.g. Qwen/Qwen2.5-1.5B)
+uses.
 
     python -m opentinker.services.modeling.tiny_model --out runs/tiny-qwen2
 """
@@ -50,7 +51,10 @@ def _training_corpus(seed: int = 0) -> list[str]:
         words = " ".join(rng.choice(_CORPUS_WORDS) for _ in range(rng.randint(3, 12)))
         lines.append(words.capitalize() + rng.choice(".?:!"))
     for letter in string.ascii_uppercase:  # every letter alike, so no letter is special
-        lines += [f"Answer with the letter {letter}.", "You answer with a single capital letter."] * 20
+        lines += [
+            f"Answer with the letter {letter}.",
+            "You answer with a single capital letter.",
+        ] * 20
     for _ in range(500):
         a, b = rng.randint(0, 999), rng.randint(0, 999)
         lines.append(f"What is {a} + {b}? \\boxed{{{a + b}}}")

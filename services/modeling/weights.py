@@ -105,9 +105,15 @@ class WeightAssembler:
         out: dict[str, torch.Tensor] = {}
         for name, buf in self._buffers.items():
             if self._filled[name] != len(buf):
-                raise ValueError(f"tensor {name!r} is incomplete: {self._filled[name]}/{len(buf)} bytes")
+                raise ValueError(
+                    f"tensor {name!r} is incomplete: {self._filled[name]}/{len(buf)} bytes"
+                )
             shape, dtype = self._meta[name]
-            flat = torch.frombuffer(bytearray(buf), dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+            flat = (
+                torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+                if buf
+                else torch.empty(0, dtype=torch.uint8)
+            )
             out[name] = flat.view(_FROM_PB[dtype]).reshape(shape).clone()
         self.__init__()
         return out

@@ -25,6 +25,8 @@ class Episode:
     reward: float
     env_error: bool
     finish_detail: str = ""
+    num_turns: int = 1
+    outcome: str = ""  # the env's info["outcome"] on its last step: win | loss | draw | ""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import structlog
 import torch
 
 from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.services.common.env_stats import summarize_episodes
 from opentinker.spec import JobSpec, RlConfig
 
 from .batch import CollectedBatch, Episode
@@ -232,6 +233,10 @@ class RlLoop:
             # What the mesh itself cost: gRPC, (de)serialization, packing, waiting.
             "time_mesh_s": max(
                 0.0, time_step - batch.generate_seconds - batch.env_seconds - time_train - time_sync
+            ),
+            # Per-job env statistics: episodes, reward sum/mean, turns, win/loss/draw rates.
+            **summarize_episodes(
+                rewards, [e.num_turns for e in episodes], [e.outcome for e in episodes]
             ),
         }
         self.status.step, self.status.policy_version, self.status.last_metrics = (

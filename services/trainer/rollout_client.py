@@ -205,4 +205,6 @@ def _episode(t: rollout_pb2.Trajectory) -> Episode:
         reward=t.reward,
         env_error=t.finish_reason == rollout_pb2.FINISH_REASON_ENV_ERROR,
         finish_detail=t.finish_detail,
+        num_turns=t.num_turns,
+        outcome=t.info.get("outcome", ""),
     )

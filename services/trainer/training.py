@@ -61,7 +61,7 @@ def grpo_update(
     advantages_all_B = episode_advantages(episodes)
     active = [i for i in range(len(episodes)) if advantages_all_B[i] != 0]
     if not active:
-        nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask) if m]
+        nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m]
         return TrainStats(
             loss=0.0,
             entropy=sum(nll) / max(len(nll), 1),  # sampled-token NLL: an entropy estimate
