@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--redis-url", default=os.environ.get("OPENTINKER_REDIS_URL"))
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
-            p.add_argument("--max-steps", type=int, default=1500)
+            p.add_argument("--max-steps", type=int, default=2500)
         p.set_defaults(func=func)
 
     p = sub.add_parser("data", help="convert jsonl/csv rows into a dataset env's parquet")

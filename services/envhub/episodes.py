@@ -27,6 +27,7 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import Instance, Registry
 
 log = structlog.get_logger("opentinker.envhub")
@@ -40,6 +41,10 @@ class EnvChannels:
         self._stubs: dict[str, environment_pb2_grpc.EnvironmentServiceStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
+    def add_local(self, address: str, stub: LocalEnvironmentStub) -> None:
+        """Reach the env served at ``address`` in-process (EnvHub's built-ins)."""
+        self._stubs[address] = stub  # type: ignore[assignment]  # same call interface
+
     def stub(self, address: str) -> environment_pb2_grpc.EnvironmentServiceStub:
         if address not in self._stubs:
             channel = aio_channel(address)
@@ -50,7 +55,7 @@ class EnvChannels:
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
         self._channels.clear()
-        self._stubs.clear()
+        self._stubs = {a: s for a, s in self._stubs.items() if isinstance(s, LocalEnvironmentStub)}
 
 
 @dataclass

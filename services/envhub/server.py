@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 import grpc
 
 from opentinker.env_server import EnvServerHandle
+from opentinker.env_servicer import EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
 from opentinker.services.common.grpc_server import create_aio_server, mark_serving
-from opentinker.services.envhub.builtin_envs import start_builtin_envs
+from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, start_builtin_envs
 from opentinker.services.envhub.episodes import EnvChannels
+from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import InMemoryRegistry, Registry
 from opentinker.services.envhub.servicer import EnvHubServicer
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -36,7 +38,13 @@ class EnvHubDeps:
             capacity=settings.builtin_capacity,
             max_observation_chars=settings.max_observation_chars,
         )
-        return cls(registry=registry, builtins=builtins)
+        channels = EnvChannels()
+        for name, handle in zip(settings.builtin_envs, builtins, strict=True):
+            spec = spec_of(BUILTIN_GAMES[name](), name)
+            channels.add_local(
+                handle.address, LocalEnvironmentStub(EnvironmentServicer(handle.table, spec))
+            )
+        return cls(registry=registry, channels=channels, builtins=builtins)
 
     async def close(self) -> None:
         await self.channels.close()

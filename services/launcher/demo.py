@@ -35,7 +35,7 @@ def demo_spec(model_dir: Path, *, threshold: float, max_steps: int) -> JobSpec:
             prompts_per_step=16,
             samples_per_prompt=8,
             learning_rate=1e-4,
-            sampling=SamplingParams(temperature=1.0, max_new_tokens=2),
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=1),
             max_turns=1,
             seed=0,
             stop_at_reward=threshold,

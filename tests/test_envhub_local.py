@@ -1,0 +1,92 @@
+"""EnvHub reaches its own built-in envs in-process: same servicer, same status codes and
+deadlines as over gRPC, only the transport skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from opentinker.env_servicer import EnvironmentServicer, spec_of
+from opentinker.envhub.v1 import environment_pb2 as env_pb
+from opentinker.episode_table import EpisodeTable
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.local_envs import LocalEnvironmentStub
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.settings import EnvHubSettings
+
+pytestmark = pytest.mark.unit
+
+
+class Sleepy(AbstractGame):
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, **options: str) -> str:
+        return "go"
+
+    def step(self, action: str) -> StepResult:
+        if action == "boom":
+            raise RuntimeError("kaboom")
+        time.sleep(float(action))
+        return StepResult(observation="", reward=1.0, done=True)
+
+
+def local_stub(factory, name: str) -> LocalEnvironmentStub:
+    table = EpisodeTable(factory, env_name=name, capacity=8, idle_timeout_s=60)
+    return LocalEnvironmentStub(EnvironmentServicer(table, spec_of(factory(), name)))
+
+
+def test_reset_and_step_answer_like_the_grpc_server() -> None:
+    async def scenario() -> None:
+        stub = local_stub(LetterGame, "letter")
+        spec = (await stub.GetEnvironmentSpec(env_pb.GetEnvironmentSpecRequest(), timeout=1)).spec
+        assert spec.name == "letter" and spec.max_turns == 1
+        reset = await stub.Reset(env_pb.ResetRequest(episode_id="e", seed=3), timeout=1)
+        target = reset.observation.removeprefix("Answer with the letter ").rstrip(".")
+        step = await stub.Step(env_pb.StepRequest(episode_id="e", action=target), timeout=1)
+        assert (step.reward, step.done) == (1.0, True)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Step(env_pb.StepRequest(episode_id="nope", action="A"), timeout=1)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(scenario())
+
+
+def test_game_errors_and_deadlines_become_status_codes() -> None:
+    async def scenario() -> None:
+        stub = local_stub(Sleepy, "sleepy")
+        for episode in ("a", "b", "c"):
+            await stub.Reset(env_pb.ResetRequest(episode_id=episode), timeout=1)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Step(env_pb.StepRequest(episode_id="a", action="boom"), timeout=1)
+        assert info.value.code() == grpc.StatusCode.INTERNAL and "kaboom" in info.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Step(env_pb.StepRequest(episode_id="b", action="0.5"), timeout=0.1)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # A slow step runs on a thread: another episode's step is not held up by it.
+        started = time.monotonic()
+        slow = asyncio.ensure_future(
+            stub.Step(env_pb.StepRequest(episode_id="c", action="0.5"), timeout=2)
+        )
+        await asyncio.sleep(0.05)
+        await stub.Reset(env_pb.ResetRequest(episode_id="d"), timeout=1)
+        assert time.monotonic() - started < 0.4
+        assert (await slow).reward == 1.0
+
+    asyncio.run(scenario())
+
+
+def test_envhub_routes_its_builtins_in_process() -> None:
+    async def scenario() -> None:
+        deps = EnvHubDeps.create(EnvHubSettings(port=0, builtin_envs=["letter"]))
+        try:
+            (instance,) = deps.registry.instances("letter")
+            assert isinstance(deps.channels.stub(instance.address), LocalEnvironmentStub)
+        finally:
+            await deps.close()
+
+    asyncio.run(scenario())
