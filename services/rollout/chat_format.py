@@ -7,6 +7,8 @@ chat template so the ids are those the model would see in a whole rendered conve
 
 from __future__ import annotations
 
+import functools
+
 from transformers import PreTrainedTokenizerBase
 
 _PROBE_USER = "u"
@@ -33,11 +35,19 @@ class ChatFormat:
         self._probe_ids = closed
 
     def prompt_ids(self, system_prompt: str, observation: str) -> list[int]:
-        """The first prompt: system (if any) and user message, then the assistant header."""
+        """The first prompt: system (if any) and user message, then the assistant header.
+
+        Rendering the chat template costs ~1 ms; a GRPO group's episodes share one prompt, so
+        renders are cached by (system, observation) — a copy is returned, callers may append.
+        """
+        return list(self._cached_prompt_ids(system_prompt, observation))
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one ChatFormat per engine, lives as long
+    def _cached_prompt_ids(self, system_prompt: str, observation: str) -> tuple[int, ...]:
         messages = [{"role": "user", "content": observation}]
         if system_prompt:
             messages.insert(0, {"role": "system", "content": system_prompt})
-        return self._render(messages, add_generation_prompt=True)
+        return tuple(self._render(messages, add_generation_prompt=True))
 
     def observation_ids(self, observation: str) -> list[int]:
         """Ids that follow an assistant turn's eos: the turn's end, a user turn, a new header."""
