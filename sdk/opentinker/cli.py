@@ -104,9 +104,15 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     """Run a model (base or trained checkpoint) against a registered env; one jsonl line per
     episode. The env code is the same one training used."""
+    import logging
+
+    import structlog
     from rich.progress import Progress
 
     from opentinker.services.rollout.inference import run_inference  # needs the server extra
+
+    # The progress bar and the summary speak for the run; only warnings from the engine.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from opentinker.spec import SamplingParams
 
     bad = [item for item in args.option if "=" not in item]
