@@ -69,7 +69,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from opentinker.services.launcher.demo import run_up  # needs the server extra
 
-    return run_up(run_root=Path(args.run_root), redis_url=args.redis_url, console=console)
+    return run_up(
+        run_root=Path(args.run_root),
+        redis_url=args.redis_url,
+        console=console,
+        scheduler_port=args.scheduler_port,
+        envhub_port=args.envhub_port,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -187,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--run-root", default=f"runs/{name}")
         p.add_argument("--redis-url", default=os.environ.get("OPENTINKER_REDIS_URL"))
+        if name == "up":
+            p.add_argument("--scheduler-port", type=int, default=50051)
+            p.add_argument("--envhub-port", type=int, default=50052)
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)

@@ -38,7 +38,7 @@ def jobs_table(jobs: list[JobInfo]) -> Table:
         table.add_column(column)
     for job in jobs:
         created = dt.datetime.fromtimestamp(job.created_unix_s).strftime("%Y-%m-%d %H:%M:%S")
-        detail = job.reason or job.checkpoint_uri
+        detail = job.checkpoint_uri if job.state == "SUCCEEDED" else job.reason
         style = STATE_STYLE.get(job.state, "")
         table.add_row(
             job.job_id, job.name, f"[{style}]{job.state}[/]", str(job.attempt), created, detail

@@ -43,11 +43,24 @@ def demo_spec(model_dir: Path, *, threshold: float, max_steps: int) -> JobSpec:
     )
 
 
-def run_up(*, run_root: Path, redis_url: str | None, console: Console) -> int:
-    """Start the mesh and keep it up until Ctrl-C / SIGTERM."""
+def run_up(
+    *,
+    run_root: Path,
+    redis_url: str | None,
+    console: Console,
+    scheduler_port: int = 50051,
+    envhub_port: int = 50052,
+) -> int:
+    """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with LocalMesh(MeshSettings(run_root=run_root, redis_url=redis_url)) as mesh:
+    settings = MeshSettings(
+        run_root=run_root,
+        redis_url=redis_url,
+        scheduler_port=scheduler_port,
+        envhub_port=envhub_port,
+    )
+    with LocalMesh(settings) as mesh:
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
             f"  redis {mesh.redis_url}\nlogs in {mesh.log_dir}\n"
