@@ -7,11 +7,13 @@ with the final 10-step mean reward at or above the threshold it prints.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
 from pathlib import Path
 
+import structlog
 from rich.console import Console
 
 from opentinker.client import Client
@@ -43,6 +45,11 @@ def demo_spec(model_dir: Path, *, threshold: float, max_steps: int) -> JobSpec:
     )
 
 
+def _quiet_logs() -> None:
+    """The console speaks to people here; the launcher's own logs only when something is wrong."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
 def run_up(
     *,
     run_root: Path,
@@ -52,6 +59,7 @@ def run_up(
     envhub_port: int = 50052,
 ) -> int:
     """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM."""
+    _quiet_logs()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     settings = MeshSettings(
@@ -80,6 +88,7 @@ def run_up(
 def run_demo(
     *, run_root: Path, redis_url: str | None, threshold: float, max_steps: int, console: Console
 ) -> int:
+    _quiet_logs()
     started = time.monotonic()
     run_root = run_root.resolve()
     console.rule("OpenTinker demo")
