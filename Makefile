@@ -34,7 +34,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check sdk services tests bench tools
-	$(BIN)/mypy sdk/opentinker/client.py sdk/opentinker/spec.py
+	$(BIN)/mypy sdk/opentinker/client.py sdk/opentinker/spec.py sdk/opentinker/jobs.py sdk/opentinker/cli.py
 
 bench: install
 	$(BIN)/python bench/step_breakdown.py

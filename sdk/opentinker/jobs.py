@@ -74,20 +74,22 @@ class JobEvent:
     @classmethod
     def from_proto(cls, ev: common_pb2.JobEvent) -> JobEvent:
         which = ev.WhichOneof("payload")
-        base = {"seq": ev.seq, "time_unix_s": ev.time_unix_s}
+        seq, at = ev.seq, ev.time_unix_s
         if which == "state_change":
             return cls(
+                seq,
+                at,
                 kind="state",
                 state=state_name(ev.state_change.state),
                 reason=ev.state_change.reason,
-                **base,
             )
         if which == "step":
             return cls(
+                seq,
+                at,
                 kind="step",
                 step=ev.step.step,
                 policy_version=ev.step.policy_version,
                 metrics=dict(ev.step.metrics),
-                **base,
             )
-        return cls(kind="log", message=ev.log.message if which == "log" else "", **base)
+        return cls(seq, at, kind="log", message=ev.log.message if which == "log" else "")
