@@ -15,7 +15,13 @@ async def main() -> None:
     log = configure_logging("envhub", level=settings.log_level)
     deps = EnvHubDeps.create(settings)
     server, port = await create_server(settings, deps)
-    log.info("serving", host=settings.host, port=port, builtin_envs=settings.builtin_envs)
+    log.info(
+        "serving",
+        host=settings.host,
+        port=port,
+        builtin_envs=settings.builtin_envs,
+        health_check_interval_s=settings.health_check_interval_s,
+    )
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -24,7 +30,7 @@ async def main() -> None:
 
     log.info("stopping")
     await server.stop(grace=2.0)
-    await deps.close()
+    await deps.close()  # stops the health watch that create_server started
 
 
 if __name__ == "__main__":

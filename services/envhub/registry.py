@@ -3,7 +3,8 @@
 The registry is in memory on purpose: nothing in it must survive an EnvHub restart, because
 every env server re-registers as soon as its renewal is answered NOT_FOUND. Registrations
 that miss renewals for ``ttl_s`` are dropped (checked lazily on every access). Built-in
-environments are registered ``pinned`` (hosted in-process, never expire).
+environments are registered ``pinned`` (hosted in-process, never expire). An instance marked
+unhealthy (by ``health_watch``) stays listed but takes no new episodes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Instance:
     capacity: concurrent episodes it accepts (0 = unlimited).
     active_episodes: episodes EnvHub has routed to it and not yet closed.
     registered_unix_s: wall-clock registration time; renewed_s: monotonic time of last renewal.
+    healthy: False while its gRPC health checks fail; it then takes no new episodes.
     """
 
     instance_id: str
@@ -40,6 +42,7 @@ class Instance:
     renewed_s: float
     active_episodes: int = 0
     pinned: bool = False
+    healthy: bool = True
 
     @property
     def has_room(self) -> bool:
@@ -61,6 +64,7 @@ class Registry(Protocol):
     def instances(self, env_name: str | None = None) -> list[Instance]: ...
     def acquire(self, env_name: str) -> Instance: ...
     def release(self, instance_id: str) -> None: ...
+    def set_healthy(self, instance_id: str, healthy: bool) -> None: ...
 
 
 class InMemoryRegistry:
@@ -120,7 +124,7 @@ class InMemoryRegistry:
         return sorted(found, key=lambda i: (i.env_name, i.instance_id))
 
     def acquire(self, env_name: str) -> Instance:
-        """Take a slot on the least-loaded instance of ``env_name`` that has room."""
+        """Take a slot on the least-loaded healthy instance of ``env_name`` that has room."""
         candidates = self.instances(env_name)
         if not candidates:
             raise NotFoundError(
@@ -128,11 +132,22 @@ class InMemoryRegistry:
                 f"{sorted({i.env_name for i in self.instances()})}",
                 reason="ENV_NOT_FOUND",
             )
-        with_room = [i for i in candidates if i.has_room]
-        if not with_room:
+        healthy = [i for i in candidates if i.healthy]
+        if not healthy:
+            # RESOURCE_EXHAUSTED rather than UNAVAILABLE: the episode router maps only
+            # NotFound / ResourceExhausted to a failed episode, and this too may pass.
             raise ResourceExhaustedError(
-                f"all {len(candidates)} instances of environment {env_name!r} are at capacity; "
-                "close finished episodes or register more instances",
+                f"all {len(candidates)} instances of environment {env_name!r} fail their health "
+                f"checks ({', '.join(i.address for i in candidates)}); fix or restart them",
+                reason="ENV_UNHEALTHY",
+            )
+        with_room = [i for i in healthy if i.has_room]
+        if not with_room:
+            unhealthy = len(candidates) - len(healthy)
+            raise ResourceExhaustedError(
+                f"all {len(healthy)} healthy instances of environment {env_name!r} are at "
+                f"capacity ({unhealthy} more fail their health checks); close finished "
+                "episodes or register more instances",
                 reason="ENV_AT_CAPACITY",
             )
         chosen = min(with_room, key=lambda i: (i.load, i.active_episodes))
@@ -144,6 +159,12 @@ class InMemoryRegistry:
         instance = self._by_id.get(instance_id)
         if instance is not None and instance.active_episodes > 0:
             instance.active_episodes -= 1
+
+    def set_healthy(self, instance_id: str, healthy: bool) -> None:
+        """Record the outcome of health checks; harmless for a dropped instance."""
+        instance = self._by_id.get(instance_id)
+        if instance is not None:
+            instance.healthy = healthy
 
     def _expire(self) -> None:
         cutoff = self._clock() - self._ttl_s

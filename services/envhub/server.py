@@ -12,6 +12,7 @@ from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
 from opentinker.services.common.grpc_server import create_aio_server, mark_serving
 from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, start_builtin_envs
 from opentinker.services.envhub.episodes import EnvChannels
+from opentinker.services.envhub.health_watch import HealthWatch
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import InMemoryRegistry, Registry
 from opentinker.services.envhub.servicer import EnvHubServicer
@@ -22,11 +23,13 @@ SERVICE_NAME = envhub_pb2.DESCRIPTOR.services_by_name["EnvHubService"].full_name
 
 @dataclass
 class EnvHubDeps:
-    """What EnvHub runs on: the registry, channels to env instances, the built-in env servers."""
+    """What EnvHub runs on: the registry, channels to env instances, the built-in env servers,
+    and the health watch over registered instances (started by ``create_server``)."""
 
     registry: Registry
     channels: EnvChannels = field(default_factory=EnvChannels)
     builtins: list[EnvServerHandle] = field(default_factory=list)
+    health_watch: HealthWatch | None = None
 
     @classmethod
     def create(cls, settings: EnvHubSettings) -> EnvHubDeps:
@@ -44,19 +47,33 @@ class EnvHubDeps:
             channels.add_local(
                 handle.address, LocalEnvironmentStub(EnvironmentServicer(handle.table, spec))
             )
-        return cls(registry=registry, channels=channels, builtins=builtins)
+        health_watch = HealthWatch(
+            registry,
+            interval_s=settings.health_check_interval_s,
+            unhealthy_after=settings.unhealthy_after,
+            timeout_s=settings.health_check_timeout_s,
+        )
+        return cls(
+            registry=registry, channels=channels, builtins=builtins, health_watch=health_watch
+        )
 
     async def close(self) -> None:
+        """Stop the health watch, close channels, stop the built-in env servers."""
+        if self.health_watch is not None:
+            await self.health_watch.stop()
         await self.channels.close()
         for handle in self.builtins:
             handle.stop(grace_s=0.5)
 
 
 async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
-    """A started EnvHub server on settings.host:settings.port (0 = any free port)."""
+    """A started EnvHub server on settings.host:settings.port (0 = any free port), with the
+    health watch of ``deps`` running (``deps.close()`` stops it)."""
     server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
     servicer = EnvHubServicer(settings, deps.registry, deps.channels)
     envhub_pb2_grpc.add_EnvHubServiceServicer_to_server(servicer, server)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
+    if deps.health_watch is not None:
+        deps.health_watch.start()
     return server, port

@@ -9,7 +9,8 @@ from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, DEFAULT_BUILT
 
 
 class EnvHubSettings(BaseSettings):
-    """Where EnvHub listens, how it keeps registrations, and which built-in envs it hosts."""
+    """Where EnvHub listens, how it keeps registrations and checks their health, and which
+    built-in envs it hosts."""
 
     model_config = SettingsConfigDict(env_prefix="OPENTINKER_", extra="ignore", frozen=True)
 
@@ -20,6 +21,13 @@ class EnvHubSettings(BaseSettings):
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
     max_observation_chars: int = Field(
         16384, ge=1, description="A longer env observation fails its episode (EpisodeFailed)."
+    )
+    health_check_interval_s: float = Field(
+        2.0, ge=0, description="Seconds between gRPC health checks of env instances; 0 = none."
+    )
+    health_check_timeout_s: float = Field(1.0, gt=0, description="Deadline of one check.")
+    unhealthy_after: int = Field(
+        2, ge=1, description="Failed checks in a row that stop new episodes going to an instance."
     )
     builtin_envs: list[str] = Field(default_factory=lambda: list(DEFAULT_BUILTIN_ENVS))
     builtin_capacity: int = Field(256, ge=0, description="Episodes per built-in env; 0 = any.")
