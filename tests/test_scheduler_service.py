@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import grpc
 import pytest
+from async_guard import run
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -53,30 +53,6 @@ async def scheduler_mesh(redis_url: str, *, lease_ttl_s: float = 1.0) -> AsyncIt
             yield Mesh(running, scheduler_pb2_grpc.SchedulerServiceStub(channel))
         finally:
             await channel.close()
-
-
-def run(coro_fn: Callable[[], Awaitable[None]], timeout_s: float = 45) -> None:
-    """Run the test's coroutine; past ``timeout_s`` print every task's stack and fail."""
-
-    async def guarded() -> None:
-        test = asyncio.ensure_future(coro_fn())
-        done, _ = await asyncio.wait({test}, timeout=timeout_s)
-        if not done:
-            print_await_chain(test.get_coro())
-            test.cancel()
-            raise AssertionError(f"test did not finish within {timeout_s} s (stacks on stderr)")
-        test.result()
-
-    asyncio.run(guarded())
-
-
-def print_await_chain(coro: object) -> None:
-    """Where a stuck coroutine waits: each frame along its chain of awaits, on stderr."""
-    while coro is not None:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-        if frame is not None:
-            print(f"  awaiting in {frame.f_code.co_filename}:{frame.f_lineno}", file=sys.stderr)
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
 
 
 def spec(name: str = "job", num_devices: int = 1) -> common_pb2.JobSpec:

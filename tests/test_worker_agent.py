@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from async_guard import run as guarded_run
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -139,27 +140,8 @@ async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]
 
 
 def run(coro_fn: Callable[[], Awaitable[None]], timeout_s: float = 90) -> None:
-    """Run the test's coroutine; past ``timeout_s`` print every task's stack and fail."""
-
-    async def guarded() -> None:
-        test = asyncio.ensure_future(coro_fn())
-        done, _ = await asyncio.wait({test}, timeout=timeout_s)
-        if not done:
-            print_await_chain(test.get_coro())
-            test.cancel()
-            raise AssertionError(f"test did not finish within {timeout_s} s (stacks on stderr)")
-        test.result()
-
-    asyncio.run(guarded())
-
-
-def print_await_chain(coro: object) -> None:
-    """Where a stuck coroutine waits: each frame along its chain of awaits, on stderr."""
-    while coro is not None:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-        if frame is not None:
-            print(f"  awaiting in {frame.f_code.co_filename}:{frame.f_lineno}", file=sys.stderr)
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    """Worker tests start processes: a longer deadline."""
+    guarded_run(coro_fn, timeout_s)
 
 
 async def submit(stub, name: str) -> common_pb2.Job:
