@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 import structlog
@@ -25,6 +25,9 @@ from opentinker.services.envhub.registry import Instance, Registry, page
 from opentinker.services.envhub.settings import EnvHubSettings
 
 log = structlog.get_logger("opentinker.envhub")
+
+# Replies to one EpisodeCalls message wait at most this long for the rest of its batch.
+_REPLY_LINGER_S = 0.002
 
 _STATUS_OF: dict[type[OpenTinkerError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -118,11 +121,9 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
         in_flight: set[asyncio.Task[None]] = set()
         try:
             while (message := await context.read()) is not grpc.aio.EOF:
-                handler = self._handler(router, replies, message)
+                handler = self._handler(router, replies, message, in_flight)
                 if handler is not None:
-                    task = asyncio.create_task(handler)
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
+                    _track(in_flight, asyncio.create_task(handler))
             await asyncio.gather(*in_flight)  # the client half-closed: finish what it asked
         finally:
             for task in in_flight:
@@ -130,7 +131,11 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             self._in_background(router.close_all())
 
     def _handler(
-        self, router: EpisodeRouter, replies: _Replies, message: envhub_pb2.RunEpisodesRequest
+        self,
+        router: EpisodeRouter,
+        replies: _Replies,
+        message: envhub_pb2.RunEpisodesRequest,
+        in_flight: set[asyncio.Task[None]],
     ) -> Coroutine[Any, Any, None] | None:
         kind = message.WhichOneof("payload")
         if kind == "reset":
@@ -139,6 +144,8 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             return _reply_step(router, replies, message.step)
         if kind == "close_episode":
             return router.close_episode(message.close_episode.episode_id)
+        if kind == "calls":
+            return _start_calls(router, replies, message.calls, in_flight)
         if kind == "heartbeat":
             return replies.send(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
         return None  # a repeated 'open' or an empty message: nothing to do
@@ -147,6 +154,15 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
         task = asyncio.create_task(work)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+
+def _track(in_flight: set[asyncio.Task[None]], task: asyncio.Task[None]) -> None:
+    in_flight.add(task)
+    task.add_done_callback(in_flight.discard)
+
+
+class _ReplySink(Protocol):
+    async def send(self, **payload: Any) -> None: ...
 
 
 class _Replies:
@@ -163,8 +179,89 @@ class _Replies:
             await self._context.write(envhub_pb2.RunEpisodesResponse(seq=self._seq, **payload))
 
 
+class _BatchReplies:
+    """Gathers the replies to one EpisodeCalls message into EpisodeReplies messages.
+
+    A reply waits until every call of the batch is answered, or at most ``linger_s`` after the
+    oldest reply not yet sent: a slow episode holds the others back only that long.
+    """
+
+    _FIELD = {"reset": "resets", "stepped": "stepped", "failed": "failed"}
+
+    def __init__(self, replies: _Replies, *, expected: int, linger_s: float) -> None:
+        self._replies = replies
+        self._unanswered = expected
+        self._linger_s = linger_s
+        self._buffer = envhub_pb2.EpisodeReplies()
+        self._timer: asyncio.Task[None] | None = None
+
+    async def send(self, **payload: Any) -> None:
+        [(kind, reply)] = payload.items()
+        getattr(self._buffer, self._FIELD[kind]).append(reply)
+        self._unanswered -= 1
+        if self._unanswered <= 0:
+            await self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.create_task(self._flush_later())
+
+    async def flush(self) -> None:
+        self.stop_timer()
+        if self._buffer.ListFields():
+            buffer, self._buffer = self._buffer, envhub_pb2.EpisodeReplies()
+            await self._replies.send(replies=buffer)
+
+    def stop_timer(self) -> None:
+        if self._timer is not None and self._timer is not asyncio.current_task():
+            self._timer.cancel()
+        self._timer = None
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self._linger_s)
+        self._timer = None
+        await self.flush()
+
+
+def _start_calls(
+    router: EpisodeRouter,
+    replies: _Replies,
+    calls: envhub_pb2.EpisodeCalls,
+    in_flight: set[asyncio.Task[None]],
+) -> Coroutine[Any, Any, None]:
+    """Start a batch of calls as if each came in its own message: resets, steps, then closes.
+
+    The calls are started now, before any later message's, so one episode's calls keep their
+    order across messages; each is tracked in ``in_flight`` (cancelled with the stream). The
+    coroutine returned waits for them and sends the last replies.
+    """
+    batch = _BatchReplies(
+        replies, expected=len(calls.resets) + len(calls.steps), linger_s=_REPLY_LINGER_S
+    )
+    work = [
+        *(_reply_reset(router, batch, reset) for reset in calls.resets),
+        *(_reply_step(router, batch, step) for step in calls.steps),
+        *(router.close_episode(close.episode_id) for close in calls.closes),
+    ]
+    tasks = [asyncio.create_task(job) for job in work]
+    for task in tasks:
+        _track(in_flight, task)
+    return _finish_calls(batch, tasks)
+
+
+async def _finish_calls(batch: _BatchReplies, tasks: list[asyncio.Task[None]]) -> None:
+    try:
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        await batch.flush()
+    finally:
+        batch.stop_timer()
+        for task in tasks:
+            task.cancel()
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
 async def _reply_reset(
-    router: EpisodeRouter, replies: _Replies, request: environment_pb2.ResetRequest
+    router: EpisodeRouter, replies: _ReplySink, request: environment_pb2.ResetRequest
 ) -> None:
     try:
         result = await router.reset(request)
@@ -175,7 +272,7 @@ async def _reply_reset(
 
 
 async def _reply_step(
-    router: EpisodeRouter, replies: _Replies, request: environment_pb2.StepRequest
+    router: EpisodeRouter, replies: _ReplySink, request: environment_pb2.StepRequest
 ) -> None:
     try:
         result = await router.step(request)
@@ -186,6 +283,6 @@ async def _reply_step(
     await replies.send(stepped=stepped)
 
 
-async def _reply_failed(replies: _Replies, episode_id: str, err: EnvironmentError_) -> None:
+async def _reply_failed(replies: _ReplySink, episode_id: str, err: EnvironmentError_) -> None:
     failed = envhub_pb2.EpisodeFailed(episode_id=episode_id, reason=err.message, code=err.code)
     await replies.send(failed=failed)

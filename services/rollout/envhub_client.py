@@ -1,8 +1,10 @@
 """Client of EnvHub's RunEpisodes stream: many concurrent episodes of one environment.
 
-One bidirectional stream per batch of episodes. Requests carry their ``episode_id``; replies
-come back in any order and resolve that episode's pending future. Every wait has a deadline,
-so a dead EnvHub or environment becomes a clear error naming the environment, never a hang.
+One bidirectional stream per batch of episodes. Requests carry their ``episode_id``; the calls
+issued in one event-loop tick go out as one ``EpisodeCalls`` message. Replies (gathered by
+EnvHub into ``EpisodeReplies``) come back in any order and resolve that episode's pending
+future. Every wait has a deadline, so a dead EnvHub or environment becomes a clear error naming
+the environment, never a hang.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import grpc
 import structlog
@@ -31,6 +35,28 @@ from .types import ResetResult, StepOutcome
 log = structlog.get_logger("opentinker.rollout.envhub_client")
 
 _CLOSE_GRACE_S = 5.0  # at most this long for EnvHub to finish a closed stream's work
+_CALL_RANK = {"reset": 0, "step": 1, "close": 2}  # EnvHub runs a batch's calls in this order
+
+
+@dataclass
+class _OutgoingCalls:
+    """Calls waiting to go out in one message; ``sent`` resolves once it is written."""
+
+    calls: envhub_pb2.EpisodeCalls = field(default_factory=envhub_pb2.EpisodeCalls)
+    last_rank: dict[str, int] = field(default_factory=dict)  # per episode
+    sent: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def takes(self, episode_id: str, kind: str) -> bool:
+        """Whether a call can join without running before an earlier call of its episode."""
+        return self.last_rank.get(episode_id, -1) < _CALL_RANK[kind]
+
+    def add(self, episode_id: str, kind: str, payload: object) -> None:
+        self.last_rank[episode_id] = _CALL_RANK[kind]
+        getattr(self.calls, {"reset": "resets", "step": "steps", "close": "closes"}[kind]).append(
+            payload
+        )
 
 
 class EnvHubClient:
@@ -59,6 +85,8 @@ class EnvHubClient:
         self._pending: dict[str, tuple[str, asyncio.Future]] = {}
         self._broken: OpenTinkerError | None = None
         self._tasks: list[asyncio.Task] = []
+        self._outbox: deque[_OutgoingCalls] = deque()  # the last one still takes calls
+        self._sender: asyncio.Task[None] | None = None
         self._log = log.bind(env=env_name, envhub=address, job_id=job_id)
 
     async def __aenter__(self) -> EnvHubClient:
@@ -118,12 +146,13 @@ class EnvHubClient:
         self._fail_all(
             UnavailableError(f"the episode stream of environment '{self.env_name}' was closed")
         )
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._sender] if self._sender is not None else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self._tasks = []
+        self._tasks, self._sender = [], None
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -138,6 +167,8 @@ class EnvHubClient:
         call = self._call
         assert call is not None
         try:
+            if self._sender is not None:  # calls already issued go out first
+                await asyncio.wait_for(asyncio.shield(self._sender), grace_s)
             async with self._write_lock:
                 await asyncio.wait_for(call.done_writing(), grace_s)
             await asyncio.wait_for(asyncio.shield(reader), grace_s)
@@ -156,7 +187,7 @@ class EnvHubClient:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[episode_id] = (kind, future)
         try:
-            await self._write(envhub_pb2.RunEpisodesRequest(**{kind: payload}))
+            await self._send_call(episode_id, kind, payload)
             return await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
             raise UnavailableError(
@@ -170,11 +201,48 @@ class EnvHubClient:
     async def close_episode(self, episode_id: str) -> None:
         """Tell EnvHub the episode is over (no reply is expected)."""
         if self._broken is None:
-            await self._write(
-                envhub_pb2.RunEpisodesRequest(
-                    close_episode=environment_pb2.CloseEpisodeRequest(episode_id=episode_id)
-                )
+            close = environment_pb2.CloseEpisodeRequest(episode_id=episode_id)
+            await self._send_call(episode_id, "close", close)
+
+    async def _send_call(self, episode_id: str, kind: str, payload: object) -> None:
+        """Queue a call into the next EpisodeCalls message; returns once that is written."""
+        if self._call is None:
+            raise self._broken or UnavailableError(
+                f"no open stream for environment '{self.env_name}'"
             )
+        if not self._outbox or not self._outbox[-1].takes(episode_id, kind):
+            self._outbox.append(_OutgoingCalls())
+        batch = self._outbox[-1]
+        batch.add(episode_id, kind, payload)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_outbox(), name="envhub-send")
+        await asyncio.shield(batch.sent)
+
+    async def _send_outbox(self) -> None:
+        """Write queued batches in order; calls issued in the same tick share one message."""
+        await asyncio.sleep(0)  # let every task woken in this tick add its call
+        while self._outbox:
+            batch = self._outbox.popleft()
+            try:
+                await self._write(envhub_pb2.RunEpisodesRequest(calls=batch.calls))
+            except OpenTinkerError as err:
+                batch.sent.set_exception(err)
+                batch.sent.exception()  # retrieved: its callers may have given up
+            except asyncio.CancelledError:
+                self._fail_outbox(batch)
+                raise
+            else:
+                batch.sent.set_result(None)
+
+    def _fail_outbox(self, *batches: _OutgoingCalls) -> None:
+        error = self._broken or UnavailableError(
+            f"the episode stream of environment '{self.env_name}' was closed"
+        )
+        for batch in (*batches, *self._outbox):
+            if not batch.sent.done():
+                batch.sent.set_exception(error)
+                batch.sent.exception()
+        self._outbox.clear()
 
     async def _write(self, message: envhub_pb2.RunEpisodesRequest) -> None:
         message.seq = next(self._seq)
@@ -214,21 +282,37 @@ class EnvHubClient:
             return
         if kind == "heartbeat" or kind is None:
             return
-        episode_id = getattr(reply, kind).episode_id
+        if kind == "replies":
+            for reset in reply.replies.resets:
+                self._resolve("reset", reset)
+            for stepped in reply.replies.stepped:
+                self._resolve("stepped", stepped)
+            for failed in reply.replies.failed:
+                self._resolve("failed", failed)
+            return
+        self._resolve(kind, getattr(reply, kind))
+
+    def _resolve(
+        self,
+        kind: str,
+        body: envhub_pb2.EpisodeReset | envhub_pb2.EpisodeStepped | envhub_pb2.EpisodeFailed,
+    ) -> None:
+        """Settle the future of the episode a reply names."""
+        episode_id = body.episode_id
         waiting = self._pending.get(episode_id)
         if waiting is None or waiting[1].done():
             self._log.debug("late_reply_ignored", episode_id=episode_id, kind=kind)
             return
         expected, future = waiting
-        if kind == "failed":
+        if isinstance(body, envhub_pb2.EpisodeFailed):
             future.set_exception(
                 EnvironmentError_(
-                    reply.failed.reason or f"environment '{self.env_name}' failed the episode",
-                    code=reply.failed.code or "UNAVAILABLE",
+                    body.reason or f"environment '{self.env_name}' failed the episode",
+                    code=body.code or "UNAVAILABLE",
                 )
             )
         elif (kind, expected) in (("reset", "reset"), ("stepped", "step")):
-            if not getattr(reply, kind).HasField("result"):
+            if not body.HasField("result"):
                 future.set_exception(
                     EnvironmentError_(
                         f"EnvHub's {kind} reply of episode {episode_id} of environment "
@@ -237,7 +321,7 @@ class EnvHubClient:
                     )
                 )
                 return
-            future.set_result(getattr(reply, kind).result)
+            future.set_result(body.result)
         else:
             future.set_exception(
                 EnvironmentError_(
@@ -282,6 +366,7 @@ class EnvHubClient:
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(self._broken)
+        self._fail_outbox()
 
 
 class EnvHubEpisode:

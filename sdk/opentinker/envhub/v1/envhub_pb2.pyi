@@ -81,20 +81,32 @@ class ListEnvironmentsResponse(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[EnvironmentInstance, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RunEpisodesRequest(_message.Message):
-    __slots__ = ("seq", "open", "reset", "step", "close_episode", "heartbeat")
+    __slots__ = ("seq", "open", "reset", "step", "close_episode", "heartbeat", "calls")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CLOSE_EPISODE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     open: OpenEpisodes
     reset: _environment_pb2.ResetRequest
     step: _environment_pb2.StepRequest
     close_episode: _environment_pb2.CloseEpisodeRequest
     heartbeat: _common_pb2.Heartbeat
-    def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenEpisodes, _Mapping]] = ..., reset: _Optional[_Union[_environment_pb2.ResetRequest, _Mapping]] = ..., step: _Optional[_Union[_environment_pb2.StepRequest, _Mapping]] = ..., close_episode: _Optional[_Union[_environment_pb2.CloseEpisodeRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ...) -> None: ...
+    calls: EpisodeCalls
+    def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenEpisodes, _Mapping]] = ..., reset: _Optional[_Union[_environment_pb2.ResetRequest, _Mapping]] = ..., step: _Optional[_Union[_environment_pb2.StepRequest, _Mapping]] = ..., close_episode: _Optional[_Union[_environment_pb2.CloseEpisodeRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., calls: _Optional[_Union[EpisodeCalls, _Mapping]] = ...) -> None: ...
+
+class EpisodeCalls(_message.Message):
+    __slots__ = ("resets", "steps", "closes")
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    CLOSES_FIELD_NUMBER: _ClassVar[int]
+    resets: _containers.RepeatedCompositeFieldContainer[_environment_pb2.ResetRequest]
+    steps: _containers.RepeatedCompositeFieldContainer[_environment_pb2.StepRequest]
+    closes: _containers.RepeatedCompositeFieldContainer[_environment_pb2.CloseEpisodeRequest]
+    def __init__(self, resets: _Optional[_Iterable[_Union[_environment_pb2.ResetRequest, _Mapping]]] = ..., steps: _Optional[_Iterable[_Union[_environment_pb2.StepRequest, _Mapping]]] = ..., closes: _Optional[_Iterable[_Union[_environment_pb2.CloseEpisodeRequest, _Mapping]]] = ...) -> None: ...
 
 class OpenEpisodes(_message.Message):
     __slots__ = ("job_id", "env_name")
@@ -105,20 +117,32 @@ class OpenEpisodes(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., env_name: _Optional[str] = ...) -> None: ...
 
 class RunEpisodesResponse(_message.Message):
-    __slots__ = ("seq", "opened", "reset", "stepped", "failed", "heartbeat")
+    __slots__ = ("seq", "opened", "reset", "stepped", "failed", "heartbeat", "replies")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OPENED_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     STEPPED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     opened: EpisodesOpened
     reset: EpisodeReset
     stepped: EpisodeStepped
     failed: EpisodeFailed
     heartbeat: _common_pb2.Heartbeat
-    def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[EpisodesOpened, _Mapping]] = ..., reset: _Optional[_Union[EpisodeReset, _Mapping]] = ..., stepped: _Optional[_Union[EpisodeStepped, _Mapping]] = ..., failed: _Optional[_Union[EpisodeFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ...) -> None: ...
+    replies: EpisodeReplies
+    def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[EpisodesOpened, _Mapping]] = ..., reset: _Optional[_Union[EpisodeReset, _Mapping]] = ..., stepped: _Optional[_Union[EpisodeStepped, _Mapping]] = ..., failed: _Optional[_Union[EpisodeFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., replies: _Optional[_Union[EpisodeReplies, _Mapping]] = ...) -> None: ...
+
+class EpisodeReplies(_message.Message):
+    __slots__ = ("resets", "stepped", "failed")
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    STEPPED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    resets: _containers.RepeatedCompositeFieldContainer[EpisodeReset]
+    stepped: _containers.RepeatedCompositeFieldContainer[EpisodeStepped]
+    failed: _containers.RepeatedCompositeFieldContainer[EpisodeFailed]
+    def __init__(self, resets: _Optional[_Iterable[_Union[EpisodeReset, _Mapping]]] = ..., stepped: _Optional[_Iterable[_Union[EpisodeStepped, _Mapping]]] = ..., failed: _Optional[_Iterable[_Union[EpisodeFailed, _Mapping]]] = ...) -> None: ...
 
 class EpisodesOpened(_message.Message):
     __slots__ = ("spec",)
