@@ -59,8 +59,12 @@ class Hub:
         return found
 
     async def listed(self) -> set[str]:
+        return set(await self.health())
+
+    async def health(self) -> dict[str, int]:
+        """instance id -> InstanceHealth, as ListEnvironments reports it."""
         reply = await self.stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
-        return {i.instance_id for i in reply.instances}
+        return {i.instance_id: i.health for i in reply.instances}
 
 
 @contextlib.asynccontextmanager
@@ -160,7 +164,10 @@ def test_a_dead_instance_becomes_unhealthy_and_new_episodes_go_to_the_live_one()
                 assert took < 10 * INTERVAL_S  # two failed checks, a round or two of slack
                 assert hub.instance(alive.instance_id).healthy
                 # Still registered and listed: only routing skips it.
-                assert await hub.listed() == {doomed.instance_id, alive.instance_id}
+                assert await hub.health() == {
+                    doomed.instance_id: hub_pb.INSTANCE_HEALTH_NOT_SERVING,
+                    alive.instance_id: hub_pb.INSTANCE_HEALTH_SERVING,
+                }
                 episodes = Episodes(hub)
                 await episodes.open()
                 for n in range(4):  # least-loaded routing alone would send two to the dead one

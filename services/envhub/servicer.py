@@ -50,6 +50,11 @@ def _instance_pb(instance: Instance) -> envhub_pb2.EnvironmentInstance:
         capacity=instance.capacity,
         active_episodes=instance.active_episodes,
         registered_unix_s=instance.registered_unix_s,
+        health=(
+            envhub_pb2.INSTANCE_HEALTH_SERVING
+            if instance.healthy
+            else envhub_pb2.INSTANCE_HEALTH_NOT_SERVING
+        ),
     )
 
 

@@ -1,6 +1,7 @@
 from opentinker.common.v1 import common_pb2 as _common_pb2
 from opentinker.envhub.v1 import environment_pb2 as _environment_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -8,21 +9,32 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class InstanceHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INSTANCE_HEALTH_UNSPECIFIED: _ClassVar[InstanceHealth]
+    INSTANCE_HEALTH_SERVING: _ClassVar[InstanceHealth]
+    INSTANCE_HEALTH_NOT_SERVING: _ClassVar[InstanceHealth]
+INSTANCE_HEALTH_UNSPECIFIED: InstanceHealth
+INSTANCE_HEALTH_SERVING: InstanceHealth
+INSTANCE_HEALTH_NOT_SERVING: InstanceHealth
+
 class EnvironmentInstance(_message.Message):
-    __slots__ = ("instance_id", "env_name", "address", "capacity", "active_episodes", "registered_unix_s")
+    __slots__ = ("instance_id", "env_name", "address", "capacity", "active_episodes", "registered_unix_s", "health")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_EPISODES_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     env_name: str
     address: str
     capacity: int
     active_episodes: int
     registered_unix_s: float
-    def __init__(self, instance_id: _Optional[str] = ..., env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_episodes: _Optional[int] = ..., registered_unix_s: _Optional[float] = ...) -> None: ...
+    health: InstanceHealth
+    def __init__(self, instance_id: _Optional[str] = ..., env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_episodes: _Optional[int] = ..., registered_unix_s: _Optional[float] = ..., health: _Optional[_Union[InstanceHealth, str]] = ...) -> None: ...
 
 class RegisterEnvironmentRequest(_message.Message):
     __slots__ = ("env_name", "address", "capacity")
