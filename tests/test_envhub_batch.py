@@ -15,35 +15,17 @@ from typing import Any
 
 import grpc
 import pytest
+from test_envhub import SlowGame  # the same slow/failing game as the single-call tests
 
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
-from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.envhub_client import EnvHubClient
 
 pytestmark = pytest.mark.integration
-
-
-class NapGame(AbstractGame):
-    """Step sleeps for the seconds in the action; the action 'boom' raises."""
-
-    name = "nap"
-
-    def get_system_prompt(self) -> str:
-        return ""
-
-    def reset(self, *, seed: int = 0) -> str:
-        return "go"
-
-    def step(self, action: str) -> StepResult:
-        if action == "boom":
-            raise RuntimeError("out of cheese")
-        time.sleep(float(action))
-        return StepResult(observation="ok", reward=float(action), done=False)
 
 
 @contextlib.asynccontextmanager
@@ -54,7 +36,7 @@ async def envhub(*, with_nap: bool = False) -> AsyncIterator[tuple[str, EnvHubDe
     address = f"127.0.0.1:{port}"
     nap = None
     if with_nap:
-        nap = await asyncio.to_thread(serve, NapGame, envhub_address=address, block=False)
+        nap = await asyncio.to_thread(serve, SlowGame, envhub_address=address, block=False)
     try:
         yield address, deps
     finally:
@@ -171,7 +153,7 @@ def test_a_failing_or_slow_episode_in_a_batch_holds_back_no_other() -> None:
             grpc.aio.insecure_channel(address) as channel,
         ):
             stream = Stream(channel)
-            await stream.open("nap")
+            await stream.open(SlowGame.name)
             ids = ["slow", "boom", *(f"fast{n}" for n in range(8))]
             await stream.send(calls=hub_pb.EpisodeCalls(resets=resets(*ids)))
             assert {e for _, e, _, _ in await stream.replies(len(ids))} == set(ids)
