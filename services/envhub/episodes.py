@@ -55,7 +55,10 @@ class EnvChannels:
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
         self._channels.clear()
-        self._stubs = {a: s for a, s in self._stubs.items() if isinstance(s, LocalEnvironmentStub)}
+        for stub in self._stubs.values():
+            if isinstance(stub, LocalEnvironmentStub):
+                stub.close()
+        self._stubs.clear()
 
 
 @dataclass

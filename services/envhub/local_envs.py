@@ -5,13 +5,17 @@ port for anyone else. Routing EnvHub's own calls through that port costs two gRP
 Reset/Step/Close for no isolation gain. ``LocalEnvironmentStub`` has the interface of
 ``EnvironmentServiceStub`` (awaitable calls, ``grpc.aio.AioRpcError`` on failure) and runs the
 very same ``EnvironmentServicer`` the port serves, on a worker thread (a blocking game never
-stalls the event loop) under the same deadline. Only the transport is skipped.
+stalls the event loop) under the same deadline. Only the transport is skipped. The stub owns a
+thread pool as large as the served port's (capacity + 8): asyncio's default pool has only
+min(32, cores + 4) threads, so blocking games (the sandboxed code_math env takes seconds a
+step) would queue behind each other there and miss their deadlines.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import grpc
@@ -48,13 +52,20 @@ def _rpc_error(code: grpc.StatusCode, details: str, trailing=()) -> grpc.aio.Aio
 class LocalEnvironmentStub:
     """``EnvironmentServiceStub`` look-alike that calls a servicer in this process."""
 
-    def __init__(self, servicer: EnvironmentServicer) -> None:
+    def __init__(self, servicer: EnvironmentServicer, *, max_workers: int) -> None:
         self._servicer = servicer
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="local-env")
+
+    def close(self) -> None:
+        """Stop the thread pool (calls in flight finish on their own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, method: Callable[[Any, Any], Any], request: Any, timeout: float | None):
         context = _LocalContext()
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(asyncio.to_thread(method, request, context), timeout)
+            work = loop.run_in_executor(self._pool, method, request, context)
+            return await asyncio.wait_for(work, timeout)
         except TimeoutError:
             raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except _Aborted as err:

@@ -45,7 +45,11 @@ class EnvHubDeps:
         for name, handle in zip(settings.builtin_envs, builtins, strict=True):
             spec = spec_of(BUILTIN_GAMES[name](), name)
             channels.add_local(
-                handle.address, LocalEnvironmentStub(EnvironmentServicer(handle.table, spec))
+                handle.address,
+                LocalEnvironmentStub(
+                    EnvironmentServicer(handle.table, spec),
+                    max_workers=(settings.builtin_capacity or 64) + 8,  # as serve() sizes it
+                ),
             )
         health_watch = HealthWatch(
             registry,
