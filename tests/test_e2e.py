@@ -142,12 +142,17 @@ def test_env_server_that_is_down_fails_the_job_naming_it(client, mesh, tiny_mode
     handle = opentinker.serve(
         LetterGame, name="flaky-letters", envhub_address=mesh.envhub_address, block=False
     )
-    handle.stop()  # registered, then gone: the address no longer answers
-    started = time.monotonic()
-    with pytest.raises(opentinker.JobFailedError) as info:
-        client.fit(letter_job(tiny_model, env_name="flaky-letters"), timeout=120)
-    assert "flaky-letters" in info.value.reason
-    assert time.monotonic() - started < 60
+    # The server dies without deregistering (its registration thread keeps renewing, as a hung
+    # or half-dead process would): EnvHub still lists it, but nothing answers at its address.
+    handle.server.stop(0).wait()
+    try:
+        started = time.monotonic()
+        with pytest.raises(opentinker.JobFailedError) as info:
+            client.fit(letter_job(tiny_model, env_name="flaky-letters"), timeout=120)
+        assert "flaky-letters" in info.value.reason
+        assert time.monotonic() - started < 60
+    finally:
+        handle.stop()
 
 
 def test_bad_requests_get_clear_status_codes(client) -> None:
