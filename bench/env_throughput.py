@@ -20,6 +20,8 @@ import sys
 import textwrap
 import time
 
+from identity import BenchIdentity, bench_identity
+
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.server import EnvHubDeps, create_server
@@ -44,7 +46,7 @@ ENV_SERVER = textwrap.dedent(
         def step(self, action):
             return StepResult(observation=action, reward=1.0, done=False)
 
-    serve(Echo, envhub_address=sys.argv[1], capacity=0, block=True)
+    serve(Echo, envhub_address=sys.argv[1], api_key=sys.argv[2], capacity=0, block=True)
     """
 )
 
@@ -74,9 +76,13 @@ def inprocess_steps_per_s(episodes: int, steps: int) -> float:
     return episodes * steps / (time.perf_counter() - started)
 
 
-async def envhub_steps_per_s(address: str, concurrency: int, steps: int) -> tuple[float, float]:
+async def envhub_steps_per_s(
+    address: str, api_key: str, concurrency: int, steps: int
+) -> tuple[float, float]:
     """(steps/s over all episodes, mean seconds per step of one episode)."""
-    async with EnvHubClient(address, job_id="bench", env_name="echo", timeout_s=30) as client:
+    async with EnvHubClient(
+        address, credential=api_key, job_id="bench", env_name="echo", timeout_s=30
+    ) as client:
 
         async def episode(n: int) -> None:
             session = client.session(f"bench-c{concurrency}-e{n}")
@@ -95,12 +101,22 @@ async def envhub_steps_per_s(address: str, concurrency: int, steps: int) -> tupl
 
 async def main(steps: int, concurrencies: list[int]) -> None:
     configure_logging("bench", level="WARNING")
-    settings = EnvHubSettings(port=0, builtin_envs=[], log_level="WARNING")
+    async with bench_identity() as identity:
+        await measure(identity, steps, concurrencies)
+
+
+async def measure(identity: BenchIdentity, steps: int, concurrencies: list[int]) -> None:
+    settings = EnvHubSettings(
+        port=0,
+        builtin_envs=[],
+        log_level="WARNING",
+        scheduler_address=identity.scheduler_address,
+    )
     deps = EnvHubDeps.create(settings)
     hub, port = await create_server(settings, deps)
     address = f"127.0.0.1:{port}"
     env = subprocess.Popen(
-        [sys.executable, "-c", ENV_SERVER, address],
+        [sys.executable, "-c", ENV_SERVER, address, identity.api_key],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -113,7 +129,7 @@ async def main(steps: int, concurrencies: list[int]) -> None:
         print(f"in-process: {baseline:,.0f} steps/s ({1e6 / baseline:.2f} us/step)")
         print(f"{'concurrency':>11} {'steps/s':>10} {'ms/step':>8} {'overhead':>10}")
         for concurrency in concurrencies:
-            rate, per_step = await envhub_steps_per_s(address, concurrency, steps)
+            rate, per_step = await envhub_steps_per_s(address, identity.api_key, concurrency, steps)
             print(
                 f"{concurrency:>11} {rate:>10,.0f} {per_step * 1e3:>8.2f} {baseline / rate:>9,.0f}x"
             )

@@ -4,6 +4,9 @@
   session in a temporary folder (services.launcher.redis_process.RedisProcess).
 - ``redis_url`` (function): the same URL, with database 0 emptied (FLUSHDB) before the test,
   so each test starts from a clean Redis. Use this one in tests.
+- ``identities`` (session): a real scheduler whose IdentityService checks credentials for
+  EnvHub servers started by tests, with API keys of two tenants, an admin key and a worker
+  token (tests/identity_service.py).
 
 Async tests here are plain functions that call ``asyncio.run(...)``; no plugin is needed.
 """
@@ -35,6 +38,32 @@ def redis_url(redis_server_url: str) -> str:
     finally:
         client.close()
     return redis_server_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def identities(redis_server_url: str):
+    """Also sets, for the session, the two variables a user of the SDK sets:
+    OPENTINKER_API_KEY (tenant acme's user key; what ``serve()``, ``Client`` and the CLI send by
+    default) and OPENTINKER_SCHEDULER_ADDRESS (where EnvHubs started by tests check
+    credentials). Tests of other meshes pass their own keys explicitly."""
+    import os
+
+    from identity_service import session_identity_service
+
+    with session_identity_service(redis_server_url) as found:
+        saved = {
+            k: os.environ.get(k) for k in ("OPENTINKER_API_KEY", "OPENTINKER_SCHEDULER_ADDRESS")
+        }
+        os.environ["OPENTINKER_API_KEY"] = found.user_key
+        os.environ["OPENTINKER_SCHEDULER_ADDRESS"] = found.scheduler_address
+        try:
+            yield found
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

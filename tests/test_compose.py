@@ -77,3 +77,18 @@ def test_every_setting_in_compose_is_one_the_service_reads(compose) -> None:
         for key in ours:
             field = key.removeprefix("OPENTINKER_").lower()
             assert field in cls.model_fields, f"{name}: {key} is not a {cls.__name__} field"
+
+
+def test_the_worker_reads_the_token_the_scheduler_writes_and_ports_stay_local(compose) -> None:
+    """First start needs no person: the scheduler bootstraps its admin key and a worker token
+    into the shared `identity` volume; the worker reads the token there (read-only)."""
+    scheduler, worker = compose.services["scheduler"], compose.services["worker"]
+    bootstrap = scheduler.environment["OPENTINKER_BOOTSTRAP_DIR"]
+    token_file = worker.environment["OPENTINKER_WORKER_TOKEN_FILE"]
+    assert token_file == f"{bootstrap}/worker.token"
+    assert f"identity:{bootstrap}" in [str(v) for v in scheduler.volumes]
+    assert f"identity:{bootstrap}:ro" in [str(v) for v in worker.volumes]
+    assert scheduler.environment["OPENTINKER_AUTH_SECRET_FILE"].startswith(bootstrap)
+    assert compose.services["envhub"].environment["OPENTINKER_SCHEDULER_ADDRESS"]
+    for name in ("scheduler", "envhub"):
+        assert all(str(p).startswith("127.0.0.1:") for p in compose.services[name].ports), name

@@ -3,6 +3,7 @@ trainer + rollout the worker starts), a real tiny model that really learns."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ def mesh(tmp_path_factory):
 
 @pytest.fixture()
 def client(mesh):
-    with opentinker.Client(mesh.scheduler_address, timeout=10) as c:
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10) as c:
         yield c
 
 
@@ -94,20 +95,12 @@ def test_rl_job_learns_through_every_service(client, mesh, tiny_model) -> None:
     tokenizer = AutoTokenizer.from_pretrained(job.checkpoint_uri)
     assert model.config.vocab_size == len(tokenizer)
 
-    # A late `opentinker tail` replays the whole run from the event stream.
+    # A late `opentinker tail` replays the whole run from the event stream; the key comes from
+    # the environment, as a user's shell would have it.
+    tail = [sys.executable, "-m", "opentinker", "--scheduler", mesh.scheduler_address, "tail"]
+    as_user = {**os.environ, "OPENTINKER_API_KEY": mesh.api_key}
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "opentinker",
-            "--scheduler",
-            mesh.scheduler_address,
-            "tail",
-            job.job_id,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [*tail, job.job_id], capture_output=True, text=True, timeout=60, env=as_user
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "QUEUED" in out.stdout and "SUCCEEDED" in out.stdout
@@ -140,7 +133,11 @@ def test_env_server_that_is_down_fails_the_job_naming_it(client, mesh, tiny_mode
     from opentinker.services.envhub.letter_env import LetterGame
 
     handle = opentinker.serve(
-        LetterGame, name="flaky-letters", envhub_address=mesh.envhub_address, block=False
+        LetterGame,
+        name="flaky-letters",
+        envhub_address=mesh.envhub_address,
+        api_key=mesh.api_key,
+        block=False,
     )
     # The server dies without deregistering (its registration thread keeps renewing, as a hung
     # or half-dead process would): EnvHub still lists it, but nothing answers at its address.

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from identity_helpers import user_channel
 from pydantic import ValidationError
 
 from opentinker.common.v1 import common_pb2
@@ -157,7 +158,7 @@ async def envhub(**settings: object) -> AsyncIterator[Hub]:
     deps = EnvHubDeps.create(config)
     server, port = await create_server(config, deps)
     address = f"127.0.0.1:{port}"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with user_channel(address) as channel:
         try:
             yield Hub(address, deps, envhub_pb2_grpc.EnvHubServiceStub(channel))
         finally:

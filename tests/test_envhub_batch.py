@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from identity_helpers import user_channel, user_key
 from test_envhub import SlowGame  # the same slow/failing game as the single-call tests
 
 from opentinker.env_server import serve
@@ -90,7 +91,7 @@ def run(coro) -> None:  # noqa: ANN001 - a coroutine
 
 def test_a_batch_of_resets_of_many_episodes_answers_every_one_in_few_messages() -> None:
     async def scenario() -> None:
-        async with envhub() as (address, _), grpc.aio.insecure_channel(address) as channel:
+        async with envhub() as (address, _), user_channel(address) as channel:
             stream = Stream(channel)
             await stream.open("letter")
             ids = [f"e{n}" for n in range(100)]
@@ -111,7 +112,7 @@ def test_a_batch_of_resets_of_many_episodes_answers_every_one_in_few_messages() 
 
 def test_one_episodes_calls_keep_their_order_within_and_across_messages() -> None:
     async def scenario() -> None:
-        async with envhub() as (address, deps), grpc.aio.insecure_channel(address) as channel:
+        async with envhub() as (address, deps), user_channel(address) as channel:
             stream = Stream(channel)
             await stream.open("letter")
             ids = [f"e{n}" for n in range(20)]
@@ -150,7 +151,7 @@ def test_a_failing_or_slow_episode_in_a_batch_holds_back_no_other() -> None:
     async def scenario() -> None:
         async with (
             envhub(with_nap=True) as (address, _),
-            grpc.aio.insecure_channel(address) as channel,
+            user_channel(address) as channel,
         ):
             stream = Stream(channel)
             await stream.open(SlowGame.name)
@@ -178,7 +179,7 @@ def test_a_failing_or_slow_episode_in_a_batch_holds_back_no_other() -> None:
 
 def test_single_call_messages_are_still_answered_one_by_one() -> None:
     async def scenario() -> None:
-        async with envhub() as (address, _), grpc.aio.insecure_channel(address) as channel:
+        async with envhub() as (address, _), user_channel(address) as channel:
             stream = Stream(channel)
             await stream.open("letter")
             await stream.send(reset=resets("solo", num_letters="1")[0])
@@ -198,7 +199,9 @@ def test_the_client_sends_the_calls_of_one_tick_in_one_message_and_keeps_their_o
     async def scenario() -> None:
         async with (
             envhub() as (address, deps),
-            EnvHubClient(address, job_id="j", env_name="letter", timeout_s=10) as client,
+            EnvHubClient(
+                address, credential=user_key(), job_id="j", env_name="letter", timeout_s=10
+            ) as client,
         ):
             sessions = [client.session(f"e{n}") for n in range(64)]
             first_seq = next(client._seq)

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+from identity_helpers import user_channel
 
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
@@ -61,7 +62,7 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
         deps = EnvHubDeps.create(settings)
         server, port = await create_server(settings, deps)
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            async with user_channel(f"127.0.0.1:{port}") as channel:
                 stub = envhub_pb2_grpc.EnvHubServiceStub(channel)
                 listed = await stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
                 assert {i.env_name for i in listed.instances} == {

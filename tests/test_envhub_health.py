@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from identity_helpers import user_channel
 from structlog.testing import capture_logs
 
 from opentinker.env_server import EnvServerHandle, serve
@@ -80,7 +81,7 @@ async def envhub() -> AsyncIterator[Hub]:
     deps = EnvHubDeps.create(settings)
     server, port = await create_server(settings, deps)
     address = f"127.0.0.1:{port}"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with user_channel(address) as channel:
         try:
             yield Hub(address, deps, envhub_pb2_grpc.EnvHubServiceStub(channel))
         finally:

@@ -41,7 +41,7 @@ def make_stores(request: pytest.FixtureRequest, redis_url: str):
     async def redis_impl() -> AsyncIterator[Stores]:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            stores = redis_stores(client, lease_ttl_s=10.0)
+            stores = redis_stores(client, lease_ttl_s=10.0, server_secret=b"t" * 32)
             assert isinstance(stores.jobs, RedisJobStore)
             assert isinstance(stores.queue, RedisJobQueue)
             assert isinstance(stores.events, RedisEventLog)
@@ -252,7 +252,7 @@ def test_jobs_survive_a_redis_restart(tmp_path) -> None:
     async def create(url: str) -> str:
         client = aioredis.Redis.from_url(url)
         try:
-            stores = redis_stores(client, lease_ttl_s=10.0)
+            stores = redis_stores(client, lease_ttl_s=10.0, server_secret=b"t" * 32)
             job, _ = await stores.jobs.create(spec("kept"), request_id="r1")
             await stores.events.append(job.job_id, state_change(Q, "submitted"))
             return job.job_id
@@ -262,7 +262,7 @@ def test_jobs_survive_a_redis_restart(tmp_path) -> None:
     async def read(url: str, job_id: str) -> tuple[str, int]:
         client = aioredis.Redis.from_url(url)
         try:
-            stores = redis_stores(client, lease_ttl_s=10.0)
+            stores = redis_stores(client, lease_ttl_s=10.0, server_secret=b"t" * 32)
             return (await stores.jobs.get(job_id)).spec.name, await stores.events.last_seq(job_id)
         finally:
             await client.aclose()

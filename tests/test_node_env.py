@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
+from identity_helpers import user_channel, user_key
 
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
@@ -145,7 +145,7 @@ async def node_env_mesh(env_dir: Path, tmp_path: Path) -> AsyncIterator[Mesh]:
     address = f"127.0.0.1:{port}"
     node = NodeEnvProcess(env_dir, address, tmp_path / "node-env.log")
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with user_channel(address) as channel:
             mesh = Mesh(address, envhub_pb2_grpc.EnvHubServiceStub(channel), node)
             await mesh.wait_registered()
             yield mesh
@@ -206,7 +206,11 @@ def test_node_env_registers_and_a_correct_guess_wins(node_env_dir: Path, tmp_pat
             [instance] = await mesh.instances()
             assert instance.address.startswith("127.0.0.1:") and instance.capacity == CAPACITY
             async with EnvHubClient(
-                mesh.envhub_address, job_id="job-node", env_name=ENV_NAME, timeout_s=10
+                mesh.envhub_address,
+                credential=user_key(),
+                job_id="job-node",
+                env_name=ENV_NAME,
+                timeout_s=10,
             ) as client:
                 assert client.spec is not None
                 assert (client.spec.name, client.spec.max_turns) == (ENV_NAME, MAX_GUESSES)
@@ -294,7 +298,11 @@ def test_rollout_plays_the_node_env(
     async def scenario() -> None:
         async with node_env_mesh(node_env_dir, tmp_path) as mesh:
             async with EnvHubClient(
-                mesh.envhub_address, job_id="job-rollout", env_name=ENV_NAME, timeout_s=10
+                mesh.envhub_address,
+                credential=user_key(),
+                job_id="job-rollout",
+                env_name=ENV_NAME,
+                timeout_s=10,
             ) as client:
                 seeds = [11, 12, 13]
                 secrets = {

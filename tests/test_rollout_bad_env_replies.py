@@ -12,6 +12,7 @@ import math
 
 import grpc
 import pytest
+from identity_helpers import user_channel, user_key
 
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2, environment_pb2_grpc
@@ -92,7 +93,9 @@ async def play(
         max_turns=2,
         max_episode_tokens=256,
     )
-    async with EnvHubClient(address, job_id="j", env_name=env_name, timeout_s=10) as client:
+    async with EnvHubClient(
+        address, credential=user_key(), job_id="j", env_name=env_name, timeout_s=10
+    ) as client:
         requests = [
             EpisodeRequest(eid, n, seed, client.session(eid), client.session)
             for n, (eid, seed) in enumerate(episodes)
@@ -122,7 +125,7 @@ def test_bad_replies_end_their_episode_with_a_reason_and_the_rest_go_on(
         raw_port = raw.add_insecure_port("127.0.0.1:0")
         await raw.start()
         sloppy = await asyncio.to_thread(serve, Sloppy, envhub_address=address, block=False)
-        channel = grpc.aio.insecure_channel(address)
+        channel = user_channel(address)
         try:
             await envhub_pb2_grpc.EnvHubServiceStub(channel).RegisterEnvironment(
                 envhub_pb2.RegisterEnvironmentRequest(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from identity_helpers import user_key
 
 from opentinker.env_server import serve
 from opentinker.services.envhub.letter_env import LetterGame
@@ -37,7 +38,9 @@ def test_closing_the_stream_leaves_no_episode_on_the_env_server() -> None:
         live = []
         try:
             for batch in range(6):
-                async with EnvHubClient(address, job_id="j", env_name="letter") as client:
+                async with EnvHubClient(
+                    address, credential=user_key(), job_id="j", env_name="letter"
+                ) as client:
                     await asyncio.gather(*(episode(client, f"b{batch}-e{i}") for i in range(64)))
                 live.append(len(env.table))
         finally:

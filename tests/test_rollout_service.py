@@ -19,6 +19,8 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from identity_helpers import user_channel, user_key
+from identity_service import Identities
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from transformers import AutoModelForCausalLM
@@ -135,7 +137,7 @@ class Trainer:
     """The trainer's side of one Rollout stream, driven by plain awaits."""
 
     def __init__(self, address: str) -> None:
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = user_channel(address)
         self.call = rollout_pb2_grpc.RolloutServiceStub(self.channel).Rollout(timeout=120)
         self.seq = 0
         self.replies: list[rollout_pb2.RolloutResponse] = []
@@ -404,7 +406,9 @@ def test_envhub_dying_mid_step_fails_the_waiting_episode_within_seconds() -> Non
         env = await asyncio.to_thread(
             serve, Sleepy, envhub_address=f"127.0.0.1:{port}", block=False
         )
-        client = EnvHubClient(f"127.0.0.1:{port}", job_id="j", env_name="sleepy", timeout_s=10)
+        client = EnvHubClient(
+            f"127.0.0.1:{port}", credential=user_key(), job_id="j", env_name="sleepy", timeout_s=10
+        )
         try:
             spec = await client.open()
             assert spec.name == "sleepy"
@@ -428,7 +432,9 @@ def test_envhub_dying_mid_step_fails_the_waiting_episode_within_seconds() -> Non
     run(scenario())
 
 
-def test_main_writes_its_address_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+def test_main_writes_its_address_serves_health_and_stops_on_sigterm(
+    identities: Identities, tmp_path: Path
+) -> None:
     job = common_pb2.Job(job_id="job-9")
     launch = LaunchConfig.for_job(
         job,
@@ -437,6 +443,7 @@ def test_main_writes_its_address_serves_health_and_stops_on_sigterm(tmp_path: Pa
         scheduler_address="127.0.0.1:1",
         envhub_address="127.0.0.1:2",
         run_dir=tmp_path,
+        job_token=identities.job_token("job-9"),
     )
     launch.write(tmp_path / "launch.json")
     process = subprocess.Popen(

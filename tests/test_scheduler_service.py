@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from async_guard import run
+from identity_helpers import api_key, worker_token
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -39,7 +40,9 @@ RPC_TIMEOUT_S = 5.0
 @dataclass
 class Mesh:
     running: RunningScheduler
-    stub: scheduler_pb2_grpc.SchedulerServiceStub
+    stub: scheduler_pb2_grpc.SchedulerServiceStub  # a user's (tenant acme)
+    worker_stub: scheduler_pb2_grpc.SchedulerServiceStub  # a worker token's
+    channels: list[grpc.aio.Channel]  # closed when the mesh stops
 
 
 @asynccontextmanager
@@ -48,11 +51,19 @@ async def scheduler_mesh(redis_url: str, *, lease_ttl_s: float = 1.0) -> AsyncIt
         redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=lease_ttl_s
     )
     async with running_scheduler(settings, stop_grace_s=0.5) as running:
-        channel = aio_channel(running.address)
+        identity = running.stores.identity
+        channel = aio_channel(running.address, credential=await api_key(identity))
+        worker_channel = aio_channel(running.address, credential=await worker_token(identity))
         try:
-            yield Mesh(running, scheduler_pb2_grpc.SchedulerServiceStub(channel))
+            yield Mesh(
+                running,
+                scheduler_pb2_grpc.SchedulerServiceStub(channel),
+                scheduler_pb2_grpc.SchedulerServiceStub(worker_channel),
+                channels := [channel, worker_channel],
+            )
         finally:
-            await channel.close()
+            for c in channels:
+                await c.close()
 
 
 def spec(name: str = "job", num_devices: int = 1) -> common_pb2.JobSpec:
@@ -89,6 +100,15 @@ async def wait_for_state(stub, job_id: str, state: int, timeout_s: float = 8.0) 
 async def watch(stub, job_id: str, from_seq: int = 0) -> list[common_pb2.JobEvent]:
     request = scheduler_pb2.WatchJobRequest(job_id=job_id, from_seq=from_seq)
     return [r.event async for r in stub.WatchJob(request, timeout=RPC_TIMEOUT_S)]
+
+
+def job_stub(
+    mesh: Mesh, launch: scheduler_pb2.LaunchJob
+) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    """A stub holding the attempt's job token, as the job's trainer does."""
+    assert launch.job_token.startswith("otj_")
+    mesh.channels.append(aio_channel(mesh.running.address, credential=launch.job_token))
+    return scheduler_pb2_grpc.SchedulerServiceStub(mesh.channels[-1])
 
 
 def states(events: list[common_pb2.JobEvent]) -> list[int]:
@@ -259,7 +279,7 @@ def test_job_runs_on_a_worker_and_succeeds_with_its_result(redis_url: str) -> No
     async def main() -> None:
         async with (
             scheduler_mesh(redis_url) as mesh,
-            scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
         ):
             job = await submit(mesh.stub, "good")
             live = asyncio.create_task(watch(mesh.stub, job.job_id))
@@ -277,7 +297,12 @@ def test_job_runs_on_a_worker_and_succeeds_with_its_result(redis_url: str) -> No
                 attempt=1,
                 step=common_pb2.StepMetrics(step=1, metrics={"reward": 0.5}),
             )
-            assert not (await mesh.stub.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)).stop
+            # Only the attempt's own job token may report, never a user's key.
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await mesh.stub.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            trainer = job_stub(mesh, launch)
+            assert not (await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)).stop
             result = scheduler_pb2.ReportJobProgressRequest(
                 job_id=job.job_id,
                 attempt=1,
@@ -285,16 +310,23 @@ def test_job_runs_on_a_worker_and_succeeds_with_its_result(redis_url: str) -> No
                     checkpoint_uri="file:///ckpt/final", final_metrics={"reward": 0.9}
                 ),
             )
-            assert not (await mesh.stub.ReportJobProgress(result, timeout=RPC_TIMEOUT_S)).stop
-            # A report of another attempt is stale: the reporter is told to stop.
+            assert not (await trainer.ReportJobProgress(result, timeout=RPC_TIMEOUT_S)).stop
+            # The token is of attempt 1: it cannot speak for another attempt.
             stale = scheduler_pb2.ReportJobProgressRequest(
                 job_id=job.job_id, attempt=7, log=common_pb2.LogLine(message="old")
             )
-            assert (await mesh.stub.ReportJobProgress(stale, timeout=RPC_TIMEOUT_S)).stop
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await trainer.ReportJobProgress(stale, timeout=RPC_TIMEOUT_S)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
             await w.send(exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=0))
             done = await wait_for_state(mesh.stub, job.job_id, SUCCEEDED)
             assert done.checkpoint_uri == "file:///ckpt/final"
+            assert done.tenant_id == "acme" and done.owner_user_id == "alice"
+            # The attempt is over: its token is revoked.
+            with pytest.raises(grpc.aio.AioRpcError) as revoked:
+                await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+            assert revoked.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert dict(done.final_metrics) == {"reward": 0.9}
 
             events = await asyncio.wait_for(live, RPC_TIMEOUT_S)
@@ -312,7 +344,7 @@ def test_failed_exit_uses_the_reported_reason_then_the_workers(redis_url: str) -
     async def main() -> None:
         async with (
             scheduler_mesh(redis_url) as mesh,
-            scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
         ):
             first = await submit(mesh.stub, "a")
             second = await submit(mesh.stub, "b")
@@ -324,7 +356,7 @@ def test_failed_exit_uses_the_reported_reason_then_the_workers(redis_url: str) -
                 assert launch.job.job_id == job.job_id
                 await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
                 if reported:
-                    await mesh.stub.ReportJobProgress(
+                    await job_stub(mesh, launch).ReportJobProgress(
                         scheduler_pb2.ReportJobProgressRequest(
                             job_id=job.job_id,
                             attempt=1,
@@ -347,10 +379,10 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
     async def main() -> None:
         async with (
             scheduler_mesh(redis_url) as mesh,
-            scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
         ):
             job = await submit(mesh.stub)
-            await w.next_command()
+            trainer = job_stub(mesh, (await w.next_command()).launch)
             await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
             await wait_for_state(mesh.stub, job.job_id, RUNNING)
             ledger = mesh.running.stores.ledger
@@ -364,10 +396,13 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
             assert stop.HasField("stop") and stop.stop.job_id == job.job_id
             assert stop.stop.reason == "enough"
             assert await ledger.free_devices("w1") == ["w1/cpu:0"]
+            # The cancelled attempt's token is revoked: its reporter learns to stop.
             progress = scheduler_pb2.ReportJobProgressRequest(
                 job_id=job.job_id, attempt=1, step=common_pb2.StepMetrics(step=2)
             )
-            assert (await mesh.stub.ReportJobProgress(progress, timeout=RPC_TIMEOUT_S)).stop
+            with pytest.raises(grpc.aio.AioRpcError) as revoked:
+                await trainer.ReportJobProgress(progress, timeout=RPC_TIMEOUT_S)
+            assert revoked.value.code() == grpc.StatusCode.UNAUTHENTICATED
             # The worker's exit report does not change a cancelled job.
             await w.send(
                 exited=scheduler_pb2.JobExited(
@@ -384,7 +419,7 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
 def test_a_disconnected_workers_job_is_requeued_and_resumes_elsewhere(redis_url: str) -> None:
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:
-            async with scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w1:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
                 job = await submit(mesh.stub)
                 await w1.next_command()
                 await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
@@ -394,7 +429,7 @@ def test_a_disconnected_workers_job_is_requeued_and_resumes_elsewhere(redis_url:
             assert requeued.reason == "worker w1 lost; re-queued"
             assert requeued.attempt == 1 and requeued.worker_id == ""
             assert await mesh.running.stores.ledger.leases("w1") == []
-            async with scripted_worker(mesh.stub, "w2", ["w2/cpu:0"]) as w2:
+            async with scripted_worker(mesh.worker_stub, "w2", ["w2/cpu:0"]) as w2:
                 launch = (await w2.next_command()).launch
                 assert launch.job.job_id == job.job_id and launch.job.attempt == 2
             events = [e for e in await watch_until(mesh.stub, job.job_id, 5)]
@@ -407,7 +442,7 @@ def test_a_worker_that_stops_heartbeating_loses_its_job(redis_url: str) -> None:
     async def main() -> None:
         async with (
             scheduler_mesh(redis_url, lease_ttl_s=0.6) as mesh,
-            scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w1,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
         ):
             job = await submit(mesh.stub)
             await w1.next_command()

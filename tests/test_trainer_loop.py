@@ -14,8 +14,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
+from identity_service import Identities
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
@@ -106,12 +108,16 @@ class Mesh:
     rollout_address: str
     scheduler_address: str
     scheduler: RecordingScheduler
+    job_token: str
     engines: list[TransformersEngine] = field(default_factory=list)
 
 
 @asynccontextmanager
 async def mesh(
-    engine_cls: type[TransformersEngine] = TransformersEngine, stop_at: int | None = None
+    identities: Identities,
+    engine_cls: type[TransformersEngine] = TransformersEngine,
+    stop_at: int | None = None,
+    job_id: str = "job-1",
 ) -> AsyncIterator[Mesh]:
     """Real EnvHub + real Rollout + a recording SchedulerService, all on 127.0.0.1:0."""
     envhub_settings = EnvHubSettings(port=0)
@@ -125,8 +131,14 @@ async def mesh(
         engines.append(engine)
         return engine
 
-    rollout_settings = RolloutSettings(envhub_address=f"127.0.0.1:{envhub_port}")
-    rollout, rollout_port = await create_rollout(rollout_settings, engine_factory=factory)
+    # The rollout holds the job's token, as a worker would give it, and admits only that.
+    job_token = identities.job_token(job_id)
+    rollout_settings = RolloutSettings(
+        envhub_address=f"127.0.0.1:{envhub_port}", credential=job_token
+    )
+    rollout, rollout_port = await create_rollout(
+        rollout_settings, engine_factory=factory, job_id=job_id, attempt=1
+    )
     recorder = RecordingScheduler(stop_at)
     scheduler, scheduler_port, _ = create_aio_server(
         ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
@@ -134,7 +146,9 @@ async def mesh(
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(recorder, scheduler)
     await scheduler.start()
     try:
-        yield Mesh(f"127.0.0.1:{rollout_port}", f"127.0.0.1:{scheduler_port}", recorder, engines)
+        yield Mesh(
+            f"127.0.0.1:{rollout_port}", f"127.0.0.1:{scheduler_port}", recorder, job_token, engines
+        )
     finally:
         for server in (scheduler, rollout, envhub):
             await server.stop(grace=0.5)
@@ -150,7 +164,8 @@ async def run_loop(
     initial = {n: t.clone() for n, t in policy.trainable_state().items()}
     address = rollout_address or m.rollout_address
     settings = TrainerSettings(collect_timeout_s=60, open_timeout_s=60, weight_sync_timeout_s=30)
-    async with aio_channel(address) as rc, aio_channel(m.scheduler_address) as sc:
+    token = m.job_token
+    async with aio_channel(address, credential=token) as rc, aio_channel(m.scheduler_address) as sc:
         loop = RlLoop(
             job_id="job-1",
             spec=spec,
@@ -166,11 +181,13 @@ async def run_loop(
     return outcome, policy, initial
 
 
-def test_loop_trains_syncs_reports_and_checkpoints(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_loop_trains_syncs_reports_and_checkpoints(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     spec = job_spec(tiny_model_dir, checkpoint_every=2)
 
     async def scenario() -> None:
-        async with mesh() as m:
+        async with mesh(identities) as m:
             outcome, policy, initial = await run_loop(m, spec, tmp_path)
             assert outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
             # parameters changed (LoRA B starts at zero: any step moves it)
@@ -213,9 +230,11 @@ def test_loop_trains_syncs_reports_and_checkpoints(tiny_model_dir: Path, tmp_pat
     asyncio.run(scenario())
 
 
-def test_a_rollout_that_ignores_weights_fails_the_job(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_rollout_that_ignores_weights_fails_the_job(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        async with mesh(WeightIgnoringEngine) as m:
+        async with mesh(identities, WeightIgnoringEngine) as m:
             outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir), tmp_path)
             assert outcome is Outcome.FAILED
             (failure,) = m.scheduler.of("failure")
@@ -228,9 +247,11 @@ def test_a_rollout_that_ignores_weights_fails_the_job(tiny_model_dir: Path, tmp_
     asyncio.run(scenario())
 
 
-def test_off_policy_trajectories_fail_the_job(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_off_policy_trajectories_fail_the_job(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        async with mesh(VersionLaggingEngine) as m:
+        async with mesh(identities, VersionLaggingEngine) as m:
             outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir), tmp_path)
             assert outcome is Outcome.FAILED
             (failure,) = m.scheduler.of("failure")
@@ -240,9 +261,11 @@ def test_off_policy_trajectories_fail_the_job(tiny_model_dir: Path, tmp_path: Pa
     asyncio.run(scenario())
 
 
-def test_an_unknown_env_fails_the_job_naming_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_an_unknown_env_fails_the_job_naming_it(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        async with mesh() as m:
+        async with mesh(identities) as m:
             spec = job_spec(tiny_model_dir, env_name="no-such-env")
             outcome, _, _ = await run_loop(m, spec, tmp_path)
             assert outcome is Outcome.FAILED
@@ -253,9 +276,11 @@ def test_an_unknown_env_fails_the_job_naming_it(tiny_model_dir: Path, tmp_path: 
     asyncio.run(scenario())
 
 
-def test_a_dead_rollout_fails_the_job_within_seconds(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_dead_rollout_fails_the_job_within_seconds(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        async with mesh() as m:
+        async with mesh(identities) as m:
             started = time.monotonic()
             dead = "127.0.0.1:9"  # discard port: nothing listens
             outcome, _, _ = await run_loop(
@@ -269,9 +294,11 @@ def test_a_dead_rollout_fails_the_job_within_seconds(tiny_model_dir: Path, tmp_p
     asyncio.run(scenario())
 
 
-def test_cancel_from_the_scheduler_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_cancel_from_the_scheduler_stops_cleanly(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        async with mesh(stop_at=1) as m:
+        async with mesh(identities, stop_at=1) as m:
             outcome, _, _ = await run_loop(m, job_spec(tiny_model_dir, steps=5), tmp_path)
             assert outcome is Outcome.CANCELLED
             assert [s.step for s in m.scheduler.of("step")] == [1]
@@ -281,12 +308,14 @@ def test_cancel_from_the_scheduler_stops_cleanly(tiny_model_dir: Path, tmp_path:
     asyncio.run(scenario())
 
 
-def test_stop_at_reward_ends_the_job_early(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_stop_at_reward_ends_the_job_early(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     # a target of -1 is always reached, but only once a full window of 10 steps exists
     spec = job_spec(tiny_model_dir, steps=12, stop_at_reward=-1.0, prompts_per_step=1)
 
     async def scenario() -> None:
-        async with mesh() as m:
+        async with mesh(identities) as m:
             outcome, _, _ = await run_loop(m, spec, tmp_path)
             assert outcome is Outcome.SUCCEEDED
             assert len(m.scheduler.of("step")) == 10
@@ -297,13 +326,15 @@ def test_stop_at_reward_ends_the_job_early(tiny_model_dir: Path, tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_trainer_process_serves_status_and_exits_zero(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_trainer_process_serves_status_and_exits_zero(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """`python -m opentinker.services.trainer` end to end, as the worker agent starts it."""
     spec = job_spec(tiny_model_dir, steps=2)
     job = common_pb2.Job(job_id="job-proc", spec=to_proto(spec), attempt=1)
 
     async def scenario() -> None:
-        async with mesh() as m:
+        async with mesh(identities, job_id="job-proc") as m:
             launch = LaunchConfig.for_job(
                 job,
                 lease_id="lease-1",
@@ -311,8 +342,10 @@ def test_trainer_process_serves_status_and_exits_zero(tiny_model_dir: Path, tmp_
                 scheduler_address=m.scheduler_address,
                 envhub_address="unused",
                 run_dir=tmp_path,
+                job_token=m.job_token,
             )
             launch.write(tmp_path / "launch.json")
+            assert (tmp_path / "launch.json").stat().st_mode & 0o777 == 0o600  # holds a secret
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "opentinker.services.trainer",
                 "--launch", str(tmp_path / "launch.json"), "--rollout-address", m.rollout_address,
@@ -321,7 +354,13 @@ def test_trainer_process_serves_status_and_exits_zero(tiny_model_dir: Path, tmp_
                 wait_for_file, tmp_path / "trainer.addr", timeout_s=60,
                 alive=lambda: proc.returncode is None,
             )  # fmt: skip
-            async with aio_channel(addr) as channel:
+            async with aio_channel(addr) as anonymous:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await trainer_pb2_grpc.TrainerServiceStub(anonymous).GetTrainerStatus(
+                        trainer_pb2.GetTrainerStatusRequest(), timeout=5
+                    )
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            async with aio_channel(addr, credential=m.job_token) as channel:
                 stub = trainer_pb2_grpc.TrainerServiceStub(channel)
                 status = await stub.GetTrainerStatus(
                     trainer_pb2.GetTrainerStatusRequest(), timeout=5
@@ -336,16 +375,22 @@ def test_trainer_process_serves_status_and_exits_zero(tiny_model_dir: Path, tmp_
     asyncio.run(scenario())
 
 
-def test_trainer_status_reports_progress_over_grpc(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_trainer_status_reports_progress_over_grpc(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from opentinker.services.common.auth import OwnCredentialAuthenticator
     from opentinker.services.trainer.loop import TrainerStatus
     from opentinker.services.trainer.service import create_server
 
+    token = identities.job_token("job-9")
+
     async def scenario() -> None:
         status = TrainerStatus(job_id="job-s", finetune="full", trainable_parameters=42)
-        server, port = await create_server(TrainerSettings(), status)
+        authenticator = OwnCredentialAuthenticator(token, job_id="job-9", attempt=1)
+        server, port = await create_server(TrainerSettings(), status, authenticator=authenticator)
         try:
             status.step, status.policy_version, status.last_metrics = 5, 5, {"loss": 0.25}
-            async with aio_channel(f"127.0.0.1:{port}") as channel:
+            async with aio_channel(f"127.0.0.1:{port}", credential=token) as channel:
                 stub = trainer_pb2_grpc.TrainerServiceStub(channel)
                 reply = await stub.GetTrainerStatus(
                     trainer_pb2.GetTrainerStatusRequest(), timeout=5

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from async_guard import run as guarded_run
+from identity_helpers import api_key, worker_token
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -66,7 +67,8 @@ job = config.job
 )
 name = job.spec.name
 if name == "good":
-    stub = scheduler_pb2_grpc.SchedulerServiceStub(sync_channel(config.scheduler_address))
+    channel = sync_channel(config.scheduler_address, credential=config.job_token)
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     stub.ReportJobProgress(
         scheduler_pb2.ReportJobProgressRequest(
             job_id=job.job_id,
@@ -107,7 +109,9 @@ async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]
         redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=1.5
     )
     async with running_scheduler(scheduler_settings, stop_grace_s=0.5) as running:
+        identity = running.stores.identity
         settings = WorkerSettings(
+            worker_token=await worker_token(identity, worker_id="agent-1"),
             scheduler_address=running.address,
             worker_id="agent-1",
             hostname="testhost",
@@ -122,7 +126,7 @@ async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]
         agent = WorkerAgent(settings, detect_devices(settings))
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        channel = aio_channel(running.address)
+        channel = aio_channel(running.address, credential=await api_key(identity))
         try:
             await asyncio.wait_for(agent.connected.wait(), RPC_TIMEOUT_S)
             yield Mesh(
@@ -273,10 +277,16 @@ def test_agent_reconnects_after_a_scheduler_restart(redis_url: str, tmp_path: Pa
     async def main() -> None:
         (tmp_path / "rollout.py").write_text(STAND_IN_ROLLOUT)
         (tmp_path / "trainer.py").write_text(STAND_IN_TRAINER)
+        # The first scheduler writes a worker token there; the agent reads it at each connect.
         scheduler_settings = SchedulerSettings(
-            redis_url=redis_url, port=free_port(), heartbeat_interval_s=0.2, lease_ttl_s=1.5
+            redis_url=redis_url,
+            port=free_port(),
+            heartbeat_interval_s=0.2,
+            lease_ttl_s=1.5,
+            bootstrap_dir=tmp_path / "secrets",
         )
         settings = WorkerSettings(
+            worker_token_file=tmp_path / "secrets" / "worker.token",
             scheduler_address=f"127.0.0.1:{scheduler_settings.port}",
             worker_id="agent-1",
             hostname="testhost",
@@ -300,7 +310,9 @@ def test_agent_reconnects_after_a_scheduler_restart(redis_url: str, tmp_path: Pa
             assert not agent.connected.is_set()
             async with running_scheduler(scheduler_settings, stop_grace_s=0.5) as second:
                 await asyncio.wait_for(agent.connected.wait(), 10)
-                channel = aio_channel(second.address)
+                channel = aio_channel(
+                    second.address, credential=await api_key(second.stores.identity)
+                )
                 stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
                 job = await submit(stub, "good")
                 await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_SUCCEEDED)

@@ -3,7 +3,9 @@
 // Register once (retried while EnvHub is unreachable; a refusal such as INVALID_ARGUMENT is
 // fatal), renew on the interval EnvHub returns, register again when a renewal is answered
 // NOT_FOUND (the registration expired, or EnvHub restarted), deregister on stop. Every call
-// has a deadline, so a dead EnvHub is a logged warning, never a hang.
+// has a deadline, so a dead EnvHub is a logged warning, never a hang. Every call carries the
+// API key (metadata `authorization: Bearer <key>`, see identity.proto); the env is then private
+// to the key's tenant.
 
 'use strict';
 
@@ -13,10 +15,12 @@ const CALL_TIMEOUT_MS = 5000;
 const DEREGISTER_TIMEOUT_MS = 2000;
 const RETRY_MS = 1000;
 
-/** Call a unary method of `client` with a deadline; resolves with the reply. */
-function unary(client, method, request, timeoutMs = CALL_TIMEOUT_MS) {
+/** Call a unary method of `client` with the key and a deadline; resolves with the reply. */
+function unary(client, method, request, apiKey, timeoutMs = CALL_TIMEOUT_MS) {
+  const metadata = new grpc.Metadata();
+  if (apiKey) metadata.set('authorization', `Bearer ${apiKey}`);
   return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + timeoutMs }, (err, reply) =>
+    client[method](request, metadata, { deadline: Date.now() + timeoutMs }, (err, reply) =>
       err ? reject(err) : resolve(reply),
     );
   });
@@ -27,10 +31,11 @@ const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDE
 class EnvHubRegistration {
   /**
    * @param {Function} EnvHubService the EnvHubService client constructor (from proto-loader)
-   * @param {{envhubAddress: string, envName: string, address: string, capacity: number, log: Function}} options
+   * @param {{envhubAddress: string, envName: string, address: string, capacity: number, apiKey: string, log: Function}} options
    */
-  constructor(EnvHubService, { envhubAddress, envName, address, capacity, log }) {
+  constructor(EnvHubService, { envhubAddress, envName, address, capacity, apiKey, log }) {
     this.client = new EnvHubService(envhubAddress, grpc.credentials.createInsecure());
+    this.apiKey = apiKey;
     this.request = { env_name: envName, address, capacity };
     this.envhubAddress = envhubAddress;
     this.log = log;
@@ -64,7 +69,7 @@ class EnvHubRegistration {
     await this.inFlight; // bounded by its call deadline; it may have just registered again
     if (this.instanceId) {
       try {
-        await unary(this.client, 'DeregisterEnvironment', { instance_id: this.instanceId }, DEREGISTER_TIMEOUT_MS);
+        await unary(this.client, 'DeregisterEnvironment', { instance_id: this.instanceId }, this.apiKey, DEREGISTER_TIMEOUT_MS);
         this.log('info', 'deregistered', { instance_id: this.instanceId });
       } catch (err) {
         this.log('warn', 'deregister_failed', { code: grpc.status[err.code], details: err.details });
@@ -75,7 +80,7 @@ class EnvHubRegistration {
   }
 
   async register() {
-    const reply = await unary(this.client, 'RegisterEnvironment', this.request);
+    const reply = await unary(this.client, 'RegisterEnvironment', this.request, this.apiKey);
     this.instanceId = reply.instance.instance_id;
     if (reply.renew_interval_s > 0) this.renewIntervalMs = reply.renew_interval_s * 1000;
     this.log('info', 'registered', {
@@ -97,7 +102,7 @@ class EnvHubRegistration {
     try {
       if (this.instanceId) {
         try {
-          await unary(this.client, 'RenewRegistration', { instance_id: this.instanceId });
+          await unary(this.client, 'RenewRegistration', { instance_id: this.instanceId }, this.apiKey);
         } catch (err) {
           if (err.code !== grpc.status.NOT_FOUND) throw err;
           this.log('info', 'registration_lost_registering_again', { instance_id: this.instanceId });

@@ -22,6 +22,7 @@ const { EnvHubRegistration } = require('./registration');
 const HELP = `usage: node server.js --envhub HOST:PORT [options]
 
   --envhub HOST:PORT       EnvHub to register with (env OPENTINKER_ENVHUB_ADDRESS)
+                           the API key comes from the env OPENTINKER_API_KEY (never argv)
   --host HOST              interface to listen on (default 127.0.0.1)
   --port PORT              port to listen on; 0 = any free port (default 0)
   --advertise-host HOST    host EnvHub should dial (default: --host, or 127.0.0.1 for 0.0.0.0)
@@ -207,6 +208,7 @@ async function main() {
     envName: settings.name,
     address,
     capacity: settings.capacity,
+    apiKey: process.env.OPENTINKER_API_KEY || '', // from the environment: argv is visible to `ps`
     log,
   });
   let stopping = false;

@@ -1,6 +1,8 @@
-"""The ``opentinker`` command: submit | jobs | cancel | tail | serve | up | demo | data | infer.
+"""The ``opentinker`` command: submit | jobs | cancel | tail | whoami | admin | serve | up | demo
+| data | infer.
 
-Prints for people; every command exits non-zero with a one-line reason on failure.
+Prints for people; every command exits non-zero with a one-line reason on failure. The API key
+comes from ``--api-key`` or ``$OPENTINKER_API_KEY``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from opentinker.admin_cli import add_admin_commands
+from opentinker.auth import API_KEY_ENV, api_key_from_env
 from opentinker.client import DEFAULT_ADDRESS, Client
 from opentinker.console import jobs_table, print_event
 from opentinker.errors import OpenTinkerError
+from opentinker.scheduler.v1 import identity_pb2
 from opentinker.spec import parse_job_spec
 
 console = Console()
@@ -26,9 +31,21 @@ def _address(args: argparse.Namespace) -> str:
     return args.scheduler or os.environ.get("OPENTINKER_SCHEDULER_ADDRESS", DEFAULT_ADDRESS)
 
 
+def _client(args: argparse.Namespace) -> Client:
+    return Client(_address(args), api_key=args.api_key)
+
+
+def cmd_whoami(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        p = client.whoami()
+    role = identity_pb2.Role.Name(p.role).removeprefix("ROLE_").lower()
+    console.print(f"user {p.user_id} in tenant {p.tenant_id} ({role}), key {p.key_prefix}")
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     spec = parse_job_spec(json.loads(Path(args.spec).read_text()))
-    with Client(_address(args)) as client:
+    with _client(args) as client:
         job = client.submit(spec)
     console.print(f"submitted [bold]{job.job_id}[/] ({job.state})")
     console.print(f"follow it with: opentinker tail {job.job_id}")
@@ -36,14 +53,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    with Client(_address(args)) as client:
+    with _client(args) as client:
         jobs = list(client.list_jobs())
     console.print(jobs_table(jobs))
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    with Client(_address(args)) as client:
+    with _client(args) as client:
         job = client.cancel(args.job_id, reason=args.reason)
     console.print(f"{job.job_id}: {job.state} — {job.reason}")
     return 0
@@ -51,7 +68,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_tail(args: argparse.Namespace) -> int:
     """Stream a job's events live; a late tail replays the whole run first."""
-    with Client(_address(args)) as client:
+    with _client(args) as client:
         last = None
         for event in client.watch(args.job_id, from_seq=args.from_seq):
             print_event(console, event, every=args.every)
@@ -131,6 +148,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
             model=args.model,
             env_name=args.env,
             envhub_address=args.envhub,
+            api_key=api_key_from_env(args.api_key),
             episodes=args.episodes,
             output=Path(args.output),
             env_options=options,
@@ -161,7 +179,12 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opentinker", description=__doc__.splitlines()[0])
     parser.add_argument("--scheduler", help=f"scheduler address (default {DEFAULT_ADDRESS})")
+    parser.add_argument("--api-key", default=None, help=f"API key (default ${API_KEY_ENV})")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("whoami", help="show the user, tenant and role of your API key")
+    p.set_defaults(func=cmd_whoami)
+    add_admin_commands(sub)
 
     p = sub.add_parser("submit", help="submit a job from a JSON spec file")
     p.add_argument("spec", help="path to a JSON job spec (see README)")

@@ -1,7 +1,7 @@
 """The Python client of an OpenTinker scheduler.
 
     import opentinker
-    with opentinker.Client("127.0.0.1:50051") as client:
+    with opentinker.Client("127.0.0.1:50051", api_key="otk_…") as client:  # or $OPENTINKER_API_KEY
         job = client.fit(opentinker.JobSpec(rl=opentinker.RlConfig(env_name="letter")))
 
 Every call takes keyword-only options and a ``timeout=`` (seconds) and raises a typed
@@ -15,28 +15,33 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from opentinker.connection import Connection
 from opentinker.errors import JobFailedError, from_rpc_error
 from opentinker.jobs import JobEvent, JobInfo
-from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from opentinker.scheduler.v1 import (
+    identity_pb2,
+    identity_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from opentinker.spec import JobSpec, to_proto
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
-
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
 
 
 class Client:
     """A connection to one scheduler. Thread-safe; close it (or use ``with``) when done."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout: float = 30.0) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+    def __init__(
+        self, address: str = DEFAULT_ADDRESS, *, api_key: str | None = None, timeout: float = 30.0
+    ) -> None:
+        """``api_key``: your OpenTinker API key (default: ``$OPENTINKER_API_KEY``); every call
+        carries it. Without one, calls fail with AuthenticationError (UNAUTHENTICATED)."""
+        self._conn = Connection(address, api_key=api_key, timeout=timeout)
+        self.address, self.timeout = address, timeout
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._conn.channel)
+        self._identity = identity_pb2_grpc.IdentityServiceStub(self._conn.channel)
+        self._call = self._conn.call
 
     def __enter__(self) -> Client:
         return self
@@ -45,13 +50,12 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        self._conn.close()
 
-    def _call(self, method, request, timeout: float | None):
-        try:
-            return method(request, timeout=timeout if timeout is not None else self.timeout)
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+    def whoami(self, *, timeout: float | None = None) -> identity_pb2.Principal:
+        """Who the API key says you are: tenant, user, role."""
+        reply = self._call(self._identity.WhoAmI, identity_pb2.WhoAmIRequest(), timeout)
+        return reply.principal
 
     def submit(
         self, spec: JobSpec, *, request_id: str | None = None, timeout: float | None = None

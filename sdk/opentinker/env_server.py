@@ -22,6 +22,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from opentinker.auth import api_key_from_env
 from opentinker.env_servicer import SERVICE_NAME, EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
@@ -105,6 +106,8 @@ def serve(
     *,
     name: str | None = None,
     envhub_address: str | None = None,
+    api_key: str | None = None,
+    shared: bool = False,
     host: str = "127.0.0.1",
     port: int = 0,
     advertise_address: str | None = None,
@@ -119,6 +122,8 @@ def serve(
     game_factory: builds one game per episode (usually the ``AbstractGame`` subclass itself).
     name: the environment name (default: the game's ``name`` attribute).
     envhub_address: host:port of EnvHub to register with; None = do not register.
+    api_key: the key to register with (default: $OPENTINKER_API_KEY). The env is then private
+        to the key's tenant; ``shared=True`` (an admin's key only) offers it to every tenant.
     host, port: where to listen; port 0 picks a free port (see ``handle.port``).
     advertise_address: the host:port EnvHub should dial (default: host:port, with the machine's
         host name when listening on all interfaces).
@@ -162,7 +167,12 @@ def serve(
     registration = None
     if envhub_address:
         registration = EnvHubRegistration(
-            envhub_address, env_name=env_name, address=address, capacity=capacity
+            envhub_address,
+            env_name=env_name,
+            address=address,
+            capacity=capacity,
+            api_key=api_key_from_env(api_key),
+            shared=shared,
         )
         try:
             registration.start()

@@ -13,6 +13,7 @@ import threading
 import grpc
 import structlog
 
+from opentinker.auth import with_credential
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
 from opentinker.errors import InvalidArgumentError
 
@@ -25,12 +26,23 @@ log = structlog.get_logger("opentinker.env_server")
 class EnvHubRegistration:
     """One env server's registration with one EnvHub."""
 
-    def __init__(self, envhub_address: str, *, env_name: str, address: str, capacity: int) -> None:
+    def __init__(
+        self,
+        envhub_address: str,
+        *,
+        env_name: str,
+        address: str,
+        capacity: int,
+        api_key: str = "",
+        shared: bool = False,
+    ) -> None:
+        """``api_key``: the key EnvHub checks (the env is private to its tenant unless
+        ``shared``, which needs an admin's key)."""
         self._envhub_address = envhub_address
         self._request = envhub_pb2.RegisterEnvironmentRequest(
-            env_name=env_name, address=address, capacity=capacity
+            env_name=env_name, address=address, capacity=capacity, shared=shared
         )
-        self._channel = grpc.insecure_channel(envhub_address)
+        self._channel = with_credential(grpc.insecure_channel(envhub_address), api_key)
         self._stub = envhub_pb2_grpc.EnvHubServiceStub(self._channel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"envhub-{env_name}", daemon=True)

@@ -38,7 +38,15 @@ class NotFoundError(OpenTinkerError, LookupError):
 
 
 class AuthenticationError(OpenTinkerError, PermissionError):
-    """Missing or wrong credentials (UNAUTHENTICATED / PERMISSION_DENIED)."""
+    """Missing, wrong or revoked credentials (UNAUTHENTICATED)."""
+
+
+class PermissionDeniedError(AuthenticationError):
+    """The credential is good but may not make this call (PERMISSION_DENIED)."""
+
+
+class AlreadyExistsError(OpenTinkerError, ValueError):
+    """A tenant, user or other named resource with that id exists already (ALREADY_EXISTS)."""
 
 
 class ResourceExhaustedError(OpenTinkerError, RuntimeError):
@@ -65,7 +73,8 @@ _BY_CODE: dict[str, type[OpenTinkerError]] = {
     "INVALID_ARGUMENT": InvalidArgumentError,
     "NOT_FOUND": NotFoundError,
     "UNAUTHENTICATED": AuthenticationError,
-    "PERMISSION_DENIED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "ALREADY_EXISTS": AlreadyExistsError,
     "RESOURCE_EXHAUSTED": ResourceExhaustedError,
     "UNAVAILABLE": UnavailableError,
     "DEADLINE_EXCEEDED": UnavailableError,

@@ -5,13 +5,15 @@ Every server has health checking and server reflection on, and the same message-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from opentinker import errors
+from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
 
 # Weight updates travel in chunks well under this; larger messages are refused with
@@ -37,14 +39,19 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 def create_aio_server(
-    service_names: Iterable[str], *, host: str, port: int
+    service_names: Iterable[str],
+    *,
+    host: str,
+    port: int,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """An asyncio gRPC server bound to host:port (0 = any free port), with health + reflection.
 
-    Register servicers on the returned server before ``await server.start()``. Returns
+    ``interceptors``: the service's AuthInterceptor (services/common/auth.py). Register
+    servicers on the returned server before ``await server.start()``. Returns
     (server, bound_port, health_servicer); every named service is marked SERVING.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)
@@ -69,14 +76,17 @@ async def mark_serving(health_servicer: health.aio.HealthServicer, names: Iterab
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
-def aio_channel(address: str) -> grpc.aio.Channel:
-    """An insecure asyncio channel with the project's limits and keepalives."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def aio_channel(address: str, *, credential: str = "") -> grpc.aio.Channel:
+    """An asyncio channel with the project's limits and keepalives; every call carries
+    ``credential`` (an API key, job token or worker token) when one is given."""
+    return grpc.aio.insecure_channel(
+        address, options=CHANNEL_OPTIONS, interceptors=aio_interceptors(credential)
+    )
 
 
-def sync_channel(address: str) -> grpc.Channel:
-    """An insecure blocking channel with the project's limits and keepalives."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def sync_channel(address: str, *, credential: str = "") -> grpc.Channel:
+    """A blocking channel with the project's limits and keepalives, sending ``credential``."""
+    return with_credential(grpc.insecure_channel(address, options=CHANNEL_OPTIONS), credential)
 
 
 async def abort(
@@ -87,3 +97,25 @@ async def abort(
         context.set_trailing_metadata(((REASON_METADATA_KEY, reason),))
     await context.abort(code, message)
     raise AssertionError("unreachable: context.abort raises")  # for type checkers
+
+
+# Domain error -> status code, most specific first (isinstance order).
+_STATUS_OF_ERROR: list[tuple[type[errors.OpenTinkerError], grpc.StatusCode]] = [
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+async def abort_with(context: grpc.aio.ServicerContext, err: errors.OpenTinkerError) -> NoReturn:
+    """End the RPC with the status code of ``err``'s class (INTERNAL for an unmapped one)."""
+    code = next(
+        (code for cls, code in _STATUS_OF_ERROR if isinstance(err, cls)), grpc.StatusCode.INTERNAL
+    )
+    await abort(context, code, err.message, reason=err.reason)

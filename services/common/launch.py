@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from google.protobuf import json_format
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.common.v1 import common_pb2
 
@@ -29,6 +29,9 @@ class LaunchConfig(BaseModel):
     scheduler_address: str
     envhub_address: str
     run_dir: Path
+    # The attempt's credential (identity.proto): the trainer and rollout send it on every call
+    # and accept only it. The file is written readable by its owner only.
+    job_token: str = Field(repr=False)
 
     @property
     def job(self) -> common_pb2.Job:
@@ -39,19 +42,21 @@ class LaunchConfig(BaseModel):
         return cls(job_json=json_format.MessageToJson(job), **fields)
 
     def write(self, path: Path) -> None:
-        write_atomic(path, self.model_dump_json(indent=2))
+        write_atomic(path, self.model_dump_json(indent=2), mode=0o600)
 
     @classmethod
     def read(cls, path: Path) -> LaunchConfig:
         return cls.model_validate_json(Path(path).read_text())
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write text so that a reader never sees a half-written file."""
+def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write text so that a reader never sees a half-written file; ``mode`` from the start."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     tmp.replace(path)
 
 

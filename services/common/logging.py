@@ -7,6 +7,14 @@ import sys
 
 import structlog
 
+from opentinker.auth import redact
+
+
+def redact_credentials(_logger: object, _method: str, event_dict: dict) -> dict:
+    """Replace the secret part of any credential in a log line's text values with ``…``: a key
+    pasted into an error message or a URL never reaches a log file."""
+    return {k: redact(v) if isinstance(v, str) else v for k, v in event_dict.items()}
+
 
 def configure_logging(service: str, *, level: str = "INFO") -> structlog.stdlib.BoundLogger:
     """Configure structlog once per process and return a logger bound to ``service``."""
@@ -17,6 +25,7 @@ def configure_logging(service: str, *, level: str = "INFO") -> structlog.stdlib.
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact_credentials,
             structlog.processors.KeyValueRenderer(
                 key_order=["timestamp", "level", "service", "event"], drop_missing=True
             ),

@@ -38,6 +38,6 @@ def start_builtin_envs(
             max_observation_chars=max_observation_chars,
             block=False,
         )
-        registry.register(name, handle.address, capacity, pinned=True)
+        registry.register(name, handle.address, capacity, pinned=True, shared=True)
         handles.append(handle)
     return handles

@@ -79,8 +79,11 @@ class EpisodeRouter:
         job_id: str,
         call_timeout_s: float,
         max_observation_chars: int,
+        tenant: str | None = None,
     ) -> None:
+        """``tenant``: whose envs this stream may use (its own and shared; None = all)."""
         self._registry = registry
+        self._tenant = tenant
         self._channels = channels
         self.env_name = env_name
         self._timeout_s = call_timeout_s
@@ -91,9 +94,9 @@ class EpisodeRouter:
 
     async def open(self) -> environment_pb2.EnvironmentSpec:
         """The env's spec, from the first instance that answers (NotFound / Unavailable)."""
-        instances = self._registry.instances(self.env_name)
+        instances = self._registry.instances(self.env_name, tenant=self._tenant)
         if not instances:
-            registered = sorted({i.env_name for i in self._registry.instances()})
+            registered = sorted({i.env_name for i in self._registry.instances(tenant=self._tenant)})
             raise NotFoundError(
                 f"no environment named {self.env_name!r} is registered; registered: {registered}",
                 reason="ENV_NOT_FOUND",
@@ -118,7 +121,7 @@ class EpisodeRouter:
         async with episode.lock:
             if episode.instance is None:
                 try:
-                    episode.instance = self._registry.acquire(self.env_name)
+                    episode.instance = self._registry.acquire(self.env_name, tenant=self._tenant)
                 except (NotFoundError, ResourceExhaustedError) as err:
                     self._forget(request.episode_id, episode)
                     code = "NOT_FOUND" if isinstance(err, NotFoundError) else "RESOURCE_EXHAUSTED"

@@ -15,7 +15,7 @@ DIRECTIONS: tuple[tuple[int, int], ...] = ((0, 1), (1, 0), (1, 1), (1, -1))  # -
 _MOVE = re.compile(r"(?<![A-Za-z])([A-Za-z])\s*-?\s*(\d{1,2})(?!\d)")
 
 
-class Stone(str, Enum):
+class Stone(str, Enum):  # noqa: UP042 - StrEnum would change str(stone), which code relies on
     EMPTY = "."
     BLACK = "X"  # the model
     WHITE = "O"  # the opponent

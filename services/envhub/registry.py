@@ -32,6 +32,7 @@ class Instance:
     active_episodes: episodes EnvHub has routed to it and not yet closed.
     registered_unix_s: wall-clock registration time; renewed_s: monotonic time of last renewal.
     healthy: False while its gRPC health checks fail; it then takes no new episodes.
+    tenant_id: the tenant that registered it ("" for built-ins); shared: every tenant may use it.
     """
 
     instance_id: str
@@ -43,6 +44,12 @@ class Instance:
     active_episodes: int = 0
     pinned: bool = False
     healthy: bool = True
+    tenant_id: str = ""
+    shared: bool = False
+
+    def visible_to(self, tenant: str | None) -> bool:
+        """May ``tenant`` (None = an admin: every tenant) use this instance?"""
+        return tenant is None or self.shared or self.tenant_id == tenant
 
     @property
     def has_room(self) -> bool:
@@ -54,15 +61,28 @@ class Instance:
 
 
 class Registry(Protocol):
-    """What EnvHub needs from a registry; ``InMemoryRegistry`` is the implementation."""
+    """What EnvHub needs from a registry; ``InMemoryRegistry`` is the implementation.
+
+    ``tenant`` arguments scope a call to what that tenant may see (its own instances and the
+    shared ones); None is an admin's view (everything). An instance out of view is NOT_FOUND.
+    """
 
     def register(
-        self, env_name: str, address: str, capacity: int, *, pinned: bool = False
+        self,
+        env_name: str,
+        address: str,
+        capacity: int,
+        *,
+        pinned: bool = False,
+        tenant_id: str = "",
+        shared: bool = False,
     ) -> Instance: ...
-    def renew(self, instance_id: str) -> None: ...
-    def deregister(self, instance_id: str) -> None: ...
-    def instances(self, env_name: str | None = None) -> list[Instance]: ...
-    def acquire(self, env_name: str) -> Instance: ...
+    def renew(self, instance_id: str, *, tenant: str | None = None) -> None: ...
+    def deregister(self, instance_id: str, *, tenant: str | None = None) -> None: ...
+    def instances(
+        self, env_name: str | None = None, *, tenant: str | None = None
+    ) -> list[Instance]: ...
+    def acquire(self, env_name: str, *, tenant: str | None = None) -> Instance: ...
     def release(self, instance_id: str) -> None: ...
     def set_healthy(self, instance_id: str, healthy: bool) -> None: ...
 
@@ -76,9 +96,17 @@ class InMemoryRegistry:
         self._by_id: dict[str, Instance] = {}
 
     def register(
-        self, env_name: str, address: str, capacity: int, *, pinned: bool = False
+        self,
+        env_name: str,
+        address: str,
+        capacity: int,
+        *,
+        pinned: bool = False,
+        tenant_id: str = "",
+        shared: bool = False,
     ) -> Instance:
-        """Add an instance; one already registered at the same env name and address is replaced."""
+        """Add an instance of ``tenant_id``; one it registered before at the same env name and
+        address is replaced."""
         problems = []
         if not ENV_NAME_PATTERN.match(env_name):
             problems.append(f"env_name {env_name!r} must be letters, digits, '_', '.', '-'")
@@ -89,7 +117,7 @@ class InMemoryRegistry:
         if problems:
             raise InvalidArgumentError("; ".join(problems), reason="BAD_REGISTRATION")
         for old in self.instances(env_name):
-            if old.address == address:
+            if old.address == address and old.tenant_id == tenant_id:
                 del self._by_id[old.instance_id]
         instance = Instance(
             instance_id=uuid.uuid4().hex,
@@ -99,37 +127,48 @@ class InMemoryRegistry:
             registered_unix_s=time.time(),
             renewed_s=self._clock(),
             pinned=pinned,
+            tenant_id=tenant_id,
+            shared=shared,
         )
         self._by_id[instance.instance_id] = instance
         return instance
 
-    def renew(self, instance_id: str) -> None:
+    def renew(self, instance_id: str, *, tenant: str | None = None) -> None:
         self._expire()
         instance = self._by_id.get(instance_id)
-        if instance is None:
+        if instance is None or not _owned_by(instance, tenant):
             raise NotFoundError(
                 f"no registration {instance_id!r} (expired or EnvHub restarted); register again",
                 reason="INSTANCE_NOT_FOUND",
             )
         instance.renewed_s = self._clock()
 
-    def deregister(self, instance_id: str) -> None:
-        """Drop an instance; harmless for an unknown one."""
-        self._by_id.pop(instance_id, None)
+    def deregister(self, instance_id: str, *, tenant: str | None = None) -> None:
+        """Drop an instance ``tenant`` owns; harmless for an unknown one."""
+        instance = self._by_id.get(instance_id)
+        if instance is not None and _owned_by(instance, tenant):
+            del self._by_id[instance_id]
 
-    def instances(self, env_name: str | None = None) -> list[Instance]:
-        """Live instances (of one env, or all), sorted by env name then instance id."""
+    def instances(
+        self, env_name: str | None = None, *, tenant: str | None = None
+    ) -> list[Instance]:
+        """Live instances (of one env, or all) that ``tenant`` may use, sorted by env name then
+        instance id."""
         self._expire()
-        found = [i for i in self._by_id.values() if env_name is None or i.env_name == env_name]
+        found = [
+            i
+            for i in self._by_id.values()
+            if (env_name is None or i.env_name == env_name) and i.visible_to(tenant)
+        ]
         return sorted(found, key=lambda i: (i.env_name, i.instance_id))
 
-    def acquire(self, env_name: str) -> Instance:
+    def acquire(self, env_name: str, *, tenant: str | None = None) -> Instance:
         """Take a slot on the least-loaded healthy instance of ``env_name`` that has room."""
-        candidates = self.instances(env_name)
+        candidates = self.instances(env_name, tenant=tenant)
         if not candidates:
             raise NotFoundError(
                 f"no environment named {env_name!r} is registered; registered: "
-                f"{sorted({i.env_name for i in self.instances()})}",
+                f"{sorted({i.env_name for i in self.instances(tenant=tenant)})}",
                 reason="ENV_NOT_FOUND",
             )
         healthy = [i for i in candidates if i.healthy]
@@ -196,3 +235,8 @@ def page(
     last = chosen[-1]
     token = base64.urlsafe_b64encode(json.dumps([last.env_name, last.instance_id]).encode())
     return chosen, token.decode()
+
+
+def _owned_by(instance: Instance, tenant: str | None) -> bool:
+    """May ``tenant`` (None = an admin) renew or drop ``instance``?"""
+    return tenant is None or instance.tenant_id == tenant

@@ -9,13 +9,14 @@ import grpc
 from opentinker.env_server import EnvServerHandle
 from opentinker.env_servicer import EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
-from opentinker.services.common.grpc_server import create_aio_server, mark_serving
+from opentinker.services.common.auth import AuthInterceptor, IdentityServiceAuthenticator
+from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
 from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, start_builtin_envs
 from opentinker.services.envhub.episodes import EnvChannels
 from opentinker.services.envhub.health_watch import HealthWatch
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import InMemoryRegistry, Registry
-from opentinker.services.envhub.servicer import EnvHubServicer
+from opentinker.services.envhub.servicer import ACCESS_RULES, EnvHubServicer
 from opentinker.services.envhub.settings import EnvHubSettings
 
 SERVICE_NAME = envhub_pb2.DESCRIPTOR.services_by_name["EnvHubService"].full_name
@@ -30,6 +31,7 @@ class EnvHubDeps:
     channels: EnvChannels = field(default_factory=EnvChannels)
     builtins: list[EnvServerHandle] = field(default_factory=list)
     health_watch: HealthWatch | None = None
+    identity_channel: grpc.aio.Channel | None = None  # to the scheduler; made by create_server
 
     @classmethod
     def create(cls, settings: EnvHubSettings) -> EnvHubDeps:
@@ -65,6 +67,8 @@ class EnvHubDeps:
         """Stop the health watch, close channels, stop the built-in env servers."""
         if self.health_watch is not None:
             await self.health_watch.stop()
+        if self.identity_channel is not None:
+            await self.identity_channel.close()
         await self.channels.close()
         for handle in self.builtins:
             handle.stop(grace_s=0.5)
@@ -72,8 +76,16 @@ class EnvHubDeps:
 
 async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
     """A started EnvHub server on settings.host:settings.port (0 = any free port), with the
-    health watch of ``deps`` running (``deps.close()`` stops it)."""
-    server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
+    health watch of ``deps`` running (``deps.close()`` stops it). Every caller's credential
+    is checked by the scheduler's IdentityService at settings.scheduler_address."""
+    deps.identity_channel = aio_channel(settings.scheduler_address)
+    auth = AuthInterceptor(
+        IdentityServiceAuthenticator(deps.identity_channel, address=settings.scheduler_address),
+        ACCESS_RULES,
+    )
+    server, port, health = create_aio_server(
+        [SERVICE_NAME], host=settings.host, port=settings.port, interceptors=[auth]
+    )
     servicer = EnvHubServicer(settings, deps.registry, deps.channels)
     envhub_pb2_grpc.add_EnvHubServiceServicer_to_server(servicer, server)
     await server.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 import grpc
 import structlog
@@ -14,12 +14,10 @@ from opentinker.common.v1 import common_pb2
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2
 from opentinker.errors import (
     EnvironmentError_,
-    InvalidArgumentError,
-    NotFoundError,
     OpenTinkerError,
-    UnavailableError,
 )
-from opentinker.services.common.grpc_server import abort
+from opentinker.services.common.auth import JOBS, USERS, current_principal, rules_for
+from opentinker.services.common.grpc_server import abort, abort_with
 from opentinker.services.envhub.episodes import EnvChannels, EpisodeRouter
 from opentinker.services.envhub.registry import Instance, Registry, page
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -28,18 +26,6 @@ log = structlog.get_logger("opentinker.envhub")
 
 # Replies to one EpisodeCalls message wait at most this long for the rest of its batch.
 _REPLY_LINGER_S = 0.002
-
-_STATUS_OF: dict[type[OpenTinkerError], grpc.StatusCode] = {
-    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFoundError: grpc.StatusCode.NOT_FOUND,
-    UnavailableError: grpc.StatusCode.UNAVAILABLE,
-}
-
-
-async def _abort_with(context: grpc.aio.ServicerContext, err: OpenTinkerError) -> NoReturn:
-    code = _STATUS_OF.get(type(err), grpc.StatusCode.INTERNAL)
-    await abort(context, code, err.message, reason=err.reason)
-    raise AssertionError("unreachable: abort raises")  # for type checkers
 
 
 def _instance_pb(instance: Instance) -> envhub_pb2.EnvironmentInstance:
@@ -55,7 +41,28 @@ def _instance_pb(instance: Instance) -> envhub_pb2.EnvironmentInstance:
             if instance.healthy
             else envhub_pb2.INSTANCE_HEALTH_NOT_SERVING
         ),
+        tenant_id=instance.tenant_id,
+        shared=instance.shared,
     )
+
+
+# Who may call what: env servers register with their user's key; rollouts run episodes with
+# their job token (or, run by hand, a user's key).
+ACCESS_RULES = rules_for(
+    envhub_pb2.DESCRIPTOR.services_by_name["EnvHubService"],
+    {
+        "RegisterEnvironment": USERS,
+        "RenewRegistration": USERS,
+        "DeregisterEnvironment": USERS,
+        "ListEnvironments": USERS | JOBS,
+        "RunEpisodes": USERS | JOBS,
+    },
+)
+
+
+def _scope() -> str | None:
+    """The tenant whose envs the caller may see (None for an admin: all)."""
+    return current_principal().tenant_scope
 
 
 class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
@@ -66,11 +73,32 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def RegisterEnvironment(self, request, context):  # noqa: N802
+        caller = current_principal()
+        if request.shared and not caller.is_admin:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"only an admin may register a shared env; {caller.describe()} is not one "
+                "(register it unshared: it is then private to your tenant)",
+                reason="SHARED_NEEDS_ADMIN",
+            )
         try:
-            instance = self._registry.register(request.env_name, request.address, request.capacity)
+            instance = self._registry.register(
+                request.env_name,
+                request.address,
+                request.capacity,
+                tenant_id=caller.tenant_id,
+                shared=request.shared,
+            )
         except OpenTinkerError as err:
-            await _abort_with(context, err)
-        log.info("registered", env=instance.env_name, address=instance.address)
+            await abort_with(context, err)
+        log.info(
+            "registered",
+            env=instance.env_name,
+            address=instance.address,
+            tenant_id=instance.tenant_id,
+            shared=instance.shared,
+        )
         return envhub_pb2.RegisterEnvironmentResponse(
             instance=_instance_pb(instance),
             renew_interval_s=self._settings.renew_interval_s,
@@ -79,24 +107,24 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
 
     async def RenewRegistration(self, request, context):  # noqa: N802
         try:
-            self._registry.renew(request.instance_id)
+            self._registry.renew(request.instance_id, tenant=_scope())
         except OpenTinkerError as err:
-            await _abort_with(context, err)
+            await abort_with(context, err)
         return envhub_pb2.RenewRegistrationResponse()
 
     async def DeregisterEnvironment(self, request, context):  # noqa: N802
-        self._registry.deregister(request.instance_id)
+        self._registry.deregister(request.instance_id, tenant=_scope())
         return envhub_pb2.DeregisterEnvironmentResponse()
 
     async def ListEnvironments(self, request, context):  # noqa: N802
         try:
             instances, token = page(
-                self._registry.instances(),
+                self._registry.instances(tenant=_scope()),
                 page_size=request.page_size,
                 page_token=request.page_token,
             )
         except OpenTinkerError as err:
-            await _abort_with(context, err)
+            await abort_with(context, err)
         return envhub_pb2.ListEnvironmentsResponse(
             instances=[_instance_pb(i) for i in instances], next_page_token=token
         )
@@ -109,6 +137,14 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "the first RunEpisodes message must be 'open' (OpenEpisodes with env_name)",
             )
+        caller = current_principal()
+        if caller.kind == "job" and first.open.job_id != caller.job_id:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"open.job_id {first.open.job_id!r}: this job token is of job {caller.job_id}",
+                reason="NOT_THIS_JOB",
+            )
         router = EpisodeRouter(
             self._registry,
             self._channels,
@@ -116,11 +152,12 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             job_id=first.open.job_id,
             call_timeout_s=self._settings.env_call_timeout_s,
             max_observation_chars=self._settings.max_observation_chars,
+            tenant=caller.tenant_scope,
         )
         try:
             spec = await router.open()
         except OpenTinkerError as err:
-            await _abort_with(context, err)
+            await abort_with(context, err)
         replies = _Replies(context)
         await replies.send(opened=envhub_pb2.EpisodesOpened(spec=spec))
         in_flight: set[asyncio.Task[None]] = set()

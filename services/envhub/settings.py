@@ -31,6 +31,11 @@ class EnvHubSettings(BaseSettings):
     )
     builtin_envs: list[str] = Field(default_factory=lambda: list(DEFAULT_BUILTIN_ENVS))
     builtin_capacity: int = Field(256, ge=0, description="Episodes per built-in env; 0 = any.")
+    scheduler_address: str = Field(
+        "127.0.0.1:50051",
+        min_length=1,
+        description="The scheduler, whose IdentityService checks every caller's credential.",
+    )
     log_level: str = "INFO"
 
     @model_validator(mode="after")

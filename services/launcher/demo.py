@@ -72,6 +72,9 @@ def run_up(
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
             f"  redis {mesh.redis_url}\nlogs in {mesh.log_dir}\n"
+            f"your API key (tenant 'local') is in {mesh.secrets_dir / 'api.key'}; the admin key "
+            f"in {mesh.secrets_dir / 'admin.key'}\n"
+            f"export OPENTINKER_API_KEY=$(cat {mesh.secrets_dir / 'api.key'})\n"
             f"submit with: opentinker --scheduler {mesh.scheduler_address} submit SPEC.json"
         )
         try:
@@ -108,7 +111,7 @@ def run_demo(
         def show(event: JobEvent) -> None:
             print_event(console, event, every=10)
 
-        with Client(mesh.scheduler_address) as client:
+        with Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
             try:
                 job = client.fit(spec, on_event=show)
             except OpenTinkerError as err:

@@ -13,8 +13,10 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, ConfigDict
 
+from opentinker.services.launcher.local_user import ensure_local_user_key
 from opentinker.services.launcher.processes import ServiceProcess, free_port
 from opentinker.services.launcher.redis_process import RedisProcess
+from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE, WORKER_TOKEN_FILE
 
 log = structlog.get_logger()
 
@@ -45,6 +47,8 @@ class LocalMesh:
         self.redis_url = settings.redis_url or ""
         self.scheduler_address = ""
         self.envhub_address = ""
+        self.secrets_dir = self.run_root / "secrets"
+        self.api_key = ""  # the local user's, once started (also in secrets/api.key)
 
     def __enter__(self) -> LocalMesh:
         try:
@@ -66,16 +70,6 @@ class LocalMesh:
         self.scheduler_address = f"{s.host}:{s.scheduler_port or free_port(s.host)}"
         self.envhub_address = f"{s.host}:{s.envhub_port or free_port(s.host)}"
         common = {"OPENTINKER_REDIS_URL": self.redis_url}
-        envhub = self._start(
-            "envhub",
-            "opentinker.services.envhub",
-            {
-                **common,
-                "OPENTINKER_HOST": s.host,
-                "OPENTINKER_PORT": self.envhub_address.split(":")[1],
-            },
-            address=self.envhub_address,
-        )
         scheduler = self._start(
             "scheduler",
             "opentinker.services.scheduler",
@@ -83,16 +77,35 @@ class LocalMesh:
                 **common,
                 "OPENTINKER_HOST": s.host,
                 "OPENTINKER_PORT": self.scheduler_address.split(":")[1],
+                "OPENTINKER_AUTH_SECRET_FILE": str(self.secrets_dir / "auth.secret"),
+                "OPENTINKER_BOOTSTRAP_DIR": str(self.secrets_dir),
             },
             address=self.scheduler_address,
         )
-        envhub.wait_serving(timeout_s=s.startup_timeout_s)
+        envhub = self._start(
+            "envhub",
+            "opentinker.services.envhub",
+            {
+                **common,
+                "OPENTINKER_HOST": s.host,
+                "OPENTINKER_PORT": self.envhub_address.split(":")[1],
+                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
+            },
+            address=self.envhub_address,
+        )
         scheduler.wait_serving(timeout_s=s.startup_timeout_s)
+        envhub.wait_serving(timeout_s=s.startup_timeout_s)
+        self.api_key = ensure_local_user_key(
+            self.scheduler_address,
+            admin_key_file=self.secrets_dir / ADMIN_KEY_FILE,
+            key_file=self.secrets_dir / "api.key",
+        )
         self._start(
             "worker",
             "opentinker.services.worker",
             {
                 **common,
+                "OPENTINKER_WORKER_TOKEN_FILE": str(self.secrets_dir / WORKER_TOKEN_FILE),
                 "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
                 "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
                 "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),

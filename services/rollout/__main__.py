@@ -28,9 +28,16 @@ async def main() -> None:
     args = parse_args()
     launch = LaunchConfig.read(args.launch) if args.launch else None
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
-    settings = RolloutSettings.with_overrides(envhub_address=envhub_address, port=args.port)
+    settings = RolloutSettings.with_overrides(
+        envhub_address=envhub_address,
+        port=args.port,
+        credential=launch.job_token if launch else None,  # else OPENTINKER_ROLLOUT_CREDENTIAL
+    )
     log = configure_logging("rollout", level=settings.log_level)
-    server, port = await create_server(settings)
+    job = launch.job if launch else None
+    server, port = await create_server(
+        settings, job_id=job.job_id if job else "", attempt=job.attempt if job else 0
+    )
     if launch is not None:
         write_atomic(launch.run_dir / "rollout.addr", f"{settings.host}:{port}")
     stop = asyncio.Event()

@@ -70,8 +70,11 @@ class EnvHubClient:
         env_name: str,
         timeout_s: float = 15.0,
         heartbeat_interval_s: float = 5.0,
+        credential: str = "",
     ) -> None:
+        """``credential``: a job token or API key; EnvHub routes to the envs its tenant may use."""
         self.address = address
+        self._credential = credential
         self.job_id = job_id
         self.env_name = env_name
         self.timeout_s = timeout_s
@@ -102,7 +105,7 @@ class EnvHubClient:
         Raises NotFoundError when EnvHub has no such environment, UnavailableError when EnvHub
         cannot be reached or does not answer within ``timeout_s``.
         """
-        self._channel = aio_channel(self.address)
+        self._channel = aio_channel(self.address, credential=self._credential)
         self._call = envhub_pb2_grpc.EnvHubServiceStub(self._channel).RunEpisodes()
         self._opened = asyncio.get_running_loop().create_future()
         self._tasks = [

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from opentinker.auth import api_key_from_env
 from opentinker.errors import ConfigError
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -84,6 +85,7 @@ def run_inference(
     envhub_address: str,
     episodes: int,
     output: Path,
+    api_key: str | None = None,
     env_options: Mapping[str, str] | None = None,
     sampling: SamplingParams | None = None,
     max_turns: int = 1,
@@ -101,6 +103,8 @@ def run_inference(
 
     model: a base model (id or directory), a full checkpoint directory, or a LoRA adapter
         directory (see ``load_inference_engine``).
+    api_key: the key sent to EnvHub (default $OPENTINKER_API_KEY); EnvHub serves the envs of
+        the key's tenant and the shared ones.
     split: the dataset split to draw from (passed to the env as the ``split`` option).
     seed: fixes the env seeds of the episodes and the sampling.
     concurrency: episodes played (and generated) together.
@@ -136,6 +140,7 @@ def run_inference(
         model=model,
         env_name=env_name,
         envhub_address=envhub_address,
+        api_key=api_key_from_env(api_key),
         config=config,
         seed=seed,
         device=device,
@@ -150,6 +155,7 @@ class _InferenceRun:
     model: str
     env_name: str
     envhub_address: str
+    api_key: str
     config: LoopConfig
     seed: int
     device: str | None
@@ -166,6 +172,7 @@ class _InferenceRun:
             env_name=self.env_name,
             timeout_s=self.env_timeout_s,
             heartbeat_interval_s=5.0,
+            credential=self.api_key,
         )
         async with envhub:  # an unknown env or a dead EnvHub fails before the model loads
             engine = await asyncio.to_thread(load_inference_engine, self.model, device=self.device)

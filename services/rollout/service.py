@@ -25,6 +25,13 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.services.common.auth import (
+    JOBS,
+    USERS,
+    AuthInterceptor,
+    OwnCredentialAuthenticator,
+    rules_for,
+)
 from opentinker.services.common.grpc_server import create_aio_server, mark_serving
 from opentinker.services.modeling.weights import WeightAssembler
 
@@ -210,12 +217,26 @@ def _batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
     )
 
 
+ACCESS_RULES = rules_for(
+    rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"], {"Rollout": JOBS | USERS}
+)
+
+
 async def create_server(
-    settings: RolloutSettings, *, engine_factory: EngineFactory | None = None
+    settings: RolloutSettings,
+    *,
+    engine_factory: EngineFactory | None = None,
+    job_id: str = "",
+    attempt: int = 0,
 ) -> tuple[grpc.aio.Server, int]:
-    """A started RolloutService server (health + reflection); returns (server, bound port)."""
+    """A started RolloutService server (health + reflection) admitting only the holder of
+    ``settings.credential`` (the job's trainer); returns (server, bound port)."""
+    authenticator = OwnCredentialAuthenticator(settings.credential, job_id=job_id, attempt=attempt)
     server, port, health_servicer = create_aio_server(
-        [SERVICE_NAME], host=settings.host, port=settings.port
+        [SERVICE_NAME],
+        host=settings.host,
+        port=settings.port,
+        interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
     )
     servicer = RolloutServicer(settings, engine_factory or default_engine_factory(settings))
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)

@@ -163,6 +163,7 @@ class RolloutSession:
             env_name=config.env_name,
             timeout_s=self.settings.env_timeout_s,
             heartbeat_interval_s=self.settings.env_heartbeat_s,
+            credential=self.settings.credential,
         )
 
     def require_open(self, what: str) -> GenerationEngine:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -30,6 +30,15 @@ class RolloutSettings(BaseSettings):
         16384, ge=1, description="a longer env observation ends its episode with ENV_ERROR"
     )
     log_level: str = "INFO"
+    # Sent to EnvHub on every call, and the only credential the rollout admits: the job token
+    # (from the launch file) when a worker starts it; an API key when started by hand.
+    credential: str = Field(
+        "",
+        repr=False,
+        validation_alias=AliasChoices(
+            "credential", "OPENTINKER_ROLLOUT_CREDENTIAL", "OPENTINKER_API_KEY"
+        ),
+    )
 
     @classmethod
     def with_overrides(cls, **values: object) -> RolloutSettings:

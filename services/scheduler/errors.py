@@ -19,3 +19,7 @@ class IllegalTransitionError(FailedPreconditionError):
 
 class StaleAttemptError(FailedPreconditionError):
     """A message about an attempt of a job that is no longer its current attempt."""
+
+
+class IdentityNotFoundError(NotFoundError):
+    """No tenant, user or key has this id (NOT_FOUND)."""

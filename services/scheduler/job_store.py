@@ -8,8 +8,10 @@ Redis layout (``prefix`` defaults to ``ot:jobs``)::
 
     <prefix>:job:<job_id>                 STRING serialized common_pb2.Job
     <prefix>:index                        ZSET job id -> creation number (newest = highest)
+    <prefix>:index:tenant:<tenant_id>     ZSET the same, for one tenant's jobs
     <prefix>:counter                      STRING creation counter
-    <prefix>:request:<request_id>         STRING job id of the first SubmitJob with that id
+    <prefix>:request:<tenant>:<request_id>  STRING job id of the tenant's first SubmitJob with
+                                          that id (request ids of tenants never collide)
     <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step of attempt n
 """
 
@@ -94,16 +96,24 @@ class JobStore(Protocol):
     """Persistent jobs. ``transition`` is atomic against concurrent writers."""
 
     async def create(
-        self, spec: common_pb2.JobSpec, *, request_id: str = ""
+        self,
+        spec: common_pb2.JobSpec,
+        *,
+        request_id: str = "",
+        tenant_id: str = "",
+        owner_user_id: str = "",
     ) -> tuple[common_pb2.Job, bool]:
-        """Store a new QUEUED job; returns (job, created). A repeated request_id returns the
-        first job and created=False."""
+        """Store a new QUEUED job of ``tenant_id``; returns (job, created). A repeated
+        request_id of the same tenant returns the first job and created=False."""
 
     async def get(self, job_id: str) -> common_pb2.Job:
         """The job; raises JobNotFoundError."""
 
-    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
-        """Jobs newest first; raises ConfigError for a malformed page_token."""
+    async def list_jobs(
+        self, *, page_size: int = 0, page_token: str = "", tenant_id: str | None = None
+    ) -> JobPage:
+        """Jobs newest first, of one tenant or (None) of all; ConfigError for a malformed
+        page_token."""
 
     async def transition(
         self,
@@ -143,6 +153,7 @@ end
 local n = redis.call('INCR', KEYS[3])
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], n, ARGV[1])
+redis.call('ZADD', KEYS[5], n, ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[4], ARGV[1]) end
 return ARGV[1]
 """
@@ -160,7 +171,12 @@ class RedisJobStore:
         return ":".join((self._prefix, *parts))
 
     async def create(
-        self, spec: common_pb2.JobSpec, *, request_id: str = ""
+        self,
+        spec: common_pb2.JobSpec,
+        *,
+        request_id: str = "",
+        tenant_id: str = "",
+        owner_user_id: str = "",
     ) -> tuple[common_pb2.Job, bool]:
         now = time.time()
         job = common_pb2.Job(
@@ -170,13 +186,16 @@ class RedisJobStore:
             reason="submitted",
             created_unix_s=now,
             updated_unix_s=now,
+            tenant_id=tenant_id,
+            owner_user_id=owner_user_id,
         )
         stored_id = await self._create(
             keys=[
                 self._key("job", job.job_id),
                 self._key("index"),
                 self._key("counter"),
-                self._key("request", request_id or "-"),
+                self._key("request", tenant_id, request_id or "-"),
+                self._key("index", "tenant", tenant_id),
             ],
             args=[job.job_id, job.SerializeToString(), "1" if request_id else "0"],
         )
@@ -191,7 +210,10 @@ class RedisJobStore:
             raise JobNotFoundError.for_id(job_id)
         return common_pb2.Job.FromString(raw)
 
-    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
+    async def list_jobs(
+        self, *, page_size: int = 0, page_token: str = "", tenant_id: str | None = None
+    ) -> JobPage:
+        index = self._key("index") if tenant_id is None else self._key("index", "tenant", tenant_id)
         size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         if size < 0:
             raise ConfigError(f"page_size must be >= 0, got {page_size}", reason="INVALID_PAGE")
@@ -203,7 +225,7 @@ class RedisJobStore:
             )
         top = f"({page_token}" if page_token else "+inf"
         rows: list[Any] = await self._r.zrevrangebyscore(
-            self._key("index"), top, "-inf", start=0, num=size + 1, withscores=True
+            index, top, "-inf", start=0, num=size + 1, withscores=True
         )
         page = rows[:size]
         jobs = []

@@ -20,6 +20,7 @@ import structlog
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
 from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.common.auth import Principal
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
     JobNotFoundError,
@@ -75,6 +76,7 @@ class Scheduler:
         self._queue = stores.queue
         self._ledger = stores.ledger
         self._events = stores.events
+        self._identity = stores.identity
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self._sessions: dict[str, WorkerSession] = {}
@@ -117,10 +119,15 @@ class Scheduler:
 
     # ---- jobs -------------------------------------------------------------------------------
 
-    async def submit(self, spec: common_pb2.JobSpec, *, request_id: str = "") -> common_pb2.Job:
-        """Validate (ConfigError naming the field) and queue a job; idempotent on request_id."""
+    async def submit(
+        self, spec: common_pb2.JobSpec, *, owner: Principal, request_id: str = ""
+    ) -> common_pb2.Job:
+        """Validate (ConfigError naming the field) and queue a job of ``owner``'s tenant;
+        idempotent on (tenant, request_id)."""
         from_proto(spec)
-        job, created = await self._jobs.create(spec, request_id=request_id)
+        job, created = await self._jobs.create(
+            spec, request_id=request_id, tenant_id=owner.tenant_id, owner_user_id=owner.user_id
+        )
         if created:
             await self._events.append(job.job_id, state_change(QUEUED, job.reason))
             await self._queue.push(job.job_id)
@@ -128,17 +135,26 @@ class Scheduler:
             self.wake()
         return job
 
-    async def get(self, job_id: str) -> common_pb2.Job:
-        return await self._jobs.get(job_id)
+    async def get(self, job_id: str, *, tenant: str | None) -> common_pb2.Job:
+        """The job, if it belongs to ``tenant`` (None = any tenant); else JobNotFoundError,
+        the same answer as for a job that does not exist."""
+        job = await self._jobs.get(job_id)
+        if tenant is not None and job.tenant_id != tenant:
+            raise JobNotFoundError.for_id(job_id)
+        return job
 
-    async def list_jobs(self, *, page_size: int = 0, page_token: str = "") -> JobPage:
-        return await self._jobs.list_jobs(page_size=page_size, page_token=page_token)
+    async def list_jobs(
+        self, *, tenant: str | None, page_size: int = 0, page_token: str = ""
+    ) -> JobPage:
+        return await self._jobs.list_jobs(
+            page_size=page_size, page_token=page_token, tenant_id=tenant
+        )
 
-    async def cancel(self, job_id: str, reason: str = "") -> common_pb2.Job:
+    async def cancel(self, job_id: str, reason: str = "", *, tenant: str | None) -> common_pb2.Job:
         """QUEUED: cancelled at once. ALLOCATING/RUNNING: its worker is told to stop and its
         lease released. A finished job raises IllegalTransitionError."""
         reason = reason or "cancelled by request"
-        job = await self._jobs.get(job_id)
+        job = await self.get(job_id, tenant=tenant)
         if job.state in TERMINAL_STATES:
             raise IllegalTransitionError(
                 f"job {job_id!r} already ended ({state_name(job.state)}: {job.reason}); "
@@ -146,6 +162,7 @@ class Scheduler:
                 reason="JOB_ENDED",
             )
         cancelled = await self._jobs.transition(job_id, CANCELLED, reason=reason)
+        await self._identity.revoke_job_tokens(job_id)
         await self._queue.remove(job_id)
         await self._events.append(job_id, state_change(CANCELLED, reason))
         if job.worker_id:
@@ -156,9 +173,11 @@ class Scheduler:
         log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
         return cancelled
 
-    async def watch(self, job_id: str, from_seq: int = 1) -> AsyncIterator[common_pb2.JobEvent]:
+    async def watch(
+        self, job_id: str, from_seq: int = 1, *, tenant: str | None
+    ) -> AsyncIterator[common_pb2.JobEvent]:
         """The job's events from ``from_seq``, live until it ends; JobNotFoundError first."""
-        await self._jobs.get(job_id)
+        await self.get(job_id, tenant=tenant)
         return self._events.read(job_id, from_seq)
 
     # ---- reports from the job's own processes (return True = the reporter should stop) ------
@@ -332,7 +351,12 @@ class Scheduler:
             await self._ledger.release(lease_id)
             return False
         session.running[(job_id, job.attempt)] = lease_id
-        session.send(LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids))
+        token = await self._identity.issue_job_token(
+            job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
+        )
+        session.send(
+            LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids, job_token=token)
+        )
         log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
         return True
 
@@ -410,6 +434,8 @@ class Scheduler:
         except (IllegalTransitionError, StaleAttemptError) as err:
             log.info("transition_skipped", job_id=job_id, to=state_name(to), why=str(err))
             raise
+        if to not in ACTIVE_STATES:  # the attempt is over: its processes lose their credential
+            await self._identity.revoke_job_tokens(job_id)
         await self._events.append(job_id, state_change(to, reason))
         log.info("job_state", job_id=job_id, state=state_name(to), reason=reason)
         return job

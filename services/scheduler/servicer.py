@@ -12,12 +12,18 @@ import structlog
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import (
     ConfigError,
-    FailedPreconditionError,
-    NotFoundError,
     OpenTinkerError,
 )
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from opentinker.services.common.grpc_server import abort
+from opentinker.services.common.auth import (
+    JOBS,
+    USERS,
+    WORKERS,
+    current_principal,
+    require_job,
+    rules_for,
+)
+from opentinker.services.common.grpc_server import abort, abort_with
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
@@ -30,18 +36,24 @@ from opentinker.services.scheduler.worker_session import (
 
 log = structlog.get_logger(__name__)
 
-_CODES: list[tuple[type[OpenTinkerError], grpc.StatusCode]] = [
-    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
-]
+# Who may call what; the servicer narrows further (own tenant, own job, own worker id).
+ACCESS_RULES = rules_for(
+    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"],
+    {
+        "SubmitJob": USERS,
+        "GetJob": USERS,
+        "ListJobs": USERS,
+        "CancelJob": USERS,
+        "WatchJob": USERS,
+        "ReportJobProgress": JOBS,
+        "ConnectWorker": WORKERS,
+    },
+)
 
 
-async def _abort_for(context: grpc.aio.ServicerContext, err: OpenTinkerError) -> None:
-    for cls, code in _CODES:
-        if isinstance(err, cls):
-            await abort(context, code, err.message, reason=err.reason)
-    raise err
+def _scope() -> str | None:
+    """The tenant whose jobs the caller sees (None for an admin: every tenant)."""
+    return current_principal().tenant_scope
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -52,18 +64,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SubmitJobResponse:
         try:
-            job = await self._scheduler.submit(request.spec, request_id=request.request_id)
+            job = await self._scheduler.submit(
+                request.spec, owner=current_principal(), request_id=request.request_id
+            )
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         return scheduler_pb2.SubmitJobResponse(job=job)
 
     async def GetJob(
         self, request: scheduler_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetJobResponse:
         try:
-            job = await self._scheduler.get(request.job_id)
+            job = await self._scheduler.get(request.job_id, tenant=_scope())
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         return scheduler_pb2.GetJobResponse(job=job)
 
     async def ListJobs(
@@ -71,28 +85,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ListJobsResponse:
         try:
             page = await self._scheduler.list_jobs(
-                page_size=request.page_size, page_token=request.page_token
+                tenant=_scope(), page_size=request.page_size, page_token=request.page_token
             )
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         return scheduler_pb2.ListJobsResponse(jobs=page.jobs, next_page_token=page.next_page_token)
 
     async def CancelJob(
         self, request: scheduler_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CancelJobResponse:
         try:
-            job = await self._scheduler.cancel(request.job_id, request.reason)
+            job = await self._scheduler.cancel(request.job_id, request.reason, tenant=_scope())
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         return scheduler_pb2.CancelJobResponse(job=job)
 
     async def WatchJob(
         self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
         try:
-            events = await self._scheduler.watch(request.job_id, request.from_seq)
+            events = await self._scheduler.watch(request.job_id, request.from_seq, tenant=_scope())
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         async for event in events:
             yield scheduler_pb2.WatchJobResponse(event=event)
 
@@ -100,6 +114,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ReportJobProgressRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ReportJobProgressResponse:
         s, job_id, attempt = self._scheduler, request.job_id, request.attempt
+        await require_job(context, job_id, attempt)
         kind = request.WhichOneof("payload")
         try:
             if kind == "step":
@@ -115,7 +130,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     "payload: set one of step, log, failure or result", reason="EMPTY_REPORT"
                 )
         except OpenTinkerError as err:
-            await _abort_for(context, err)
+            await abort_with(context, err)
         return scheduler_pb2.ReportJobProgressResponse(stop=stop)
 
     async def ConnectWorker(
@@ -185,6 +200,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         ids = [d.device_id for d in reg.devices]
         if not reg.worker_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "register.worker_id: set it")
+        bound_to = current_principal().worker_id
+        if bound_to and bound_to != reg.worker_id:
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this worker token is for worker {bound_to!r}, not {reg.worker_id!r}",
+                reason="WRONG_WORKER",
+            )
         if "" in ids or len(set(ids)) != len(ids):
             await abort(
                 context,
@@ -242,7 +265,10 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
     if isinstance(command, LaunchCommand):
         return {
             "launch": scheduler_pb2.LaunchJob(
-                job=command.job, lease_id=command.lease_id, device_ids=list(command.device_ids)
+                job=command.job,
+                lease_id=command.lease_id,
+                device_ids=list(command.device_ids),
+                job_token=command.job_token,
             )
         }
     if isinstance(command, StopCommand):

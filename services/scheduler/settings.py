@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -19,6 +21,12 @@ class SchedulerSettings(BaseSettings):
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
     )
     log_level: str = "INFO"
+    # The HMAC key under which credentials are stored; made (mode 0600) if the file is missing.
+    # Unset: a secret kept in Redis beside the digests (fine for one machine; set a file, kept
+    # apart from Redis's data, in deployment).
+    auth_secret_file: Path | None = None
+    # Where the first admin key and worker token are written (mode 0600); unset = not made.
+    bootstrap_dir: Path | None = None
 
     @model_validator(mode="after")
     def _ttl_outlasts_heartbeats(self) -> SchedulerSettings:

@@ -1,4 +1,5 @@
-"""The scheduler's state, all in Redis: jobs, the queue, the lease ledger, the event log."""
+"""The scheduler's state, all in Redis: jobs, the queue, the lease ledger, the event log, and
+tenants, users and credentials."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
+from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
 from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
 from opentinker.services.scheduler.job_store import JobStore, RedisJobStore
 from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
@@ -21,6 +23,7 @@ class Stores:
     queue: JobQueue
     ledger: LeaseLedger
     events: EventLog
+    identity: IdentityStore
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -33,10 +36,12 @@ def connect_redis(url: str) -> aioredis.Redis:
     )
 
 
-def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float) -> Stores:
+def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float, server_secret: bytes) -> Stores:
+    """``server_secret`` keys the HMAC under which credentials are stored (credentials.py)."""
     return Stores(
         jobs=RedisJobStore(client),
         queue=RedisJobQueue(client),
         ledger=RedisLeaseLedger(client, lease_ttl_s=lease_ttl_s),
         events=RedisEventLog(client),
+        identity=RedisIdentityStore(client, server_secret=server_secret),
     )

@@ -27,6 +27,7 @@ class LaunchCommand:
     job: common_pb2.Job  # attempt already counted
     lease_id: str
     device_ids: tuple[str, ...]
+    job_token: str  # the attempt's own credential (identity.proto)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,14 @@ import transformers
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError, OpenTinkerError
+from opentinker.services.common.auth import (
+    JOBS,
+    USERS,
+    Authenticator,
+    AuthInterceptor,
+    OwnCredentialAuthenticator,
+    rules_for,
+)
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.spec import JobSpec, from_proto
@@ -49,11 +57,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
 
+ACCESS_RULES = rules_for(
+    trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"], {"GetTrainerStatus": JOBS | USERS}
+)
+
+
 async def create_server(
-    settings: TrainerSettings, status: TrainerStatus
+    settings: TrainerSettings, status: TrainerStatus, *, authenticator: Authenticator
 ) -> tuple[grpc.aio.Server, int]:
-    """A started TrainerService server (health + reflection) on settings.host:settings.port."""
-    server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
+    """A started TrainerService server (health + reflection) on settings.host:settings.port,
+    admitting only the callers ``authenticator`` knows (the job's own token)."""
+    server, port, health = create_aio_server(
+        [SERVICE_NAME],
+        host=settings.host,
+        port=settings.port,
+        interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
+    )
     trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(status), server)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
@@ -64,7 +83,8 @@ async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerS
     """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure)."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
-    async with aio_channel(launch.scheduler_address) as scheduler_channel:
+    token = launch.job_token
+    async with aio_channel(launch.scheduler_address, credential=token) as scheduler_channel:
         reporter = SchedulerReporter(
             scheduler_channel,
             address=launch.scheduler_address,
@@ -77,7 +97,8 @@ async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerS
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
         status = TrainerStatus(job_id=job.job_id, finetune=spec.model.finetune)
-        server, port = await create_server(settings, status)
+        authenticator = OwnCredentialAuthenticator(token, job_id=job.job_id, attempt=job.attempt)
+        server, port = await create_server(settings, status, authenticator=authenticator)
         try:
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
             job_log.info("trainer_serving", port=port, rollout=rollout_address)
@@ -107,7 +128,7 @@ async def _train(
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _report_failure(reporter, reason, log.bind(job_id=job_id))
-    async with aio_channel(rollout_address) as rollout_channel:
+    async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         loop = RlLoop(
             job_id=job_id,
             spec=spec,

@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
+from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.worker.devices import Device
@@ -51,7 +52,13 @@ class WorkerAgent:
         """Serve the scheduler until ``stop`` is set, reconnecting with backoff."""
         backoff = self.settings.reconnect_initial_s
         while not stop.is_set():
-            connection = _Connection(self, stop)
+            try:
+                connection = _Connection(self, stop)
+            except ConfigError as err:  # e.g. the token file is not written yet: wait for it
+                self.log.warning("no_worker_token", error=err.message, retry_in_s=backoff)
+                await wait_event(stop, backoff)
+                backoff = min(backoff * 2, self.settings.reconnect_max_s)
+                continue
             try:
                 await connection.serve()
                 backoff = self.settings.reconnect_initial_s
@@ -76,7 +83,9 @@ class _Connection:
         self.settings = agent.settings
         self.stop = stop
         self.registered = False
-        self.channel = aio_channel(self.settings.scheduler_address)
+        self.channel = aio_channel(
+            self.settings.scheduler_address, credential=self.settings.credential()
+        )
         self.call: grpc.aio.StreamStreamCall = scheduler_pb2_grpc.SchedulerServiceStub(
             self.channel
         ).ConnectWorker()
@@ -187,6 +196,7 @@ class _Connection:
             job,
             lease_id=launch.lease_id,
             device_ids=list(launch.device_ids),
+            job_token=launch.job_token,
             settings=self.settings,
             on_launched=launched,
         )

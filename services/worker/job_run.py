@@ -40,12 +40,14 @@ class JobRun:
         *,
         lease_id: str,
         device_ids: list[str],
+        job_token: str,
         settings: WorkerSettings,
         on_launched: Callable[[], Awaitable[None]],
     ) -> None:
         self.job = job
         self.lease_id = lease_id
         self.device_ids = device_ids
+        self.job_token = job_token
         self.settings = settings
         self.run_dir = Path(settings.run_root) / job.job_id / f"attempt-{job.attempt}"
         self._on_launched = on_launched
@@ -75,6 +77,7 @@ class JobRun:
             scheduler_address=self.settings.scheduler_address,
             envhub_address=self.settings.envhub_address,
             run_dir=self.run_dir.resolve(),
+            job_token=self.job_token,
         ).write(launch_path)
         env = {
             **os.environ,

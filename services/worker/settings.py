@@ -12,6 +12,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from opentinker.errors import ConfigError
+
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -45,6 +47,23 @@ class WorkerSettings(BaseSettings):
     reconnect_initial_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(10.0, gt=0)
     log_level: str = "INFO"
+    # The worker token this agent presents to the scheduler (identity.proto): given directly,
+    # or read from a file (e.g. the scheduler's bootstrap worker.token, mode 0600).
+    worker_token: str = Field("", repr=False)
+    worker_token_file: Path | None = None
+
+    def credential(self) -> str:
+        """The worker token; ConfigError naming both settings when neither gives one."""
+        if self.worker_token:
+            return self.worker_token
+        if self.worker_token_file is not None and self.worker_token_file.exists():
+            return self.worker_token_file.read_text().strip()
+        raise ConfigError(
+            "the worker has no worker token: set OPENTINKER_WORKER_TOKEN, or "
+            "OPENTINKER_WORKER_TOKEN_FILE to a file holding one (an admin makes one with "
+            "`opentinker admin create-worker-token`; the scheduler's bootstrap dir has one)",
+            reason="NO_WORKER_TOKEN",
+        )
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -150,7 +150,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics")
+    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")
     class FinalMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,8 @@ class Job(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_URI_FIELD_NUMBER: _ClassVar[int]
     FINAL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_USER_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -178,7 +180,9 @@ class Job(_message.Message):
     worker_id: str
     checkpoint_uri: str
     final_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    tenant_id: str
+    owner_user_id: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "policy_version", "metrics")

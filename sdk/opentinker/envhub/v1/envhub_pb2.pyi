@@ -19,7 +19,7 @@ INSTANCE_HEALTH_SERVING: InstanceHealth
 INSTANCE_HEALTH_NOT_SERVING: InstanceHealth
 
 class EnvironmentInstance(_message.Message):
-    __slots__ = ("instance_id", "env_name", "address", "capacity", "active_episodes", "registered_unix_s", "health")
+    __slots__ = ("instance_id", "env_name", "address", "capacity", "active_episodes", "registered_unix_s", "health", "tenant_id", "shared")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class EnvironmentInstance(_message.Message):
     ACTIVE_EPISODES_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     env_name: str
     address: str
@@ -34,17 +36,21 @@ class EnvironmentInstance(_message.Message):
     active_episodes: int
     registered_unix_s: float
     health: InstanceHealth
-    def __init__(self, instance_id: _Optional[str] = ..., env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_episodes: _Optional[int] = ..., registered_unix_s: _Optional[float] = ..., health: _Optional[_Union[InstanceHealth, str]] = ...) -> None: ...
+    tenant_id: str
+    shared: bool
+    def __init__(self, instance_id: _Optional[str] = ..., env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_episodes: _Optional[int] = ..., registered_unix_s: _Optional[float] = ..., health: _Optional[_Union[InstanceHealth, str]] = ..., tenant_id: _Optional[str] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class RegisterEnvironmentRequest(_message.Message):
-    __slots__ = ("env_name", "address", "capacity")
+    __slots__ = ("env_name", "address", "capacity", "shared")
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     address: str
     capacity: int
-    def __init__(self, env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ...) -> None: ...
+    shared: bool
+    def __init__(self, env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class RegisterEnvironmentResponse(_message.Message):
     __slots__ = ("instance", "renew_interval_s", "ttl_s")

@@ -26,7 +26,11 @@ if _version_not_supported:
 
 
 class EnvHubServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
+    register with their user's API key; rollouts run episodes with their job token. An env
+    registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
+    shared; the built-in envs are shared.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -62,7 +66,11 @@ class EnvHubServiceStub:
 
 
 class EnvHubServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
+    register with their user's API key; rollouts run episodes with their job token. An env
+    registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
+    shared; the built-in envs are shared.
+    """
 
     def RegisterEnvironment(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -134,7 +142,11 @@ def add_EnvHubServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EnvHubService:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
+    register with their user's API key; rollouts run episodes with their job token. An env
+    registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
+    shared; the built-in envs are shared.
+    """
 
     @staticmethod
     def RegisterEnvironment(request,

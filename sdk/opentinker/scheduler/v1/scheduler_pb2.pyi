@@ -209,14 +209,16 @@ class WorkerRegistered(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class LaunchJob(_message.Message):
-    __slots__ = ("job", "lease_id", "device_ids")
+    __slots__ = ("job", "lease_id", "device_ids", "job_token")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     job: _common_pb2.Job
     lease_id: str
     device_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    job_token: str
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ...) -> None: ...
 
 class StopJob(_message.Message):
     __slots__ = ("job_id", "reason")

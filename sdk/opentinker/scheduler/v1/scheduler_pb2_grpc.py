@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class SchedulerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (identity.proto). Users see only their own tenant's jobs
+    (admins see all); another tenant's job is NOT_FOUND.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -72,7 +74,9 @@ class SchedulerServiceStub:
 
 
 class SchedulerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (identity.proto). Users see only their own tenant's jobs
+    (admins see all); another tenant's job is NOT_FOUND.
+    """
 
     def SubmitJob(self, request, context):
         """Validates and queues a job. A repeat with the same request_id returns the first answer.
@@ -107,14 +111,16 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportJobProgress(self, request, context):
-        """The job's own processes (trainer) report progress, failure reasons and results.
+        """The job's own processes (trainer) report progress, failure reasons and results. Needs the
+        job token of that attempt; a user's key gets PERMISSION_DENIED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ConnectWorker(self, request_iterator, context):
-        """One per worker agent: register devices, heartbeat, launch, stop, exit status.
+        """One per worker agent: register devices, heartbeat, launch, stop, exit status. Needs a
+        worker token (see identity.proto).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -167,7 +173,9 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SchedulerService:
-    """Missing associated documentation comment in .proto file."""
+    """Every call needs a credential (identity.proto). Users see only their own tenant's jobs
+    (admins see all); another tenant's job is NOT_FOUND.
+    """
 
     @staticmethod
     def SubmitJob(request,

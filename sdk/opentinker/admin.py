@@ -1,0 +1,104 @@
+"""The administrators' client: tenants, users, API keys and worker tokens.
+
+    from opentinker.admin import AdminClient
+    with AdminClient("127.0.0.1:50051", api_key=admin_key) as admin:
+        admin.create_tenant("vision-lab")
+        admin.create_user("ada", tenant_id="vision-lab")
+        key = admin.create_api_key("ada", label="laptop")  # shown once: hand it to Ada
+
+Every call needs an admin's API key; others get PermissionDeniedError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from opentinker.connection import Connection
+from opentinker.scheduler.v1 import identity_pb2 as pb
+from opentinker.scheduler.v1 import identity_pb2_grpc
+
+
+class AdminClient:
+    """A connection to the scheduler's AdminService. Close it (or use ``with``) when done."""
+
+    def __init__(self, address: str, *, api_key: str | None = None, timeout: float = 30.0) -> None:
+        self._conn = Connection(address, api_key=api_key, timeout=timeout)
+        self._stub = identity_pb2_grpc.AdminServiceStub(self._conn.channel)
+        self._call = self._conn.call
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def create_tenant(
+        self, tenant_id: str, *, display_name: str = "", timeout: float | None = None
+    ) -> pb.Tenant:
+        request = pb.CreateTenantRequest(tenant_id=tenant_id, display_name=display_name)
+        return self._call(self._stub.CreateTenant, request, timeout).tenant
+
+    def create_user(
+        self,
+        user_id: str,
+        *,
+        tenant_id: str,
+        admin: bool = False,
+        display_name: str = "",
+        timeout: float | None = None,
+    ) -> pb.User:
+        request = pb.CreateUserRequest(
+            user_id=user_id,
+            tenant_id=tenant_id,
+            display_name=display_name,
+            role=pb.ROLE_ADMIN if admin else pb.ROLE_MEMBER,
+        )
+        return self._call(self._stub.CreateUser, request, timeout).user
+
+    def create_api_key(self, user_id: str, *, label: str = "", timeout: float | None = None) -> str:
+        """A new key of ``user_id``: returned once, stored only as a digest."""
+        request = pb.CreateApiKeyRequest(user_id=user_id, label=label)
+        return self._call(self._stub.CreateApiKey, request, timeout).api_key
+
+    def create_worker_token(
+        self, *, worker_id: str = "", label: str = "", timeout: float | None = None
+    ) -> str:
+        request = pb.CreateWorkerTokenRequest(worker_id=worker_id, label=label)
+        return self._call(self._stub.CreateWorkerToken, request, timeout).worker_token
+
+    def revoke_api_key(self, key_prefix: str, *, timeout: float | None = None) -> pb.ApiKeyInfo:
+        request = pb.RevokeApiKeyRequest(key_prefix=key_prefix)
+        return self._call(self._stub.RevokeApiKey, request, timeout).info
+
+    def list_api_keys(
+        self, *, tenant_id: str = "", timeout: float | None = None
+    ) -> Iterator[pb.ApiKeyInfo]:
+        token = ""
+        while True:
+            request = pb.ListApiKeysRequest(tenant_id=tenant_id, page_token=token)
+            reply = self._call(self._stub.ListApiKeys, request, timeout)
+            yield from reply.keys
+            if not (token := reply.next_page_token):
+                return
+
+    def list_tenants(self, *, timeout: float | None = None) -> Iterator[pb.Tenant]:
+        token = ""
+        while True:
+            reply = self._call(
+                self._stub.ListTenants, pb.ListTenantsRequest(page_token=token), timeout
+            )
+            yield from reply.tenants
+            if not (token := reply.next_page_token):
+                return
+
+    def list_users(self, *, tenant_id: str = "", timeout: float | None = None) -> Iterator[pb.User]:
+        token = ""
+        while True:
+            request = pb.ListUsersRequest(tenant_id=tenant_id, page_token=token)
+            reply = self._call(self._stub.ListUsers, request, timeout)
+            yield from reply.users
+            if not (token := reply.next_page_token):
+                return

@@ -1,0 +1,66 @@
+"""The first credentials of a fresh deployment, made by the scheduler at start-up.
+
+With ``OPENTINKER_BOOTSTRAP_DIR`` set, the scheduler makes sure that folder holds
+``admin.key`` (an API key of user ``admin``, role admin, in tenant ``system``) and
+``worker.token`` (a worker token valid for any worker id), each mode 0600 and shown nowhere
+else. A file whose credential still works is kept; one that does not (a new Redis, a revoked
+key) is replaced. `opentinker up` and compose point the worker at ``worker.token`` and the
+people at ``admin.key``, so a single node needs no manual step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import structlog
+
+from opentinker.errors import AlreadyExistsError, OpenTinkerError
+from opentinker.scheduler.v1 import identity_pb2
+from opentinker.services.scheduler.credentials import write_secret_file
+from opentinker.services.scheduler.identity import RedisIdentityStore
+
+log = structlog.get_logger(__name__)
+
+ADMIN_TENANT = "system"
+ADMIN_USER = "admin"
+ADMIN_KEY_FILE = "admin.key"
+WORKER_TOKEN_FILE = "worker.token"
+
+
+async def ensure_bootstrap_credentials(store: RedisIdentityStore, directory: Path) -> None:
+    """Make ``directory``/admin.key and worker.token hold working credentials."""
+    directory = Path(directory)
+    if not await _works(store, directory / ADMIN_KEY_FILE, "user"):
+        await _ensure(store.create_tenant(ADMIN_TENANT, "OpenTinker administrators"))
+        await _ensure(store.create_user(ADMIN_USER, ADMIN_TENANT, role=identity_pb2.ROLE_ADMIN))
+        key, info = await store.create_api_key(ADMIN_USER, label="bootstrap")
+        write_secret_file(directory / ADMIN_KEY_FILE, key)
+        log.info(
+            "bootstrap_admin_key_written",
+            path=str(directory / ADMIN_KEY_FILE),
+            key_prefix=info.key_prefix,
+        )
+    if not await _works(store, directory / WORKER_TOKEN_FILE, "worker"):
+        token, info = await store.create_worker_token(label="bootstrap")
+        write_secret_file(directory / WORKER_TOKEN_FILE, token)
+        log.info(
+            "bootstrap_worker_token_written",
+            path=str(directory / WORKER_TOKEN_FILE),
+            key_prefix=info.key_prefix,
+        )
+
+
+async def _works(store: RedisIdentityStore, path: Path, kind: str) -> bool:
+    if not path.exists():
+        return False
+    try:
+        principal = await store.authenticate(path.read_text().strip())
+    except OpenTinkerError:
+        return False
+    return principal.kind == kind
+
+
+async def _ensure(creation) -> None:
+    with contextlib.suppress(AlreadyExistsError):
+        await creation

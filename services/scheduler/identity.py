@@ -1,0 +1,293 @@
+"""Tenants, users and credentials in Redis; the scheduler's authenticator.
+
+Redis layout (``prefix`` defaults to ``ot:id``)::
+
+    <prefix>:tenant:<tenant_id>     STRING serialized identity_pb2.Tenant
+    <prefix>:tenants                ZSET tenant id -> creation time
+    <prefix>:user:<user_id>         STRING serialized identity_pb2.User
+    <prefix>:users                  ZSET user id -> creation time
+    <prefix>:cred:<key_prefix>      HASH digest, principal (identity_pb2.Principal), info
+                                    (identity_pb2.ApiKeyInfo), last_used, revoked
+    <prefix>:creds                  ZSET key prefix -> creation time (API keys, worker tokens)
+    <prefix>:job-creds:<job_id>     SET key prefixes of the job's tokens (deleted with them)
+
+A job token is deleted when its attempt ends; a revoked API key is kept (for listings) and
+refused at once. Only digests are stored (credentials.py).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+
+from opentinker.auth import parse_credential
+from opentinker.errors import AlreadyExistsError, AuthenticationError, ConfigError
+from opentinker.scheduler.v1 import identity_pb2
+from opentinker.services.common.auth import Principal
+from opentinker.services.scheduler.credentials import digest, matches, mint
+from opentinker.services.scheduler.errors import IdentityNotFoundError
+
+TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+USER_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+LAST_USED_RESOLUTION_S = 5.0  # last_used is written at most this often per credential
+DEFAULT_PAGE_SIZE = 100
+_ROLES = {
+    identity_pb2.ROLE_UNSPECIFIED: "member",
+    identity_pb2.ROLE_MEMBER: "member",
+    identity_pb2.ROLE_ADMIN: "admin",
+}
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Any]
+    next_page_token: str
+
+
+class IdentityStore(Protocol):
+    async def authenticate(self, credential: str) -> Principal: ...
+    async def create_tenant(
+        self, tenant_id: str, display_name: str = ""
+    ) -> identity_pb2.Tenant: ...
+    async def list_tenants(self, *, page_size: int = 0, page_token: str = "") -> Page: ...
+    async def create_user(
+        self, user_id: str, tenant_id: str, *, display_name: str = "", role: int = 0
+    ) -> identity_pb2.User: ...
+    async def list_users(
+        self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> Page: ...
+    async def create_api_key(
+        self, user_id: str, *, label: str = ""
+    ) -> tuple[str, identity_pb2.ApiKeyInfo]: ...
+    async def create_worker_token(
+        self, *, worker_id: str = "", label: str = ""
+    ) -> tuple[str, identity_pb2.ApiKeyInfo]: ...
+    async def list_api_keys(
+        self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> Page: ...
+    async def revoke(self, key_prefix: str) -> identity_pb2.ApiKeyInfo: ...
+    async def issue_job_token(
+        self, job_id: str, attempt: int, *, tenant_id: str, user_id: str
+    ) -> str: ...
+    async def revoke_job_tokens(self, job_id: str) -> None: ...
+
+
+class RedisIdentityStore:
+    """IdentityStore on one Redis; ``server_secret`` keys the HMAC of every credential."""
+
+    def __init__(
+        self, client: aioredis.Redis, *, server_secret: bytes, prefix: str = "ot:id"
+    ) -> None:
+        self._r = client
+        self._secret = server_secret
+        self._prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._prefix, *parts))
+
+    # ---- authentication ---------------------------------------------------------------------
+
+    async def authenticate(self, credential: str) -> Principal:
+        parsed = parse_credential(credential)
+        if parsed is None:
+            raise AuthenticationError(
+                "the credential is malformed: expected an OpenTinker key like otk_<prefix>_<secret>"
+            )
+        prefix = parsed[1]
+        key = self._key("cred", prefix)
+        stored, principal, revoked, last_used = await self._r.hmget(
+            key, "digest", "principal", "revoked", "last_used"
+        )
+        if stored is None or not matches(self._secret, credential, stored.decode()):
+            raise AuthenticationError(f"unknown credential (key {prefix}); ask an admin for a key")
+        if revoked == b"1":
+            raise AuthenticationError(f"the key {prefix} was revoked; ask an admin for a new one")
+        now = time.time()
+        if last_used is None or now - float(last_used) > LAST_USED_RESOLUTION_S:
+            await self._r.hset(key, "last_used", repr(now))
+        return Principal.from_proto(identity_pb2.Principal.FromString(principal))
+
+    # ---- tenants and users ------------------------------------------------------------------
+
+    async def create_tenant(self, tenant_id: str, display_name: str = "") -> identity_pb2.Tenant:
+        if not TENANT_ID.match(tenant_id):
+            raise ConfigError(
+                f"tenant_id {tenant_id!r}: use 1-63 lowercase letters, digits or '-'",
+                reason="INVALID_TENANT_ID",
+            )
+        tenant = identity_pb2.Tenant(
+            tenant_id=tenant_id, display_name=display_name or tenant_id, created_unix_s=time.time()
+        )
+        if not await self._r.set(
+            self._key("tenant", tenant_id), tenant.SerializeToString(), nx=True
+        ):
+            raise AlreadyExistsError(f"tenant {tenant_id!r} exists already", reason="TENANT_EXISTS")
+        await self._r.zadd(self._key("tenants"), {tenant_id: tenant.created_unix_s})
+        return tenant
+
+    async def get_tenant(self, tenant_id: str) -> identity_pb2.Tenant:
+        raw = await self._r.get(self._key("tenant", tenant_id))
+        if raw is None:
+            raise IdentityNotFoundError(f"tenant {tenant_id!r} not found", reason="NO_TENANT")
+        return identity_pb2.Tenant.FromString(raw)
+
+    async def list_tenants(self, *, page_size: int = 0, page_token: str = "") -> Page:
+        return await self._page("tenants", "tenant", identity_pb2.Tenant, page_size, page_token)
+
+    async def create_user(
+        self, user_id: str, tenant_id: str, *, display_name: str = "", role: int = 0
+    ) -> identity_pb2.User:
+        if not USER_ID.match(user_id):
+            raise ConfigError(
+                f"user_id {user_id!r}: use 1-63 lowercase letters, digits, '.', '_' or '-'",
+                reason="INVALID_USER_ID",
+            )
+        await self.get_tenant(tenant_id)
+        user = identity_pb2.User(
+            user_id=user_id,
+            tenant_id=tenant_id,
+            display_name=display_name or user_id,
+            role=role or identity_pb2.ROLE_MEMBER,
+            created_unix_s=time.time(),
+        )
+        if not await self._r.set(self._key("user", user_id), user.SerializeToString(), nx=True):
+            raise AlreadyExistsError(f"user {user_id!r} exists already", reason="USER_EXISTS")
+        await self._r.zadd(self._key("users"), {user_id: user.created_unix_s})
+        return user
+
+    async def get_user(self, user_id: str) -> identity_pb2.User:
+        raw = await self._r.get(self._key("user", user_id))
+        if raw is None:
+            raise IdentityNotFoundError(f"user {user_id!r} not found", reason="NO_USER")
+        return identity_pb2.User.FromString(raw)
+
+    async def list_users(
+        self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> Page:
+        page = await self._page("users", "user", identity_pb2.User, page_size, page_token)
+        return Page(
+            [u for u in page.items if not tenant_id or u.tenant_id == tenant_id],
+            page.next_page_token,
+        )
+
+    # ---- credentials --------------------------------------------------------------------------
+
+    async def create_api_key(
+        self, user_id: str, *, label: str = ""
+    ) -> tuple[str, identity_pb2.ApiKeyInfo]:
+        user = await self.get_user(user_id)
+        principal = Principal(
+            kind="user",
+            key_prefix="",
+            tenant_id=user.tenant_id,
+            user_id=user.user_id,
+            role=_ROLES[user.role],
+        )
+        return await self._store("user", principal, label=label, listed=True)
+
+    async def create_worker_token(
+        self, *, worker_id: str = "", label: str = ""
+    ) -> tuple[str, identity_pb2.ApiKeyInfo]:
+        principal = Principal(kind="worker", key_prefix="", worker_id=worker_id)
+        return await self._store("worker", principal, label=label, listed=True)
+
+    async def issue_job_token(
+        self, job_id: str, attempt: int, *, tenant_id: str, user_id: str
+    ) -> str:
+        principal = Principal(
+            kind="job",
+            key_prefix="",
+            tenant_id=tenant_id,
+            user_id=user_id,
+            job_id=job_id,
+            attempt=attempt,
+        )
+        credential, info = await self._store("job", principal, label=f"{job_id}#{attempt}")
+        await self._r.sadd(self._key("job-creds", job_id), info.key_prefix)
+        return credential
+
+    async def revoke_job_tokens(self, job_id: str) -> None:
+        set_key = self._key("job-creds", job_id)
+        prefixes = await self._r.smembers(set_key)
+        if prefixes:
+            await self._r.delete(*(self._key("cred", p.decode()) for p in prefixes))
+        await self._r.delete(set_key)
+
+    async def list_api_keys(
+        self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
+    ) -> Page:
+        start, size = _page_bounds(page_size, page_token)
+        prefixes = await self._r.zrange(self._key("creds"), start, start + size)
+        infos = []
+        for prefix in prefixes[:size]:
+            info = await self._info(prefix.decode())
+            if info is not None and (not tenant_id or info.tenant_id == tenant_id):
+                infos.append(info)
+        return Page(infos, str(start + size) if len(prefixes) > size else "")
+
+    async def revoke(self, key_prefix: str) -> identity_pb2.ApiKeyInfo:
+        info = await self._info(key_prefix)
+        if info is None or info.kind == identity_pb2.PRINCIPAL_KIND_JOB:
+            raise IdentityNotFoundError(f"no key with prefix {key_prefix!r}", reason="NO_KEY")
+        await self._r.hset(self._key("cred", key_prefix), "revoked", "1")
+        info.revoked = True
+        return info
+
+    async def _store(
+        self, kind: str, principal: Principal, *, label: str, listed: bool = False
+    ) -> tuple[str, identity_pb2.ApiKeyInfo]:
+        credential, prefix = mint(kind)
+        pb = principal.to_proto()
+        pb.key_prefix = prefix
+        now = time.time()
+        info = identity_pb2.ApiKeyInfo(
+            key_prefix=prefix,
+            kind=pb.kind,
+            tenant_id=pb.tenant_id,
+            user_id=pb.user_id,
+            label=label,
+            created_unix_s=now,
+            worker_id=pb.worker_id,
+        )
+        await self._r.hset(
+            self._key("cred", prefix),
+            mapping={
+                "digest": digest(self._secret, credential),
+                "principal": pb.SerializeToString(),
+                "info": info.SerializeToString(),
+                "revoked": "0",
+            },
+        )
+        if listed:
+            await self._r.zadd(self._key("creds"), {prefix: now})
+        return credential, info
+
+    async def _info(self, key_prefix: str) -> identity_pb2.ApiKeyInfo | None:
+        raw, revoked, last_used = await self._r.hmget(
+            self._key("cred", key_prefix), "info", "revoked", "last_used"
+        )
+        if raw is None:
+            return None
+        info = identity_pb2.ApiKeyInfo.FromString(raw)
+        info.revoked = revoked == b"1"
+        info.last_used_unix_s = float(last_used) if last_used else 0.0
+        return info
+
+    async def _page(self, index: str, kind: str, message: Any, page_size: int, token: str) -> Page:
+        start, size = _page_bounds(page_size, token)
+        ids = await self._r.zrange(self._key(index), start, start + size)
+        raws = await self._r.mget([self._key(kind, i.decode()) for i in ids[:size]]) if ids else []
+        items = [message.FromString(raw) for raw in raws if raw is not None]
+        return Page(items, str(start + size) if len(ids) > size else "")
+
+
+def _page_bounds(page_size: int, page_token: str) -> tuple[int, int]:
+    if page_size < 0 or (page_token and not page_token.isdigit()):
+        raise ConfigError(
+            "page_size must be >= 0 and page_token one this server issued", reason="INVALID_PAGE"
+        )
+    return int(page_token or 0), min(page_size or DEFAULT_PAGE_SIZE, 1000)

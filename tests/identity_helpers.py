@@ -1,0 +1,42 @@
+"""Credentials for tests, made through the real identity store (Redis) of a running scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import grpc
+
+from opentinker.errors import AlreadyExistsError
+from opentinker.scheduler.v1 import identity_pb2
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.scheduler.identity import IdentityStore
+
+
+def user_key() -> str:
+    """The session's user key of tenant acme ($OPENTINKER_API_KEY, set by ``identities``)."""
+    return os.environ["OPENTINKER_API_KEY"]
+
+
+def user_channel(address: str) -> grpc.aio.Channel:
+    """An asyncio channel carrying the session's user key ($OPENTINKER_API_KEY, set by the
+    ``identities`` fixture), as a notebook of tenant acme would hold."""
+    return aio_channel(address, credential=user_key())
+
+
+async def api_key(
+    identity: IdentityStore, *, tenant: str = "acme", user: str = "alice", admin: bool = False
+) -> str:
+    """A new API key of ``user`` in ``tenant`` (both made when missing)."""
+    with contextlib.suppress(AlreadyExistsError):
+        await identity.create_tenant(tenant)
+    role = identity_pb2.ROLE_ADMIN if admin else identity_pb2.ROLE_MEMBER
+    with contextlib.suppress(AlreadyExistsError):
+        await identity.create_user(user, tenant, role=role)
+    key, _ = await identity.create_api_key(user, label="test")
+    return key
+
+
+async def worker_token(identity: IdentityStore, *, worker_id: str = "") -> str:
+    token, _ = await identity.create_worker_token(worker_id=worker_id, label="test")
+    return token
