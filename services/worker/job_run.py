@@ -75,6 +75,7 @@ class JobRun:
             scheduler_address=self.settings.scheduler_address,
             envhub_address=self.settings.envhub_address,
             run_dir=self.run_dir.resolve(),
+            checkpoint_dir=self.settings.checkpoint_dir(self.job.job_id),
         ).write(launch_path)
         env = {
             **os.environ,
