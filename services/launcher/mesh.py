@@ -88,22 +88,26 @@ class LocalMesh:
         )
         envhub.wait_serving(timeout_s=s.startup_timeout_s)
         scheduler.wait_serving(timeout_s=s.startup_timeout_s)
-        self._start(
-            "worker",
-            "opentinker.services.worker",
-            {
-                **common,
-                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
-                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
-                "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
-                "OPENTINKER_NUM_CPU_SLOTS": str(s.cpu_slots),
-            },
-        )
+        self.start_worker()
         log.info(
             "mesh.up",
             scheduler=self.scheduler_address,
             envhub=self.envhub_address,
             logs=str(self.log_dir),
+        )
+
+    def start_worker(self) -> ServiceProcess:
+        """Start a worker agent (again, e.g. after one died: its jobs resume on this one)."""
+        return self._start(
+            "worker",
+            "opentinker.services.worker",
+            {
+                "OPENTINKER_REDIS_URL": self.redis_url,
+                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
+                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
+                "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
+                "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
+            },
         )
 
     def _start(
