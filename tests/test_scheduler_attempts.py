@@ -143,7 +143,7 @@ def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
     run(main)
 
 
-def test_the_worker_reports_a_sigkilled_trainer_and_the_job_runs_again(
+def test_the_worker_reports_a_sigkilled_trainer_or_rollout_and_the_job_runs_again(
     redis_url: str, tmp_path: Path
 ) -> None:
     """The real worker agent and real processes (the stand-ins of test_worker_agent)."""
@@ -164,6 +164,12 @@ def test_the_worker_reports_a_sigkilled_trainer_and_the_job_runs_again(
             reason = events[3].state_change.reason
             assert reason.startswith("trainer process was killed by signal 9 (SIGKILL)"), reason
             assert reason.endswith("; re-queued") and "attempt-1/trainer.log" in reason
+            # the rollout killed: the same, one attempt more
+            await wait_until(lambda: (second / "rollout.pid").exists())
+            os.kill(pids(second)[0], signal.SIGKILL)
+            await wait_until(lambda: (mesh.run_root / job.job_id / "attempt-3").exists())
+            reason = (await watch_until(mesh.stub, job.job_id, 8))[6].state_change.reason
+            assert reason.startswith("rollout process was killed by signal 9 (SIGKILL) while the")
             await mesh.stub.CancelJob(
                 scheduler_pb2.CancelJobRequest(job_id=job.job_id), timeout=RPC_TIMEOUT_S
             )
