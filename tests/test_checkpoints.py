@@ -147,3 +147,22 @@ def test_an_inconsistent_trainer_state_is_refused(tiny_model_dir: Path, tmp_path
     path = checkpoints.save(policy, state, tmp_path, keep=2)
     with pytest.raises(CheckpointError, match="data_cursor 5"):
         checkpoints.load(policy, path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_on_cuda_the_round_trip_restores_the_cuda_generator(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = lora(tiny_model_dir)
+    torch.manual_seed(3)
+    policy = Policy(spec, learning_rate=1e-2, device="cuda")
+    torch.rand(1, device="cuda")  # the CUDA generator is initialized and has moved
+    path = checkpoints.save(policy, state_at(1), tmp_path, keep=1)
+    expected = torch.rand(4, device="cuda")
+    fresh = Policy(spec, learning_rate=1e-2, device="cuda")
+    torch.manual_seed(99)
+    checkpoints.load(fresh, path)
+    assert torch.equal(torch.rand(4, device="cuda"), expected)
+    for name, want in policy.trainable_state().items():
+        assert torch.equal(fresh.trainable_state()[name], want), name
