@@ -17,7 +17,7 @@ from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 
 # Jobs that tests run without a scheduler of their own (trainer and rollout driven directly).
-TEST_JOB_IDS = ("job-1", "job-proc", "job-9")
+TEST_JOB_IDS = ("job-1", "job-proc", "job-9", "job-r")
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,7 @@ def test_attempt_reports_are_kept_per_attempt(make_stores) -> None:
             job, _ = await stores.jobs.create(spec())
             assert (await stores.jobs.report(job.job_id, 1)).result is None
             await stores.jobs.record_failure(job.job_id, 1, "out of memory")
+            await stores.jobs.record_lost(job.job_id, 1, "worker w1 lost")
             await stores.jobs.record_step(job.job_id, 2, common_pb2.StepMetrics(step=7))
             await stores.jobs.record_result(
                 job.job_id, 2, scheduler_pb2.JobResult(checkpoint_uri="file:///c")
@@ -164,7 +165,9 @@ def test_attempt_reports_are_kept_per_attempt(make_stores) -> None:
             first = await stores.jobs.report(job.job_id, 1)
             second = await stores.jobs.report(job.job_id, 2)
             assert first.failure_reason == "out of memory" and first.result is None
+            assert first.lost_reason == "worker w1 lost"
             assert second.failure_reason == "" and second.result is not None
+            assert second.lost_reason == ""
             assert second.result.checkpoint_uri == "file:///c"
             assert second.last_step is not None and second.last_step.step == 7
 

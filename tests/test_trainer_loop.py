@@ -215,10 +215,15 @@ def test_loop_trains_syncs_reports_and_checkpoints(
             assert result.final_metrics["policy_version"] == 3.0
             assert set(result.final_metrics) >= {"reward_mean_first10", "reward_mean_last10"}
             assert not m.scheduler.of("failure")
-            # final + intermediate checkpoints, in HF/PEFT format
+            # final + intermediate checkpoints, in HF/PEFT format, with what resuming needs
             ckpt = Path(result.checkpoint_uri)
-            assert ckpt.is_absolute() and ckpt == (tmp_path / "checkpoint").resolve()
+            assert (
+                ckpt.is_absolute() and ckpt == (tmp_path / "checkpoints" / "step-000003").resolve()
+            )
             assert (tmp_path / "checkpoints" / "step-000002" / "adapter_config.json").exists()
+            assert {"optimizer.pt", "rng.pt", "trainer_state.json", "manifest.json"} <= {
+                p.name for p in ckpt.iterdir()
+            }
             base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
             reloaded = PeftModel.from_pretrained(base, ckpt).eval()
             ids = torch.tensor([policy.probe_token_ids])
@@ -303,7 +308,7 @@ def test_cancel_from_the_scheduler_stops_cleanly(
             assert outcome is Outcome.CANCELLED
             assert [s.step for s in m.scheduler.of("step")] == [1]
             assert not m.scheduler.of("result") and not m.scheduler.of("failure")
-            assert not (tmp_path / "checkpoint").exists()
+            assert not (tmp_path / "checkpoints").exists()
 
     asyncio.run(scenario())
 

@@ -28,10 +28,14 @@ class LaunchConfig(BaseModel):
     device_ids: list[str]
     scheduler_address: str
     envhub_address: str
-    run_dir: Path
+    run_dir: Path  # this attempt's folder: launch.json, logs, *.addr
     # The attempt's credential (identity.proto): the trainer and rollout send it on every call
     # and accept only it. The file is written readable by its owner only.
     job_token: str = Field(repr=False)
+    # The job's checkpoint folder, the same for every attempt (<checkpoint_root>/<job_id>):
+    # the trainer resumes from its last complete checkpoint. None: <run_dir>/checkpoints, seen
+    # by this attempt only.
+    checkpoint_dir: Path | None = None
 
     @property
     def job(self) -> common_pb2.Job:

@@ -100,23 +100,27 @@ class LocalMesh:
             admin_key_file=self.secrets_dir / ADMIN_KEY_FILE,
             key_file=self.secrets_dir / "api.key",
         )
-        self._start(
-            "worker",
-            "opentinker.services.worker",
-            {
-                **common,
-                "OPENTINKER_WORKER_TOKEN_FILE": str(self.secrets_dir / WORKER_TOKEN_FILE),
-                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
-                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
-                "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
-                "OPENTINKER_NUM_CPU_SLOTS": str(s.cpu_slots),
-            },
-        )
+        self.start_worker()
         log.info(
             "mesh.up",
             scheduler=self.scheduler_address,
             envhub=self.envhub_address,
             logs=str(self.log_dir),
+        )
+
+    def start_worker(self) -> ServiceProcess:
+        """Start a worker agent (again, e.g. after one died: its jobs resume on this one)."""
+        return self._start(
+            "worker",
+            "opentinker.services.worker",
+            {
+                "OPENTINKER_REDIS_URL": self.redis_url,
+                "OPENTINKER_WORKER_TOKEN_FILE": str(self.secrets_dir / WORKER_TOKEN_FILE),
+                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
+                "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
+                "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
+                "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
+            },
         )
 
     def _start(

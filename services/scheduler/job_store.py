@@ -12,7 +12,7 @@ Redis layout (``prefix`` defaults to ``ot:jobs``)::
     <prefix>:counter                      STRING creation counter
     <prefix>:request:<tenant>:<request_id>  STRING job id of the tenant's first SubmitJob with
                                           that id (request ids of tenants never collide)
-    <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step of attempt n
+    <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step, lost of attempt n
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ class AttemptReport:
     failure_reason: str = ""
     result: scheduler_pb2.JobResult | None = None
     last_step: common_pb2.StepMetrics | None = None
+    # Why the scheduler lost the attempt (its worker lost, a process of it killed), when it did.
+    lost_reason: str = ""
 
 
 class JobStore(Protocol):
@@ -132,6 +134,9 @@ class JobStore(Protocol):
         IllegalTransitionError for a move the life cycle forbids."""
 
     async def record_failure(self, job_id: str, attempt: int, reason: str) -> None: ...
+
+    async def record_lost(self, job_id: str, attempt: int, reason: str) -> None:
+        """Note why the attempt was lost (kept as the job's history of attempts)."""
 
     async def record_result(
         self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
@@ -277,6 +282,9 @@ class RedisJobStore:
     async def record_failure(self, job_id: str, attempt: int, reason: str) -> None:
         await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "failure", reason)
 
+    async def record_lost(self, job_id: str, attempt: int, reason: str) -> None:
+        await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "lost", reason)
+
     async def record_result(
         self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
     ) -> None:
@@ -299,6 +307,7 @@ class RedisJobStore:
             failure_reason=fields.get(b"failure", b"").decode(),
             result=scheduler_pb2.JobResult.FromString(result) if result is not None else None,
             last_step=common_pb2.StepMetrics.FromString(step) if step is not None else None,
+            lost_reason=fields.get(b"lost", b"").decode(),
         )
 
 

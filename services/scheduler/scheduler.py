@@ -6,7 +6,10 @@ moves the job to ALLOCATING (one more attempt) and sends the worker a LaunchComm
 reports ``job_launched`` (RUNNING) and ``job_exited`` (SUCCEEDED with the result the trainer
 reported, or FAILED with the best reason known). A worker that disconnects or stops
 heartbeating is lost: its jobs go back to the front of the queue, with their attempt count, and
-resume elsewhere. Every state change is appended to the job's event log.
+resume elsewhere from their last checkpoint. So does a job whose trainer or rollout process was
+killed (an infrastructure fault, not a failure the trainer reported). After ``max_attempts``
+lost attempts the job fails with the history of why. Every state change is appended to the
+job's event log.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
+from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
     JobNotFoundError,
@@ -71,7 +75,14 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
 class Scheduler:
     """Owns jobs and workers. Call ``start()`` before serving and ``close()`` at shutdown."""
 
-    def __init__(self, stores: Stores, *, heartbeat_interval_s: float, lease_ttl_s: float) -> None:
+    def __init__(
+        self,
+        stores: Stores,
+        *,
+        heartbeat_interval_s: float,
+        lease_ttl_s: float,
+        max_attempts: int = 3,
+    ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
         self._ledger = stores.ledger
@@ -79,6 +90,7 @@ class Scheduler:
         self._identity = stores.identity
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
+        self.max_attempts = max_attempts
         self._sessions: dict[str, WorkerSession] = {}
         self._wake = asyncio.Event()
         self._dispatch_lock = asyncio.Lock()
@@ -261,7 +273,11 @@ class Scheduler:
     async def job_exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
     ) -> None:
-        """Decide how the attempt ended; the lease is released whatever happened."""
+        """Decide how the attempt ended; the lease is released whatever happened.
+
+        A result and exit code 0: SUCCEEDED. A process killed by a signal: an infrastructure
+        fault, re-queued to resume from its last checkpoint (see ``_requeue``). Anything else
+        (the trainer reported a failure, or exited non-zero by itself): FAILED."""
         lease_id = session.running.pop((job_id, attempt), None)
         try:
             job = await self._jobs.get(job_id)
@@ -279,6 +295,10 @@ class Scheduler:
                     expect_attempt=attempt,
                     result=report.result,
                 )
+                return
+            if ended_by_signal(exit_code):
+                lost = reason or f"a process of the attempt was killed (exit code {exit_code})"
+                await self._requeue(job_id, job.worker_id, lost)
                 return
             why = report.failure_reason or reason or f"trainer exited with code {exit_code}"
             if exit_code == 0 and not (report.failure_reason or reason):
@@ -387,14 +407,23 @@ class Scheduler:
             await self._requeue(lease.job_id, worker_id)
             await self._ledger.release(lease.lease_id)
 
-    async def _requeue(self, job_id: str, worker_id: str) -> None:
-        """Put an active job of a lost worker back at the front of the queue (attempt kept)."""
+    async def _requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
+        """Put an active job whose attempt was lost (``why``; default: its worker was lost)
+        back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
+        with the reason of every attempt instead."""
+        why = why or f"worker {worker_id} lost"
         try:
             job = await self._jobs.get(job_id)
             if job.state not in ACTIVE_STATES or job.worker_id != worker_id:
                 return
-            reason = f"worker {worker_id} lost; re-queued"
-            await self._change(job_id, QUEUED, reason, worker_id="")
+            await self._jobs.record_lost(job_id, job.attempt, why)
+            if job.attempt >= self.max_attempts:
+                history = await attempt_history(self._jobs, job_id, job.attempt)
+                reason = f"gave up after {job.attempt} attempts: {history}"
+                await self._change(job_id, FAILED, reason, expect_attempt=job.attempt)
+                return
+            reason = f"{why}; re-queued"
+            await self._change(job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt)
         except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
             return
         await self._queue.push_front(job_id)

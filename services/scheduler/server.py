@@ -109,6 +109,7 @@ async def running_scheduler(
             stores,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             lease_ttl_s=settings.lease_ttl_s,
+            max_attempts=settings.max_attempts,
         )
         await scheduler.start()
         server, port = await create_server(settings, scheduler, stores.identity)

@@ -20,6 +20,9 @@ class SchedulerSettings(BaseSettings):
     lease_ttl_s: float = Field(
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
     )
+    max_attempts: int = Field(
+        3, ge=1, description="attempts of a job before a lost one fails it instead of re-queuing"
+    )
     log_level: str = "INFO"
     # The HMAC key under which credentials are stored; made (mode 0600) if the file is missing.
     # Unset: a secret kept in Redis beside the digests (fine for one machine; set a file, kept

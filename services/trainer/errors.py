@@ -11,3 +11,7 @@ class RolloutError(OpenTinkerError, RuntimeError):
 
 class WeightSyncError(OpenTinkerError, RuntimeError):
     """The rollout does not serve the weights the trainer sent (probe mismatch, wrong version)."""
+
+
+class CheckpointError(OpenTinkerError, RuntimeError):
+    """A checkpoint cannot be written or resumed from (incomplete, inconsistent, unreadable)."""

@@ -23,8 +23,9 @@ from opentinker.errors import EnvironmentError_, OpenTinkerError
 from opentinker.services.common.env_stats import summarize_episodes
 from opentinker.spec import JobSpec, RlConfig
 
+from . import checkpoints
 from .batch import CollectedBatch, Episode
-from .errors import WeightSyncError
+from .errors import CheckpointError, WeightSyncError
 from .policy import Policy
 from .rollout_client import WeightsAck
 from .settings import TrainerSettings
@@ -66,6 +67,8 @@ class ProgressReporter(Protocol):
 
     async def report_failure(self, reason: str) -> None: ...
 
+    async def report_log(self, message: str) -> bool: ...
+
 
 class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
@@ -87,7 +90,12 @@ class TrainerStatus:
 
 class RlLoop:
     """Runs one RL job to its end. ``run`` reports the failure itself and never raises
-    OpenTinkerError; it returns the Outcome."""
+    OpenTinkerError; it returns the Outcome.
+
+    Checkpoints go to ``checkpoint_dir`` (default ``<run_dir>/checkpoints``); the worker gives
+    every attempt of a job the same folder, and the loop starts from its last complete
+    checkpoint (see checkpoints.py), so a re-attempt continues where the last one saved.
+    """
 
     def __init__(
         self,
@@ -100,6 +108,7 @@ class RlLoop:
         run_dir: Path,
         settings: TrainerSettings,
         status: TrainerStatus | None = None,
+        checkpoint_dir: Path | None = None,
     ) -> None:
         if spec.rl is None:
             raise ValueError("RlLoop needs an RL job spec")
@@ -110,6 +119,8 @@ class RlLoop:
         self.rollout = rollout
         self.reporter = reporter
         self.run_dir = Path(run_dir)
+        self.checkpoint_dir = Path(checkpoint_dir or self.run_dir / "checkpoints").resolve()
+        self._checkpoint: tuple[int, Path] | None = None  # (step, path) of the last one saved
         self.settings = settings
         self.status = status or TrainerStatus(job_id=job_id, finetune=spec.model.finetune)
         self.status.trainable_parameters = policy.num_trainable_parameters()
@@ -152,7 +163,8 @@ class RlLoop:
         self.log.info(
             "rollout_opened", engine=engine, trainable_parameters=self.status.trainable_parameters
         )
-        await self._sync_weights()
+        await self._resume()
+        await self._sync_weights()  # the resumed weights, as the resumed policy version
         while self.step < self.rl.steps:
             stop = await self._one_step()
             if stop:
@@ -163,7 +175,7 @@ class RlLoop:
                 and self.step % self.rl.checkpoint_every == 0
                 and self.step < self.rl.steps
             ):
-                await self._save(self.run_dir / "checkpoints" / f"step-{self.step:06d}")
+                await self._save()
             if self._reached_target():
                 self.log.info(
                     "stop_at_reward_reached",
@@ -171,7 +183,7 @@ class RlLoop:
                     reward=self._window_mean(-REWARD_WINDOW),
                 )
                 break
-        checkpoint = await self._save(self.run_dir / "checkpoint")
+        checkpoint = await self._save()
         final = {
             "reward_mean_last10": self._window_mean(-REWARD_WINDOW),
             "reward_mean_first10": self._window_mean(REWARD_WINDOW),
@@ -319,11 +331,51 @@ class RlLoop:
             )
         return ack.apply_seconds + probe_seconds, diff
 
-    async def _save(self, directory: Path) -> Path:
-        state = {"job_id": self.job_id, "step": self.step, "policy_version": self.policy_version}
-        path = await asyncio.to_thread(self.policy.save_checkpoint, directory, trainer_state=state)
+    async def _save(self) -> Path:
+        """Checkpoint the current step (once: a step already saved returns its path)."""
+        if self._checkpoint is not None and self._checkpoint[0] == self.step:
+            return self._checkpoint[1]
+        state = checkpoints.TrainerState(
+            job_id=self.job_id,
+            step=self.step,
+            policy_version=self.policy_version,
+            rewards=self.rewards,
+            data_cursor=self.step,  # _one_step collects batch_index = self.step
+        )
+        path = await asyncio.to_thread(
+            checkpoints.save,
+            self.policy,
+            state,
+            self.checkpoint_dir,
+            keep=self.settings.keep_checkpoints,
+        )
+        self._checkpoint = (self.step, path)
         self.log.info("checkpoint_saved", path=str(path), step=self.step)
         return path
+
+    async def _resume(self) -> None:
+        """Load the last complete checkpoint an earlier attempt left, if any: weights,
+        optimizer, RNG, step, policy version and step rewards."""
+        for partial in checkpoints.remove_partial(self.checkpoint_dir):
+            self.log.warning("partial_checkpoint_removed", path=str(partial))
+        path = checkpoints.latest(self.checkpoint_dir)
+        if path is None:
+            return
+        state = await asyncio.to_thread(checkpoints.load, self.policy, path)
+        if state.job_id != self.job_id:
+            raise CheckpointError(
+                f"checkpoint {path} belongs to job {state.job_id!r}, not {self.job_id!r}; "
+                "give each job its own checkpoint folder"
+            )
+        self.step, self.policy_version = state.step, state.policy_version
+        self.rewards = list(state.rewards)
+        self._checkpoint = (self.step, path)
+        self.status.step, self.status.policy_version = self.step, self.policy_version
+        self.log.info("checkpoint_resumed", path=str(path), step=self.step)
+        await self.reporter.report_log(
+            f"resumed from checkpoint {path.name} (step {self.step}, policy version "
+            f"{self.policy_version})"
+        )
 
     def _reached_target(self) -> bool:
         target = self.rl.stop_at_reward

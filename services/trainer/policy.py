@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model
+from peft import get_peft_model, set_peft_model_state_dict
+from peft.utils import load_peft_weights
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -154,3 +155,24 @@ class Policy:
         if trainer_state is not None:
             (out_dir / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
         return out_dir.resolve()
+
+    def load_weights(self, directory: Path) -> None:
+        """Load the weights ``save_checkpoint`` wrote into this policy's model, in place (the
+        optimizer keeps pointing at the same parameters). Raises ValueError when the saved
+        tensors do not fit this model's trainable parameters."""
+        directory = Path(directory)
+        if self.is_lora:
+            loaded = set_peft_model_state_dict(
+                self.model, load_peft_weights(str(directory), device=str(self.device))
+            )
+            unexpected = list(loaded.unexpected_keys)
+            missing = [k for k in loaded.missing_keys if "lora_" in k]
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            loaded = self.model.load_state_dict(saved.state_dict(), strict=False)
+            unexpected, missing = list(loaded.unexpected_keys), list(loaded.missing_keys)
+        if unexpected or missing:
+            raise ValueError(
+                f"checkpoint {directory} does not fit the model: missing {missing[:3]}, "
+                f"unexpected {unexpected[:3]}"
+            )

@@ -46,6 +46,12 @@ class SchedulerReporter:
         failure = scheduler_pb2.JobFailure(reason=reason)
         await self._report(scheduler_pb2.ReportJobProgressRequest(failure=failure))
 
+    async def report_log(self, message: str) -> bool:
+        """A line for the job's event stream; True when the scheduler says stop."""
+        return await self._report(
+            scheduler_pb2.ReportJobProgressRequest(log=common_pb2.LogLine(message=message))
+        )
+
     async def _report(self, request: scheduler_pb2.ReportJobProgressRequest) -> bool:
         request.job_id = self._job_id
         request.attempt = self._attempt

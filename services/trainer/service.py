@@ -138,6 +138,7 @@ async def _train(
             run_dir=Path(launch.run_dir),
             settings=settings,
             status=status,
+            checkpoint_dir=launch.checkpoint_dir,
         )
         outcome = await loop.run()
     return 1 if outcome is Outcome.FAILED else 0

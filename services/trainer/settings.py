@@ -26,3 +26,6 @@ class TrainerSettings(BaseSettings):
     close_timeout_s: float = Field(10.0, gt=0)
     report_timeout_s: float = Field(10.0, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    keep_checkpoints: int = Field(
+        2, ge=1, description="complete checkpoints kept per job (the newest); older are deleted"
+    )

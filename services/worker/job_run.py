@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class JobRun:
             envhub_address=self.settings.envhub_address,
             run_dir=self.run_dir.resolve(),
             job_token=self.job_token,
+            checkpoint_dir=self.settings.checkpoint_dir(self.job.job_id),
         ).write(launch_path)
         env = {
             **os.environ,
@@ -153,6 +155,8 @@ class JobRun:
             code = trainer.returncode if trainer.returncode is not None else -1
             await rollout.terminate(grace)
             reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
+            if code < 0:  # killed: say so (its last log line is just where it was)
+                reason = self._died("trainer", code, trainer, "while it trained")
             self.log.info("trainer_exited", exit_code=code)
             return Exit(code, reason)
         if "stop" in first:
@@ -167,6 +171,17 @@ class JobRun:
         )
 
     def _died(self, name: str, code: int | None, process: ManagedProcess, when: str) -> str:
+        where = f"(see {process.log_path})"
+        if code is not None and code < 0:
+            return f"{name} process was killed by {_signal_name(-code)} {when} {where}"
         last = last_meaningful_line(process.log_path)
         detail = f": {last}" if last else ""
-        return f"{name} process died with exit code {code} {when} (see {process.log_path}){detail}"
+        return f"{name} process died with exit code {code} {when} {where}{detail}"
+
+
+def _signal_name(number: int) -> str:
+    """``signal 9 (SIGKILL)``."""
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"

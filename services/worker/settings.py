@@ -29,6 +29,10 @@ class WorkerSettings(BaseSettings):
     worker_id: str = Field(default_factory=_default_worker_id, min_length=1)
     hostname: str = Field(default_factory=socket.gethostname, min_length=1)
     run_root: Path = Path("runs")
+    # Where every attempt of a job finds its checkpoints (<checkpoint_root>/<job_id>): a folder
+    # all workers that may run the job can reach (shared storage with more than one node).
+    # None: <run_root>/checkpoints.
+    checkpoint_root: Path | None = None
     num_cpu_slots: int = Field(1, ge=1, description="CPU slots offered when there is no GPU")
     # Override device detection, e.g. OPENTINKER_DEVICES="cuda:0,cuda:1" or "cpu:0"; each entry
     # becomes "<hostname>/<entry>" and its kind is the part before ":".
@@ -64,6 +68,11 @@ class WorkerSettings(BaseSettings):
             "`opentinker admin create-worker-token`; the scheduler's bootstrap dir has one)",
             reason="NO_WORKER_TOKEN",
         )
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """The absolute checkpoint folder of one job, the same for every attempt."""
+        root = self.checkpoint_root or self.run_root / "checkpoints"
+        return (root / job_id).resolve()
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -1,0 +1,192 @@
+"""Checkpoints that a later attempt of the same job resumes from.
+
+A job's checkpoint folder is ``<checkpoint_root>/<job_id>``, the same for every attempt (the
+worker passes it in ``LaunchConfig.checkpoint_dir``). Inside it::
+
+    step-000004/                   the state after step 4
+        adapter_config.json, adapter_model.safetensors    LoRA: PeftModel.from_pretrained
+        config.json, model.safetensors                    full: AutoModelForCausalLM.from_pretrained
+        tokenizer files
+        optimizer.pt                AdamW ``state_dict()`` (torch.save)
+        rng.pt                      torch CPU (and CUDA) generator states, python ``random`` state
+        trainer_state.json          TrainerState
+        manifest.json               written last: every other file and its size in bytes
+    .step-000006.tmp-<pid>/        being written (or left by a killed attempt): never loaded
+
+Writing is atomic: the files go to a hidden sibling folder, each is fsync'd, the manifest is
+written last, and one rename publishes the folder (then the parent folder is fsync'd). A folder
+without a manifest, or whose files do not match it, is never loaded. The last ``keep`` complete
+checkpoints are kept; older ones are deleted after each save.
+
+How often: ``RlConfig.checkpoint_every`` (0 = only the final checkpoint). It stays 0 by default:
+a full fine-tune's checkpoint is the weights plus twice their size in AdamW state, which would
+dominate short jobs if written every few steps; a job that wants to survive faults cheaply sets
+it (a re-attempt of a job without intermediate checkpoints starts again from step 0, so no
+result is wrong, only time is lost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import structlog
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import CheckpointError
+from .policy import Policy
+
+log = structlog.get_logger()
+
+MANIFEST = "manifest.json"
+OPTIMIZER = "optimizer.pt"
+RNG = "rng.pt"
+TRAINER_STATE = "trainer_state.json"
+_PREFIX = "step-"
+
+
+class TrainerState(BaseModel):
+    """Where the loop stands after ``step`` steps (written as trainer_state.json)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: str
+    step: int = Field(ge=0)  # steps done
+    policy_version: int = Field(ge=0)  # version of the saved weights
+    # Mean episode reward of each step done, step 1 first (len == step): the reward window of
+    # stop_at_reward and the first/last-10 final metrics need all of it.
+    rewards: list[float] = []
+    # Next rollout batch_index. The rollout derives every env seed and sampling seed from
+    # (job seed, batch_index) alone, so this is the whole data position; the loop collects
+    # batch_index = step, and load() checks that the two agree.
+    data_cursor: int = Field(ge=0)
+
+
+def step_name(step: int) -> str:
+    return f"{_PREFIX}{step:06d}"
+
+
+def save(policy: Policy, state: TrainerState, folder: Path, *, keep: int) -> Path:
+    """Write a complete checkpoint of ``policy`` at ``state.step`` into ``folder`` atomically,
+    then delete all but the last ``keep`` complete ones; returns its absolute path. A complete
+    checkpoint of the same step is replaced."""
+    folder = Path(folder).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / step_name(state.step)
+    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_checkpoint(tmp, trainer_state=state.model_dump())
+    torch.save(policy.optimizer.state_dict(), tmp / OPTIMIZER)
+    torch.save(_rng_state(), tmp / RNG)
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    for name in files:
+        _fsync(tmp / name)
+    (tmp / MANIFEST).write_text(json.dumps({"step": state.step, "files": files}, indent=2))
+    _fsync(tmp / MANIFEST)
+    _fsync(tmp)
+    if final.exists():  # same step again (e.g. the final save after resuming at the last step)
+        old = folder / f".{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync(folder)
+    prune(folder, keep=keep)
+    return final
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """The complete checkpoints in ``folder``, oldest step first (none when it is missing)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
+    return sorted((p for p in found if is_complete(p)), key=lambda p: p.name)
+
+
+def latest(folder: Path) -> Path | None:
+    """The last complete checkpoint in ``folder``, or None."""
+    done = complete_checkpoints(folder)
+    return done[-1] if done else None
+
+
+def is_complete(path: Path) -> bool:
+    """True when the manifest exists and every file it lists is there with its size."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        return all((path / name).stat().st_size == size for name, size in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def load(policy: Policy, path: Path) -> TrainerState:
+    """Restore weights, AdamW state and RNG state from a complete checkpoint into ``policy``
+    (built from the same model spec); returns the saved TrainerState. Raises CheckpointError."""
+    path = Path(path)
+    if not is_complete(path):
+        raise CheckpointError(f"checkpoint {path} is incomplete (no valid {MANIFEST})")
+    try:
+        state = TrainerState.model_validate_json((path / TRAINER_STATE).read_text())
+        policy.load_weights(path)
+        optimizer = torch.load(path / OPTIMIZER, map_location=policy.device, weights_only=True)
+        policy.optimizer.load_state_dict(optimizer)
+        _set_rng_state(torch.load(path / RNG, weights_only=True))
+    except (OSError, ValueError, RuntimeError, KeyError) as err:
+        raise CheckpointError(
+            f"could not resume from checkpoint {path}: {type(err).__name__}: {err}; "
+            f"delete that folder to resume from an older checkpoint"
+        ) from err
+    if state.data_cursor != state.step or len(state.rewards) != state.step:
+        raise CheckpointError(
+            f"checkpoint {path} is inconsistent: step {state.step}, data_cursor "
+            f"{state.data_cursor}, {len(state.rewards)} step rewards"
+        )
+    return state
+
+
+def prune(folder: Path, *, keep: int) -> None:
+    """Delete all but the last ``keep`` complete checkpoints in ``folder``."""
+    for old in complete_checkpoints(folder)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint_deleted", path=str(old))
+
+
+def remove_partial(folder: Path) -> list[Path]:
+    """Delete what killed attempts left half-written in ``folder`` (hidden temporary folders);
+    call only while no other attempt of the job runs. Returns what was deleted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    partial = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(f".{_PREFIX}")]
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return partial
+
+
+def _rng_state() -> dict[str, object]:
+    """Every generator the trainer draws from (dropout: torch; nothing uses numpy)."""
+    state: dict[str, object] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, object]) -> None:
+    torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
+    random.setstate(state["python"])  # type: ignore[arg-type]
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])  # type: ignore[arg-type]
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a folder's entries') data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

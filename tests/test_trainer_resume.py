@@ -1,0 +1,134 @@
+"""A job resumed from a checkpoint continues step for step like an uninterrupted one.
+
+Real EnvHub + Rollout gRPC servers and the real RL loop (the mesh of test_trainer_loop). LoRA
+dropout is on, so the trainer draws from torch's RNG every step: the resumed steps match only
+if the checkpoint restored the RNG state as well as the weights and AdamW moments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from identity_service import Identities
+from test_trainer_loop import Mesh, RecordingScheduler, job_spec, mesh
+
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.loop import Outcome, RlLoop
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reporter import SchedulerReporter
+from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.spec import JobSpec, LoraConfig, ModelSpec
+
+pytestmark = pytest.mark.integration
+
+STEPS = 4
+CHECKPOINT_EVERY = 2
+TOLERANCE = 1e-6  # float32 on one CPU: the same ops in the same order
+
+
+def spec_with_dropout(model_dir: Path) -> JobSpec:
+    spec = job_spec(model_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, prompts_per_step=4)
+    lora = LoraConfig(rank=4, dropout=0.2)
+    return spec.model_copy(
+        update={"model": ModelSpec(base_model=str(model_dir), finetune="lora", lora=lora)}
+    )
+
+
+async def run_attempt(m: Mesh, spec: JobSpec, run_dir: Path, checkpoint_dir: Path) -> RlLoop:
+    """One attempt as the trainer process runs it: seed, build the policy, run the loop."""
+    assert spec.rl is not None
+    torch.manual_seed(spec.rl.seed)
+    policy = Policy(spec.model, learning_rate=spec.rl.learning_rate)
+    settings = TrainerSettings(collect_timeout_s=60, open_timeout_s=60, weight_sync_timeout_s=30)
+    rollout_channel = aio_channel(m.rollout_address, credential=m.job_token)
+    async with rollout_channel as rc, aio_channel(m.scheduler_address) as sc:
+        loop = RlLoop(
+            job_id="job-r",
+            spec=spec,
+            policy=policy,
+            rollout=GrpcRolloutSession(rc, address=m.rollout_address),
+            reporter=SchedulerReporter(
+                sc, address=m.scheduler_address, job_id="job-r", attempt=1, timeout_s=5
+            ),
+            run_dir=run_dir,
+            settings=settings,
+            checkpoint_dir=checkpoint_dir,
+        )
+        loop.outcome = await loop.run()  # type: ignore[attr-defined]
+    return loop
+
+
+COMPARED = ("loss", "grad_norm", "entropy", "logprob_gap", "reward_mean")
+
+
+def figures(scheduler: RecordingScheduler) -> dict[int, dict[str, float]]:
+    """Step -> the figures of that step that depend on weights, optimizer and RNG."""
+    return {s.step: {k: s.metrics[k] for k in COMPARED} for s in scheduler.of("step")}
+
+
+def plant_broken_checkpoints(folder: Path) -> None:
+    """What a crash can leave: a hidden folder being written, a checkpoint with a bad file."""
+    good = folder / "step-000002"
+    shutil.copytree(good, folder / ".step-000003.tmp-999")
+    broken = folder / "step-000003"
+    shutil.copytree(good, broken)
+    state = json.loads((broken / "trainer_state.json").read_text())
+    (broken / "trainer_state.json").write_text(json.dumps({**state, "step": 3}))  # size differs
+
+
+def test_a_resumed_run_matches_the_uninterrupted_one(
+    identities: Identities, letter_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = spec_with_dropout(letter_model_dir)
+
+    async def scenario() -> None:
+        async with mesh(identities, job_id="job-r") as m:
+            straight = await run_attempt(m, spec, tmp_path / "a", tmp_path / "ckpt-a")
+            assert straight.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            expected = figures(m.scheduler)
+            (expected_result,) = m.scheduler.of("result")
+        # The interrupted job: stopped after step 3, one step past its step-2 checkpoint
+        # (the cancel path saves nothing, like a crash).
+        async with mesh(identities, stop_at=3, job_id="job-r") as m:
+            first = await run_attempt(m, spec, tmp_path / "b1", tmp_path / "ckpt-b")
+            assert first.outcome is Outcome.CANCELLED
+            assert sorted(figures(m.scheduler)) == [1, 2, 3]
+        plant_broken_checkpoints(tmp_path / "ckpt-b")
+        async with mesh(
+            identities, job_id="job-r"
+        ) as m:  # a new attempt: fresh rollout, fresh policy and optimizer
+            second = await run_attempt(m, spec, tmp_path / "b2", tmp_path / "ckpt-b")
+            assert second.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            (resumed_log,) = m.scheduler.of("log")
+            assert resumed_log.message.startswith("resumed from checkpoint step-000002 (step 2")
+            steps = m.scheduler.of("step")
+            assert [s.step for s in steps] == [3, 4]
+            assert [s.policy_version for s in steps] == [3, 4]
+            resumed = figures(m.scheduler)
+            (result,) = m.scheduler.of("result")
+
+        # both resumed steps trained (some group had mixed rewards), so they test something
+        assert all(expected[k]["grad_norm"] > 0 for k in (3, 4)), expected
+        for k in (3, 4):
+            for name in COMPARED:
+                got, want = resumed[k][name], expected[k][name]
+                assert got == pytest.approx(want, abs=TOLERANCE), (k, name, got, want)
+        for name, want in straight.policy.trainable_state().items():
+            got = second.policy.trainable_state()[name]
+            assert torch.allclose(got, want, atol=1e-6, rtol=0), name
+        # the reward history came back too: the whole-run metrics are the same
+        for key in ("reward_mean_first10", "reward_mean_last10", "steps", "policy_version"):
+            assert result.final_metrics[key] == pytest.approx(expected_result.final_metrics[key])
+        assert not (tmp_path / "ckpt-b" / ".step-000003.tmp-999").exists()
+        kept = checkpoints.complete_checkpoints(tmp_path / "ckpt-b")
+        assert [p.name for p in kept] == ["step-000002", "step-000004"]
+        assert Path(result.checkpoint_uri) == kept[-1]
+
+    asyncio.run(scenario())
