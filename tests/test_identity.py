@@ -198,6 +198,11 @@ def test_an_admin_makes_a_tenant_user_and_key_with_the_cli_and_revokes_it(
                 assert key.startswith("otk_")
                 who = cli("whoami", key=key, address=addr)
                 assert who.returncode == 0 and "ada" in who.stdout and "vision" in who.stdout
+                quota = ("admin", "set-quota", "vision", "--max-devices", "2")
+                assert cli(*quota, key=admin, address=addr).returncode == 0
+                usage = cli("usage", key=key, address=addr)
+                assert usage.returncode == 0, usage.stdout
+                assert "tenant vision" in usage.stdout and "0 of 2" in usage.stdout
                 # A member cannot administer.
                 denied = cli("admin", "create-tenant", "mine", key=key, address=addr)
                 assert denied.returncode == 2 and "PERMISSION_DENIED" in denied.stdout

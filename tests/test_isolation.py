@@ -97,6 +97,9 @@ def scheduler_calls(job_id: str) -> dict[str, Call]:
             scheduler_pb2.CancelJobRequest(job_id=job_id, reason="iso"), timeout=5
         ),
         "SchedulerService/WatchJob": watch,
+        "SchedulerService/GetUsage": lambda ch: sched(ch).GetUsage(
+            scheduler_pb2.GetUsageRequest(), timeout=5
+        ),
         "SchedulerService/ReportJobProgress": lambda ch: sched(ch).ReportJobProgress(
             report, timeout=5
         ),
@@ -124,6 +127,9 @@ def scheduler_calls(job_id: str) -> dict[str, Call]:
         ),
         "AdminService/CreateWorkerToken": lambda ch: admin(ch).CreateWorkerToken(
             identity_pb2.CreateWorkerTokenRequest(), timeout=5
+        ),
+        "AdminService/SetTenantQuota": lambda ch: admin(ch).SetTenantQuota(
+            identity_pb2.SetTenantQuotaRequest(tenant_id="globex"), timeout=5
         ),
         "IdentityService/WhoAmI": lambda ch: identity_pb2_grpc.IdentityServiceStub(ch).WhoAmI(
             identity_pb2.WhoAmIRequest(), timeout=5

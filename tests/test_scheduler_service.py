@@ -46,9 +46,15 @@ class Mesh:
 
 
 @asynccontextmanager
-async def scheduler_mesh(redis_url: str, *, lease_ttl_s: float = 1.0) -> AsyncIterator[Mesh]:
+async def scheduler_mesh(
+    redis_url: str, *, lease_ttl_s: float = 1.0, **settings_fields: object
+) -> AsyncIterator[Mesh]:
     settings = SchedulerSettings(
-        redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=lease_ttl_s
+        redis_url=redis_url,
+        port=0,
+        heartbeat_interval_s=0.2,
+        lease_ttl_s=lease_ttl_s,
+        **settings_fields,  # type: ignore[arg-type]
     )
     async with running_scheduler(settings, stop_grace_s=0.5) as running:
         identity = running.stores.identity
@@ -66,9 +72,14 @@ async def scheduler_mesh(redis_url: str, *, lease_ttl_s: float = 1.0) -> AsyncIt
                 await c.close()
 
 
-def spec(name: str = "job", num_devices: int = 1) -> common_pb2.JobSpec:
+def spec(name: str = "job", num_devices: int = 1, priority: int = 0) -> common_pb2.JobSpec:
     return to_proto(
-        JobSpec(name=name, rl=RlConfig(env_name="letters", steps=3), num_devices=num_devices)
+        JobSpec(
+            name=name,
+            rl=RlConfig(env_name="letters", steps=3),
+            num_devices=num_devices,
+            priority=priority,
+        )
     )
 
 
@@ -108,6 +119,12 @@ def job_stub(
     """A stub holding the attempt's job token, as the job's trainer does."""
     assert launch.job_token.startswith("otj_")
     mesh.channels.append(aio_channel(mesh.running.address, credential=launch.job_token))
+    return scheduler_pb2_grpc.SchedulerServiceStub(mesh.channels[-1])
+
+
+def stub_with(mesh: Mesh, credential: str) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    """A SchedulerService stub sending ``credential`` (closed with the mesh)."""
+    mesh.channels.append(aio_channel(mesh.running.address, credential=credential))
     return scheduler_pb2_grpc.SchedulerServiceStub(mesh.channels[-1])
 
 

@@ -44,7 +44,7 @@ pytestmark = pytest.mark.integration
 REQUIRED_METRICS = {
     "reward_mean", "reward_std", "loss", "entropy", "clip_fraction", "grad_norm", "tokens_per_s",
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
-    "time_weight_sync_s", "time_step_s", "time_mesh_s",
+    "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
 }  # fmt: skip
 
 
@@ -209,6 +209,9 @@ def test_loop_trains_syncs_reports_and_checkpoints(
                 assert s.metrics["probe_max_abs_diff"] <= 1e-3
                 assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
                 assert 1.0 <= s.metrics["completion_len_mean"] <= 2.0  # max_new_tokens 2
+                # 8 episodes x 1-2 tokens each; trained tokens are model tokens with signal.
+                assert 8 <= s.metrics["tokens_generated"] <= 16
+                assert 0 <= s.metrics["tokens_trained"] <= s.metrics["tokens_generated"]
             assert [r.job_id for r in m.scheduler.reports] == ["job-1"] * 4
             (result,) = m.scheduler.of("result")
             assert result.final_metrics["steps"] == 3.0

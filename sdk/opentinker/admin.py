@@ -69,6 +69,26 @@ class AdminClient:
         request = pb.CreateWorkerTokenRequest(worker_id=worker_id, label=label)
         return self._call(self._stub.CreateWorkerToken, request, timeout).worker_token
 
+    def set_quota(
+        self,
+        tenant_id: str,
+        *,
+        max_devices: int = 0,
+        device_seconds_per_period: float = 0.0,
+        period_s: float = 0.0,
+        max_priority: int = 0,
+        timeout: float | None = None,
+    ) -> pb.Tenant:
+        """Replace the tenant's quota; 0 = no limit (period_s 0 = a day)."""
+        quota = pb.TenantQuota(
+            max_devices=max_devices,
+            device_seconds_per_period=device_seconds_per_period,
+            period_s=period_s,
+            max_priority=max_priority,
+        )
+        request = pb.SetTenantQuotaRequest(tenant_id=tenant_id, quota=quota)
+        return self._call(self._stub.SetTenantQuota, request, timeout).tenant
+
     def revoke_api_key(self, key_prefix: str, *, timeout: float | None = None) -> pb.ApiKeyInfo:
         request = pb.RevokeApiKeyRequest(key_prefix=key_prefix)
         return self._call(self._stub.RevokeApiKey, request, timeout).info

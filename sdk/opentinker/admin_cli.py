@@ -77,6 +77,24 @@ def cmd_list_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_set_quota(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        tenant = admin.set_quota(
+            args.tenant_id,
+            max_devices=args.max_devices,
+            device_seconds_per_period=args.device_seconds,
+            period_s=args.period_s,
+            max_priority=args.max_priority,
+        )
+    q = tenant.quota
+    console.print(
+        f"tenant {tenant.tenant_id}: at most {q.max_devices or 'any'} devices, "
+        f"{q.device_seconds_per_period or 'unlimited'} device-seconds per "
+        f"{q.period_s or 86400:g} s, priority up to {q.max_priority or 'any'}"
+    )
+    return 0
+
+
 def cmd_revoke_key(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         info = admin.revoke_api_key(args.key_prefix)
@@ -112,6 +130,14 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     p = commands.add_parser("list-keys", help="keys and worker tokens: prefix, owner, last use")
     p.add_argument("--tenant", default="", help="only this tenant's")
     p.set_defaults(func=cmd_list_keys)
+
+    p = commands.add_parser("set-quota", help="limits of a tenant (0 = no limit)")
+    p.add_argument("tenant_id")
+    p.add_argument("--max-devices", type=int, default=0, help="devices held at once")
+    p.add_argument("--device-seconds", type=float, default=0.0, help="budget per period")
+    p.add_argument("--period-s", type=float, default=0.0, help="budget period (default a day)")
+    p.add_argument("--max-priority", type=int, default=0, help="highest job priority allowed")
+    p.set_defaults(func=cmd_set_quota)
 
     p = commands.add_parser("revoke-key", help="revoke a key at once, by its prefix")
     p.add_argument("key_prefix")

@@ -18,7 +18,7 @@ from rich.console import Console
 from opentinker.admin_cli import add_admin_commands
 from opentinker.auth import API_KEY_ENV, api_key_from_env
 from opentinker.client import DEFAULT_ADDRESS, Client
-from opentinker.console import jobs_table, print_event
+from opentinker.console import jobs_table, print_event, usage_table
 from opentinker.errors import OpenTinkerError
 from opentinker.scheduler.v1 import identity_pb2
 from opentinker.spec import parse_job_spec
@@ -74,6 +74,15 @@ def cmd_tail(args: argparse.Namespace) -> int:
             print_event(console, event, every=args.every)
             last = event
     return 0 if last is not None and last.state == "SUCCEEDED" else 1
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """Device-seconds, tokens and steps per tenant this period and in all, and per job."""
+    with _client(args) as client:
+        tenants = client.usage(tenant_id=args.tenant, max_jobs=args.jobs)
+    for t in tenants:
+        console.print(usage_table(t))
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -184,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("whoami", help="show the user, tenant and role of your API key")
     p.set_defaults(func=cmd_whoami)
+
+    p = sub.add_parser("usage", help="device-seconds, tokens and steps of your tenant and jobs")
+    p.add_argument("--tenant", default="", help="admins: this tenant (default: every tenant)")
+    p.add_argument("--jobs", type=int, default=20, help="newest jobs to list")
+    p.set_defaults(func=cmd_usage)
     add_admin_commands(sub)
 
     p = sub.add_parser("submit", help="submit a job from a JSON spec file")

@@ -57,6 +57,14 @@ class Client:
         reply = self._call(self._identity.WhoAmI, identity_pb2.WhoAmIRequest(), timeout)
         return reply.principal
 
+    def usage(
+        self, *, tenant_id: str = "", max_jobs: int = 20, timeout: float | None = None
+    ) -> list[scheduler_pb2.TenantUsage]:
+        """Device-seconds, tokens and steps of your tenant (admins: of ``tenant_id`` or every
+        tenant) this budget period and in all, its quota, and its newest jobs' usage."""
+        request = scheduler_pb2.GetUsageRequest(tenant_id=tenant_id, max_jobs=max_jobs)
+        return list(self._call(self._stub.GetUsage, request, timeout).tenants)
+
     def submit(
         self, spec: JobSpec, *, request_id: str | None = None, timeout: float | None = None
     ) -> JobInfo:

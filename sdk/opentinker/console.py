@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opentinker.jobs import JobEvent, JobInfo
+from opentinker.scheduler.v1 import scheduler_pb2
 
 STATE_STYLE = {
     "QUEUED": "yellow",
@@ -66,3 +67,29 @@ def print_event(console: Console, event: JobEvent, *, every: int = 1) -> None:
     if event.kind == "step" and every > 1 and event.step % every != 0:
         return
     console.print(format_event(event), highlight=False)
+
+
+def usage_table(tenant: scheduler_pb2.TenantUsage) -> Table:
+    """One tenant's usage: the period and total lines, then a line per job."""
+    q = tenant.quota
+    start = dt.datetime.fromtimestamp(tenant.period_start_unix_s, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    budget = f" of {q.device_seconds_per_period:,.0f}" if q.device_seconds_per_period else ""
+    devices = (
+        f"{tenant.devices_in_use} of {q.max_devices}" if q.max_devices else tenant.devices_in_use
+    )
+    table = Table(
+        "", "device-s", "tokens gen.", "tokens trained", "steps",
+        title=f"tenant {tenant.tenant_id}: devices in use {devices}; "
+        f"period from {start} UTC: {tenant.period.device_seconds:,.0f}{budget} device-s",
+    )  # fmt: skip
+    rows = [("this period", tenant.period), ("total", tenant.total)]
+    rows += [(f"{j.job_id} {j.name}", j.usage) for j in tenant.jobs]
+    for label, u in rows:
+        table.add_row(
+            label,
+            f"{u.device_seconds:,.1f}",
+            f"{u.tokens_generated:,.0f}",
+            f"{u.tokens_trained:,.0f}",
+            f"{u.steps:,.0f}",
+        )
+    return table

@@ -82,6 +82,12 @@ class JobSpec(_Strict):
     model: ModelSpec = ModelSpec()
     rl: RlConfig | None = None
     num_devices: int = Field(1, ge=1, le=4096)
+    priority: int = Field(
+        0,
+        ge=0,
+        le=1000,
+        description="Higher runs first among your tenant's queued jobs (up to its max_priority).",
+    )
 
     @model_validator(mode="after")
     def _kind_has_its_config(self) -> JobSpec:
@@ -125,6 +131,7 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
         name=spec.name,
         kind=_KIND_TO_PB[spec.kind],
         num_devices=spec.num_devices,
+        priority=spec.priority,
         model=common_pb2.ModelSpec(
             base_model=spec.model.base_model,
             finetune=_FINETUNE_TO_PB[spec.model.finetune],
@@ -179,6 +186,8 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
         data["name"] = pb.name
     if pb.num_devices:
         data["num_devices"] = pb.num_devices
+    if pb.priority:
+        data["priority"] = pb.priority
     if pb.HasField("model"):
         m = pb.model
         model: dict = {}

@@ -35,6 +35,7 @@ ACCESS_RULES = {
                 "ListApiKeys",
                 "RevokeApiKey",
                 "CreateWorkerToken",
+                "SetTenantQuota",
             )
         },
     ),
@@ -137,6 +138,24 @@ class AdminServicer(identity_pb2_grpc.AdminServiceServicer):
             await abort_with(context, err)
         _audit("worker_token_created", key_prefix=info.key_prefix, worker_id=info.worker_id)
         return pb.CreateWorkerTokenResponse(worker_token=token, info=info)
+
+    async def SetTenantQuota(  # noqa: N802
+        self, request: pb.SetTenantQuotaRequest, context: grpc.aio.ServicerContext
+    ):
+        try:
+            tenant = await self._identity.set_quota(request.tenant_id, request.quota)
+        except OpenTinkerError as err:
+            await abort_with(context, err)
+        q = tenant.quota
+        _audit(
+            "tenant_quota_set",
+            tenant_id=tenant.tenant_id,
+            max_devices=str(q.max_devices),
+            device_seconds_per_period=str(q.device_seconds_per_period),
+            period_s=str(q.period_s),
+            max_priority=str(q.max_priority),
+        )
+        return pb.SetTenantQuotaResponse(tenant=tenant)
 
 
 class IdentityServicer(identity_pb2_grpc.IdentityServiceServicer):

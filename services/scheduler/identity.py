@@ -53,6 +53,10 @@ class IdentityStore(Protocol):
     async def create_tenant(
         self, tenant_id: str, display_name: str = ""
     ) -> identity_pb2.Tenant: ...
+    async def get_tenant(self, tenant_id: str) -> identity_pb2.Tenant: ...
+    async def set_quota(
+        self, tenant_id: str, quota: identity_pb2.TenantQuota
+    ) -> identity_pb2.Tenant: ...
     async def list_tenants(self, *, page_size: int = 0, page_token: str = "") -> Page: ...
     async def create_user(
         self, user_id: str, tenant_id: str, *, display_name: str = "", role: int = 0
@@ -134,6 +138,22 @@ class RedisIdentityStore:
         if raw is None:
             raise IdentityNotFoundError(f"tenant {tenant_id!r} not found", reason="NO_TENANT")
         return identity_pb2.Tenant.FromString(raw)
+
+    async def set_quota(
+        self, tenant_id: str, quota: identity_pb2.TenantQuota
+    ) -> identity_pb2.Tenant:
+        """Replace the tenant's quota (limits of 0 = none); ConfigError for a negative limit."""
+        bad = [
+            f"quota.{name}"
+            for name in ("max_devices", "device_seconds_per_period", "period_s", "max_priority")
+            if getattr(quota, name) < 0
+        ]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)}: must be >= 0 (0 = no limit)", reason="BAD_QUOTA")
+        tenant = await self.get_tenant(tenant_id)
+        tenant.quota.CopyFrom(quota)
+        await self._r.set(self._key("tenant", tenant_id), tenant.SerializeToString())
+        return tenant
 
     async def list_tenants(self, *, page_size: int = 0, page_token: str = "") -> Page:
         return await self._page("tenants", "tenant", identity_pb2.Tenant, page_size, page_token)

@@ -47,8 +47,13 @@ ACTIVE_STATES: frozenset[JobState] = frozenset(
 
 # Allowed moves; back to QUEUED happens when the worker is lost (the job resumes elsewhere).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # QUEUED -> FAILED: a job no worker can ever hold (unschedulable).
     common_pb2.JOB_STATE_QUEUED: frozenset(
-        {common_pb2.JOB_STATE_ALLOCATING, common_pb2.JOB_STATE_CANCELLED}
+        {
+            common_pb2.JOB_STATE_ALLOCATING,
+            common_pb2.JOB_STATE_CANCELLED,
+            common_pb2.JOB_STATE_FAILED,
+        }
     ),
     common_pb2.JOB_STATE_ALLOCATING: frozenset(
         {

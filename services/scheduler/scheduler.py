@@ -15,13 +15,14 @@ job's event log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import OpenTinkerError
+from opentinker.errors import OpenTinkerError, PermissionDeniedError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
@@ -31,6 +32,7 @@ from opentinker.services.scheduler.errors import (
     StaleAttemptError,
 )
 from opentinker.services.scheduler.event_log import state_change
+from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.job_store import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -38,6 +40,7 @@ from opentinker.services.scheduler.job_store import (
     JobState,
     state_name,
 )
+from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
@@ -82,15 +85,18 @@ class Scheduler:
         heartbeat_interval_s: float,
         lease_ttl_s: float,
         max_attempts: int = 3,
+        unschedulable_after_s: float = 300.0,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
         self._ledger = stores.ledger
         self._events = stores.events
         self._identity = stores.identity
+        self._quotas = Quotas(stores.identity, stores.usage, stores.ledger, stores.jobs)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
+        self.unschedulable_after_s = unschedulable_after_s
         self._sessions: dict[str, WorkerSession] = {}
         self._wake = asyncio.Event()
         self._dispatch_lock = asyncio.Lock()
@@ -137,6 +143,7 @@ class Scheduler:
         """Validate (ConfigError naming the field) and queue a job of ``owner``'s tenant;
         idempotent on (tenant, request_id)."""
         from_proto(spec)
+        await self._quotas.check_submit(spec, owner.tenant_id)
         job, created = await self._jobs.create(
             spec, request_id=request_id, tenant_id=owner.tenant_id, owner_user_id=owner.user_id
         )
@@ -185,6 +192,29 @@ class Scheduler:
         log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
         return cancelled
 
+    async def usage(
+        self, *, tenant: str | None, tenant_id: str = "", max_jobs: int = 0
+    ) -> list[scheduler_pb2.TenantUsage]:
+        """Usage of ``tenant`` (None = an admin: of ``tenant_id``, or of every tenant)."""
+        if tenant is not None:
+            if tenant_id and tenant_id != tenant:
+                raise PermissionDeniedError(
+                    f"tenant_id: you may see only your own tenant's usage ({tenant!r})",
+                    reason="OTHER_TENANT",
+                )
+            tenant_ids = [tenant]
+        elif tenant_id:
+            tenant_ids = [tenant_id]
+        else:
+            tenant_ids = [
+                t.tenant_id for t in (await self._identity.list_tenants(page_size=1000)).items
+            ]
+        held = await self._quotas.devices_in_use(self._sessions)
+        return [
+            await self._quotas.report(t, held.get(t, 0), max_jobs=max_jobs or 20)
+            for t in tenant_ids
+        ]
+
     async def watch(
         self, job_id: str, from_seq: int = 1, *, tenant: str | None
     ) -> AsyncIterator[common_pb2.JobEvent]:
@@ -199,6 +229,7 @@ class Scheduler:
         if job is None:
             return True
         await self._jobs.record_step(job_id, job.attempt, step)
+        await self._quotas.record_step(job, step)
         await self._events.append(job_id, common_pb2.JobEvent(step=step))
         return False
 
@@ -331,23 +362,52 @@ class Scheduler:
     # ---- dispatch ---------------------------------------------------------------------------
 
     async def dispatch(self) -> int:
-        """Launch every queued job that fits on a connected worker; returns how many."""
+        """Launch queued jobs on connected workers, fairly between tenants and within their
+        quotas (fair_share.py); returns how many were launched."""
         launched = 0
         async with self._dispatch_lock:
+            queued = []
             for job_id in await self._queue.list_ids():
                 job = await self._queued_job(job_id)
                 if job is None:
                     await self._queue.remove(job_id)
-                    continue
-                needed = max(job.spec.num_devices, 1)
-                for session in list(self._sessions.values()):
-                    lease = await self._ledger.acquire(session.worker_id, job_id, needed)
-                    if lease is None:
-                        continue
-                    if await self._launch(session, job_id, lease.lease_id, lease.device_ids):
-                        launched += 1
-                    break
+                elif not await self._fail_if_unschedulable(job):
+                    queued.append(job)
+            picker = FairPicker(
+                queued,
+                await self._quotas.devices_in_use(self._sessions),
+                await self._quotas.device_limits(j.tenant_id for j in queued),
+            )
+            while (job := picker.next()) is not None:
+                placed = await self._place(job)
+                picker.done(job, placed=placed)
+                launched += placed
         return launched
+
+    async def _place(self, job: common_pb2.Job) -> bool:
+        """Lease devices for ``job`` on the first worker that has them, and launch it there."""
+        for session in list(self._sessions.values()):
+            lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
+            if lease is not None:
+                return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
+        return False
+
+    async def _fail_if_unschedulable(self, job: common_pb2.Job) -> bool:
+        """Fail a job that needs more devices than any connected worker has, once it has
+        waited ``unschedulable_after_s`` (a worker that big may still be joining)."""
+        largest = max((len(s.devices) for s in self._sessions.values()), default=0)
+        needed = devices_needed(job)
+        waited_s = time.time() - job.updated_unix_s
+        if not largest or needed <= largest or waited_s < self.unschedulable_after_s:
+            return False
+        reason = (
+            f"unschedulable: the job needs {needed} devices on one worker; the largest "
+            f"connected worker has {largest} (waited {waited_s:.0f} s)"
+        )
+        with contextlib.suppress(OpenTinkerError):  # moved on meanwhile
+            await self._change(job.job_id, FAILED, reason)
+            await self._queue.remove(job.job_id)
+        return True
 
     async def _queued_job(self, job_id: str) -> common_pb2.Job | None:
         """The job if it still exists and waits in state QUEUED."""

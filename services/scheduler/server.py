@@ -110,6 +110,7 @@ async def running_scheduler(
             heartbeat_interval_s=settings.heartbeat_interval_s,
             lease_ttl_s=settings.lease_ttl_s,
             max_attempts=settings.max_attempts,
+            unschedulable_after_s=settings.unschedulable_after_s,
         )
         await scheduler.start()
         server, port = await create_server(settings, scheduler, stores.identity)

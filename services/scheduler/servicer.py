@@ -46,6 +46,7 @@ ACCESS_RULES = rules_for(
         "CancelJob": USERS,
         "WatchJob": USERS,
         "ReportJobProgress": JOBS,
+        "GetUsage": USERS,
         "ConnectWorker": WORKERS,
     },
 )
@@ -109,6 +110,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await abort_with(context, err)
         async for event in events:
             yield scheduler_pb2.WatchJobResponse(event=event)
+
+    async def GetUsage(
+        self, request: scheduler_pb2.GetUsageRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetUsageResponse:
+        try:
+            tenants = await self._scheduler.usage(
+                tenant=_scope(), tenant_id=request.tenant_id, max_jobs=request.max_jobs
+            )
+        except OpenTinkerError as err:
+            await abort_with(context, err)
+        return scheduler_pb2.GetUsageResponse(tenants=tenants)
 
     async def ReportJobProgress(
         self, request: scheduler_pb2.ReportJobProgressRequest, context: grpc.aio.ServicerContext

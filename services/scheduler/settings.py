@@ -23,6 +23,11 @@ class SchedulerSettings(BaseSettings):
     max_attempts: int = Field(
         3, ge=1, description="attempts of a job before a lost one fails it instead of re-queuing"
     )
+    unschedulable_after_s: float = Field(
+        300.0,
+        gt=0,
+        description="a job needing more devices than any connected worker has fails after this",
+    )
     log_level: str = "INFO"
     # The HMAC key under which credentials are stored; made (mode 0600) if the file is missing.
     # Unset: a secret kept in Redis beside the digests (fine for one machine; set a file, kept

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from opentinker.services.scheduler.accounted_ledger import AccountedLedger
 from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
 from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
 from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
 from opentinker.services.scheduler.job_store import JobStore, RedisJobStore
 from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+from opentinker.services.scheduler.usage import RedisUsageStore, UsageStore
 
 # Longer than the event log's blocking reads (1 s), short enough that a dead Redis is noticed.
 REDIS_SOCKET_TIMEOUT_S = 10.0
@@ -24,6 +26,7 @@ class Stores:
     ledger: LeaseLedger
     events: EventLog
     identity: IdentityStore
+    usage: UsageStore
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -38,10 +41,17 @@ def connect_redis(url: str) -> aioredis.Redis:
 
 def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float, server_secret: bytes) -> Stores:
     """``server_secret`` keys the HMAC under which credentials are stored (credentials.py)."""
+    jobs = RedisJobStore(client)
+    identity = RedisIdentityStore(client, server_secret=server_secret)
+    usage = RedisUsageStore(client)
+    ledger = AccountedLedger(
+        RedisLeaseLedger(client, lease_ttl_s=lease_ttl_s), usage=usage, jobs=jobs, identity=identity
+    )
     return Stores(
-        jobs=RedisJobStore(client),
+        jobs=jobs,
         queue=RedisJobQueue(client),
-        ledger=RedisLeaseLedger(client, lease_ttl_s=lease_ttl_s),
+        ledger=ledger,
         events=RedisEventLog(client),
-        identity=RedisIdentityStore(client, server_secret=server_secret),
+        identity=identity,
+        usage=usage,
     )

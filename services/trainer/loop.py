@@ -233,6 +233,9 @@ class RlLoop:
             "logprob_gap": stats.logprob_gap,
             "probe_max_abs_diff": probe_diff,
             "tokens_per_s": batch.generated_tokens / time_step if time_step > 0 else 0.0,
+            # Accounted per job and tenant by the scheduler (quotas.py reads these names).
+            "tokens_generated": float(batch.generated_tokens),
+            "tokens_trained": float(stats.trained_tokens),
             "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
             / len(episodes),
             "episodes": float(len(episodes)),

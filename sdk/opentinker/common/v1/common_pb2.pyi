@@ -136,18 +136,20 @@ class RlConfig(_message.Message):
     def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "rl", "num_devices")
+    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: JobKind
     model: ModelSpec
     rl: RlConfig
     num_devices: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")

@@ -48,14 +48,28 @@ class Principal(_message.Message):
     def __init__(self, kind: _Optional[_Union[PrincipalKind, str]] = ..., key_prefix: _Optional[str] = ..., tenant_id: _Optional[str] = ..., user_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class Tenant(_message.Message):
-    __slots__ = ("tenant_id", "display_name", "created_unix_s")
+    __slots__ = ("tenant_id", "display_name", "created_unix_s", "quota")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     display_name: str
     created_unix_s: float
-    def __init__(self, tenant_id: _Optional[str] = ..., display_name: _Optional[str] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+    quota: TenantQuota
+    def __init__(self, tenant_id: _Optional[str] = ..., display_name: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ...) -> None: ...
+
+class TenantQuota(_message.Message):
+    __slots__ = ("max_devices", "device_seconds_per_period", "period_s", "max_priority")
+    MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SECONDS_PER_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    max_devices: int
+    device_seconds_per_period: float
+    period_s: float
+    max_priority: int
+    def __init__(self, max_devices: _Optional[int] = ..., device_seconds_per_period: _Optional[float] = ..., period_s: _Optional[float] = ..., max_priority: _Optional[int] = ...) -> None: ...
 
 class User(_message.Message):
     __slots__ = ("user_id", "tenant_id", "display_name", "role", "created_unix_s")
@@ -220,6 +234,20 @@ class CreateWorkerTokenResponse(_message.Message):
     worker_token: str
     info: ApiKeyInfo
     def __init__(self, worker_token: _Optional[str] = ..., info: _Optional[_Union[ApiKeyInfo, _Mapping]] = ...) -> None: ...
+
+class SetTenantQuotaRequest(_message.Message):
+    __slots__ = ("tenant_id", "quota")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    quota: TenantQuota
+    def __init__(self, tenant_id: _Optional[str] = ..., quota: _Optional[_Union[TenantQuota, _Mapping]] = ...) -> None: ...
+
+class SetTenantQuotaResponse(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
 
 class AuthenticateRequest(_message.Message):
     __slots__ = ("credential",)

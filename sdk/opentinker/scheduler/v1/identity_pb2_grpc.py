@@ -75,6 +75,11 @@ class AdminServiceStub:
                 request_serializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenRequest.SerializeToString,
                 response_deserializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenResponse.FromString,
                 _registered_method=True)
+        self.SetTenantQuota = channel.unary_unary(
+                '/opentinker.scheduler.v1.AdminService/SetTenantQuota',
+                request_serializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaRequest.SerializeToString,
+                response_deserializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -132,6 +137,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetTenantQuota(self, request, context):
+        """Replaces the tenant's quota; takes effect at the next dispatch and the next submit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +186,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.CreateWorkerToken,
                     request_deserializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenRequest.FromString,
                     response_serializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenResponse.SerializeToString,
+            ),
+            'SetTenantQuota': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenantQuota,
+                    request_deserializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaRequest.FromString,
+                    response_serializer=opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -393,6 +410,33 @@ class AdminService:
             '/opentinker.scheduler.v1.AdminService/CreateWorkerToken',
             opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenRequest.SerializeToString,
             opentinker_dot_scheduler_dot_v1_dot_identity__pb2.CreateWorkerTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenantQuota(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.scheduler.v1.AdminService/SetTenantQuota',
+            opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaRequest.SerializeToString,
+            opentinker_dot_scheduler_dot_v1_dot_identity__pb2.SetTenantQuotaResponse.FromString,
             options,
             channel_credentials,
             insecure,

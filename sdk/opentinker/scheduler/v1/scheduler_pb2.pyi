@@ -1,4 +1,5 @@
 from opentinker.common.v1 import common_pb2 as _common_pb2
+from opentinker.scheduler.v1 import identity_pb2 as _identity_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -76,6 +77,64 @@ class WatchJobResponse(_message.Message):
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: _common_pb2.JobEvent
     def __init__(self, event: _Optional[_Union[_common_pb2.JobEvent, _Mapping]] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("tenant_id", "max_jobs")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    max_jobs: int
+    def __init__(self, tenant_id: _Optional[str] = ..., max_jobs: _Optional[int] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("device_seconds", "tokens_generated", "tokens_trained", "steps")
+    DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    device_seconds: float
+    tokens_generated: float
+    tokens_trained: float
+    steps: float
+    def __init__(self, device_seconds: _Optional[float] = ..., tokens_generated: _Optional[float] = ..., tokens_trained: _Optional[float] = ..., steps: _Optional[float] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("tenant_id", "period", "period_start_unix_s", "period_s", "total", "devices_in_use", "quota", "jobs")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    period: Usage
+    period_start_unix_s: float
+    period_s: float
+    total: Usage
+    devices_in_use: int
+    quota: _identity_pb2.TenantQuota
+    jobs: _containers.RepeatedCompositeFieldContainer[JobUsage]
+    def __init__(self, tenant_id: _Optional[str] = ..., period: _Optional[_Union[Usage, _Mapping]] = ..., period_start_unix_s: _Optional[float] = ..., period_s: _Optional[float] = ..., total: _Optional[_Union[Usage, _Mapping]] = ..., devices_in_use: _Optional[int] = ..., quota: _Optional[_Union[_identity_pb2.TenantQuota, _Mapping]] = ..., jobs: _Optional[_Iterable[_Union[JobUsage, _Mapping]]] = ...) -> None: ...
+
+class JobUsage(_message.Message):
+    __slots__ = ("job_id", "name", "state", "usage")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    state: _common_pb2.JobState
+    usage: Usage
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class ReportJobProgressRequest(_message.Message):
     __slots__ = ("job_id", "attempt", "step", "log", "failure", "result")

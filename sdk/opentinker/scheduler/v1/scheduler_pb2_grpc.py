@@ -66,6 +66,11 @@ class SchedulerServiceStub:
                 request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressRequest.SerializeToString,
                 response_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/opentinker.scheduler.v1.SchedulerService/GetUsage',
+                request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
         self.ConnectWorker = channel.stream_stream(
                 '/opentinker.scheduler.v1.SchedulerService/ConnectWorker',
                 request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerRequest.SerializeToString,
@@ -118,6 +123,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """Device-seconds, tokens and steps of the caller's tenant (an admin: of every tenant, or of
+        tenant_id) in the current budget period and in all, and of its jobs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ConnectWorker(self, request_iterator, context):
         """One per worker agent: register devices, heartbeat, launch, stop, exit status. Needs a
         worker token (see identity.proto).
@@ -158,6 +171,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ReportJobProgress,
                     request_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressRequest.FromString,
                     response_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageRequest.FromString,
+                    response_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageResponse.SerializeToString,
             ),
             'ConnectWorker': grpc.stream_stream_rpc_method_handler(
                     servicer.ConnectWorker,
@@ -329,6 +347,33 @@ class SchedulerService:
             '/opentinker.scheduler.v1.SchedulerService/ReportJobProgress',
             opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressRequest.SerializeToString,
             opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportJobProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.scheduler.v1.SchedulerService/GetUsage',
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageRequest.SerializeToString,
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

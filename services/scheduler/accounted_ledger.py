@@ -1,0 +1,89 @@
+"""The lease ledger, with every released lease's device-seconds written to the usage store.
+
+Wraps any ``LeaseLedger``: a release, wherever in the scheduler it happens (an attempt ended,
+a job was cancelled, a worker was lost, a lease lapsed), accounts the time from the lease's
+start to now, times its devices, to its job and the job's tenant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from opentinker.services.scheduler.errors import JobNotFoundError
+from opentinker.services.scheduler.identity import IdentityStore
+from opentinker.services.scheduler.job_store import JobStore
+from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
+from opentinker.services.scheduler.usage import Usage, UsageStore
+
+log = structlog.get_logger(__name__)
+
+
+class AccountedLedger:
+    """A LeaseLedger that accounts device-seconds on release; everything else is delegated."""
+
+    def __init__(
+        self, inner: LeaseLedger, *, usage: UsageStore, jobs: JobStore, identity: IdentityStore
+    ) -> None:
+        self._inner = inner
+        self._usage = usage
+        self._jobs = jobs
+        self._identity = identity
+
+    async def release(self, lease_id: str) -> bool:
+        lease = await self._inner.get(lease_id)
+        released = await self._inner.release(lease_id)
+        if released and lease is not None:
+            await self._account(lease)
+        return released
+
+    async def _account(self, lease: Lease) -> None:
+        seconds = max(0.0, time.time() - lease.created_unix_s) * len(lease.device_ids)
+        try:
+            job = await self._jobs.get(lease.job_id)
+        except JobNotFoundError:
+            log.warning("lease_of_unknown_job", lease_id=lease.lease_id, job_id=lease.job_id)
+            return
+        period_s = 0.0
+        if job.tenant_id:
+            try:
+                period_s = (await self._identity.get_tenant(job.tenant_id)).quota.period_s
+            except Exception:  # a deleted tenant still gets its usage, in the default period
+                period_s = 0.0
+        await self._usage.add(
+            job.job_id, job.tenant_id, Usage(device_seconds=seconds), period_s=period_s
+        )
+
+    # ---- delegated as is ----------------------------------------------------------------------
+
+    async def register_worker(self, worker_id: str, device_ids: Sequence[str]) -> None:
+        await self._inner.register_worker(worker_id, device_ids)
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self._inner.unregister_worker(worker_id)
+
+    async def devices(self, worker_id: str) -> list[str]:
+        return await self._inner.devices(worker_id)
+
+    async def free_devices(self, worker_id: str) -> list[str]:
+        return await self._inner.free_devices(worker_id)
+
+    async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
+        return await self._inner.acquire(worker_id, job_id, n)
+
+    async def renew(self, worker_id: str) -> int:
+        return await self._inner.renew(worker_id)
+
+    async def get(self, lease_id: str) -> Lease | None:
+        return await self._inner.get(lease_id)
+
+    async def leases(self, worker_id: str) -> list[Lease]:
+        return await self._inner.leases(worker_id)
+
+    async def is_live(self, lease_id: str) -> bool:
+        return await self._inner.is_live(lease_id)
+
+    async def lapsed(self) -> list[Lease]:
+        return await self._inner.lapsed()

@@ -1,0 +1,129 @@
+"""Tenant quotas and usage as the scheduler applies them: at submit, at dispatch, in reports.
+
+- submit: a priority above the tenant's ``max_priority``, or more devices than its
+  ``max_devices``, is refused (the job could never run as asked); a tenant whose device-seconds
+  this period reached its budget gets RESOURCE_EXHAUSTED with the numbers.
+- dispatch: the devices each tenant holds now (from the ledger) and each tenant's limit feed
+  the FairPicker (fair_share.py).
+- reports: each step adds its tokens and one step to the job's and tenant's usage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import PermissionDeniedError, ResourceExhaustedError
+from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2
+from opentinker.services.scheduler.errors import IdentityNotFoundError
+from opentinker.services.scheduler.identity import IdentityStore
+from opentinker.services.scheduler.job_store import JobStore
+from opentinker.services.scheduler.lease_ledger import LeaseLedger
+from opentinker.services.scheduler.usage import DEFAULT_PERIOD_S, Usage, UsageStore, period_start
+
+# Step metrics the trainer reports that count as tokens (see the trainer loop).
+TOKENS_GENERATED_METRIC = "tokens_generated"
+TOKENS_TRAINED_METRIC = "tokens_trained"
+
+
+class Quotas:
+    def __init__(
+        self, identity: IdentityStore, usage: UsageStore, ledger: LeaseLedger, jobs: JobStore
+    ) -> None:
+        self._identity = identity
+        self._usage = usage
+        self._ledger = ledger
+        self._jobs = jobs
+
+    async def quota(self, tenant_id: str) -> identity_pb2.TenantQuota:
+        """The tenant's quota; none (all zeros) for a job without a tenant record."""
+        try:
+            return (await self._identity.get_tenant(tenant_id)).quota
+        except IdentityNotFoundError:
+            return identity_pb2.TenantQuota()
+
+    async def check_submit(self, spec: common_pb2.JobSpec, tenant_id: str) -> None:
+        """Raise when the job may not be queued for ``tenant_id`` (see the module docstring)."""
+        quota = await self.quota(tenant_id)
+        if quota.max_priority and spec.priority > quota.max_priority:
+            raise PermissionDeniedError(
+                f"priority: {spec.priority} is above tenant {tenant_id!r}'s max_priority "
+                f"{quota.max_priority}; ask an admin or lower it",
+                reason="PRIORITY_ABOVE_QUOTA",
+            )
+        needed = max(spec.num_devices, 1)
+        if quota.max_devices and needed > quota.max_devices:
+            raise ResourceExhaustedError(
+                f"num_devices: the job needs {needed} devices, tenant {tenant_id!r} may hold at "
+                f"most {quota.max_devices} at once; it could never run",
+                reason="ABOVE_DEVICE_QUOTA",
+            )
+        budget = quota.device_seconds_per_period
+        if budget:
+            period_s = quota.period_s or DEFAULT_PERIOD_S
+            used, _ = await self._usage.tenant(tenant_id, period_s=period_s)
+            if used.device_seconds >= budget:
+                resets = period_start(time.time(), period_s) + period_s
+                raise ResourceExhaustedError(
+                    f"tenant {tenant_id!r} used {used.device_seconds:,.0f} of its "
+                    f"{budget:,.0f} device-seconds this period; the budget resets at "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(resets))}",
+                    reason="DEVICE_BUDGET_SPENT",
+                )
+
+    async def devices_in_use(self, worker_ids: Iterable[str]) -> dict[str, int]:
+        """Devices held by each tenant's jobs, from the leases of ``worker_ids``."""
+        held: dict[str, int] = {}
+        for worker_id in worker_ids:
+            for lease in await self._ledger.leases(worker_id):
+                tenant = await self._tenant_of(lease.job_id)
+                held[tenant] = held.get(tenant, 0) + len(lease.device_ids)
+        return held
+
+    async def device_limits(self, tenant_ids: Iterable[str]) -> dict[str, int]:
+        return {t: (await self.quota(t)).max_devices for t in set(tenant_ids)}
+
+    async def record_step(self, job: common_pb2.Job, step: common_pb2.StepMetrics) -> None:
+        metrics = step.metrics
+        usage = Usage(
+            steps=1.0,
+            tokens_generated=metrics.get(TOKENS_GENERATED_METRIC, 0.0),
+            tokens_trained=metrics.get(TOKENS_TRAINED_METRIC, 0.0),
+        )
+        quota = await self.quota(job.tenant_id)
+        await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s)
+
+    async def report(
+        self, tenant_id: str, devices_in_use: int, *, max_jobs: int
+    ) -> scheduler_pb2.TenantUsage:
+        """The tenant's usage, quota and its newest ``max_jobs`` jobs with theirs."""
+        quota = await self.quota(tenant_id)
+        period_s = quota.period_s or DEFAULT_PERIOD_S
+        period, total = await self._usage.tenant(tenant_id, period_s=period_s)
+        page = await self._jobs.list_jobs(page_size=max_jobs, tenant_id=tenant_id)
+        jobs = [
+            scheduler_pb2.JobUsage(
+                job_id=j.job_id,
+                name=j.spec.name,
+                state=j.state,
+                usage=(await self._usage.job(j.job_id)).to_proto(),
+            )
+            for j in page.jobs
+        ]
+        return scheduler_pb2.TenantUsage(
+            tenant_id=tenant_id,
+            period=period.to_proto(),
+            period_start_unix_s=period_start(time.time(), period_s),
+            period_s=period_s,
+            total=total.to_proto(),
+            devices_in_use=devices_in_use,
+            quota=quota,
+            jobs=jobs,
+        )
+
+    async def _tenant_of(self, job_id: str) -> str:
+        try:
+            return (await self._jobs.get(job_id)).tenant_id
+        except Exception:  # a lease of a job that is gone: count it under no tenant
+            return ""

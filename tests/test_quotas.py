@@ -1,0 +1,172 @@
+"""Quotas, fair share and accounting through the real scheduler (gRPC + Redis) and scripted
+workers on real ConnectWorker streams."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from async_guard import run
+from identity_helpers import api_key
+from test_scheduler_service import (
+    ALLOCATING,
+    FAILED,
+    RPC_TIMEOUT_S,
+    job_stub,
+    scheduler_mesh,
+    scripted_worker,
+    stub_with,
+    submit,
+    wait_for_state,
+)
+
+from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2
+
+pytestmark = pytest.mark.integration
+
+
+async def set_quota(mesh, tenant: str, **limits: float) -> None:  # noqa: ANN001
+    await mesh.running.stores.identity.set_quota(tenant, identity_pb2.TenantQuota(**limits))
+
+
+async def launches(worker, n: int) -> list[str]:  # noqa: ANN001
+    """Job ids of the next ``n`` launches."""
+    return [(await worker.next_command()).launch.job.job_id for _ in range(n)]
+
+
+async def still_queued(mesh, jobs, after_s: float = 0.6) -> bool:  # noqa: ANN001
+    """After ``after_s`` (several dispatch rounds), are all ``jobs`` still QUEUED? (Reading the
+    worker's stream with a timeout would cancel the whole call in grpc.aio.)"""
+    await asyncio.sleep(after_s)
+    for j in jobs:
+        reply = await mesh.stub.GetJob(
+            scheduler_pb2.GetJobRequest(job_id=j.job_id), timeout=RPC_TIMEOUT_S
+        )
+        if reply.job.state != common_pb2.JOB_STATE_QUEUED:
+            return False
+    return True
+
+
+def test_a_flooding_tenant_does_not_starve_another_and_quotas_hold(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            globex = stub_with(
+                mesh, await api_key(mesh.running.stores.identity, tenant="globex", user="bob")
+            )
+            await set_quota(mesh, "acme", max_devices=2)
+            flood = [await submit(mesh.stub, f"a{i}") for i in range(5)]
+            late = await submit(globex, "g0")
+            # Three devices: acme may hold 2, globex's one job gets the third at once.
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1", "d2"]) as w:
+                launched = await launches(w, 3)
+                assert late.job_id in launched
+                assert sorted(set(launched) - {late.job_id}) == sorted(j.job_id for j in flood[:2])
+                assert await still_queued(mesh, flood[2:])  # acme is at its quota
+
+    run(main)
+
+
+def test_priority_orders_a_tenants_jobs_up_to_its_max(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            await set_quota(mesh, "acme", max_priority=5)
+            low = await submit(mesh.stub, "low")
+            high = await submit(mesh.stub, "high", priority=5)
+            with pytest.raises(grpc.aio.AioRpcError) as too_high:
+                await submit(mesh.stub, "vip", priority=6)
+            assert too_high.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "max_priority 5" in too_high.value.details()
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0"]) as w:
+                assert await launches(w, 1) == [high.job_id]
+            assert low.job_id
+
+    run(main)
+
+
+def test_a_job_that_could_never_fit_is_refused_or_fails_with_the_reason(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, unschedulable_after_s=0.5) as mesh:
+            await set_quota(mesh, "acme", max_devices=4)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await submit(mesh.stub, "huge", num_devices=8)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "at most 4" in refused.value.details()
+            wide = await submit(mesh.stub, "wide", num_devices=2)
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0"]):
+                failed = await wait_for_state(mesh.stub, wide.job_id, FAILED, timeout_s=8)
+            assert "needs 2 devices" in failed.reason and "largest" in failed.reason
+
+    run(main)
+
+
+def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=3600)
+            job = await submit(mesh.stub, "metered", num_devices=2)
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1"]) as w:
+                launch = (await w.next_command()).launch
+                await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                trainer = job_stub(mesh, launch)
+                for step in (1, 2):
+                    metrics = {"tokens_generated": 100.0, "tokens_trained": 60.0}
+                    report = scheduler_pb2.ReportJobProgressRequest(
+                        job_id=job.job_id,
+                        attempt=1,
+                        step=common_pb2.StepMetrics(step=step, metrics=metrics),
+                    )
+                    await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+                await asyncio.sleep(0.6)  # two devices for >= 0.6 s: >= 1.2 device-seconds
+                await w.send(
+                    exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=1)
+                )
+                await wait_for_state(mesh.stub, job.job_id, FAILED)
+            usage = (
+                await mesh.stub.GetUsage(scheduler_pb2.GetUsageRequest(), timeout=RPC_TIMEOUT_S)
+            ).tenants
+            assert [t.tenant_id for t in usage] == ["acme"]  # a member sees its own tenant
+            acme = usage[0]
+            assert acme.period.device_seconds >= 1.2 and acme.total.device_seconds >= 1.2
+            assert acme.period.device_seconds < 10  # the lease ended with the attempt
+            assert (acme.total.tokens_generated, acme.total.tokens_trained) == (200, 120)
+            assert acme.total.steps == 2 and acme.period_s == 3600
+            (row,) = [j for j in acme.jobs if j.job_id == job.job_id]
+            assert row.usage.device_seconds == pytest.approx(acme.total.device_seconds)
+            with pytest.raises(grpc.aio.AioRpcError) as spent:
+                await submit(mesh.stub, "more")
+            assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "device-seconds this period" in spent.value.details()
+            assert "of its 1 device-seconds" in spent.value.details()
+            # Another tenant is not charged and may still submit.
+            globex = stub_with(
+                mesh, await api_key(mesh.running.stores.identity, tenant="globex", user="bob")
+            )
+            await submit(globex, "other")
+            with pytest.raises(grpc.aio.AioRpcError) as not_yours:
+                await globex.GetUsage(
+                    scheduler_pb2.GetUsageRequest(tenant_id="acme"), timeout=RPC_TIMEOUT_S
+                )
+            assert not_yours.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    run(main)
+
+
+def test_allocating_jobs_hold_their_devices_against_the_quota(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            await set_quota(mesh, "acme", max_devices=1)
+            first, second = await submit(mesh.stub, "1"), await submit(mesh.stub, "2")
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1"]) as w:
+                assert await launches(w, 1) == [first.job_id]
+                await wait_for_state(mesh.stub, first.job_id, ALLOCATING)
+                assert await still_queued(mesh, [second])
+                await w.send(
+                    exited=scheduler_pb2.JobExited(job_id=first.job_id, attempt=1, exit_code=2)
+                )
+                assert await launches(w, 1) == [second.job_id]  # the device came back
+
+    run(main)
