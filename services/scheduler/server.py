@@ -57,7 +57,9 @@ async def running_scheduler(
     redis = connect_redis(settings.redis_url)
     try:
         await redis.ping()
-        stores = redis_stores(redis, lease_ttl_s=settings.lease_ttl_s)
+        stores = redis_stores(
+            redis, lease_ttl_s=settings.lease_ttl_s, event_max_progress=settings.event_max_progress
+        )
         scheduler = Scheduler(
             stores,
             heartbeat_interval_s=settings.heartbeat_interval_s,

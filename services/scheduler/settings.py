@@ -18,6 +18,12 @@ class SchedulerSettings(BaseSettings):
     lease_ttl_s: float = Field(
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
     )
+    event_max_progress: int = Field(
+        10_000,
+        ge=1,
+        description="newest step/log events kept per job; older ones are trimmed (state "
+        "changes are always kept)",
+    )
     log_level: str = "INFO"
 
     @model_validator(mode="after")

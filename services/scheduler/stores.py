@@ -33,10 +33,12 @@ def connect_redis(url: str) -> aioredis.Redis:
     )
 
 
-def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float) -> Stores:
+def redis_stores(
+    client: aioredis.Redis, *, lease_ttl_s: float, event_max_progress: int = 10_000
+) -> Stores:
     return Stores(
         jobs=RedisJobStore(client),
         queue=RedisJobQueue(client),
         ledger=RedisLeaseLedger(client, lease_ttl_s=lease_ttl_s),
-        events=RedisEventLog(client),
+        events=RedisEventLog(client, max_progress=event_max_progress),
     )
