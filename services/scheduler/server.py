@@ -64,6 +64,7 @@ async def running_scheduler(
             stores,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             lease_ttl_s=settings.lease_ttl_s,
+            reconnect_grace_s=settings.reconnect_grace_s,
         )
         await scheduler.start()
         server, port = await create_server(settings, scheduler)

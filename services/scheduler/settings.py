@@ -18,6 +18,12 @@ class SchedulerSettings(BaseSettings):
     lease_ttl_s: float = Field(
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
     )
+    reconnect_grace_s: float = Field(
+        20.0,
+        ge=0,
+        description="after a start or a Redis outage, seconds absent workers have to reconnect "
+        "and re-announce their running jobs before their lapsed leases are re-queued",
+    )
     event_max_progress: int = Field(
         10_000,
         ge=1,

@@ -33,6 +33,7 @@ class LaunchCommand:
 class StopCommand:
     job_id: str
     reason: str
+    attempt: int = 0  # 0 = every attempt of the job on the worker
 
 
 @dataclass(frozen=True)
