@@ -7,7 +7,9 @@ test_scheduler_service, so each re-announcement is exactly what the test says.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import grpc
 import pytest
 from async_guard import run
 from test_scheduler_service import (
@@ -159,3 +161,39 @@ async def report_result(mesh: Mesh, launch: scheduler_pb2.LaunchJob) -> None:
         result=scheduler_pb2.JobResult(checkpoint_uri="file:///ckpt"),
     )
     assert not (await mesh.stub.ReportJobProgress(result, timeout=RPC_TIMEOUT_S)).stop
+
+
+def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
+    tmp_path: Path,
+) -> None:
+    import redis
+
+    from opentinker.services.launcher.redis_process import RedisProcess
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    config = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    settings = config.config_get("append*")
+    assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
+    config.close()
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_server.url) as mesh:
+            job = await submit(mesh.stub, "kept")
+            redis_server.kill()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await get_job(mesh.stub, job.job_id)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "cannot reach its Redis" in info.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await watch(mesh.stub, job.job_id)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            redis_server.start()  # same port, same data dir: the append-only file has it all
+            again = await get_job(mesh.stub, job.job_id)
+            assert (again.job_id, again.state) == (job.job_id, QUEUED)
+            later = await submit(mesh.stub, "after")
+            assert later.state == QUEUED
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()

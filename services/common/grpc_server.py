@@ -5,7 +5,7 @@ Every server has health checking and server reflection on, and the same message-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 import grpc
@@ -37,14 +37,18 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 def create_aio_server(
-    service_names: Iterable[str], *, host: str, port: int
+    service_names: Iterable[str],
+    *,
+    host: str,
+    port: int,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """An asyncio gRPC server bound to host:port (0 = any free port), with health + reflection.
 
     Register servicers on the returned server before ``await server.start()``. Returns
     (server, bound_port, health_servicer); every named service is marked SERVING.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)

@@ -16,6 +16,7 @@ from opentinker.services.common.grpc_server import create_aio_server, mark_servi
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.servicer import SchedulerServicer
 from opentinker.services.scheduler.settings import SchedulerSettings
+from opentinker.services.scheduler.store_outage import StoreOutageInterceptor
 from opentinker.services.scheduler.stores import Stores, connect_redis, redis_stores
 
 log = structlog.get_logger(__name__)
@@ -29,7 +30,12 @@ async def create_server(
     """A started server on settings.host:settings.port (0 = any free port) serving
     ``scheduler``, marked SERVING; returns (server, bound_port). The caller owns
     ``scheduler.start()`` / ``scheduler.close()``."""
-    server, port, health = create_aio_server([SERVICE_NAME], host=settings.host, port=settings.port)
+    server, port, health = create_aio_server(
+        [SERVICE_NAME],
+        host=settings.host,
+        port=settings.port,
+        interceptors=[StoreOutageInterceptor(SERVICE_NAME)],
+    )
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(SchedulerServicer(scheduler), server)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
