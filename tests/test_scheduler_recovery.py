@@ -18,6 +18,7 @@ from test_scheduler_service import (
     QUEUED,
     RPC_TIMEOUT_S,
     RUNNING,
+    SUCCEEDED,
     Mesh,
     get_job,
     scheduler_mesh,
@@ -192,6 +193,42 @@ def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
             assert (again.job_id, again.state) == (job.job_id, QUEUED)
             later = await submit(mesh.stub, "after")
             assert later.state == QUEUED
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
+
+
+def test_a_redis_outage_longer_than_the_lease_ttl_keeps_a_connected_workers_job(
+    tmp_path: Path,
+) -> None:
+    from opentinker.services.launcher.redis_process import RedisProcess
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_server.url, lease_ttl_s=0.6, reconnect_grace_s=5) as mesh,
+            scripted_worker(mesh.stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            launch = await start_job(mesh, w1, "kept")
+            redis_server.kill()
+            await asyncio.sleep(1.5)  # the lease's TTL runs out while Redis is away
+            redis_server.start()
+            ledger = mesh.running.stores.ledger
+            # The scheduler holds its connected worker's known lease again before any sweep.
+            await asyncio.sleep(1.0)
+            assert await ledger.is_live(launch.lease_id)
+            assert await ledger.lapsed() == []
+            job = await get_job(mesh.stub, launch.job.job_id)
+            assert (job.state, job.attempt, job.worker_id) == (RUNNING, 1, "w1")
+            # The worker was never told to stop it, and its exit still counts.
+            await report_result(mesh, launch)
+            await w1.send(exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=0))
+            done = await wait_for_state(mesh.stub, job.job_id, SUCCEEDED)
+            assert done.attempt == 1
+            assert await ledger.leases("w1") == []
 
     try:
         run(main)

@@ -253,11 +253,19 @@ class Scheduler:
         self.wake()
         return session
 
-    async def worker_seen(self, session: WorkerSession) -> None:
-        """Any message from the worker counts as a heartbeat: renew its leases."""
+    def worker_seen(self, session: WorkerSession) -> None:
+        """Any message from the worker counts as a heartbeat: renew its leases, in the
+        background (one renewal at a time), so a slow or absent Redis never holds up reading
+        the worker's messages or makes a live worker look silent."""
         session.last_seen = time.monotonic()
-        if not session.lost:
-            await self._ledger.renew(session.worker_id)
+        if not session.lost and (session.renewal is None or session.renewal.done()):
+            session.renewal = asyncio.create_task(self._renew(session.worker_id))
+
+    async def _renew(self, worker_id: str) -> None:
+        try:
+            await self._ledger.renew(worker_id)
+        except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
+            log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
 
     async def job_launched(self, session: WorkerSession, job_id: str, attempt: int) -> None:
         job = await self._jobs.get(job_id)

@@ -206,10 +206,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         s = self._scheduler
         try:
             async for message in request_iterator:
-                try:
-                    await s.worker_seen(session)
-                except Exception as err:  # Redis away: the next heartbeat renews; keep the stream
-                    log.warning("lease_renew_failed", worker_id=session.worker_id, error=repr(err))
+                s.worker_seen(session)
                 kind = message.WhichOneof("payload")
                 try:
                     if kind == "launched":

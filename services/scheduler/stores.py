@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
 from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
@@ -24,12 +27,23 @@ class Stores:
 
 
 def connect_redis(url: str) -> aioredis.Redis:
-    """A pooled asyncio client returning bytes (the stores decode what they read)."""
+    """A pooled asyncio client returning bytes (the stores decode what they read).
+
+    After a Redis restart every pooled connection is dead; a command that meets one is retried
+    on a fresh connection (a few times, briefly) instead of failing, so one restart costs the
+    callers nothing once Redis is back. Only connection errors are retried (the command did not
+    reach a live server), never timeouts, which may have run.
+    """
     return aioredis.Redis.from_url(
         url,
         decode_responses=False,
         socket_connect_timeout=5.0,
         socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        retry=Retry(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            retries=3,
+            supported_errors=(RedisConnectionError,),
+        ),
     )
 
 
