@@ -160,6 +160,18 @@ class WorkerRecovery:
             why = "this attempt is no longer the scheduler's (re-queued, cancelled or ended)"
             session.send(StopCommand(stray.job_id, why, attempt=stray.attempt))
 
+    def renew_soon(self, session: WorkerSession) -> None:
+        """Renew the worker's leases in the background, one renewal at a time, so a slow or
+        absent Redis never holds up reading its messages or makes a live worker look silent."""
+        if not session.lost and (session.renewal is None or session.renewal.done()):
+            session.renewal = asyncio.create_task(self._renew(session.worker_id))
+
+    async def _renew(self, worker_id: str) -> None:
+        try:
+            await self._ledger.renew(worker_id)
+        except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
+            log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
+
     async def reclaim(self, worker_id: str) -> None:
         """The worker closed or went silent: re-queue the jobs of all its leases now."""
         async with self._lock:

@@ -124,11 +124,8 @@ class Scheduler:
                 await self.dispatch()
                 failures = 0
             except Exception as err:  # Redis briefly away, etc.: log and try again next tick
-                if not failures:
-                    log.exception("scheduler_round_failed")
-                else:
-                    log.warning("scheduler_round_failed", error=repr(err), failures=failures + 1)
-                failures += 1
+                failures += 1  # the traceback once, then one line per round
+                log.warning("scheduler_round_failed", error=repr(err), exc_info=failures == 1)
             await wait_event(self._wake, tick)
 
     # ---- jobs -------------------------------------------------------------------------------
@@ -254,18 +251,9 @@ class Scheduler:
         return session
 
     def worker_seen(self, session: WorkerSession) -> None:
-        """Any message from the worker counts as a heartbeat: renew its leases, in the
-        background (one renewal at a time), so a slow or absent Redis never holds up reading
-        the worker's messages or makes a live worker look silent."""
+        """Any message from the worker counts as a heartbeat: renew its leases (soon)."""
         session.last_seen = time.monotonic()
-        if not session.lost and (session.renewal is None or session.renewal.done()):
-            session.renewal = asyncio.create_task(self._renew(session.worker_id))
-
-    async def _renew(self, worker_id: str) -> None:
-        try:
-            await self._ledger.renew(worker_id)
-        except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
-            log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
+        self._recovery.renew_soon(session)
 
     async def job_launched(self, session: WorkerSession, job_id: str, attempt: int) -> None:
         job = await self._jobs.get(job_id)
