@@ -245,6 +245,47 @@ def test_read_replays_from_a_seq_then_follows_until_terminal(make_stores) -> Non
     run(main)
 
 
+def test_retention_trims_the_oldest_progress_events_and_keeps_every_state_change(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            ev = redis_stores(
+                client, lease_ttl_s=10.0, server_secret=b"t" * 32, event_max_progress=3
+            ).events
+            await ev.append("j", state_change(Q, "submitted"))  # seq 1
+            await ev.append("j", state_change(A))  # seq 2
+            await ev.append("j", state_change(R, "running"))  # seq 3
+            for step in range(1, 6):  # seqs 4..8
+                await ev.append("j", common_pb2.JobEvent(step=common_pb2.StepMetrics(step=step)))
+            await ev.append("j", common_pb2.JobEvent(log=common_pb2.LogLine(message="x")))  # 9
+            await ev.append("j", state_change(S, "trainer finished"))  # seq 10
+
+            kept = [e async for e in ev.read("j", 1)]
+            # Every state change and the 3 newest progress events, with their original seqs:
+            # the jump from 3 to 7 is where steps 1..3 were trimmed.
+            assert [e.seq for e in kept] == [1, 2, 3, 7, 8, 9, 10]
+            assert [e.state_change.state for e in kept if e.HasField("state_change")] == [
+                Q,
+                A,
+                R,
+                S,
+            ]
+            assert [e.step.step for e in kept if e.HasField("step")] == [4, 5]
+            assert kept[-1].state_change.reason == "trainer finished"
+            # A late watcher from a trimmed seq starts at the next kept event, ends at the end.
+            assert [e.seq async for e in ev.read("j", 5)] == [7, 8, 9, 10]
+            assert await ev.last_seq("j") == 10
+            # State changes do not count against the limit: one more step trims one step.
+            await ev.append("j", common_pb2.JobEvent(step=common_pb2.StepMetrics(step=6)))
+            assert [e.seq async for e in ev.read("j", 1, follow=False)] == [1, 2, 3, 8, 9, 10, 11]
+        finally:
+            await client.aclose()
+
+    run(main)
+
+
 # ---- persistence ------------------------------------------------------------------------------
 
 

@@ -124,3 +124,30 @@ def test_release_frees_devices_and_is_idempotent(make_ledger) -> None:
             assert await ledger.free_devices("w1") == ["n/cpu:0", "n/cpu:1"]
 
     run(main)
+
+
+def test_revive_holds_a_lapsed_lease_again_unless_its_devices_moved_on(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(0.3) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0", "n/cpu:1"])
+            lost = await ledger.acquire("w1", "job-b", 1)
+            kept = await ledger.acquire("w1", "job-a", 1)
+            assert lost is not None and kept is not None
+            await asyncio.sleep(0.5)  # both lapse: the worker was away past the TTL
+            assert {lease.job_id for lease in await ledger.lapsed()} == {"job-a", "job-b"}
+            # job-b's device went to another lease meanwhile.
+            taker = await ledger.acquire("w1", "job-c", 1)
+            assert taker is not None and taker.device_ids == lost.device_ids
+            assert not await ledger.revive(lost.lease_id, "w1", "job-b")
+            # Only the lease's own worker and job revive it, and only while it is not released.
+            assert not await ledger.revive(kept.lease_id, "w2", "job-a")
+            assert not await ledger.revive(kept.lease_id, "w1", "job-x")
+            assert not await ledger.revive("lease-unknown", "w1", "job-a")
+            assert await ledger.revive(kept.lease_id, "w1", "job-a")
+            assert await ledger.is_live(kept.lease_id) and await ledger.is_live(taker.lease_id)
+            assert [lease.job_id for lease in await ledger.lapsed()] == ["job-b"]
+            assert await ledger.renew("w1") == 2  # heartbeats keep the revived lease again
+            assert await ledger.release(lost.lease_id)
+            assert not await ledger.revive(lost.lease_id, "w1", "job-b")
+
+    run(main)

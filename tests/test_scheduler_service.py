@@ -49,6 +49,7 @@ class Mesh:
 async def scheduler_mesh(
     redis_url: str, *, lease_ttl_s: float = 1.0, **settings_fields: object
 ) -> AsyncIterator[Mesh]:
+    settings_fields.setdefault("reconnect_grace_s", 0.0)  # lost workers are re-queued at once
     settings = SchedulerSettings(
         redis_url=redis_url,
         port=0,
@@ -149,12 +150,15 @@ class ScriptedWorker:
             self.seq += 1
             await self.call.write(scheduler_pb2.ConnectWorkerRequest(seq=self.seq, **payload))
 
-    async def connect(self) -> scheduler_pb2.WorkerRegistered:
+    async def connect(
+        self, held: list[scheduler_pb2.HeldAttempt] | None = None
+    ) -> scheduler_pb2.WorkerRegistered:
         await self.send(
             register=scheduler_pb2.RegisterWorker(
                 worker_id=self.worker_id,
                 hostname="test",
                 devices=[scheduler_pb2.Device(device_id=d, kind="cpu") for d in self.devices],
+                held=held or [],
             )
         )
         first = await asyncio.wait_for(self.call.read(), RPC_TIMEOUT_S)
@@ -187,10 +191,10 @@ class ScriptedWorker:
 
 @asynccontextmanager
 async def scripted_worker(
-    stub, worker_id: str, devices: list[str]
+    stub, worker_id: str, devices: list[str], held: list[scheduler_pb2.HeldAttempt] | None = None
 ) -> AsyncIterator[ScriptedWorker]:
     worker = ScriptedWorker(stub, worker_id, devices)
-    await worker.connect()
+    await worker.connect(held)
     try:
         yield worker
     finally:

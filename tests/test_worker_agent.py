@@ -84,6 +84,11 @@ if name == "bad":
     print("step 1 ok")
     print("ValueError: boom at step 2", file=sys.stderr)
     sys.exit(3)
+if name == "exit-on-file":  # ends (failing) once the test writes run_dir/finish
+    while not (config.run_dir / "finish").exists():
+        time.sleep(0.05)
+    print("ValueError: ended while the scheduler was away", file=sys.stderr)
+    sys.exit(3)
 while True:  # "hang": runs until stopped
     time.sleep(1)
 """
@@ -271,54 +276,140 @@ def test_agent_shutdown_kills_its_processes_and_the_job_is_requeued(
     run(main)
 
 
-def test_agent_reconnects_after_a_scheduler_restart(redis_url: str, tmp_path: Path) -> None:
+def restartable(
+    tmp_path: Path, redis_url: str, *, devices: list[str], **worker: object
+) -> tuple[SchedulerSettings, WorkerSettings]:
+    """Settings of a scheduler on a fixed port (so it can be restarted there) and its agent."""
     from opentinker.services.launcher.redis_process import free_port
 
-    async def main() -> None:
-        (tmp_path / "rollout.py").write_text(STAND_IN_ROLLOUT)
-        (tmp_path / "trainer.py").write_text(STAND_IN_TRAINER)
+    (tmp_path / "rollout.py").write_text(STAND_IN_ROLLOUT)
+    (tmp_path / "trainer.py").write_text(STAND_IN_TRAINER)
+    scheduler_settings = SchedulerSettings(
+        redis_url=redis_url,
+        port=free_port(),
+        heartbeat_interval_s=0.2,
+        lease_ttl_s=1.5,
+        reconnect_grace_s=10,
         # The first scheduler writes a worker token there; the agent reads it at each connect.
-        scheduler_settings = SchedulerSettings(
-            redis_url=redis_url,
-            port=free_port(),
-            heartbeat_interval_s=0.2,
-            lease_ttl_s=1.5,
-            bootstrap_dir=tmp_path / "secrets",
-        )
-        settings = WorkerSettings(
-            worker_token_file=tmp_path / "secrets" / "worker.token",
-            scheduler_address=f"127.0.0.1:{scheduler_settings.port}",
-            worker_id="agent-1",
-            hostname="testhost",
-            run_root=tmp_path / "runs",
-            devices=["cpu:0"],
-            rollout_command=[sys.executable, str(tmp_path / "rollout.py")],
-            trainer_command=[sys.executable, str(tmp_path / "trainer.py")],
-            stop_grace_s=2,
-            connect_timeout_s=3,
-            reconnect_initial_s=0.1,
-            reconnect_max_s=0.5,
-        )
-        agent = WorkerAgent(settings, detect_devices(settings))
-        stop = asyncio.Event()
-        task = asyncio.create_task(agent.run(stop))
+        bootstrap_dir=tmp_path / "secrets",
+    )
+    options: dict = {
+        "worker_token_file": tmp_path / "secrets" / "worker.token",
+        "scheduler_address": f"127.0.0.1:{scheduler_settings.port}",
+        "worker_id": "agent-1",
+        "hostname": "testhost",
+        "run_root": tmp_path / "runs",
+        "devices": devices,
+        "rollout_command": [sys.executable, str(tmp_path / "rollout.py")],
+        "trainer_command": [sys.executable, str(tmp_path / "trainer.py")],
+        "stop_grace_s": 2,
+        "connect_timeout_s": 3,
+        "reconnect_initial_s": 0.1,
+        "reconnect_max_s": 0.5,
+        **worker,
+    }
+    return scheduler_settings, WorkerSettings(**options)
+
+
+@asynccontextmanager
+async def running_agent(settings: WorkerSettings) -> AsyncIterator[WorkerAgent]:
+    agent = WorkerAgent(settings, detect_devices(settings))
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+@asynccontextmanager
+async def serving(
+    settings: SchedulerSettings, agent: WorkerAgent
+) -> AsyncIterator[tuple[RunningScheduler, scheduler_pb2_grpc.SchedulerServiceStub]]:
+    """A scheduler (again) on its port, once the agent has (re)connected to it."""
+    async with running_scheduler(settings, stop_grace_s=0.5) as running:
+        await asyncio.wait_for(agent.connected.wait(), 10)
+        channel = aio_channel(running.address, credential=await api_key(running.stores.identity))
         try:
-            async with running_scheduler(scheduler_settings, stop_grace_s=0.5) as first:
-                await asyncio.wait_for(agent.connected.wait(), RPC_TIMEOUT_S)
+            yield running, scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        finally:
+            await channel.close()
+
+
+def test_agent_reconnects_after_a_scheduler_restart(redis_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        scheduler_settings, settings = restartable(tmp_path, redis_url, devices=["cpu:0"])
+        async with running_agent(settings) as agent:
+            async with serving(scheduler_settings, agent) as (first, _):
                 assert first.scheduler.connected_workers() == ["agent-1"]
             await asyncio.sleep(0.5)  # the scheduler is down: the agent keeps retrying
             assert not agent.connected.is_set()
-            async with running_scheduler(scheduler_settings, stop_grace_s=0.5) as second:
-                await asyncio.wait_for(agent.connected.wait(), 10)
-                channel = aio_channel(
-                    second.address, credential=await api_key(second.stores.identity)
-                )
-                stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            async with serving(scheduler_settings, agent) as (_, stub):
                 job = await submit(stub, "good")
                 await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_SUCCEEDED)
-                await channel.close()
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 15)
+
+    run(main)
+
+
+def test_jobs_run_on_through_a_scheduler_restart_and_exits_are_reported_after_it(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        scheduler_settings, settings = restartable(tmp_path, redis_url, devices=["cpu:0", "cpu:1"])
+        async with running_agent(settings) as agent:
+            async with serving(scheduler_settings, agent) as (_, stub):
+                hang = await submit(stub, "hang")
+                ends = await submit(stub, "exit-on-file")
+                for job in (hang, ends):
+                    await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+            hang_dir = settings.run_root / hang.job_id / "attempt-1"
+            ends_dir = settings.run_root / ends.job_id / "attempt-1"
+            await wait_until(lambda: (hang_dir / "trainer.pid").exists())
+            await wait_until(lambda: (ends_dir / "trainer.pid").exists())
+            # The scheduler is down: one job ends meanwhile, the other runs on.
+            (ends_dir / "finish").write_text("")
+            await wait_until(lambda: not alive(pids(ends_dir)[1]))
+            assert all(alive(pid) for pid in pids(hang_dir))
+            async with serving(scheduler_settings, agent) as (_, stub):
+                # The exit that happened while no scheduler listened is reported after reconnecting.
+                failed = await wait_for_state(stub, ends.job_id, common_pb2.JOB_STATE_FAILED)
+                assert failed.reason == "ValueError: ended while the scheduler was away"
+                running = await wait_for_state(stub, hang.job_id, common_pb2.JOB_STATE_RUNNING)
+                assert running.attempt == 1 and all(alive(pid) for pid in pids(hang_dir))
+                await stub.CancelJob(
+                    scheduler_pb2.CancelJobRequest(job_id=hang.job_id), timeout=RPC_TIMEOUT_S
+                )
+                await wait_until(lambda: not any(alive(pid) for pid in pids(hang_dir)))
+                request = scheduler_pb2.WatchJobRequest(job_id=hang.job_id)
+                events = [r.event async for r in stub.WatchJob(request, timeout=RPC_TIMEOUT_S)]
+                allocating = common_pb2.JOB_STATE_ALLOCATING
+                # One attempt: the restart never re-queued it.
+                assert [e.state_change.state for e in events].count(allocating) == 1
+
+    run(main)
+
+
+def test_jobs_are_stopped_once_no_scheduler_was_reachable_for_the_orphan_grace(
+    redis_url: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        scheduler_settings, settings = restartable(
+            tmp_path, redis_url, devices=["cpu:0"], orphan_grace_s=1.0
+        )
+        async with running_agent(settings) as agent:
+            async with serving(scheduler_settings, agent) as (_, stub):
+                job = await submit(stub, "hang")
+                await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+            run_dir = settings.run_root / job.job_id / "attempt-1"
+            await wait_until(lambda: (run_dir / "trainer.pid").exists())
+            processes = pids(run_dir)
+            await asyncio.sleep(0.5)
+            assert all(alive(pid) for pid in processes)  # within the grace: still running
+            await wait_until(lambda: not any(alive(pid) for pid in processes), timeout_s=8)
+            async with serving(scheduler_settings, agent) as (_, stub):
+                # The worker announced nothing: its lease is released and the job relaunched.
+                again = await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+                assert again.attempt == 2
 
     run(main)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextvars
 import enum
 import hmac
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,7 +28,7 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.scheduler.v1 import identity_pb2
-from opentinker.services.common.grpc_server import abort
+from opentinker.services.common.grpc_server import abort, rewrap_handler
 
 _KIND_PB = {
     "user": identity_pb2.PRINCIPAL_KIND_USER,
@@ -225,37 +224,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _gated(handler: Any, admit: Callable[[Any], Awaitable[None]]) -> Any:
-    """The same handler, with ``admit(context)`` awaited before the behaviour runs.
+    """The same handler, with ``admit(context)`` awaited before the behaviour runs."""
 
-    A streaming behaviour is either an async generator (yields its responses) or a coroutine
-    (writes them with ``context.write``); the wrapper keeps the same shape, as grpc.aio picks
-    its way of driving a handler by it.
-    """
-    kind = next(
-        k
-        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-        if getattr(handler, k) is not None
-    )
-    inner = getattr(handler, kind)
-    if inspect.isasyncgenfunction(inner):
+    def coroutine(inner: Callable[..., Any]) -> Callable[..., Any]:
+        async def behaviour(request_or_iterator: Any, context: Any) -> Any:
+            await admit(context)
+            return await inner(request_or_iterator, context)
 
-        async def behaviour(request_or_iterator, context):
+        return behaviour
+
+    def generator(inner: Callable[..., Any]) -> Callable[..., Any]:
+        async def behaviour(request_or_iterator: Any, context: Any) -> Any:
             await admit(context)
             async for response in inner(request_or_iterator, context):
                 yield response
 
-    else:
+        return behaviour
 
-        async def behaviour(request_or_iterator, context):  # type: ignore[misc]
-            await admit(context)
-            return await inner(request_or_iterator, context)
-
-    make = getattr(grpc, f"{kind}_rpc_method_handler")
-    return make(
-        behaviour,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    return rewrap_handler(handler, coroutine=coroutine, generator=generator)
 
 
 class OwnCredentialAuthenticator:

@@ -5,8 +5,9 @@ Every server has health checking and server reflection on, and the same message-
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import NoReturn
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -119,3 +120,31 @@ async def abort_with(context: grpc.aio.ServicerContext, err: errors.OpenTinkerEr
         (code for cls, code in _STATUS_OF_ERROR if isinstance(err, cls)), grpc.StatusCode.INTERNAL
     )
     await abort(context, code, err.message, reason=err.reason)
+
+
+def rewrap_handler(
+    handler: grpc.RpcMethodHandler,
+    *,
+    coroutine: Callable[[Callable[..., Any]], Callable[..., Any]],
+    generator: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> grpc.RpcMethodHandler:
+    """The same RPC handler with its behaviour wrapped, for server interceptors.
+
+    A behaviour is either an async generator (it yields its responses) or a coroutine (it
+    returns the response, or writes a stream with ``context.write``); grpc.aio drives a
+    handler by that shape, so ``generator`` wraps the first kind and ``coroutine`` the second,
+    each returning a behaviour of the same shape.
+    """
+    kind = next(
+        k
+        for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        if getattr(handler, k) is not None
+    )
+    inner = getattr(handler, kind)
+    wrapped = generator(inner) if inspect.isasyncgenfunction(inner) else coroutine(inner)
+    make = getattr(grpc, f"{kind}_rpc_method_handler")
+    return make(
+        wrapped,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

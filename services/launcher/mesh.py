@@ -45,6 +45,7 @@ class LocalMesh:
         self._stack = contextlib.ExitStack()
         self.processes: list[ServiceProcess] = []
         self.redis_url = settings.redis_url or ""
+        self.redis: RedisProcess | None = None  # the embedded one, when the mesh started it
         self.scheduler_address = ""
         self.envhub_address = ""
         self.secrets_dir = self.run_root / "secrets"
@@ -64,8 +65,8 @@ class LocalMesh:
     def start(self) -> None:
         s = self.settings
         if not self.redis_url:
-            redis = self._stack.enter_context(RedisProcess(self.run_root / "redis"))
-            self.redis_url = redis.url
+            self.redis = self._stack.enter_context(RedisProcess(self.run_root / "redis"))
+            self.redis_url = self.redis.url
         log.info("mesh.redis", url=self.redis_url)
         self.scheduler_address = f"{s.host}:{s.scheduler_port or free_port(s.host)}"
         self.envhub_address = f"{s.host}:{s.envhub_port or free_port(s.host)}"
@@ -129,6 +130,35 @@ class LocalMesh:
         proc = ServiceProcess.start(name, module, env=env, log_dir=self.log_dir, address=address)
         self.processes.append(proc)
         return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service ("scheduler", "envhub", "worker", or "redis" when embedded)."""
+        if name == "redis":
+            self._embedded_redis().kill()
+        else:
+            self._service(name).kill()
+
+    def restart(self, name: str) -> None:
+        """Start a killed service again where it was: same port, same Redis data directory."""
+        if name == "redis":
+            self._embedded_redis().start()
+            return
+        old = self._service(name)
+        new = old.restarted()
+        self.processes[self.processes.index(old)] = new
+        if new.address:
+            new.wait_serving(timeout_s=self.settings.startup_timeout_s)
+
+    def _service(self, name: str) -> ServiceProcess:
+        found = [p for p in self.processes if p.name == name]
+        if not found:
+            raise KeyError(f"no service {name!r} in this mesh")
+        return found[0]
+
+    def _embedded_redis(self) -> RedisProcess:
+        if self.redis is None:
+            raise RuntimeError("this mesh uses an outside Redis (redis_url was given)")
+        return self.redis
 
     def dead_processes(self) -> list[ServiceProcess]:
         return [p for p in self.processes if not p.alive()]

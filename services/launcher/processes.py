@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -38,6 +38,8 @@ class ServiceProcess:
     process: subprocess.Popen
     log_path: Path
     address: str = ""
+    module: str = ""  # what `start` ran, so `restarted` can run it again
+    env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -54,7 +56,19 @@ class ServiceProcess:
             start_new_session=True,
         )
         log.close()
-        return cls(name=name, process=process, log_path=log_path, address=address)
+        return cls(name, process, log_path, address, module, dict(env))
+
+    def restarted(self) -> ServiceProcess:
+        """The same service started again (same module, environment, address and log)."""
+        return ServiceProcess.start(
+            self.name, self.module, env=self.env, log_dir=self.log_path.parent, address=self.address
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the process, as a crash would (nothing is flushed or told)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
 
     def alive(self) -> bool:
         return self.process.poll() is None

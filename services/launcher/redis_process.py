@@ -167,6 +167,15 @@ class RedisProcess:
             process.wait(timeout=self.stop_timeout_s)
         log.info("redis_stopped", port=self.port)
 
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would; ``start()`` brings it back on the same port and
+        data directory (the append-only file loses at most the last second)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=self.stop_timeout_s)
+            log.info("redis_killed", port=self.port)
+
     def __enter__(self) -> RedisProcess:
         return self.start()
 

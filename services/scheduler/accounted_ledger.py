@@ -76,6 +76,9 @@ class AccountedLedger:
     async def renew(self, worker_id: str) -> int:
         return await self._inner.renew(worker_id)
 
+    async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
+        return await self._inner.revive(lease_id, worker_id, job_id)
+
     async def get(self, lease_id: str) -> Lease | None:
         return await self._inner.get(lease_id)
 

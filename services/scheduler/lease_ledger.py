@@ -77,6 +77,11 @@ class LeaseLedger(Protocol):
     async def lapsed(self) -> list[Lease]:
         """Leases (of any worker) whose devices ran out of TTL, not yet released."""
 
+    async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
+        """Hold the lease's devices again for a TTL, for a worker that reconnected still running
+        it: True when the lease (not released) is this worker's and this job's and none of its
+        devices is held by another lease; False (and nothing changed) otherwise."""
+
 
 _ACQUIRE = """
 local prefix, worker_id, job_id = ARGV[1], ARGV[2], ARGV[3]
@@ -176,6 +181,26 @@ return out
 )
 
 
+_REVIVE = (
+    _LIVE_FN
+    + """
+local prefix, lease_id, worker_id, job_id, ttl_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local key = prefix .. ':lease:' .. lease_id
+if redis.call('HGET', key, 'worker_id') ~= worker_id then return 0 end
+if redis.call('HGET', key, 'job_id') ~= job_id then return 0 end
+local devices = lease_devices(prefix, lease_id)
+for _, d in ipairs(devices) do
+  local holder = redis.call('GET', prefix .. ':device:' .. d)
+  if holder and holder ~= lease_id then return 0 end
+end
+for _, d in ipairs(devices) do
+  redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+end
+return 1
+"""
+)
+
+
 class RedisLeaseLedger:
     """LeaseLedger on one Redis; ``lease_ttl_s`` may be fractional (stored as milliseconds)."""
 
@@ -192,6 +217,7 @@ class RedisLeaseLedger:
         self._release = client.register_script(_RELEASE)
         self._is_live = client.register_script(_IS_LIVE)
         self._lapsed = client.register_script(_LAPSED)
+        self._revive = client.register_script(_REVIVE)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -265,6 +291,10 @@ class RedisLeaseLedger:
     async def lapsed(self) -> list[Lease]:
         ids = await self._lapsed(args=[self._prefix])
         return await self._load([_text(i) for i in ids])
+
+    async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
+        args = [self._prefix, lease_id, worker_id, job_id, self._ttl_ms]
+        return bool(await self._revive(args=args))
 
     async def _load(self, lease_ids: Sequence[str]) -> list[Lease]:
         out = []

@@ -4,12 +4,16 @@ Life of a job: ``submit`` stores it QUEUED and queues it. The dispatch loop take
 order and, for the first connected worker with enough free devices, acquires a lease (atomic),
 moves the job to ALLOCATING (one more attempt) and sends the worker a LaunchCommand. The worker
 reports ``job_launched`` (RUNNING) and ``job_exited`` (SUCCEEDED with the result the trainer
-reported, or FAILED with the best reason known). A worker that disconnects or stops
-heartbeating is lost: its jobs go back to the front of the queue, with their attempt count, and
-resume elsewhere from their last checkpoint. So does a job whose trainer or rollout process was
+reported, or FAILED with the best reason known). A worker that closes or stops heartbeating
+is lost: its jobs go back to the front of the queue, with their attempt count, and resume
+elsewhere from their last checkpoint. So does a job whose trainer or rollout process was
 killed (an infrastructure fault, not a failure the trainer reported). After ``max_attempts``
-lost attempts the job fails with the history of why. Every state change is appended to the
-job's event log.
+lost attempts the job fails with the history of why. A worker whose stream merely dropped
+keeps its jobs running: its leases stay until they lapse, and when it reconnects in time it
+re-announces its attempts and the scheduler adopts those it still owns (recovery.py). After a
+start or a Redis outage the scheduler waits ``reconnect_grace_s`` for workers to come back
+before it re-queues their lapsed leases. Devices go to tenants fairly and within their quotas
+(fair_share.py, quotas.py). Every state change is appended to the job's event log.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError, PermissionDeniedError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
+from opentinker.services.common.waiting import wait_event
 from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
@@ -41,6 +46,7 @@ from opentinker.services.scheduler.job_store import (
     state_name,
 )
 from opentinker.services.scheduler.quotas import Quotas
+from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
@@ -61,20 +67,6 @@ FAILED = common_pb2.JOB_STATE_FAILED
 CANCELLED = common_pb2.JOB_STATE_CANCELLED
 
 
-async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for ``event``; True if it is set.
-
-    Not ``asyncio.wait_for``: before Python 3.12 it can swallow a cancellation that arrives as
-    the wait ends, and a loop built on it then never stops.
-    """
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=timeout_s)
-    finally:
-        waiter.cancel()
-    return event.is_set()
-
-
 class Scheduler:
     """Owns jobs and workers. Call ``start()`` before serving and ``close()`` at shutdown."""
 
@@ -86,6 +78,7 @@ class Scheduler:
         lease_ttl_s: float,
         max_attempts: int = 3,
         unschedulable_after_s: float = 300.0,
+        reconnect_grace_s: float = 0.0,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -98,6 +91,14 @@ class Scheduler:
         self.max_attempts = max_attempts
         self.unschedulable_after_s = unschedulable_after_s
         self._sessions: dict[str, WorkerSession] = {}
+        self._recovery = WorkerRecovery(
+            self._jobs,
+            self._ledger,
+            self._sessions,
+            requeue=self._requeue,
+            mark_running=self._mark_running,
+            reconnect_grace_s=reconnect_grace_s,
+        )
         self._wake = asyncio.Event()
         self._dispatch_lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
@@ -125,14 +126,20 @@ class Scheduler:
 
     async def _run(self) -> None:
         tick = min(self.heartbeat_interval_s, self.lease_ttl_s / 2)
+        self._recovery.open_grace()
+        failures = 0
         while not self._closing:
             self._wake.clear()
             try:
+                if failures:
+                    await self._recovery.after_outage()
                 await self._drop_silent_workers()
-                await self._requeue_lapsed()
+                await self._recovery.requeue_lapsed()
                 await self.dispatch()
-            except Exception:  # Redis briefly away, etc.: log and try again next tick
-                log.exception("scheduler_round_failed")
+                failures = 0
+            except Exception as err:  # Redis briefly away, etc.: log and try again next tick
+                failures += 1  # the traceback once, then one line per round
+                log.warning("scheduler_round_failed", error=repr(err), exc_info=failures == 1)
             await wait_event(self._wake, tick)
 
     # ---- jobs -------------------------------------------------------------------------------
@@ -268,29 +275,41 @@ class Scheduler:
     # ---- workers ----------------------------------------------------------------------------
 
     async def connect_worker(
-        self, worker_id: str, hostname: str, devices: Sequence[DeviceOffer]
+        self,
+        worker_id: str,
+        hostname: str,
+        devices: Sequence[DeviceOffer],
+        held: Sequence[HeldAttempt] = (),
     ) -> WorkerSession:
-        """Register a worker's devices. A worker id that is still connected is taken over:
-        the old session is lost first (its jobs re-queued)."""
+        """Register a worker's devices and reconcile the attempts it still holds (``held``):
+        adopt those it still owns, stop strays, re-queue the jobs of leases it no longer holds.
+        A worker id that is still connected is taken over (the new stream re-announces)."""
         old = self._sessions.get(worker_id)
         if old is not None:
             await self.disconnect_worker(old, "replaced by a new connection")
             old.send(CloseCommand("replaced by a new connection from the same worker id"))
-        # A fresh connection runs nothing yet: leases left from before (e.g. a scheduler
-        # restart) belong to processes the worker has already stopped.
-        await self._reclaim_leases(worker_id)
         session = WorkerSession(worker_id=worker_id, hostname=hostname, devices=tuple(devices))
-        await self._ledger.register_worker(worker_id, [d.device_id for d in devices])
-        self._sessions[worker_id] = session
-        log.info("worker_connected", worker_id=worker_id, devices=[d.device_id for d in devices])
+
+        async def register() -> None:
+            await self._ledger.register_worker(worker_id, [d.device_id for d in devices])
+            self._sessions[worker_id] = session
+
+        found = await self._recovery.adopt(session, held, register)
+        log.info(
+            "worker_connected",
+            worker_id=worker_id,
+            devices=[d.device_id for d in devices],
+            adopted=sorted(f"{job}#{attempt}" for job, attempt in found.adopted),
+            strays=[f"{h.job_id}#{h.attempt}" for h in found.strays],
+            released=[lease.lease_id for lease in found.orphans],
+        )
         self.wake()
         return session
 
-    async def worker_seen(self, session: WorkerSession) -> None:
-        """Any message from the worker counts as a heartbeat: renew its leases."""
+    def worker_seen(self, session: WorkerSession) -> None:
+        """Any message from the worker counts as a heartbeat: renew its leases (soon)."""
         session.last_seen = time.monotonic()
-        if not session.lost:
-            await self._ledger.renew(session.worker_id)
+        self._recovery.renew_soon(session)
 
     async def job_launched(self, session: WorkerSession, job_id: str, attempt: int) -> None:
         job = await self._jobs.get(job_id)
@@ -299,6 +318,10 @@ class Scheduler:
             session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
             return
         reason = f"running on worker {session.worker_id}"
+        await self._change(job_id, RUNNING, reason, expect_attempt=attempt)
+
+    async def _mark_running(self, job_id: str, attempt: int, reason: str) -> None:
+        """An adopted attempt whose JobLaunched was lost: its processes do run."""
         await self._change(job_id, RUNNING, reason, expect_attempt=attempt)
 
     async def job_exited(
@@ -340,9 +363,14 @@ class Scheduler:
                 await self._ledger.release(lease_id)
             self.wake()
 
-    async def disconnect_worker(self, session: WorkerSession, reason: str) -> None:
-        """The worker is gone (stream ended, closing, or silent): re-queue its jobs, free its
-        devices. Safe to call more than once, and a no-op for a session already replaced."""
+    async def disconnect_worker(
+        self, session: WorkerSession, reason: str, *, reclaim: bool = False
+    ) -> None:
+        """The session ended. With ``reclaim`` (the worker closes, or went silent) its jobs are
+        re-queued and its devices freed now; without (the stream dropped, the scheduler shuts
+        down) its jobs keep running: their leases stay until they lapse, or until the worker
+        reconnects and re-announces them. Safe to call more than once, and a no-op for a
+        session already replaced."""
         if session.lost:
             return
         session.lost = True
@@ -352,8 +380,9 @@ class Scheduler:
             return
         del self._sessions[worker_id]
         await self._ledger.unregister_worker(worker_id)
-        await self._reclaim_leases(worker_id)
-        log.warning("worker_lost", worker_id=worker_id, reason=reason)
+        if reclaim:
+            await self._recovery.reclaim(worker_id)
+        log.warning("worker_lost", worker_id=worker_id, reason=reason, reclaimed=reclaim)
         self.wake()
 
     def connected_workers(self) -> list[str]:
@@ -448,24 +477,8 @@ class Scheduler:
             silent_s = now - session.last_seen
             if silent_s > self.lease_ttl_s:
                 reason = f"no heartbeat for {silent_s:.1f} s"
-                await self.disconnect_worker(session, reason)
+                await self.disconnect_worker(session, reason, reclaim=True)
                 session.send(CloseCommand(reason))
-
-    async def _requeue_lapsed(self) -> None:
-        for lease in await self._ledger.lapsed():
-            await self._requeue(lease.job_id, lease.worker_id)
-            await self._ledger.release(lease.lease_id)
-            session = self._sessions.get(lease.worker_id)
-            if session is not None:
-                for key, lease_id in list(session.running.items()):
-                    if lease_id == lease.lease_id:
-                        del session.running[key]
-                        session.send(StopCommand(lease.job_id, "lease lapsed; job re-queued"))
-
-    async def _reclaim_leases(self, worker_id: str) -> None:
-        for lease in await self._ledger.leases(worker_id):
-            await self._requeue(lease.job_id, worker_id)
-            await self._ledger.release(lease.lease_id)
 
     async def _requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
         """Put an active job whose attempt was lost (``why``; default: its worker was lost)

@@ -27,6 +27,7 @@ from opentinker.services.scheduler.credentials import load_or_create_secret
 from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
+from opentinker.services.scheduler.store_outage import StoreOutageInterceptor
 from opentinker.services.scheduler.stores import Stores, connect_redis, redis_stores
 
 log = structlog.get_logger(__name__)
@@ -45,10 +46,14 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int]:
     """A started server on settings.host:settings.port (0 = any free port) serving
     ``scheduler`` and the identity services, every call checked against ``identity``, marked
-    SERVING; returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``."""
+    SERVING; returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``.
+    While Redis is away every call answers UNAVAILABLE (store_outage.py)."""
     auth = AuthInterceptor(identity, {**servicer.ACCESS_RULES, **admin_servicer.ACCESS_RULES})
     server, port, health = create_aio_server(
-        SERVICE_NAMES, host=settings.host, port=settings.port, interceptors=[auth]
+        SERVICE_NAMES,
+        host=settings.host,
+        port=settings.port,
+        interceptors=[StoreOutageInterceptor(*SERVICE_NAMES), auth],
     )
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
         servicer.SchedulerServicer(scheduler), server
@@ -101,6 +106,7 @@ async def running_scheduler(
             redis,
             lease_ttl_s=settings.lease_ttl_s,
             server_secret=await server_secret(settings, redis),
+            event_max_progress=settings.event_max_progress,
         )
         if settings.bootstrap_dir is not None:
             assert isinstance(stores.identity, RedisIdentityStore)
@@ -111,6 +117,7 @@ async def running_scheduler(
             lease_ttl_s=settings.lease_ttl_s,
             max_attempts=settings.max_attempts,
             unschedulable_after_s=settings.unschedulable_after_s,
+            reconnect_grace_s=settings.reconnect_grace_s,
         )
         await scheduler.start()
         server, port = await create_server(settings, scheduler, stores.identity)

@@ -24,6 +24,7 @@ from opentinker.services.common.auth import (
     rules_for,
 )
 from opentinker.services.common.grpc_server import abort, abort_with
+from opentinker.services.scheduler.recovery import HeldAttempt
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
@@ -227,7 +228,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 f"register.devices: every device needs a unique, non-empty device_id; got {ids}",
             )
         devices = [DeviceOffer(d.device_id, d.kind, d.memory_bytes) for d in reg.devices]
-        return await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices)
+        held = [
+            HeldAttempt(h.job_id, h.attempt, h.lease_id, h.launched, h.exited) for h in reg.held
+        ]
+        return await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices, held)
 
     async def _read_worker(
         self,
@@ -237,7 +241,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         s = self._scheduler
         try:
             async for message in request_iterator:
-                await s.worker_seen(session)
+                s.worker_seen(session)
                 kind = message.WhichOneof("payload")
                 try:
                     if kind == "launched":
@@ -248,7 +252,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                         await s.job_exited(session, m.job_id, m.attempt, m.exit_code, m.reason)
                     elif kind == "closing":
                         await s.disconnect_worker(
-                            session, f"worker closing: {message.closing.reason}"
+                            session, f"worker closing: {message.closing.reason}", reclaim=True
                         )
                         break
                 except OpenTinkerError as err:  # one bad message does not end the session
@@ -257,7 +261,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     )
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # the stream broke (peer gone): the session ends below
+        except Exception as err:  # the stream broke (peer gone), or a launched/exited report
+            # could not be stored (Redis away): the session ends below, the worker reconnects,
+            # re-announces what it holds and re-sends its exits.
             log.info("worker_stream_broken", worker_id=session.worker_id, error=repr(err))
         session.end_stream()
 
@@ -284,5 +290,8 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
             )
         }
     if isinstance(command, StopCommand):
-        return {"stop": scheduler_pb2.StopJob(job_id=command.job_id, reason=command.reason)}
+        stop = scheduler_pb2.StopJob(
+            job_id=command.job_id, reason=command.reason, attempt=command.attempt
+        )
+        return {"stop": stop}
     return {"closing": scheduler_pb2.SchedulerClosing(reason=command.reason)}

@@ -28,6 +28,18 @@ class SchedulerSettings(BaseSettings):
         gt=0,
         description="a job needing more devices than any connected worker has fails after this",
     )
+    reconnect_grace_s: float = Field(
+        20.0,
+        ge=0,
+        description="after a start or a Redis outage, seconds absent workers have to reconnect "
+        "and re-announce their running jobs before their lapsed leases are re-queued",
+    )
+    event_max_progress: int = Field(
+        10_000,
+        ge=1,
+        description="newest step/log events kept per job; older ones are trimmed (state "
+        "changes are always kept)",
+    )
     log_level: str = "INFO"
     # The HMAC key under which credentials are stored; made (mode 0600) if the file is missing.
     # Unset: a secret kept in Redis beside the digests (fine for one machine; set a file, kept

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from opentinker.services.scheduler.accounted_ledger import AccountedLedger
 from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
@@ -30,16 +33,33 @@ class Stores:
 
 
 def connect_redis(url: str) -> aioredis.Redis:
-    """A pooled asyncio client returning bytes (the stores decode what they read)."""
+    """A pooled asyncio client returning bytes (the stores decode what they read).
+
+    After a Redis restart every pooled connection is dead; a command that meets one is retried
+    on a fresh connection (a few times, briefly) instead of failing, so one restart costs the
+    callers nothing once Redis is back. Only connection errors are retried (the command did not
+    reach a live server), never timeouts, which may have run.
+    """
     return aioredis.Redis.from_url(
         url,
         decode_responses=False,
         socket_connect_timeout=5.0,
         socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        retry=Retry(
+            ExponentialBackoff(cap=0.5, base=0.05),
+            retries=3,
+            supported_errors=(RedisConnectionError,),
+        ),
     )
 
 
-def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float, server_secret: bytes) -> Stores:
+def redis_stores(
+    client: aioredis.Redis,
+    *,
+    lease_ttl_s: float,
+    server_secret: bytes,
+    event_max_progress: int = 10_000,
+) -> Stores:
     """``server_secret`` keys the HMAC under which credentials are stored (credentials.py)."""
     jobs = RedisJobStore(client)
     identity = RedisIdentityStore(client, server_secret=server_secret)
@@ -51,7 +71,7 @@ def redis_stores(client: aioredis.Redis, *, lease_ttl_s: float, server_secret: b
         jobs=jobs,
         queue=RedisJobQueue(client),
         ledger=ledger,
-        events=RedisEventLog(client),
+        events=RedisEventLog(client, max_progress=event_max_progress),
         identity=identity,
         usage=usage,
     )

@@ -34,6 +34,7 @@ class LaunchCommand:
 class StopCommand:
     job_id: str
     reason: str
+    attempt: int = 0  # 0 = every attempt of the job on the worker
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class WorkerSession:
     lost: bool = False
     # (job_id, attempt) -> lease_id of what this worker was told to run
     running: dict[tuple[str, int], str] = field(default_factory=dict)
+    renewal: asyncio.Task[None] | None = None  # the lease renewal in flight, if any
 
     def send(self, command: WorkerCommand) -> None:
         if not self.lost or isinstance(command, CloseCommand):

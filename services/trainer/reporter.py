@@ -1,18 +1,32 @@
-"""Progress reports to the scheduler (SchedulerService.ReportJobProgress)."""
+"""Progress reports to the scheduler (SchedulerService.ReportJobProgress).
+
+The job's processes outlive a scheduler restart (the worker keeps them running), so a report
+that finds the scheduler UNAVAILABLE — restarting, or its Redis is — is retried with backoff
+for up to ``retry_for_s`` before the job gives up. Reports are sent one at a time and the loop
+waits for each, so steps arrive in order and none is skipped; training pauses meanwhile. Only
+UNAVAILABLE is retried: the scheduler did not take the report, so a retry cannot count it twice
+(a report lost with its answer on a dropped connection may, rarely, show twice in the events).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 
 import grpc
+import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import UnavailableError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
+log = structlog.get_logger(__name__)
+
 
 class SchedulerReporter:
-    """Reports one job attempt's steps, result or failure; each call has a deadline."""
+    """Reports one job attempt's steps, result or failure; each call has a deadline
+    (``timeout_s``), and an UNAVAILABLE scheduler is retried for ``retry_for_s`` in all."""
 
     def __init__(
         self,
@@ -22,12 +36,17 @@ class SchedulerReporter:
         job_id: str,
         attempt: int,
         timeout_s: float,
+        retry_for_s: float = 0.0,
+        backoff_max_s: float = 2.0,
     ) -> None:
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         self._address = address
         self._job_id = job_id
         self._attempt = attempt
         self._timeout_s = timeout_s
+        self._retry_for_s = retry_for_s
+        self._backoff_max_s = backoff_max_s
+        self._log = log.bind(job_id=job_id, attempt=attempt, scheduler=address)
 
     async def report_step(
         self, step: int, policy_version: int, metrics: Mapping[str, float]
@@ -55,13 +74,23 @@ class SchedulerReporter:
     async def _report(self, request: scheduler_pb2.ReportJobProgressRequest) -> bool:
         request.job_id = self._job_id
         request.attempt = self._attempt
-        try:
-            reply = await self._stub.ReportJobProgress(request, timeout=self._timeout_s)
-        except grpc.RpcError as err:
-            code = err.code().name if err.code() is not None else "UNKNOWN"
-            raise UnavailableError(
-                f"scheduler at {self._address} did not take the job's "
-                f"{request.WhichOneof('payload')} report: {code}: {err.details()}",
-                code=code,
-            ) from err
-        return reply.stop
+        give_up_at = time.monotonic() + self._retry_for_s
+        delay = min(0.1, self._backoff_max_s)
+        while True:
+            try:
+                reply = await self._stub.ReportJobProgress(request, timeout=self._timeout_s)
+                return reply.stop
+            except grpc.RpcError as err:
+                code = err.code().name if err.code() is not None else "UNKNOWN"
+                if code != "UNAVAILABLE" or time.monotonic() + delay > give_up_at:
+                    waited = "" if code != "UNAVAILABLE" else f" (retried {self._retry_for_s:g} s)"
+                    raise UnavailableError(
+                        f"scheduler at {self._address} did not take the job's "
+                        f"{request.WhichOneof('payload')} report{waited}: {code}: {err.details()}",
+                        code=code,
+                    ) from err
+                self._log.warning(
+                    "report_retry", payload=request.WhichOneof("payload"), retry_in_s=delay
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff_max_s)

@@ -91,6 +91,7 @@ async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerS
             job_id=job.job_id,
             attempt=job.attempt,
             timeout_s=settings.report_timeout_s,
+            retry_for_s=settings.report_retry_s,
         )
         try:
             spec = from_proto(job.spec)

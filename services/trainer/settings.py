@@ -25,6 +25,12 @@ class TrainerSettings(BaseSettings):
     collect_timeout_s: float = Field(600.0, gt=0)
     close_timeout_s: float = Field(10.0, gt=0)
     report_timeout_s: float = Field(10.0, gt=0)
+    report_retry_s: float = Field(
+        120.0,
+        ge=0,
+        description="keep retrying a progress report this long while the scheduler is "
+        "UNAVAILABLE (restarting, or its Redis is); the job fails after that",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     keep_checkpoints: int = Field(
         2, ge=1, description="complete checkpoints kept per job (the newest); older are deleted"

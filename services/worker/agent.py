@@ -1,9 +1,12 @@
 """The worker agent: one ConnectWorker stream to the scheduler, and the jobs it launches here.
 
-Loop: connect → register devices → heartbeat every interval, launch/stop jobs as told, report
-JobLaunched/JobExited → on a dropped stream stop every job (the scheduler re-queues them) and
-reconnect with exponential backoff. ``run(stop)`` returns after ``stop`` is set, every job
-stopped and reported, and the scheduler told that the worker is closing.
+Loop: connect → register devices and announce what it still holds → heartbeat every interval,
+launch/stop jobs as told, report JobLaunched/JobExited → on a dropped stream reconnect with
+exponential backoff, keeping its jobs running (held.py). The scheduler adopts what it still owns
+and says stop for the rest. Jobs are stopped only when the scheduler says so, when the agent
+stops, or when no scheduler could be reached for ``orphan_grace_s`` (by then it has re-queued
+them). ``run(stop)`` returns after ``stop`` is set, the scheduler told that the worker is
+closing, and every job stopped.
 """
 
 from __future__ import annotations
@@ -19,22 +22,13 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.common.waiting import wait_event
 from opentinker.services.worker.devices import Device
+from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.settings import WorkerSettings
 
 log = structlog.get_logger(__name__)
-
-
-async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for ``event``; True if it is set. Not ``asyncio.wait_for``:
-    before Python 3.12 it can swallow a cancellation, and a loop built on it never stops."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=timeout_s)
-    finally:
-        waiter.cancel()
-    return event.is_set()
 
 
 class SchedulerLost(ConnectionError):
@@ -47,36 +41,147 @@ class WorkerAgent:
         self.devices = devices
         self.log = log.bind(worker_id=settings.worker_id, scheduler=settings.scheduler_address)
         self.connected = asyncio.Event()  # set while registered (tests wait on it)
+        self.held = HeldAttempts(retention_s=settings.orphan_grace_s)
+        self._connection: _Connection | None = None  # the registered stream, if any
+        self._lost_since: float | None = None  # monotonic; set while jobs wait for a scheduler
+        self._flush_lock = asyncio.Lock()
+        self._stopping = False
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the scheduler until ``stop`` is set, reconnecting with backoff."""
+        watchdog = asyncio.create_task(self._stop_orphans(stop))
         backoff = self.settings.reconnect_initial_s
-        while not stop.is_set():
-            try:
-                connection = _Connection(self, stop)
-            except ConfigError as err:  # e.g. the token file is not written yet: wait for it
-                self.log.warning("no_worker_token", error=err.message, retry_in_s=backoff)
+        try:
+            while not stop.is_set():
+                try:
+                    connection = _Connection(self, stop)
+                except ConfigError as err:  # e.g. the token file is not written yet: wait
+                    self.log.warning("no_worker_token", error=err.message, retry_in_s=backoff)
+                    await wait_event(stop, backoff)
+                    backoff = min(backoff * 2, self.settings.reconnect_max_s)
+                    continue
+                try:
+                    await connection.serve()
+                    backoff = self.settings.reconnect_initial_s
+                except Exception as err:  # any failure of the stream: drop it and reconnect
+                    self.log.warning(
+                        "scheduler_unreachable", error=_describe(err), retry_in_s=backoff
+                    )
+                    if connection.registered:
+                        backoff = self.settings.reconnect_initial_s
+                finally:
+                    await self._drop(connection)
+                if stop.is_set():
+                    break
                 await wait_event(stop, backoff)
                 backoff = min(backoff * 2, self.settings.reconnect_max_s)
+        finally:
+            watchdog.cancel()
+            self._stopping = True  # the scheduler re-queues our jobs: their exits are not sent
+            await self.stop_jobs(list(self.held.runs.values()), "worker agent shutting down")
+
+    async def _drop(self, connection: _Connection) -> None:
+        if self._connection is connection:
+            self._connection = None
+            self.connected.clear()
+            self._lost_since = time.monotonic()
+            if self.held.runs:
+                self.log.warning("jobs_kept_while_reconnecting", jobs=len(self.held.runs))
+        await connection.close()
+
+    def registered(self, connection: _Connection) -> None:
+        self._connection = connection
+        self._lost_since = None
+        self.connected.set()
+
+    async def _stop_orphans(self, stop: asyncio.Event) -> None:
+        """No scheduler for ``orphan_grace_s``: it has re-queued our jobs, so stop them."""
+        grace = self.settings.orphan_grace_s
+        while not await wait_event(stop, min(1.0, grace / 4)):
+            lost = self._lost_since
+            if lost is None or time.monotonic() - lost < grace:
                 continue
-            try:
-                await connection.serve()
-                backoff = self.settings.reconnect_initial_s
-            except Exception as err:  # any failure of the stream: drop it and reconnect
-                self.log.warning("scheduler_unreachable", error=_describe(err), retry_in_s=backoff)
-                if connection.registered:
-                    backoff = self.settings.reconnect_initial_s
-            finally:
-                self.connected.clear()
-                await connection.close()
-            if stop.is_set():
-                break
-            await wait_event(stop, backoff)
-            backoff = min(backoff * 2, self.settings.reconnect_max_s)
+            orphans = [held for held in self.held.runs.values() if not held.orphaned]
+            if orphans:
+                self.log.warning("orphaned_jobs_stopped", jobs=len(orphans), grace_s=grace)
+                for held in orphans:
+                    held.orphaned = True
+                    held.run.stop(f"no scheduler reachable for {grace:.0f} s")
+
+    def launch(self, launch: scheduler_pb2.LaunchJob) -> None:
+        job = launch.job
+        key = (job.job_id, job.attempt)
+        if key in self.held.runs:
+            self.log.warning("duplicate_launch", job_id=job.job_id, attempt=job.attempt)
+            return
+        run = JobRun(
+            job,
+            lease_id=launch.lease_id,
+            device_ids=list(launch.device_ids),
+            job_token=launch.job_token,
+            settings=self.settings,
+            on_launched=lambda: self._launched(key),
+        )
+        task = asyncio.create_task(self._run_and_report(key, run))
+        self.held.runs[key] = HeldRun(run, task)
+
+    async def _launched(self, key: tuple[str, int]) -> None:
+        held = self.held.runs.get(key)
+        if held is not None:
+            held.launched = True
+        connection = self._connection
+        if connection is not None:  # else the next registration announces it as launched
+            with contextlib.suppress(Exception):
+                launched = scheduler_pb2.JobLaunched(job_id=key[0], attempt=key[1])
+                await connection.send(launched=launched)
+
+    async def _run_and_report(self, key: tuple[str, int], run: JobRun) -> None:
+        try:
+            outcome = await run.run()
+        except Exception as err:  # a launch problem (bad command, disk full) fails the attempt
+            run.log.exception("job_run_failed")
+            outcome = Exit(-1, f"worker could not run the job: {err!r}")
+        held = self.held.runs.pop(key)
+        run.log.info("job_exited", exit_code=outcome.exit_code, reason=outcome.reason)
+        if held.orphaned or self._stopping:
+            return  # the scheduler re-queues the job itself
+        self.held.record_exit(key, held, outcome)
+        await self.flush_exits()
+
+    async def flush_exits(self) -> None:
+        """Send every exit not yet sent on the current stream (kept if it breaks)."""
+        async with self._flush_lock:
+            connection = self._connection
+            for (job_id, attempt), pending in self.held.unsent():
+                if connection is None:
+                    return
+                exited = scheduler_pb2.JobExited(
+                    job_id=job_id,
+                    attempt=attempt,
+                    exit_code=pending.exit.exit_code,
+                    reason=pending.exit.reason,
+                )
+                try:
+                    await connection.send(exited=exited)
+                except Exception:  # the stream broke: the next registration sends it
+                    return
+                pending.sent_at = time.monotonic()
+
+    def stop_attempts(self, stop: scheduler_pb2.StopJob) -> None:
+        matching = self.held.matching(stop.job_id, stop.attempt)
+        if not matching:
+            self.log.info("stop_for_unknown_job", job_id=stop.job_id, attempt=stop.attempt)
+        for held in matching:
+            held.run.stop(stop.reason or "stopped by the scheduler")
+
+    async def stop_jobs(self, runs: list[HeldRun], reason: str) -> None:
+        for held in runs:
+            held.run.stop(reason)
+        await asyncio.gather(*(held.task for held in runs), return_exceptions=True)
 
 
 class _Connection:
-    """One ConnectWorker stream and the jobs launched through it."""
+    """One ConnectWorker stream."""
 
     def __init__(self, agent: WorkerAgent, stop: asyncio.Event) -> None:
         self.agent = agent
@@ -89,11 +194,9 @@ class _Connection:
         self.call: grpc.aio.StreamStreamCall = scheduler_pb2_grpc.SchedulerServiceStub(
             self.channel
         ).ConnectWorker()
-        self.runs: dict[str, tuple[JobRun, asyncio.Task[None]]] = {}
         self._seq = 0
         self._write_lock = asyncio.Lock()
         self._heartbeat_interval_s = 1.0
-        self._reporting = True  # False once the stream is being dropped: exits are not sent
         self._silence_limit_s = self.settings.connect_timeout_s
 
     async def send(self, **payload: object) -> None:
@@ -108,6 +211,7 @@ class _Connection:
         await self._register()
         heartbeats = asyncio.create_task(self._heartbeats())
         stop_wait = asyncio.create_task(self.stop.wait())
+        exits = asyncio.create_task(self.agent.flush_exits())
         try:
             while True:
                 read = asyncio.create_task(self.call.read())
@@ -134,11 +238,11 @@ class _Connection:
                 message = read.result()
                 if message is grpc.aio.EOF:
                     raise SchedulerLost("the scheduler ended the stream")
-                if not await self._handle(message):
-                    return
+                self._handle(message)
         finally:
             heartbeats.cancel()
             stop_wait.cancel()
+            exits.cancel()
 
     async def _register(self) -> None:
         s = self.settings
@@ -146,9 +250,10 @@ class _Connection:
             scheduler_pb2.Device(device_id=d.device_id, kind=d.kind, memory_bytes=d.memory_bytes)
             for d in self.agent.devices
         ]
+        held = self.agent.held.announce()
         await self.send(
             register=scheduler_pb2.RegisterWorker(
-                worker_id=s.worker_id, hostname=s.hostname, devices=devices
+                worker_id=s.worker_id, hostname=s.hostname, devices=devices, held=held
             )
         )
         first = await asyncio.wait_for(self.call.read(), timeout=s.connect_timeout_s)
@@ -158,80 +263,31 @@ class _Connection:
         # Silent for longer than a lease TTL means the scheduler has given up on us anyway.
         self._silence_limit_s = max(first.registered.lease_ttl_s, 2 * self._heartbeat_interval_s)
         self.registered = True
-        self.agent.connected.set()
-        self.agent.log.info("registered", devices=[d.device_id for d in self.agent.devices])
+        self.agent.registered(self)
+        self.agent.log.info(
+            "registered",
+            devices=[d.device_id for d in self.agent.devices],
+            held=[f"{h.job_id}#{h.attempt}{' exited' if h.exited else ''}" for h in held],
+        )
 
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_interval_s)
             await self.send(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
 
-    async def _handle(self, message: scheduler_pb2.ConnectWorkerResponse) -> bool:
-        """Act on one scheduler message; False when the scheduler closes the session."""
+    def _handle(self, message: scheduler_pb2.ConnectWorkerResponse) -> None:
+        """Act on one scheduler message."""
         kind = message.WhichOneof("payload")
         if kind == "launch":
-            self._launch(message.launch)
+            self.agent.launch(message.launch)
         elif kind == "stop":
-            entry = self.runs.get(message.stop.job_id)
-            if entry is None:
-                self.agent.log.info("stop_for_unknown_job", job_id=message.stop.job_id)
-            else:
-                entry[0].stop(message.stop.reason or "stopped by the scheduler")
+            self.agent.stop_attempts(message.stop)
         elif kind == "closing":
+            # Restarting, most likely: keep the jobs running and reconnect.
             raise SchedulerLost(f"the scheduler closed the session: {message.closing.reason}")
-        return True
-
-    def _launch(self, launch: scheduler_pb2.LaunchJob) -> None:
-        job = launch.job
-        if job.job_id in self.runs:
-            self.agent.log.warning("duplicate_launch", job_id=job.job_id)
-            return
-
-        async def launched() -> None:
-            await self.send(
-                launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=job.attempt)
-            )
-
-        run = JobRun(
-            job,
-            lease_id=launch.lease_id,
-            device_ids=list(launch.device_ids),
-            job_token=launch.job_token,
-            settings=self.settings,
-            on_launched=launched,
-        )
-        self.runs[job.job_id] = (run, asyncio.create_task(self._run_and_report(run)))
-
-    async def _run_and_report(self, run: JobRun) -> None:
-        try:
-            outcome = await run.run()
-        except Exception as err:  # a launch problem (bad command, disk full) fails the attempt
-            run.log.exception("job_run_failed")
-            outcome = Exit(-1, f"worker could not run the job: {err!r}")
-        finally:
-            self.runs.pop(run.job.job_id, None)
-        run.log.info("job_exited", exit_code=outcome.exit_code, reason=outcome.reason)
-        if not self._reporting:
-            return  # the stream is being dropped: the scheduler re-queues the job itself
-        with contextlib.suppress(Exception):
-            await self.send(
-                exited=scheduler_pb2.JobExited(
-                    job_id=run.job.job_id,
-                    attempt=run.job.attempt,
-                    exit_code=outcome.exit_code,
-                    reason=outcome.reason,
-                )
-            )
-
-    async def stop_all_jobs(self, reason: str) -> None:
-        entries = list(self.runs.values())
-        for run, _ in entries:
-            run.stop(reason)
-        await asyncio.gather(*(task for _, task in entries), return_exceptions=True)
 
     async def _close_gracefully(self, pending_read: asyncio.Task[object]) -> None:
         """Tell the scheduler first, so it re-queues our jobs rather than failing them."""
-        self._reporting = False
         with contextlib.suppress(Exception):
             await self.send(
                 closing=scheduler_pb2.WorkerClosing(reason="worker agent shutting down")
@@ -250,10 +306,8 @@ class _Connection:
             message = await self.call.read()
 
     async def close(self) -> None:
-        """Drop the stream and stop every job launched through it: no process outlives it."""
-        self._reporting = False
+        """Drop the stream; the jobs launched through it keep running."""
         self.call.cancel()
-        await self.stop_all_jobs("lost connection to the scheduler")
         with contextlib.suppress(Exception):  # bounded: a stuck channel must not hold us
             await asyncio.wait_for(self.channel.close(), self.settings.connect_timeout_s)
 

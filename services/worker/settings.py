@@ -50,6 +50,13 @@ class WorkerSettings(BaseSettings):
     connect_timeout_s: float = Field(10.0, gt=0, description="wait for the scheduler's answer")
     reconnect_initial_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(10.0, gt=0)
+    orphan_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="keep jobs running this long without a scheduler (a restart, a dropped "
+        "stream); after that they are stopped, since the scheduler has re-queued them (a few "
+        "lease TTLs)",
+    )
     log_level: str = "INFO"
     # The worker token this agent presents to the scheduler (identity.proto): given directly,
     # or read from a file (e.g. the scheduler's bootstrap worker.token, mode 0600).

@@ -206,14 +206,30 @@ class ConnectWorkerRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[RegisterWorker, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launched: _Optional[_Union[JobLaunched, _Mapping]] = ..., exited: _Optional[_Union[JobExited, _Mapping]] = ..., closing: _Optional[_Union[WorkerClosing, _Mapping]] = ...) -> None: ...
 
 class RegisterWorker(_message.Message):
-    __slots__ = ("worker_id", "hostname", "devices")
+    __slots__ = ("worker_id", "hostname", "devices", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldAttempt]
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldAttempt, _Mapping]]] = ...) -> None: ...
+
+class HeldAttempt(_message.Message):
+    __slots__ = ("job_id", "attempt", "lease_id", "launched", "exited")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHED_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    lease_id: str
+    launched: bool
+    exited: bool
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_id: _Optional[str] = ..., launched: _Optional[bool] = ..., exited: _Optional[bool] = ...) -> None: ...
 
 class JobLaunched(_message.Message):
     __slots__ = ("job_id", "attempt")
@@ -280,12 +296,14 @@ class LaunchJob(_message.Message):
     def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ...) -> None: ...
 
 class StopJob(_message.Message):
-    __slots__ = ("job_id", "reason")
+    __slots__ = ("job_id", "reason", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class SchedulerClosing(_message.Message):
     __slots__ = ("reason",)

@@ -110,6 +110,8 @@ class SchedulerServiceServicer:
 
     def WatchJob(self, request, context):
         """State changes and metrics of a job, replayed from from_seq, then live until the job ends.
+        Every state change is kept; older step/log events may have been trimmed by the retention
+        policy, so a replay can skip sequence numbers (a gap = trimmed events, never reordered).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,210 @@
+"""Reconciling a reconnecting worker: which attempts it still runs are still the scheduler's.
+
+A worker keeps its jobs running while its stream to the scheduler is down (a dropped connection,
+a scheduler restart, a Redis restart) and re-announces them when it registers again
+(``RegisterWorker.held``). ``reconcile`` decides, from the lease ledger and the job store:
+
+- adopt an announced attempt whose lease the ledger still knows (not released) for this worker
+  and job, whose job is still ALLOCATING/RUNNING with that attempt on this worker, and whose
+  devices no other lease took meanwhile (the lease is revived: held again for a TTL);
+- stop a stray: an announced attempt that is not adopted and still runs;
+- re-queue an orphan: a lease of this worker that it no longer announces (its launch was lost,
+  or the attempt ended and was forgotten), unless its job was adopted under another lease.
+
+``WorkerRecovery`` applies the decisions, and owns the other ways leases come back: a worker
+that closes or goes silent (reclaim), and leases that lapsed (re-queue; right after a start or
+a Redis outage only once ``reconnect_grace_s`` has given absent workers time to come back).
+Nothing here knows gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import OpenTinkerError
+from opentinker.services.scheduler.errors import JobNotFoundError
+from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
+from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
+from opentinker.services.scheduler.worker_session import StopCommand, WorkerSession
+
+log = structlog.get_logger(__name__)
+
+Requeue = Callable[[str, str], Awaitable[None]]  # (job_id, worker_id)
+MarkRunning = Callable[[str, int, str], Awaitable[object]]  # (job_id, attempt, reason)
+
+
+@dataclass(frozen=True)
+class HeldAttempt:
+    """One attempt a reconnecting worker still holds (RegisterWorker.held)."""
+
+    job_id: str
+    attempt: int
+    lease_id: str
+    launched: bool = False  # its processes started (the JobLaunched may have been lost)
+    exited: bool = False  # it has ended; its JobExited follows the registration
+
+
+@dataclass
+class Reconciliation:
+    """What to do with a reconnecting worker's attempts and leases."""
+
+    adopted: dict[tuple[str, int], str] = field(default_factory=dict)  # -> lease_id
+    now_running: list[tuple[str, int]] = field(default_factory=list)  # ALLOCATING, launched
+    strays: list[HeldAttempt] = field(default_factory=list)  # still running: stop them
+    orphans: list[Lease] = field(default_factory=list)  # release; re-queue unless adopted
+
+    @property
+    def adopted_jobs(self) -> set[str]:
+        return {job_id for job_id, _ in self.adopted}
+
+
+async def reconcile(
+    jobs: JobStore, ledger: LeaseLedger, worker_id: str, held: Sequence[HeldAttempt]
+) -> Reconciliation:
+    """Decide (and revive the adopted leases); the caller holds the scheduler's recovery lock
+    so that no lapsed-lease sweep runs in between."""
+    announced = {h.lease_id: h for h in held}
+    out = Reconciliation()
+    for lease in await ledger.leases(worker_id):
+        h = announced.pop(lease.lease_id, None)
+        job = (
+            await _owned(jobs, worker_id, h) if h is not None and h.job_id == lease.job_id else None
+        )
+        if h is None or job is None or not await ledger.revive(lease.lease_id, worker_id, h.job_id):
+            out.orphans.append(lease)
+            if h is not None and not h.exited:
+                out.strays.append(h)
+            continue
+        out.adopted[(h.job_id, h.attempt)] = lease.lease_id
+        if h.launched and job.state == common_pb2.JOB_STATE_ALLOCATING:
+            out.now_running.append((h.job_id, h.attempt))
+    # Announced under a lease the ledger no longer knows: released (job re-queued, cancelled).
+    out.strays.extend(h for h in announced.values() if not h.exited)
+    return out
+
+
+async def _owned(jobs: JobStore, worker_id: str, h: HeldAttempt) -> common_pb2.Job | None:
+    """The job if that attempt is still its current, active one on this worker."""
+    try:
+        job = await jobs.get(h.job_id)
+    except JobNotFoundError:
+        return None
+    if job.state in ACTIVE_STATES and job.attempt == h.attempt and job.worker_id == worker_id:
+        return job
+    return None
+
+
+class WorkerRecovery:
+    """Gives leases back to their jobs or to the queue. ``requeue`` puts an active job of a
+    lost worker back in the queue; ``mark_running`` moves an ALLOCATING attempt to RUNNING.
+    ``sessions`` is the scheduler's live map of connected workers (read only here)."""
+
+    def __init__(
+        self,
+        jobs: JobStore,
+        ledger: LeaseLedger,
+        sessions: Mapping[str, WorkerSession],
+        *,
+        requeue: Requeue,
+        mark_running: MarkRunning,
+        reconnect_grace_s: float,
+    ) -> None:
+        self._jobs = jobs
+        self._ledger = ledger
+        self._sessions = sessions
+        self._requeue = requeue
+        self._mark_running = mark_running
+        self.reconnect_grace_s = reconnect_grace_s
+        self._grace_until = 0.0  # monotonic; until then lapsed leases of absent workers wait
+        self._seen: set[str] = set()  # workers connected since the grace opened
+        self._lock = asyncio.Lock()  # reconcile vs. the lapsed-lease sweep vs. reclaim
+
+    def open_grace(self) -> None:
+        """From now, absent workers have ``reconnect_grace_s`` to re-announce their jobs."""
+        self._grace_until = time.monotonic() + self.reconnect_grace_s
+        self._seen = set(self._sessions)
+
+    async def adopt(
+        self,
+        session: WorkerSession,
+        held: Sequence[HeldAttempt],
+        register: Callable[[], Awaitable[None]],
+    ) -> Reconciliation:
+        """Reconcile a (re)connecting worker and apply it to its new session; ``register``
+        makes the session dispatchable, under the same lock."""
+        async with self._lock:
+            found = await reconcile(self._jobs, self._ledger, session.worker_id, held)
+            await self._settle(session, found)
+            await register()
+            self._seen.add(session.worker_id)
+        return found
+
+    async def _settle(self, session: WorkerSession, found: Reconciliation) -> None:
+        worker_id = session.worker_id
+        for lease in found.orphans:
+            if lease.job_id not in found.adopted_jobs:
+                await self._requeue(lease.job_id, worker_id)
+            await self._ledger.release(lease.lease_id)
+        for job_id, attempt in found.now_running:
+            with contextlib.suppress(OpenTinkerError):  # moved on meanwhile: its exit settles it
+                await self._mark_running(job_id, attempt, f"running on worker {worker_id}")
+        session.running.update(found.adopted)
+        for stray in found.strays:
+            why = "this attempt is no longer the scheduler's (re-queued, cancelled or ended)"
+            session.send(StopCommand(stray.job_id, why, attempt=stray.attempt))
+
+    def renew_soon(self, session: WorkerSession) -> None:
+        """Renew the worker's leases in the background, one renewal at a time, so a slow or
+        absent Redis never holds up reading its messages or makes a live worker look silent."""
+        if not session.lost and (session.renewal is None or session.renewal.done()):
+            session.renewal = asyncio.create_task(self._renew(session.worker_id))
+
+    async def _renew(self, worker_id: str) -> None:
+        try:
+            await self._ledger.renew(worker_id)
+        except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
+            log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
+
+    async def reclaim(self, worker_id: str) -> None:
+        """The worker closed or went silent: re-queue the jobs of all its leases now."""
+        async with self._lock:
+            for lease in await self._ledger.leases(worker_id):
+                await self._requeue(lease.job_id, worker_id)
+                await self._ledger.release(lease.lease_id)
+
+    async def requeue_lapsed(self) -> None:
+        """Re-queue the jobs of lapsed leases; during the grace, not those of workers that have
+        not connected since the scheduler started or Redis came back."""
+        async with self._lock:
+            waiting = time.monotonic() < self._grace_until
+            for lease in await self._ledger.lapsed():
+                if waiting and lease.worker_id not in self._seen:
+                    continue  # not back since the restart/outage: it may still re-announce it
+                await self._requeue_lapsed(lease)
+
+    async def _requeue_lapsed(self, lease: Lease) -> None:
+        await self._requeue(lease.job_id, lease.worker_id)
+        await self._ledger.release(lease.lease_id)
+        session = self._sessions.get(lease.worker_id)
+        if session is not None:
+            for key, lease_id in list(session.running.items()):
+                if lease_id == lease.lease_id:
+                    del session.running[key]
+                    reason = "lease lapsed; job re-queued"
+                    session.send(StopCommand(lease.job_id, reason, attempt=key[1]))
+
+    async def after_outage(self) -> None:
+        """Redis is back after failed rounds, and leases may have lapsed meanwhile: hold the
+        known leases of connected workers again, and give absent workers the grace."""
+        self.open_grace()
+        for session in list(self._sessions.values()):
+            for (job_id, _), lease_id in list(session.running.items()):
+                await self._ledger.revive(lease_id, session.worker_id, job_id)
+        log.info("scheduler_recovered", grace_s=self.reconnect_grace_s)

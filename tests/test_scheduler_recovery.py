@@ -1,0 +1,240 @@
+"""Workers that reconnect, a scheduler that restarts, a Redis that goes away: nothing is lost.
+
+Real scheduler servers on real Redis; the worker side is the scripted ConnectWorker client of
+test_scheduler_service, so each re-announcement is exactly what the test says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from async_guard import run
+from test_scheduler_service import (
+    ALLOCATING,
+    FAILED,
+    QUEUED,
+    RPC_TIMEOUT_S,
+    RUNNING,
+    SUCCEEDED,
+    Mesh,
+    get_job,
+    job_stub,
+    scheduler_mesh,
+    scripted_worker,
+    states,
+    submit,
+    wait_for_state,
+    watch,
+)
+
+from opentinker.scheduler.v1 import scheduler_pb2
+
+pytestmark = pytest.mark.integration
+
+
+def held(
+    launch: scheduler_pb2.LaunchJob, *, launched: bool = True, exited: bool = False
+) -> scheduler_pb2.HeldAttempt:
+    return scheduler_pb2.HeldAttempt(
+        job_id=launch.job.job_id,
+        attempt=launch.job.attempt,
+        lease_id=launch.lease_id,
+        launched=launched,
+        exited=exited,
+    )
+
+
+async def start_job(mesh: Mesh, worker, name: str, *, launched: bool = True):
+    """Submit a job and take its launch on ``worker``; RUNNING when ``launched``."""
+    job = await submit(mesh.stub, name)
+    launch = (await worker.next_command()).launch
+    assert launch.job.job_id == job.job_id
+    if launched:
+        await worker.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+        await wait_for_state(mesh.stub, job.job_id, RUNNING)
+    return launch
+
+
+def test_a_reconnecting_worker_keeps_its_job_and_is_told_to_stop_strays(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            ledger = mesh.running.stores.ledger
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                launch = await start_job(mesh, w1, "kept")
+            # The stream dropped; the worker is back well within the lease TTL, re-announcing
+            # its job and an attempt the scheduler never gave it (a stray).
+            stray = scheduler_pb2.HeldAttempt(
+                job_id="job-stray", attempt=3, lease_id="lease-unknown", launched=True
+            )
+            ended_stray = scheduler_pb2.HeldAttempt(
+                job_id="job-done", attempt=1, lease_id="lease-gone", launched=True, exited=True
+            )
+            async with scripted_worker(
+                mesh.worker_stub, "w1", ["w1/cpu:0"], held=[held(launch), stray, ended_stray]
+            ) as w1:
+                stop = (await w1.next_command()).stop
+                assert (stop.job_id, stop.attempt) == ("job-stray", 3)  # only the running stray
+                assert "no longer the scheduler's" in stop.reason
+                await asyncio.sleep(1.5)  # past the TTL: the adopted lease is renewed again
+                job = await get_job(mesh.stub, launch.job.job_id)
+                assert (job.state, job.attempt, job.worker_id) == (RUNNING, 1, "w1")
+                assert await ledger.is_live(launch.lease_id)
+                # A new job waits: the one device is still held by the adopted attempt.
+                waiting = await submit(mesh.stub, "waits")
+                await w1.send(
+                    exited=scheduler_pb2.JobExited(
+                        job_id=job.job_id, attempt=1, exit_code=1, reason="boom"
+                    )
+                )
+                await wait_for_state(mesh.stub, job.job_id, FAILED)
+                # Its exit releases the adopted lease: the waiting job gets the device.
+                nxt = (await w1.next_command()).launch
+                assert nxt.job.job_id == waiting.job_id
+            events = await watch(mesh.stub, job.job_id)
+            assert states(events).count(ALLOCATING) == 1  # one attempt, never re-queued
+
+    run(main)
+
+
+def test_a_restarted_scheduler_adopts_announced_jobs_and_requeues_the_rest(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        devices = ["w1/cpu:0", "w1/cpu:1"]
+        async with (
+            scheduler_mesh(redis_url) as first,
+            scripted_worker(first.worker_stub, "w1", devices) as w,
+        ):
+            running = await start_job(first, w, "running")
+            allocating = await start_job(first, w, "launch-lost", launched=False)
+        # The first scheduler shut down: it re-queued nothing.
+        async with scheduler_mesh(redis_url, reconnect_grace_s=5.0) as second:
+            job = await get_job(second.stub, allocating.job.job_id)
+            assert (job.state, job.attempt) == (ALLOCATING, 1)
+            # The worker comes back announcing only the running job (the launch never arrived).
+            async with scripted_worker(
+                second.worker_stub, "w1", devices, held=[held(running)]
+            ) as w:
+                # The unannounced lease is released and its job re-queued, then relaunched.
+                relaunch = (await w.next_command()).launch
+                assert (relaunch.job.job_id, relaunch.job.attempt) == (allocating.job.job_id, 2)
+                kept = await get_job(second.stub, running.job.job_id)
+                assert (kept.state, kept.attempt) == (RUNNING, 1)
+                assert await second.running.stores.ledger.is_live(running.lease_id)
+                assert await second.running.stores.ledger.get(allocating.lease_id) is None
+
+    run(main)
+
+
+def test_after_a_restart_lapsed_leases_wait_for_their_worker_until_the_grace_ends(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=0.5) as first:
+            async with scripted_worker(first.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                back = await start_job(first, w1, "worker-comes-back")
+            async with scripted_worker(first.worker_stub, "w2", ["w2/cpu:0"]) as w2:
+                gone = await start_job(first, w2, "worker-never-returns")
+        async with scheduler_mesh(redis_url, lease_ttl_s=0.5, reconnect_grace_s=2.5) as second:
+            ledger = second.running.stores.ledger
+            await asyncio.sleep(1.0)  # both leases have lapsed; the grace holds them
+            assert not await ledger.is_live(back.lease_id)
+            for launch in (back, gone):
+                assert (await get_job(second.stub, launch.job.job_id)).state == RUNNING
+            # w1 is back within the grace, still running its attempt: adopted, lease revived.
+            async with scripted_worker(second.worker_stub, "w1", ["w1/cpu:0"], held=[held(back)]):
+                assert await ledger.is_live(back.lease_id)
+                # w2 never comes back: once the grace is over its job is re-queued.
+                requeued = await wait_for_state(second.stub, gone.job.job_id, QUEUED, 5)
+                assert requeued.reason == "worker w2 lost; re-queued"
+                kept = await get_job(second.stub, back.job.job_id)
+                assert (kept.state, kept.attempt) == (RUNNING, 1)
+                await report_result(second, back)
+
+    run(main)
+
+
+async def report_result(mesh: Mesh, launch: scheduler_pb2.LaunchJob) -> None:
+    """The trainer reports its result to the new scheduler (nothing tied it to the old one)."""
+    result = scheduler_pb2.ReportJobProgressRequest(
+        job_id=launch.job.job_id,
+        attempt=1,
+        result=scheduler_pb2.JobResult(checkpoint_uri="file:///ckpt"),
+    )
+    trainer = job_stub(mesh, launch)
+    assert not (await trainer.ReportJobProgress(result, timeout=RPC_TIMEOUT_S)).stop
+
+
+def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
+    tmp_path: Path,
+) -> None:
+    import redis
+
+    from opentinker.services.launcher.redis_process import RedisProcess
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    config = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    settings = config.config_get("append*")
+    assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
+    config.close()
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_server.url) as mesh:
+            job = await submit(mesh.stub, "kept")
+            redis_server.kill()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await get_job(mesh.stub, job.job_id)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "cannot reach its Redis" in info.value.details()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await watch(mesh.stub, job.job_id)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            redis_server.start()  # same port, same data dir: the append-only file has it all
+            again = await get_job(mesh.stub, job.job_id)
+            assert (again.job_id, again.state) == (job.job_id, QUEUED)
+            later = await submit(mesh.stub, "after")
+            assert later.state == QUEUED
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
+
+
+def test_a_redis_outage_longer_than_the_lease_ttl_keeps_a_connected_workers_job(
+    tmp_path: Path,
+) -> None:
+    from opentinker.services.launcher.redis_process import RedisProcess
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_server.url, lease_ttl_s=0.6, reconnect_grace_s=5) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            launch = await start_job(mesh, w1, "kept")
+            redis_server.kill()
+            await asyncio.sleep(1.5)  # the lease's TTL runs out while Redis is away
+            redis_server.start()
+            ledger = mesh.running.stores.ledger
+            # The scheduler holds its connected worker's known lease again before any sweep.
+            await asyncio.sleep(1.0)
+            assert await ledger.is_live(launch.lease_id)
+            assert await ledger.lapsed() == []
+            job = await get_job(mesh.stub, launch.job.job_id)
+            assert (job.state, job.attempt, job.worker_id) == (RUNNING, 1, "w1")
+            # The worker was never told to stop it, and its exit still counts.
+            await report_result(mesh, launch)
+            await w1.send(exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=0))
+            done = await wait_for_state(mesh.stub, job.job_id, SUCCEEDED)
+            assert done.attempt == 1
+            assert await ledger.leases("w1") == []
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
