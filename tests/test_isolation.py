@@ -412,3 +412,51 @@ async def rollout_stub_or_trainer(channel: grpc.aio.Channel, which: str) -> obje
     reply = await call.read()
     call.cancel()
     return reply
+
+
+def test_envhub_keeps_known_credentials_while_the_scheduler_is_away(redis_url: str) -> None:
+    """A scheduler restart must not fail running jobs at EnvHub: credentials the scheduler
+    accepted recently still work while it cannot answer; new ones wait for it; a revoked key is
+    refused as soon as it can answer again."""
+
+    async def main() -> None:
+        from opentinker.services.launcher.processes import free_port
+
+        port = free_port()
+        settings = SchedulerSettings(redis_url=redis_url, port=port)
+        hub_settings = EnvHubSettings(
+            port=0, builtin_envs=["letter"], scheduler_address=f"127.0.0.1:{port}"
+        )
+        deps = EnvHubDeps.create(hub_settings)
+        hub, hub_port = await create_envhub(hub_settings, deps)
+        address = f"127.0.0.1:{hub_port}"
+
+        async def listing(key: str) -> grpc.StatusCode | None:
+            async with aio_channel(address, credential=key) as ch:
+                stub = envhub_pb2_grpc.EnvHubServiceStub(ch)
+                code, _ = await outcome(
+                    lambda _c: stub.ListEnvironments(envhub_pb2.ListEnvironmentsRequest()), ch
+                )
+                return code
+
+        try:
+            async with running_scheduler(settings, stop_grace_s=0.2) as running:
+                known = await api_key(running.stores.identity, tenant="acme", user="alice")
+                unseen = await api_key(running.stores.identity, tenant="acme", user="carol")
+                assert await listing(known) is OK
+            # The scheduler is gone.
+            assert await listing(known) is OK
+            assert await listing(unseen) == grpc.StatusCode.UNAVAILABLE
+            async with running_scheduler(settings, stop_grace_s=0.2) as running:
+                await running.stores.identity.revoke(known.split("_")[1])
+                for _ in range(100):  # until EnvHub's channel has reconnected (gRPC backoff)
+                    if await listing(unseen) is OK:
+                        break
+                    await asyncio.sleep(0.1)
+                assert await listing(unseen) is OK
+                assert await listing(known) == UNAUTH
+        finally:
+            await hub.stop(0)
+            await deps.close()
+
+    run(main, timeout_s=60)

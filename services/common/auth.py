@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import hashlib
 import hmac
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -272,28 +274,54 @@ class OwnCredentialAuthenticator:
 
 
 class IdentityServiceAuthenticator:
-    """For services beside the scheduler (EnvHub): asks the scheduler's IdentityService."""
+    """For services beside the scheduler (EnvHub): asks the scheduler's IdentityService.
 
-    def __init__(self, channel: grpc.aio.Channel, *, address: str, timeout_s: float = 5.0) -> None:
+    Every call asks, so a revoked key fails at once. Only while the scheduler cannot answer
+    (restarting, or its Redis away) does a credential that it accepted within
+    ``outage_grace_s`` keep working: running jobs ride out a scheduler restart; unknown
+    credentials are refused (UNAVAILABLE) until it is back.
+    """
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        address: str,
+        timeout_s: float = 5.0,
+        outage_grace_s: float = 300.0,
+    ) -> None:
         from opentinker.scheduler.v1 import identity_pb2_grpc
 
         self._stub = identity_pb2_grpc.IdentityServiceStub(channel)
         self._address = address
         self._timeout_s = timeout_s
+        self._outage_grace_s = outage_grace_s
+        self._accepted: dict[str, tuple[Principal, float]] = {}  # sha256(credential) -> when
 
     async def authenticate(self, credential: str) -> Principal:
         request = identity_pb2.AuthenticateRequest(credential=credential)
+        key = hashlib.sha256(credential.encode()).hexdigest()
         try:
             reply = await self._stub.Authenticate(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+                self._accepted.pop(key, None)
                 raise AuthenticationError(err.details() or "bad credential") from None
+            known = self._accepted.get(key)
+            if known is not None and time.monotonic() - known[1] <= self._outage_grace_s:
+                return known[0]
             raise UnavailableError(
                 f"cannot check credentials: the scheduler's IdentityService at {self._address} "
                 f"answered {err.code().name}: {err.details()}",
                 code=err.code().name,
             ) from None
-        return Principal.from_proto(reply.principal)
+        principal = Principal.from_proto(reply.principal)
+        now = time.monotonic()
+        if len(self._accepted) >= 4096:  # forget what is past its grace (job tokens pile up)
+            cutoff = now - self._outage_grace_s
+            self._accepted = {k: v for k, v in self._accepted.items() if v[1] >= cutoff}
+        self._accepted[key] = (principal, now)
+        return principal
 
 
 async def require_job(context: grpc.aio.ServicerContext, job_id: str, attempt: int = 0) -> None:

@@ -1,0 +1,129 @@
+"""Dispatch: queued jobs onto connected workers, fairly between tenants, within quotas.
+
+One round takes the queue in order, fails jobs no connected worker could ever hold (after a
+grace), and offers devices through the FairPicker (fair_share.py); a job that gets a lease is
+moved to ALLOCATING (one more attempt), given a fresh job token and sent to its worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import OpenTinkerError
+from opentinker.services.scheduler.errors import IllegalTransitionError, JobNotFoundError
+from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
+from opentinker.services.scheduler.quotas import Quotas
+from opentinker.services.scheduler.stores import Stores
+from opentinker.services.scheduler.transitions import JobStates
+from opentinker.services.scheduler.worker_session import LaunchCommand, WorkerSession
+
+log = structlog.get_logger(__name__)
+
+QUEUED = common_pb2.JOB_STATE_QUEUED
+ALLOCATING = common_pb2.JOB_STATE_ALLOCATING
+FAILED = common_pb2.JOB_STATE_FAILED
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        stores: Stores,
+        quotas: Quotas,
+        states: JobStates,
+        sessions: Mapping[str, WorkerSession],
+        *,
+        unschedulable_after_s: float,
+    ) -> None:
+        self._jobs = stores.jobs
+        self._queue = stores.queue
+        self._ledger = stores.ledger
+        self._identity = stores.identity
+        self._quotas = quotas
+        self._states = states
+        self._sessions = sessions  # the scheduler's live dict of connected workers
+        self.unschedulable_after_s = unschedulable_after_s
+        self._lock = asyncio.Lock()
+
+    async def dispatch(self) -> int:
+        """One round; returns how many jobs were launched."""
+        launched = 0
+        async with self._lock:
+            queued = []
+            for job_id in await self._queue.list_ids():
+                job = await self._queued_job(job_id)
+                if job is None:
+                    await self._queue.remove(job_id)
+                elif not await self._fail_if_unschedulable(job):
+                    queued.append(job)
+            picker = FairPicker(
+                queued,
+                await self._quotas.devices_in_use(self._sessions),
+                await self._quotas.device_limits(j.tenant_id for j in queued),
+            )
+            while (job := picker.next()) is not None:
+                placed = await self._place(job)
+                picker.done(job, placed=placed)
+                launched += placed
+        return launched
+
+    async def _place(self, job: common_pb2.Job) -> bool:
+        """Lease devices for ``job`` on the first worker that has them, and launch it there."""
+        for session in list(self._sessions.values()):
+            lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
+            if lease is not None:
+                return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
+        return False
+
+    async def _fail_if_unschedulable(self, job: common_pb2.Job) -> bool:
+        """Fail a job that needs more devices than any connected worker has, once it has
+        waited ``unschedulable_after_s`` (a worker that big may still be joining)."""
+        largest = max((len(s.devices) for s in self._sessions.values()), default=0)
+        needed = devices_needed(job)
+        waited_s = time.time() - job.updated_unix_s
+        if not largest or needed <= largest or waited_s < self.unschedulable_after_s:
+            return False
+        reason = (
+            f"unschedulable: the job needs {needed} devices on one worker; the largest "
+            f"connected worker has {largest} (waited {waited_s:.0f} s)"
+        )
+        with contextlib.suppress(OpenTinkerError):  # moved on meanwhile
+            await self._states.change(job.job_id, FAILED, reason)
+            await self._queue.remove(job.job_id)
+        return True
+
+    async def _queued_job(self, job_id: str) -> common_pb2.Job | None:
+        """The job if it still exists and waits in state QUEUED."""
+        try:
+            job = await self._jobs.get(job_id)
+        except JobNotFoundError:
+            return None
+        return job if job.state == QUEUED else None
+
+    async def _launch(
+        self, session: WorkerSession, job_id: str, lease_id: str, device_ids: tuple[str, ...]
+    ) -> bool:
+        reason = f"lease {lease_id} on worker {session.worker_id}"
+        try:
+            if not await self._queue.remove(job_id):
+                raise IllegalTransitionError(f"job {job_id!r} left the queue")
+            job = await self._states.change(
+                job_id, ALLOCATING, reason, worker_id=session.worker_id, next_attempt=True
+            )
+        except OpenTinkerError:
+            await self._ledger.release(lease_id)
+            return False
+        session.running[(job_id, job.attempt)] = lease_id
+        token = await self._identity.issue_job_token(
+            job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
+        )
+        session.send(
+            LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids, job_token=token)
+        )
+        log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
+        return True

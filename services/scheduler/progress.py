@@ -1,0 +1,58 @@
+"""Reports from a job's own processes: steps, log lines, failure reasons, results.
+
+Each method returns True when the reporter should stop (the job ended, was cancelled, or the
+report is of an attempt that is no longer current). Steps go to the event stream and to the
+job's and tenant's usage (tokens, steps).
+"""
+
+from __future__ import annotations
+
+from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.scheduler.event_log import EventLog
+from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
+from opentinker.services.scheduler.quotas import Quotas
+
+
+class ProgressReports:
+    def __init__(self, jobs: JobStore, events: EventLog, quotas: Quotas) -> None:
+        self._jobs = jobs
+        self._events = events
+        self._quotas = quotas
+
+    async def step(self, job_id: str, attempt: int, step: common_pb2.StepMetrics) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_step(job_id, job.attempt, step)
+        await self._quotas.record_step(job, step)
+        await self._events.append(job_id, common_pb2.JobEvent(step=step))
+        return False
+
+    async def log(self, job_id: str, attempt: int, message: str) -> bool:
+        if await self._current(job_id, attempt) is None:
+            return True
+        line = common_pb2.LogLine(message=message)
+        await self._events.append(job_id, common_pb2.JobEvent(log=line))
+        return False
+
+    async def failure(self, job_id: str, attempt: int, reason: str) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_failure(job_id, job.attempt, reason)
+        return False
+
+    async def result(self, job_id: str, attempt: int, result: scheduler_pb2.JobResult) -> bool:
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._jobs.record_result(job_id, job.attempt, result)
+        return False
+
+    async def _current(self, job_id: str, attempt: int) -> common_pb2.Job | None:
+        """The job if it is active and ``attempt`` (0 = not given) is its current attempt."""
+        job = await self._jobs.get(job_id)
+        if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
+            return None
+        return job
