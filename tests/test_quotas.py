@@ -125,9 +125,16 @@ def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs
                     exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=1)
                 )
                 await wait_for_state(mesh.stub, job.job_id, FAILED)
-            usage = (
-                await mesh.stub.GetUsage(scheduler_pb2.GetUsageRequest(), timeout=RPC_TIMEOUT_S)
-            ).tenants
+            # The lease is released (and accounted) just after the job turns FAILED.
+            for _ in range(50):
+                usage = (
+                    await mesh.stub.GetUsage(
+                        scheduler_pb2.GetUsageRequest(), timeout=RPC_TIMEOUT_S
+                    )
+                ).tenants
+                if usage and usage[0].period.device_seconds:
+                    break
+                await asyncio.sleep(0.05)
             assert [t.tenant_id for t in usage] == ["acme"]  # a member sees its own tenant
             acme = usage[0]
             assert acme.period.device_seconds >= 1.2 and acme.total.device_seconds >= 1.2

@@ -19,7 +19,6 @@ before it re-queues their lapsed leases. Devices go to tenants fairly and within
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -31,27 +30,26 @@ from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.common.waiting import wait_event
 from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
+from opentinker.services.scheduler.dispatch import Dispatcher
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
     JobNotFoundError,
-    StaleAttemptError,
 )
 from opentinker.services.scheduler.event_log import state_change
-from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.job_store import (
     ACTIVE_STATES,
     TERMINAL_STATES,
     JobPage,
-    JobState,
     state_name,
 )
+from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
 from opentinker.services.scheduler.stores import Stores
+from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
     DeviceOffer,
-    LaunchCommand,
     StopCommand,
     WorkerSession,
 )
@@ -86,11 +84,19 @@ class Scheduler:
         self._events = stores.events
         self._identity = stores.identity
         self._quotas = Quotas(stores.identity, stores.usage, stores.ledger, stores.jobs)
+        self._states = JobStates(stores.jobs, stores.events, stores.identity)
+        self.reports = ProgressReports(stores.jobs, stores.events, self._quotas)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self.max_attempts = max_attempts
-        self.unschedulable_after_s = unschedulable_after_s
         self._sessions: dict[str, WorkerSession] = {}
+        self._dispatcher = Dispatcher(
+            stores,
+            self._quotas,
+            self._states,
+            self._sessions,
+            unschedulable_after_s=unschedulable_after_s,
+        )
         self._recovery = WorkerRecovery(
             self._jobs,
             self._ledger,
@@ -100,7 +106,6 @@ class Scheduler:
             reconnect_grace_s=reconnect_grace_s,
         )
         self._wake = asyncio.Event()
-        self._dispatch_lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -229,49 +234,6 @@ class Scheduler:
         await self.get(job_id, tenant=tenant)
         return self._events.read(job_id, from_seq)
 
-    # ---- reports from the job's own processes (return True = the reporter should stop) ------
-
-    async def report_step(self, job_id: str, attempt: int, step: common_pb2.StepMetrics) -> bool:
-        job = await self._current(job_id, attempt)
-        if job is None:
-            return True
-        await self._jobs.record_step(job_id, job.attempt, step)
-        await self._quotas.record_step(job, step)
-        await self._events.append(job_id, common_pb2.JobEvent(step=step))
-        return False
-
-    async def report_log(self, job_id: str, attempt: int, message: str) -> bool:
-        job = await self._current(job_id, attempt)
-        if job is None:
-            return True
-        await self._events.append(
-            job_id, common_pb2.JobEvent(log=common_pb2.LogLine(message=message))
-        )
-        return False
-
-    async def report_failure(self, job_id: str, attempt: int, reason: str) -> bool:
-        job = await self._current(job_id, attempt)
-        if job is None:
-            return True
-        await self._jobs.record_failure(job_id, job.attempt, reason)
-        return False
-
-    async def report_result(
-        self, job_id: str, attempt: int, result: scheduler_pb2.JobResult
-    ) -> bool:
-        job = await self._current(job_id, attempt)
-        if job is None:
-            return True
-        await self._jobs.record_result(job_id, job.attempt, result)
-        return False
-
-    async def _current(self, job_id: str, attempt: int) -> common_pb2.Job | None:
-        """The job if it is active and ``attempt`` (0 = not given) is its current attempt."""
-        job = await self._jobs.get(job_id)
-        if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
-            return None
-        return job
-
     # ---- workers ----------------------------------------------------------------------------
 
     async def connect_worker(
@@ -318,11 +280,11 @@ class Scheduler:
             session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
             return
         reason = f"running on worker {session.worker_id}"
-        await self._change(job_id, RUNNING, reason, expect_attempt=attempt)
+        await self._states.change(job_id, RUNNING, reason, expect_attempt=attempt)
 
     async def _mark_running(self, job_id: str, attempt: int, reason: str) -> None:
         """An adopted attempt whose JobLaunched was lost: its processes do run."""
-        await self._change(job_id, RUNNING, reason, expect_attempt=attempt)
+        await self._states.change(job_id, RUNNING, reason, expect_attempt=attempt)
 
     async def job_exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
@@ -342,7 +304,7 @@ class Scheduler:
                 return
             report = await self._jobs.report(job_id, attempt)
             if exit_code == 0 and report.result is not None:
-                await self._change(
+                await self._states.change(
                     job_id,
                     SUCCEEDED,
                     "trainer finished",
@@ -357,7 +319,7 @@ class Scheduler:
             why = report.failure_reason or reason or f"trainer exited with code {exit_code}"
             if exit_code == 0 and not (report.failure_reason or reason):
                 why += " without reporting a result"
-            await self._change(job_id, FAILED, why, expect_attempt=attempt)
+            await self._states.change(job_id, FAILED, why, expect_attempt=attempt)
         finally:
             if lease_id is not None:
                 await self._ledger.release(lease_id)
@@ -388,86 +350,9 @@ class Scheduler:
     def connected_workers(self) -> list[str]:
         return sorted(self._sessions)
 
-    # ---- dispatch ---------------------------------------------------------------------------
-
     async def dispatch(self) -> int:
-        """Launch queued jobs on connected workers, fairly between tenants and within their
-        quotas (fair_share.py); returns how many were launched."""
-        launched = 0
-        async with self._dispatch_lock:
-            queued = []
-            for job_id in await self._queue.list_ids():
-                job = await self._queued_job(job_id)
-                if job is None:
-                    await self._queue.remove(job_id)
-                elif not await self._fail_if_unschedulable(job):
-                    queued.append(job)
-            picker = FairPicker(
-                queued,
-                await self._quotas.devices_in_use(self._sessions),
-                await self._quotas.device_limits(j.tenant_id for j in queued),
-            )
-            while (job := picker.next()) is not None:
-                placed = await self._place(job)
-                picker.done(job, placed=placed)
-                launched += placed
-        return launched
-
-    async def _place(self, job: common_pb2.Job) -> bool:
-        """Lease devices for ``job`` on the first worker that has them, and launch it there."""
-        for session in list(self._sessions.values()):
-            lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
-            if lease is not None:
-                return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
-        return False
-
-    async def _fail_if_unschedulable(self, job: common_pb2.Job) -> bool:
-        """Fail a job that needs more devices than any connected worker has, once it has
-        waited ``unschedulable_after_s`` (a worker that big may still be joining)."""
-        largest = max((len(s.devices) for s in self._sessions.values()), default=0)
-        needed = devices_needed(job)
-        waited_s = time.time() - job.updated_unix_s
-        if not largest or needed <= largest or waited_s < self.unschedulable_after_s:
-            return False
-        reason = (
-            f"unschedulable: the job needs {needed} devices on one worker; the largest "
-            f"connected worker has {largest} (waited {waited_s:.0f} s)"
-        )
-        with contextlib.suppress(OpenTinkerError):  # moved on meanwhile
-            await self._change(job.job_id, FAILED, reason)
-            await self._queue.remove(job.job_id)
-        return True
-
-    async def _queued_job(self, job_id: str) -> common_pb2.Job | None:
-        """The job if it still exists and waits in state QUEUED."""
-        try:
-            job = await self._jobs.get(job_id)
-        except JobNotFoundError:
-            return None
-        return job if job.state == QUEUED else None
-
-    async def _launch(
-        self, session: WorkerSession, job_id: str, lease_id: str, device_ids: tuple[str, ...]
-    ) -> bool:
-        reason = f"lease {lease_id} on worker {session.worker_id}"
-        try:
-            if not await self._queue.remove(job_id):
-                raise IllegalTransitionError(f"job {job_id!r} left the queue")
-            job = await self._change(
-                job_id, ALLOCATING, reason, worker_id=session.worker_id, next_attempt=True
-            )
-        except OpenTinkerError:
-            await self._ledger.release(lease_id)
-            return False
-        session.running[(job_id, job.attempt)] = lease_id
-        token = await self._identity.issue_job_token(
-            job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
-        )
-        session.send(
-            LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids, job_token=token)
-        )
-        log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
-        return True
+        """Launch what fits now (dispatch.py); returns how many jobs were launched."""
+        return await self._dispatcher.dispatch()
 
     # ---- recovery ---------------------------------------------------------------------------
 
@@ -493,10 +378,12 @@ class Scheduler:
             if job.attempt >= self.max_attempts:
                 history = await attempt_history(self._jobs, job_id, job.attempt)
                 reason = f"gave up after {job.attempt} attempts: {history}"
-                await self._change(job_id, FAILED, reason, expect_attempt=job.attempt)
+                await self._states.change(job_id, FAILED, reason, expect_attempt=job.attempt)
                 return
             reason = f"{why}; re-queued"
-            await self._change(job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt)
+            await self._states.change(
+                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt
+            )
         except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
             return
         await self._queue.push_front(job_id)
@@ -510,34 +397,3 @@ class Scheduler:
             for key in [k for k in session.running if k[0] == job_id]:
                 del session.running[key]
         self.wake()
-
-    async def _change(
-        self,
-        job_id: str,
-        to: JobState,
-        reason: str,
-        *,
-        expect_attempt: int | None = None,
-        worker_id: str | None = None,
-        next_attempt: bool = False,
-        result: scheduler_pb2.JobResult | None = None,
-    ) -> common_pb2.Job:
-        """Change the job's state and write the state_change event."""
-        try:
-            job = await self._jobs.transition(
-                job_id,
-                to,
-                reason=reason,
-                expect_attempt=expect_attempt,
-                worker_id=worker_id,
-                next_attempt=next_attempt,
-                result=result,
-            )
-        except (IllegalTransitionError, StaleAttemptError) as err:
-            log.info("transition_skipped", job_id=job_id, to=state_name(to), why=str(err))
-            raise
-        if to not in ACTIVE_STATES:  # the attempt is over: its processes lose their credential
-            await self._identity.revoke_job_tokens(job_id)
-        await self._events.append(job_id, state_change(to, reason))
-        log.info("job_state", job_id=job_id, state=state_name(to), reason=reason)
-        return job

@@ -131,13 +131,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         kind = request.WhichOneof("payload")
         try:
             if kind == "step":
-                stop = await s.report_step(job_id, attempt, request.step)
+                stop = await s.reports.step(job_id, attempt, request.step)
             elif kind == "log":
-                stop = await s.report_log(job_id, attempt, request.log.message)
+                stop = await s.reports.log(job_id, attempt, request.log.message)
             elif kind == "failure":
-                stop = await s.report_failure(job_id, attempt, request.failure.reason)
+                stop = await s.reports.failure(job_id, attempt, request.failure.reason)
             elif kind == "result":
-                stop = await s.report_result(job_id, attempt, request.result)
+                stop = await s.reports.result(job_id, attempt, request.result)
             else:
                 raise ConfigError(
                     "payload: set one of step, log, failure or result", reason="EMPTY_REPORT"
