@@ -16,7 +16,7 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
-from opentinker.services.scheduler.errors import IllegalTransitionError, JobNotFoundError
+from opentinker.services.scheduler.errors import IllegalTransitionError
 from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.stores import Stores
@@ -55,9 +55,9 @@ class Dispatcher:
         launched = 0
         async with self._lock:
             queued = []
-            for job_id in await self._queue.list_ids():
-                job = await self._queued_job(job_id)
-                if job is None:
+            ids = await self._queue.list_ids()
+            for job_id, job in zip(ids, await self._jobs.get_many(ids), strict=True):
+                if job is None or job.state != QUEUED:  # gone, or cancelled meanwhile
                     await self._queue.remove(job_id)
                 elif not await self._fail_if_unschedulable(job):
                     queued.append(job)
@@ -96,14 +96,6 @@ class Dispatcher:
             await self._states.change(job.job_id, FAILED, reason)
             await self._queue.remove(job.job_id)
         return True
-
-    async def _queued_job(self, job_id: str) -> common_pb2.Job | None:
-        """The job if it still exists and waits in state QUEUED."""
-        try:
-            job = await self._jobs.get(job_id)
-        except JobNotFoundError:
-            return None
-        return job if job.state == QUEUED else None
 
     async def _launch(
         self, session: WorkerSession, job_id: str, lease_id: str, device_ids: tuple[str, ...]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
@@ -115,6 +115,9 @@ class JobStore(Protocol):
 
     async def get(self, job_id: str) -> common_pb2.Job:
         """The job; raises JobNotFoundError."""
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[common_pb2.Job | None]:
+        """The jobs, in order, in one round trip; None for an id with no job."""
 
     async def list_jobs(
         self, *, page_size: int = 0, page_token: str = "", tenant_id: str | None = None
@@ -219,6 +222,12 @@ class RedisJobStore:
         if raw is None:
             raise JobNotFoundError.for_id(job_id)
         return common_pb2.Job.FromString(raw)
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[common_pb2.Job | None]:
+        if not job_ids:
+            return []
+        raws = await self._r.mget([self._key("job", job_id) for job_id in job_ids])
+        return [common_pb2.Job.FromString(raw) if raw is not None else None for raw in raws]
 
     async def list_jobs(
         self, *, page_size: int = 0, page_token: str = "", tenant_id: str | None = None

@@ -289,12 +289,14 @@ class Scheduler:
     async def job_exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
     ) -> None:
-        """Decide how the attempt ended; the lease is released whatever happened.
+        """Decide how the attempt ended; the lease is released first, whatever happened.
 
         A result and exit code 0: SUCCEEDED. A process killed by a signal: an infrastructure
         fault, re-queued to resume from its last checkpoint (see ``_requeue``). Anything else
         (the trainer reported a failure, or exited non-zero by itself): FAILED."""
         lease_id = session.running.pop((job_id, attempt), None)
+        if lease_id is not None:  # the processes are gone: free (and account) their devices
+            await self._ledger.release(lease_id)  # before anyone can see the job end
         try:
             job = await self._jobs.get(job_id)
             if job.state not in ACTIVE_STATES or job.attempt != attempt:
@@ -321,8 +323,6 @@ class Scheduler:
                 why += " without reporting a result"
             await self._states.change(job_id, FAILED, why, expect_attempt=attempt)
         finally:
-            if lease_id is not None:
-                await self._ledger.release(lease_id)
             self.wake()
 
     async def disconnect_worker(
