@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from async_guard import run
+from identity_helpers import api_key
 from test_scheduler_service import (
     ALLOCATING,
     FAILED,
@@ -238,3 +239,39 @@ def test_a_redis_outage_longer_than_the_lease_ttl_keeps_a_connected_workers_job(
         run(main)
     finally:
         redis_server.stop()
+
+
+def test_a_watch_rides_out_a_scheduler_restart_without_missing_or_repeating(
+    redis_url: str,
+) -> None:
+    import threading
+
+    import opentinker
+    from opentinker.services.launcher.processes import free_port
+
+    async def main() -> None:
+        port = free_port()
+        async with scheduler_mesh(redis_url, port=port) as first:
+            job = await submit(first.stub, "watched")
+            key = await api_key(first.running.stores.identity)
+        seen: list = []
+
+        def follow() -> None:
+            with opentinker.Client(f"127.0.0.1:{port}", api_key=key) as client:
+                seen.extend(client.watch(job.job_id, reconnect_for=30))
+
+        watcher = threading.Thread(target=follow)
+        watcher.start()  # the scheduler is down: the watch waits for it
+        await asyncio.sleep(1.0)
+        async with scheduler_mesh(redis_url, port=port) as second:
+            await asyncio.sleep(1.5)
+            await second.stub.CancelJob(
+                scheduler_pb2.CancelJobRequest(job_id=job.job_id, reason="seen"),
+                timeout=RPC_TIMEOUT_S,
+            )
+            await asyncio.to_thread(watcher.join, 30)
+        assert not watcher.is_alive()
+        assert [e.state for e in seen] == ["QUEUED", "CANCELLED"]
+        assert [e.seq for e in seen] == [1, 2]
+
+    run(main, timeout_s=60)

@@ -50,9 +50,9 @@ async def scheduler_mesh(
     redis_url: str, *, lease_ttl_s: float = 1.0, **settings_fields: object
 ) -> AsyncIterator[Mesh]:
     settings_fields.setdefault("reconnect_grace_s", 0.0)  # lost workers are re-queued at once
+    settings_fields.setdefault("port", 0)
     settings = SchedulerSettings(
         redis_url=redis_url,
-        port=0,
         heartbeat_interval_s=0.2,
         lease_ttl_s=lease_ttl_s,
         **settings_fields,  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ Every call takes keyword-only options and a ``timeout=`` (seconds) and raises a 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -96,21 +97,40 @@ class Client:
         return JobInfo.from_proto(self._call(self._stub.CancelJob, request, timeout).job)
 
     def watch(
-        self, job_id: str, *, from_seq: int = 1, timeout: float | None = None
+        self,
+        job_id: str,
+        *,
+        from_seq: int = 1,
+        timeout: float | None = None,
+        reconnect_for: float = 120.0,
     ) -> Iterator[JobEvent]:
         """A job's events from ``from_seq`` on, live, ending after its terminal state.
 
         ``timeout`` bounds the whole watch (default: none — a training run may take hours).
+        While the scheduler is unreachable (a restart, its Redis away) the watch reconnects
+        and resumes after the last event it yielded, for up to ``reconnect_for`` seconds in a
+        row; nothing is missed or repeated.
         """
-        request = scheduler_pb2.WatchJobRequest(job_id=job_id, from_seq=from_seq)
-        try:
-            for response in self._stub.WatchJob(request, timeout=timeout):
-                event = JobEvent.from_proto(response.event)
-                yield event
-                if event.terminal:
-                    return
-        except grpc.RpcError as err:
-            raise from_rpc_error(err) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        next_seq, away_since = from_seq, None
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            request = scheduler_pb2.WatchJobRequest(job_id=job_id, from_seq=next_seq)
+            try:
+                for response in self._stub.WatchJob(request, timeout=left):
+                    event = JobEvent.from_proto(response.event)
+                    next_seq, away_since = event.seq + 1, None
+                    yield event
+                    if event.terminal:
+                        return
+                return  # the server ended the stream without a terminal event
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise from_rpc_error(err) from None
+                away_since = away_since or time.monotonic()
+                if time.monotonic() - away_since > reconnect_for:
+                    raise from_rpc_error(err) from None
+            time.sleep(min(1.0, reconnect_for / 10))
 
     def fit(
         self,
