@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 
@@ -34,11 +35,17 @@ class Client:
     """A connection to one scheduler. Thread-safe; close it (or use ``with``) when done."""
 
     def __init__(
-        self, address: str = DEFAULT_ADDRESS, *, api_key: str | None = None, timeout: float = 30.0
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        ca_file: str | Path | None = None,
     ) -> None:
         """``api_key``: your OpenTinker API key (default: ``$OPENTINKER_API_KEY``); every call
-        carries it. Without one, calls fail with AuthenticationError (UNAUTHENTICATED)."""
-        self._conn = Connection(address, api_key=api_key, timeout=timeout)
+        carries it. Without one, calls fail with AuthenticationError (UNAUTHENTICATED).
+        ``ca_file``: the CA of a scheduler serving TLS (default ``$OPENTINKER_TLS_CA_FILE``)."""
+        self._conn = Connection(address, api_key=api_key, timeout=timeout, ca_file=ca_file)
         self.address, self.timeout = address, timeout
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._conn.channel)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._conn.channel)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from opentinker.auth import api_key_from_env, with_credential
 from opentinker.errors import from_rpc_error
+from opentinker.tls import ca_file_from_env, open_channel
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -20,12 +22,20 @@ class Connection:
     """A channel to ``address`` whose every call carries ``api_key`` (default
     ``$OPENTINKER_API_KEY``) and a deadline, and raises typed ``opentinker.errors``."""
 
-    def __init__(self, address: str, *, api_key: str | None, timeout: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        api_key: str | None,
+        timeout: float,
+        ca_file: str | Path | None = None,
+    ) -> None:
+        """``ca_file``: PEM of the CA that signed the scheduler's certificate (default
+        ``$OPENTINKER_TLS_CA_FILE``); none = plaintext."""
         self.address = address
         self.timeout = timeout
-        self.channel = with_credential(
-            grpc.insecure_channel(address, options=CHANNEL_OPTIONS), api_key_from_env(api_key)
-        )
+        channel = open_channel(address, ca_file=ca_file_from_env(ca_file), options=CHANNEL_OPTIONS)
+        self.channel = with_credential(channel, api_key_from_env(api_key))
 
     def call(self, method: Any, request: Any, timeout: float | None) -> Any:
         """``method(request)`` with ``timeout`` (None = the connection's), errors typed."""

@@ -16,6 +16,7 @@ import structlog
 from opentinker.auth import with_credential
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
 from opentinker.errors import InvalidArgumentError
+from opentinker.tls import ca_file_from_env, open_channel
 
 ENVHUB_CALL_TIMEOUT_S = 5.0
 _DEREGISTER_TIMEOUT_S = 2.0
@@ -42,7 +43,8 @@ class EnvHubRegistration:
         self._request = envhub_pb2.RegisterEnvironmentRequest(
             env_name=env_name, address=address, capacity=capacity, shared=shared
         )
-        self._channel = with_credential(grpc.insecure_channel(envhub_address), api_key)
+        channel = open_channel(envhub_address, ca_file=ca_file_from_env(), options=[])
+        self._channel = with_credential(channel, api_key)
         self._stub = envhub_pb2_grpc.EnvHubServiceStub(self._channel)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"envhub-{env_name}", daemon=True)

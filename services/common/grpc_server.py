@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection
 from opentinker import errors
 from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
+from opentinker.services.common.tls import TlsSettings
+from opentinker.tls import channel_credentials, open_channel
 
 # Weight updates travel in chunks well under this; larger messages are refused with
 # RESOURCE_EXHAUSTED by gRPC itself.
@@ -45,10 +47,12 @@ def create_aio_server(
     host: str,
     port: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls: TlsSettings | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """An asyncio gRPC server bound to host:port (0 = any free port), with health + reflection.
 
-    ``interceptors``: the service's AuthInterceptor (services/common/auth.py). Register
+    ``interceptors``: the service's AuthInterceptor (services/common/auth.py). ``tls``: serve
+    TLS when it has a certificate (default: the OPENTINKER_TLS_* variables). Register
     servicers on the returned server before ``await server.start()``. Returns
     (server, bound_port, health_servicer); every named service is marked SERVING.
     """
@@ -64,7 +68,11 @@ def create_aio_server(
         ],
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    credentials = (tls or TlsSettings()).server_credentials()
+    if credentials is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise OSError(f"could not bind a gRPC server to {host}:{port}")
     return server, bound, health_servicer
@@ -79,15 +87,22 @@ async def mark_serving(health_servicer: health.aio.HealthServicer, names: Iterab
 
 def aio_channel(address: str, *, credential: str = "") -> grpc.aio.Channel:
     """An asyncio channel with the project's limits and keepalives; every call carries
-    ``credential`` (an API key, job token or worker token) when one is given."""
-    return grpc.aio.insecure_channel(
-        address, options=CHANNEL_OPTIONS, interceptors=aio_interceptors(credential)
-    )
+    ``credential`` (an API key, job token or worker token) when one is given. TLS when
+    OPENTINKER_TLS_CA_FILE names the CA the services' certificates chain to."""
+    interceptors = aio_interceptors(credential)
+    tls = channel_credentials(TlsSettings().ca_file)
+    if tls is None:
+        return grpc.aio.insecure_channel(
+            address, options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
+    return grpc.aio.secure_channel(address, tls, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 def sync_channel(address: str, *, credential: str = "") -> grpc.Channel:
-    """A blocking channel with the project's limits and keepalives, sending ``credential``."""
-    return with_credential(grpc.insecure_channel(address, options=CHANNEL_OPTIONS), credential)
+    """A blocking channel with the project's limits and keepalives, sending ``credential``
+    (TLS as for ``aio_channel``)."""
+    channel = open_channel(address, ca_file=TlsSettings().ca_file, options=CHANNEL_OPTIONS)
+    return with_credential(channel, credential)
 
 
 async def abort(
