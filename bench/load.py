@@ -37,6 +37,7 @@ from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2, scheduler_pb2_g
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.launcher.redis_process import RedisProcess
+from opentinker.services.scheduler.lease_history import double_leases
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 from opentinker.spec import JobSpec, RlConfig, to_proto
@@ -67,6 +68,7 @@ class Figures:
     samples: int = 0
     launches: dict[tuple[str, int], int] = field(default_factory=dict)
     launched_at: dict[str, float] = field(default_factory=dict)  # job id -> first launch
+    double_leases: list[str] = field(default_factory=list)  # from the ledger's history
 
 
 class SimWorker:
@@ -256,6 +258,7 @@ async def main(args: argparse.Namespace) -> int:
             stop.set()
             await asyncio.gather(sampler, return_exceptions=True)
             usage = {t.tenant_id: t for t in await running.scheduler.usage(tenant=None)}
+            figures.double_leases = double_leases(await running.stores.ledger.history())
             for task in serving:
                 task.cancel()
             await asyncio.gather(*serving, return_exceptions=True)
@@ -295,6 +298,7 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
         "lost": len(lost),
         "unknown": len(unknown),
         "ran_twice": len(ran_twice),
+        "double_leases": len(figures.double_leases),
         "retried_submits": figures.duplicate_submits,
         "retries_same_job": figures.duplicates_returned_same_job,
     }
@@ -317,6 +321,7 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
     print(
         f"  quota samples {figures.samples}, violations {len(figures.quota_violations)}; "
         f"lost {len(lost)}, duplicated {len(unknown)}, ran twice {len(ran_twice)}, "
+        f"double leases {len(figures.double_leases)}, "
         f"retried submits {figures.duplicate_submits} -> same job "
         f"{figures.duplicates_returned_same_job}"
     )
@@ -324,6 +329,8 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
     problems = []
     if lost or unknown:
         problems.append(f"lost {len(lost)} / unknown {len(unknown)} jobs")
+    if figures.double_leases:
+        problems.append(f"double leases in the ledger's history: {figures.double_leases[:3]}")
     if ran_twice or multi_attempt:
         problems.append(f"{len(ran_twice) + len(multi_attempt)} jobs ran more than once")
     if figures.quota_violations:

@@ -109,3 +109,14 @@ def letter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
+    """The fault and load report (tests/fault_report.py), when those tests ran."""
+    from fault_report import summary_lines
+
+    lines = summary_lines()
+    if lines:
+        terminalreporter.section("faults and load")
+        for line in lines:
+            terminalreporter.write_line(line)

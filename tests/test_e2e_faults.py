@@ -12,6 +12,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from fault_report import record_fault
+from ledger_helpers import assert_no_double_lease
 
 import opentinker
 from opentinker import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
@@ -110,6 +112,7 @@ def test_a_sigkilled_trainer_resumes_from_its_last_checkpoint(mesh, letter_model
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_trainer)
     assert_resumed(final, events, killed_at, "trainer process was killed by signal 9 (SIGKILL)")
+    assert_no_double_lease(mesh.redis_url, final.job_id, attempts=2)
 
     # the final checkpoint is in the job's checkpoint folder, a PEFT adapter that loads
     folder = mesh.run_root / "jobs" / "checkpoints" / final.job_id
@@ -121,6 +124,29 @@ def test_a_sigkilled_trainer_resumes_from_its_last_checkpoint(mesh, letter_model
     base = AutoModelForCausalLM.from_pretrained(str(letter_model_dir))
     PeftModel.from_pretrained(base, final.checkpoint_uri)
     assert not mesh.dead_processes()
+    assert_takes_new_jobs(mesh, letter_model_dir)
+    record_fault("trainer", "resumed from its last checkpoint; 2 leases, never at once")
+
+
+def test_a_sigkilled_rollout_resumes_from_its_last_checkpoint(mesh, letter_model_dir) -> None:
+    def kill_rollout(job_id: str) -> None:
+        launch = mesh.run_root / "jobs" / job_id / "attempt-1" / "launch.json"
+        pid = process_with_args("opentinker.services.rollout", str(launch))
+        assert pid is not None, "the rollout of attempt 1 is not running"
+        os.kill(pid, signal.SIGKILL)
+
+    final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_rollout)
+    assert_resumed(final, events, killed_at, "rollout process was killed by signal 9 (SIGKILL)")
+    assert_no_double_lease(mesh.redis_url, final.job_id, attempts=2)
+    assert_takes_new_jobs(mesh, letter_model_dir)
+    record_fault("rollout", "resumed from its last checkpoint; 2 leases, never at once")
+
+
+def assert_takes_new_jobs(mesh, model: Path) -> None:  # noqa: ANN001
+    short = job(model).model_copy(update={"rl": job(model).rl.model_copy(update={"steps": 1})})
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10) as client:
+        done = client.fit(short, timeout=300)
+    assert done.state == "SUCCEEDED" and done.attempt == 1
 
 
 def test_a_sigkilled_worker_agent_is_replaced_and_its_job_resumes(mesh, letter_model_dir) -> None:
@@ -134,4 +160,7 @@ def test_a_sigkilled_worker_agent_is_replaced_and_its_job_resumes(mesh, letter_m
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_worker)
     assert_resumed(final, events, killed_at, f"worker {lost_id} lost")
+    assert_no_double_lease(mesh.redis_url, final.job_id, attempts=2)
     assert final.worker_id and final.worker_id != lost_id  # the new agent ran attempt 2
+    assert_takes_new_jobs(mesh, letter_model_dir)
+    record_fault("worker agent", "replaced; job resumed from its checkpoint; no double lease")

@@ -151,3 +151,42 @@ def test_revive_holds_a_lapsed_lease_again_unless_its_devices_moved_on(make_ledg
             assert not await ledger.revive(lost.lease_id, "w1", "job-b")
 
     run(main)
+
+
+def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) -> None:
+    from opentinker.services.scheduler.lease_history import double_leases
+    from opentinker.services.scheduler.lease_ledger import LeaseEvent, RedisLeaseLedger
+    from opentinker.services.scheduler.stores import connect_redis
+
+    async def main() -> None:
+        client = connect_redis(redis_url)
+        ledger = RedisLeaseLedger(client, lease_ttl_s=5.0)
+        await ledger.register_worker("w", ["w/0", "w/1"])
+        first = await ledger.acquire("w", "job-a", 2)
+        assert first is not None and await ledger.acquire("w", "job-b", 1) is None
+        await ledger.release(first.lease_id)
+        second = await ledger.acquire("w", "job-b", 1)
+        assert second is not None
+        assert await ledger.revive(second.lease_id, "w", "job-b")
+        events = await ledger.history()
+        assert [(e.kind, e.job_id) for e in events] == [
+            ("acquire", "job-a"),
+            ("release", "job-a"),
+            ("acquire", "job-b"),
+            ("revive", "job-b"),
+        ]
+        assert events[0].device_ids == ("w/0", "w/1") and events[0].at_unix_s > 0
+        assert double_leases(events) == []
+
+        # Hand-made: a device taken while its lease was not released, a job with two leases.
+        def ev(kind: str, lease: str, job: str, devices: tuple[str, ...] = ()) -> LeaseEvent:
+            return LeaseEvent(kind, lease, job, "w", devices, 0.0)
+
+        bad = [ev("acquire", "L1", "j1", ("d0",)), ev("acquire", "L2", "j1", ("d0",))]
+        problems = double_leases(bad)
+        assert len(problems) == 2
+        assert "device d0" in problems[0] and "two attempts at once" in problems[1]
+        assert double_leases([*bad[:1], ev("release", "L1", "j1"), bad[1]]) == []
+        await client.aclose()
+
+    asyncio.run(main())

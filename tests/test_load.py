@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_report import record_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "load.py"
@@ -28,6 +29,16 @@ def test_small_load_loses_nothing_and_keeps_every_quota() -> None:
     assert sum(summary["states"].values()) == 150
     assert set(summary["states"]) <= {"SUCCEEDED", "CANCELLED"}
     assert (summary["lost"], summary["unknown"], summary["ran_twice"]) == (0, 0, 0)
+    assert summary["double_leases"] == 0  # from the ledger's own history
     assert summary["quota_samples"] > 0 and summary["quota_violations"] == 0
     assert summary["retries_same_job"] == summary["retried_submits"]
     assert set(summary["start_p50_s"]) == {"alpha", "beta", "gamma"}  # every tenant got devices
+    record_load(
+        jobs=summary["jobs"],
+        jobs_per_s=summary["jobs_per_s"],
+        submit_p99_ms=summary["submit_p99_ms"],
+        lost=summary["lost"],
+        duplicated=summary["unknown"],
+        double=summary["double_leases"],
+        violations=summary["quota_violations"],
+    )

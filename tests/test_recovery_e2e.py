@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from fault_report import record_fault
+from ledger_helpers import assert_no_double_lease
 
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
@@ -82,6 +84,8 @@ def assert_one_clean_attempt(mesh: LocalMesh, client: opentinker.Client, job_id:
     steps = [e.step for e in events if e.kind == "step"]
     # Reports were retried, never dropped: every step once, in order.
     assert steps == list(range(1, STEPS + 1)), steps
+    # One lease, never two at once (from the ledger's own history of acquires and releases).
+    assert_no_double_lease(mesh.redis_url, job_id, attempts=1)
     # No lease left behind: the one lease of the one attempt was released at its exit.
     ledger = redis.Redis.from_url(mesh.redis_url)
     try:
@@ -106,6 +110,7 @@ def test_scheduler_sigkill_mid_job(mesh, client, letter_model_dir: Path) -> None
     mesh.restart("scheduler")
     assert_one_clean_attempt(mesh, client, job.job_id)
     assert_takes_new_jobs(client, letter_model_dir)
+    record_fault("scheduler", "1 attempt, every step once, no double lease, new job ok")
 
 
 def test_redis_sigkill_mid_job(mesh, client, letter_model_dir: Path) -> None:
@@ -119,3 +124,4 @@ def test_redis_sigkill_mid_job(mesh, client, letter_model_dir: Path) -> None:
     mesh.restart("redis")  # same port, same data directory: the append-only file has it all
     assert_one_clean_attempt(mesh, client, job.job_id)
     assert_takes_new_jobs(client, letter_model_dir)
+    record_fault("redis-server", "1 attempt, every step once, no double lease, new job ok")

@@ -15,7 +15,7 @@ import structlog
 from opentinker.services.scheduler.errors import JobNotFoundError
 from opentinker.services.scheduler.identity import IdentityStore
 from opentinker.services.scheduler.job_store import JobStore
-from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
+from opentinker.services.scheduler.lease_ledger import Lease, LeaseEvent, LeaseLedger
 from opentinker.services.scheduler.usage import Usage, UsageStore
 
 log = structlog.get_logger(__name__)
@@ -90,3 +90,6 @@ class AccountedLedger:
 
     async def lapsed(self) -> list[Lease]:
         return await self._inner.lapsed()
+
+    async def history(self) -> list[LeaseEvent]:
+        return await self._inner.history()

@@ -13,6 +13,7 @@ Redis layout (``prefix`` defaults to ``ot:ledger``)::
     <prefix>:device:<device_id>           STRING lease id, PX = lease TTL
     <prefix>:lease:<lease_id>             HASH worker_id, job_id, devices ("\\n"-joined), created
     <prefix>:leases                       SET of every lease id not yet released
+    <prefix>:history                      STREAM acquire/release/revive events (LeaseEvent)
 
 Every change that touches several keys is one Lua script, so concurrent schedulers or
 coroutines can never hand one device to two jobs. The scripts build key names from ``prefix``,
@@ -39,6 +40,21 @@ class Lease:
     job_id: str
     device_ids: tuple[str, ...]
     created_unix_s: float
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One entry of the ledger's history. ``at_unix_s``: when Redis wrote it."""
+
+    kind: str  # "acquire" | "release" | "revive"
+    lease_id: str
+    job_id: str
+    worker_id: str
+    device_ids: tuple[str, ...]
+    at_unix_s: float
+
+
+HISTORY_MAX_EVENTS = 100_000  # approximately; older history is trimmed
 
 
 class LeaseLedger(Protocol):
@@ -77,6 +93,9 @@ class LeaseLedger(Protocol):
     async def lapsed(self) -> list[Lease]:
         """Leases (of any worker) whose devices ran out of TTL, not yet released."""
 
+    async def history(self) -> list[LeaseEvent]:
+        """Every acquire, release and revive, oldest first (the newest HISTORY_MAX_EVENTS)."""
+
     async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
         """Hold the lease's devices again for a TTL, for a worker that reconnected still running
         it: True when the lease (not released) is this worker's and this job's and none of its
@@ -101,6 +120,9 @@ redis.call('HSET', prefix .. ':lease:' .. lease_id, 'worker_id', worker_id, 'job
            'devices', table.concat(free, '\\n'), 'created', now)
 redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
 redis.call('SADD', prefix .. ':leases', lease_id)
+redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[8], '*', 'event', 'acquire',
+           'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id,
+           'devices', table.concat(free, '\\n'))
 return free
 """
 
@@ -146,6 +168,9 @@ if not worker_id then
   redis.call('SREM', prefix .. ':leases', lease_id)
   return 0
 end
+redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[3], '*', 'event', 'release',
+           'lease_id', lease_id, 'worker_id', worker_id,
+           'job_id', redis.call('HGET', prefix .. ':lease:' .. lease_id, 'job_id'))
 for _, d in ipairs(lease_devices(prefix, lease_id)) do
   if redis.call('GET', prefix .. ':device:' .. d) == lease_id then
     redis.call('DEL', prefix .. ':device:' .. d)
@@ -196,6 +221,8 @@ end
 for _, d in ipairs(devices) do
   redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
 end
+redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[6], '*', 'event', 'revive',
+           'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id)
 return 1
 """
 )
@@ -256,7 +283,16 @@ class RedisLeaseLedger:
         lease_id = f"lease-{uuid.uuid4().hex[:16]}"
         now = time.time()
         taken = await self._acquire(
-            args=[self._prefix, worker_id, job_id, n, lease_id, self._ttl_ms, repr(now)]
+            args=[
+                self._prefix,
+                worker_id,
+                job_id,
+                n,
+                lease_id,
+                self._ttl_ms,
+                repr(now),
+                HISTORY_MAX_EVENTS,
+            ]  # fmt: skip
         )
         if not taken:
             return None
@@ -266,7 +302,7 @@ class RedisLeaseLedger:
         return int(await self._renew(args=[self._prefix, worker_id, self._ttl_ms]))
 
     async def release(self, lease_id: str) -> bool:
-        return bool(await self._release(args=[self._prefix, lease_id]))
+        return bool(await self._release(args=[self._prefix, lease_id, HISTORY_MAX_EVENTS]))
 
     async def get(self, lease_id: str) -> Lease | None:
         fields = await self._r.hgetall(self._key("lease", lease_id))
@@ -293,8 +329,12 @@ class RedisLeaseLedger:
         return await self._load([_text(i) for i in ids])
 
     async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
-        args = [self._prefix, lease_id, worker_id, job_id, self._ttl_ms]
+        args = [self._prefix, lease_id, worker_id, job_id, self._ttl_ms, HISTORY_MAX_EVENTS]
         return bool(await self._revive(args=args))
+
+    async def history(self) -> list[LeaseEvent]:
+        entries = await self._r.xrange(self._key("history"))
+        return [_event(entry_id, fields) for entry_id, fields in entries]
 
     async def _load(self, lease_ids: Sequence[str]) -> list[Lease]:
         out = []
@@ -307,3 +347,15 @@ class RedisLeaseLedger:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _event(entry_id: bytes | str, fields: dict) -> LeaseEvent:
+    f = {_text(k): _text(v) for k, v in fields.items()}
+    return LeaseEvent(
+        kind=f["event"],
+        lease_id=f["lease_id"],
+        job_id=f.get("job_id", ""),
+        worker_id=f.get("worker_id", ""),
+        device_ids=tuple(d for d in f.get("devices", "").split("\n") if d),
+        at_unix_s=int(_text(entry_id).split("-")[0]) / 1000,
+    )

@@ -148,10 +148,10 @@ class WorkerRecovery:
 
     async def _settle(self, session: WorkerSession, found: Reconciliation) -> None:
         worker_id = session.worker_id
-        for lease in found.orphans:
+        for lease in found.orphans:  # released before re-queued: never two leases of a job
+            await self._ledger.release(lease.lease_id)
             if lease.job_id not in found.adopted_jobs:
                 await self._requeue(lease.job_id, worker_id)
-            await self._ledger.release(lease.lease_id)
         for job_id, attempt in found.now_running:
             with contextlib.suppress(OpenTinkerError):  # moved on meanwhile: its exit settles it
                 await self._mark_running(job_id, attempt, f"running on worker {worker_id}")
@@ -176,8 +176,8 @@ class WorkerRecovery:
         """The worker closed or went silent: re-queue the jobs of all its leases now."""
         async with self._lock:
             for lease in await self._ledger.leases(worker_id):
-                await self._requeue(lease.job_id, worker_id)
                 await self._ledger.release(lease.lease_id)
+                await self._requeue(lease.job_id, worker_id)
 
     async def requeue_lapsed(self) -> None:
         """Re-queue the jobs of lapsed leases; during the grace, not those of workers that have
@@ -190,8 +190,8 @@ class WorkerRecovery:
                 await self._requeue_lapsed(lease)
 
     async def _requeue_lapsed(self, lease: Lease) -> None:
-        await self._requeue(lease.job_id, lease.worker_id)
         await self._ledger.release(lease.lease_id)
+        await self._requeue(lease.job_id, lease.worker_id)
         session = self._sessions.get(lease.worker_id)
         if session is not None:
             for key, lease_id in list(session.running.items()):
