@@ -156,3 +156,20 @@ def test_bad_requests_get_clear_status_codes(client) -> None:
     with pytest.raises(opentinker.NotFoundError) as info:
         client.get_job("job-does-not-exist")
     assert "job-does-not-exist" in str(info.value)
+
+
+def test_no_credential_reaches_a_log_file(client, mesh, tiny_model) -> None:
+    """After jobs ran through every service: no API key, job token or worker token secret in
+    any log the mesh wrote (services, trainers, rollouts). Launch files hold the job token,
+    readable by their owner only."""
+    import re
+
+    client.fit(letter_job(tiny_model, steps=2, stop_at_reward=None), timeout=300)
+    credential = re.compile(r"ot[kjw]_[0-9a-f]{12}_[A-Za-z0-9_-]{20,}")
+    logs = list(mesh.run_root.rglob("*.log"))
+    assert len(logs) >= 5  # scheduler, envhub, worker, redis, and each job's trainer/rollout
+    leaks = [p for p in logs if credential.search(p.read_text(errors="replace"))]
+    assert leaks == [], leaks
+    secrets_dir = mesh.run_root / "secrets"
+    for path in [*mesh.run_root.rglob("launch.json"), *secrets_dir.iterdir()]:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
