@@ -171,6 +171,26 @@ def test_a_batch_rides_out_envhub_stopped_and_started_again(engine: Transformers
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
+def test_a_batch_that_starts_while_envhub_is_away_waits_for_it(engine: TransformersEngine) -> None:
+    async def scenario() -> None:
+        async with hub_and_env() as hub:
+            GATE.opened.set()  # nothing is held: EnvHub is away between batches
+            session = await open_session(hub.address, engine, reconnect_s=30)
+            await hub.stop()
+            collect = asyncio.create_task(session.collect(1, num_groups=1, group_size=2))
+            await asyncio.sleep(1.0)
+            assert not collect.done(), "the batch must wait for EnvHub, not fail"
+            await hub.start()
+            batch = await asyncio.wait_for(collect, 60)
+            assert [(t.finish_reason, t.env_retries) for t in batch.trajectories] == [
+                (FinishReason.ENV_DONE, 0)
+            ] * 2
+            assert len(GATE.resets) == 2  # nothing was lost: the batch began after EnvHub was back
+            assert hub.instances() == 1
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
 def test_envhub_gone_for_longer_than_the_bound_fails_the_batch_naming_it(
     engine: TransformersEngine,
 ) -> None:
