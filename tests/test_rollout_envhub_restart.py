@@ -209,7 +209,7 @@ def test_envhub_gone_for_longer_than_the_bound_fails_the_batch_naming_it(
             message = str(caught.value)
             assert caught.value.code == "UNAVAILABLE"
             assert f"EnvHub at {hub.address}" in message
-            assert f"environment '{ENV_NAME}' within 3 s" in message
+            assert f"environment '{ENV_NAME}' again) within 3 s" in message
             assert "OPENTINKER_ROLLOUT_ENVHUB_RECONNECT_S" in message
             # It tried for the whole bound, and gave up soon after it.
             assert reconnect_s <= waited_s < reconnect_s + 10

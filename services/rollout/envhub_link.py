@@ -33,7 +33,7 @@ _RETRY_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})  # EnvHub away, n
 
 
 class EnvHubUnreachableError(UnavailableError):
-    """EnvHub stayed unreachable longer than the rollout's reconnect bound."""
+    """EnvHub stayed unreachable (or without the env) longer than the reconnect bound."""
 
 
 class EnvHubLink:
@@ -173,8 +173,8 @@ class EnvHubLink:
             return err
         self._log.error("envhub_unreachable", attempts=attempts, reconnect_s=self.reconnect_s)
         return EnvHubUnreachableError(
-            f"EnvHub at {self.address} could not be reached for the episodes of environment "
-            f"'{self.env_name}' within {self.reconnect_s:g} s ({attempts} tries; raise "
+            f"EnvHub at {self.address} could not be reached (or did not serve environment "
+            f"'{self.env_name}' again) within {self.reconnect_s:g} s ({attempts} tries; raise "
             f"OPENTINKER_ROLLOUT_ENVHUB_RECONNECT_S to wait longer); last error: {err}",
             code="UNAVAILABLE",
         )
