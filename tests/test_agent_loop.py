@@ -16,6 +16,7 @@ from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from opentinker.services.rollout.chat_format import ChatFormat
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.env_replies import EnvLinkLostError
 from opentinker.services.rollout.types import (
     Completion,
     FinishReason,
@@ -388,6 +389,66 @@ def test_an_episode_whose_instance_died_starts_over_from_reset(engine: Recording
     assert len(replacements[0].actions) == 3 and t.info == {"steps": "3"}
     assert [m.role for m in t.messages].count("assistant") == 3
     assert len(t.loss_mask) == len(t.token_ids) - t.prompt_length == len(t.logprobs)
+
+
+class LinkLostSession(GameSession):
+    """A session whose link to the envs (EnvHub) breaks at step ``lost_on_step``."""
+
+    def __init__(self, game: AbstractGame, lost_on_step: int) -> None:
+        super().__init__(game)
+        self.lost_on_step = lost_on_step
+
+    async def step(self, action: str) -> StepOutcome:
+        if len(self.actions) + 1 == self.lost_on_step:
+            self.actions.append(action)
+            raise EnvLinkLostError("EnvHub at 127.0.0.1:9 went away", code="UNAVAILABLE")
+        return await super().step(action)
+
+
+def test_a_lost_link_restarts_the_episode_without_using_its_retries(
+    engine: RecordingEngine,
+) -> None:
+    opened: list[str] = []
+
+    def reopen(env_episode_id: str) -> GameSession:
+        opened.append(env_episode_id)
+        if len(opened) == 1:  # the link breaks once more, then the env instance dies
+            return LinkLostSession(Reporting(turns=3), lost_on_step=1)
+        if len(opened) == 2:
+            return DyingSession(Reporting(turns=3), die_on_step=1)
+        return GameSession(Reporting(turns=3))
+
+    [t] = play_requests(
+        engine,
+        [EpisodeRequest("ep-0", 0, 9, LinkLostSession(Reporting(turns=3), 2), reopen)],
+        max_episode_retries=1,
+    )
+    # Two link losses and one env failure: three restarts, one of the env's budget of 1.
+    assert opened == ["ep-0-r1", "ep-0-r2", "ep-0-r3"]
+    assert (t.finish_reason, t.env_retries, t.num_turns, t.reward) == (
+        FinishReason.ENV_DONE,
+        1,
+        3,
+        0.75,
+    )
+
+
+def test_a_link_that_keeps_breaking_ends_the_episode(engine: RecordingEngine) -> None:
+    opened: list[str] = []
+
+    def reopen(env_episode_id: str) -> GameSession:
+        opened.append(env_episode_id)
+        return LinkLostSession(Reporting(turns=3), lost_on_step=1)
+
+    [t] = play_requests(
+        engine,
+        [EpisodeRequest("ep-0", 0, 9, LinkLostSession(Reporting(turns=3), 1), reopen)],
+        max_link_restarts=2,
+    )
+    assert opened == ["ep-0-r1", "ep-0-r2"]
+    assert (t.finish_reason, t.env_retries) == (FinishReason.ENV_ERROR, 0)
+    assert "EnvHub at 127.0.0.1:9 went away" in t.finish_detail
+    assert "the link to the envs was lost 3 times" in t.finish_detail
 
 
 def test_restarts_are_bounded_and_only_for_a_dead_instance(engine: RecordingEngine) -> None:

@@ -8,6 +8,7 @@ attempt (no second lease, no re-run), every step reported once, and the mesh mus
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +19,10 @@ from ledger_helpers import assert_no_double_lease
 
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.env_server import serve
 from opentinker.errors import UnavailableError
+from opentinker.game import StepResult
+from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,9 +43,9 @@ def client(mesh):
         yield c
 
 
-def letter_job(model: Path, steps: int = STEPS) -> JobSpec:
+def letter_job(model: Path, steps: int = STEPS, env_name: str = "letter") -> JobSpec:
     rl = RlConfig(
-        env_name="letter",
+        env_name=env_name,
         env_options={"num_letters": "1"},
         steps=steps,
         prompts_per_step=4,
@@ -125,3 +129,47 @@ def test_redis_sigkill_mid_job(mesh, client, letter_model_dir: Path) -> None:
     assert_one_clean_attempt(mesh, client, job.job_id)
     assert_takes_new_jobs(client, letter_model_dir)
     record_fault("redis-server", "1 attempt, every step once, no double lease, new job ok")
+
+
+class HeldLetters(LetterGame):
+    """The letter game, served by the test: once the hold is armed, steps wait at it."""
+
+    name = "held-letter"
+    armed = threading.Event()
+    held = threading.Event()  # a step waits at the hold
+    released = threading.Event()
+
+    def step(self, action: str) -> StepResult:
+        if self.armed.is_set():
+            self.held.set()
+            self.released.wait(timeout=120)
+        return super().step(action)
+
+
+def test_envhub_sigkill_mid_batch(mesh, client, letter_model_dir: Path) -> None:
+    # An env server outside EnvHub (registered with the user's key) whose steps the test can
+    # hold: EnvHub is killed while a batch's episodes wait in it, so their stream breaks.
+    env = serve(HeldLetters, envhub_address=mesh.envhub_address, api_key=mesh.api_key, block=False)
+    try:
+        job = client.submit(letter_job(letter_model_dir, env_name=HeldLetters.name))
+        wait_for_step(client, job.job_id, 2)
+        HeldLetters.armed.set()
+        assert HeldLetters.held.wait(timeout=60), "no batch reached the env after step 2"
+        mesh.kill("envhub")  # its registry and every route of the batch's episodes die with it
+        time.sleep(2.0)  # the rollout finds nobody there and waits (envhub_reconnect_s)
+        mesh.restart("envhub")  # same port; the env server registers again on its own
+        HeldLetters.armed.clear()
+        HeldLetters.released.set()  # the held steps answer a dead stream: nobody listens
+        assert_one_clean_attempt(mesh, client, job.job_id)
+        # The rollout reconnected mid-batch; no episode was counted as an env failure.
+        rollout_log = mesh.run_root / "jobs" / job.job_id / "attempt-1" / "rollout.log"
+        lines = rollout_log.read_text().splitlines()
+        assert any("envhub_reconnected" in line and "stream_lost=True" in line for line in lines)
+        batches = [line for line in lines if "batch_collected" in line]
+        assert len(batches) == STEPS
+        assert sum("envhub_reconnects=1" in line for line in batches) == 1
+        assert all("env_errors=0 env_retries=0" in line for line in batches), batches
+    finally:
+        env.stop(0)
+    assert_takes_new_jobs(client, letter_model_dir)
+    record_fault("EnvHub", "reconnected mid-batch; 1 attempt, every step once, no double lease")

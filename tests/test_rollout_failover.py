@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from rollout_helpers import assert_one_prompt_per_group, open_two_turn_session
 
 from opentinker.env_server import EnvServerHandle, serve
 from opentinker.game import AbstractGame, StepResult
@@ -24,12 +25,10 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.session import EnvBatchFailedError, RolloutSession
-from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import FinishReason
-from opentinker.spec import ModelSpec, SamplingParams
+from opentinker.spec import ModelSpec
 
 pytestmark = pytest.mark.integration
 
@@ -120,21 +119,9 @@ async def hub_with_doomed_instance(
 
 
 async def open_session(address: str, engine: TransformersEngine) -> RolloutSession:
-    settings = RolloutSettings(
-        envhub_address=address, env_timeout_s=10.0, device="cpu", max_episode_retries=2
+    return await open_two_turn_session(
+        address, engine, env_name=ENV_NAME, job_id="job-f", max_episode_retries=2
     )
-    session = RolloutSession(settings, lambda spec: engine)
-    await session.open(
-        RolloutConfig(
-            job_id="job-f",
-            model=ModelSpec(base_model="preloaded", finetune="full"),
-            env_name=ENV_NAME,
-            sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
-            max_turns=2,
-            max_episode_tokens=256,
-        )
-    )
-    return session
 
 
 async def kill_when_stepping(doomed: subprocess.Popen[bytes], marker: Path) -> float:
@@ -171,13 +158,7 @@ def test_a_killed_instance_mid_episode_fails_over_to_the_survivor(
             assert [t.episode_id for t in batch.trajectories] == [
                 f"job-f-b0-g{g}-s{i}" for g in range(2) for i in range(2)
             ]
-            for g in range(2):
-                prompts = {
-                    tuple(t.token_ids[: t.prompt_length])
-                    for t in batch.trajectories
-                    if t.group_index == g
-                }
-                assert len(prompts) == 1
+            assert_one_prompt_per_group(batch, 2)
             # EnvHub dropped the dead instance; the survivor holds no leftover episodes.
             assert len(deps.registry.instances(ENV_NAME)) == 1
 

@@ -113,6 +113,7 @@ class EpisodeRouter:
         raise UnavailableError(
             f"no instance of environment '{self.env_name}' answered: {'; '.join(failures)}",
             code="UNAVAILABLE",
+            reason="ENV_UNAVAILABLE",  # EnvHub's own answer: the rollout does not wait it out
         )
 
     async def reset(self, request: environment_pb2.ResetRequest) -> environment_pb2.ResetResponse:

@@ -8,7 +8,10 @@ budget ends. All episodes that are GENERATING in a round are sampled in one engi
 
 An env failure ends the episode with ENV_ERROR and the reason, except when the env instance
 died (UNAVAILABLE / DEADLINE_EXCEEDED): then the episode starts over from Reset with the same
-seed, on a fresh env session (a new episode id), up to ``max_episode_retries`` times. Replies
+seed, on a fresh env session (a new episode id), up to ``max_episode_retries`` times; when the
+rollout's link to the envs itself broke (``EnvLinkLostError``: EnvHub died), the episode starts
+over the same way without using that budget (the fresh session waits for the link; at most
+``max_link_restarts`` times, for a link that keeps breaking or cannot mend). Replies
 that cannot be used (non-finite reward, an observation over ``max_observation_chars``,
 missing fields) end the episode with ENV_ERROR; the other episodes go on.
 """
@@ -29,7 +32,7 @@ from opentinker.spec import SamplingParams
 
 from .chat_format import ChatFormat
 from .engine import GenerationEngine
-from .env_replies import is_restartable, reset_problem, step_problem
+from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
 from .seeds import derive_seed
 from .types import (
     ChatMessage,
@@ -80,6 +83,7 @@ class LoopConfig:
 
     max_turns: model turns per episode. max_episode_tokens: prompt + completion tokens.
     max_episode_retries: restarts of one episode after its env instance died.
+    max_link_restarts: restarts of one episode after the link to the envs (EnvHub) was lost.
     max_observation_chars: the longest observation (characters) accepted from the env.
     """
 
@@ -88,6 +92,7 @@ class LoopConfig:
     max_episode_tokens: int
     env_options: Mapping[str, str] = field(default_factory=dict)
     max_episode_retries: int = 2
+    max_link_restarts: int = 5
     max_observation_chars: int = 16384
 
 
@@ -113,10 +118,11 @@ class _Episode:
     finish_reason: FinishReason | None = None
     finish_detail: str = ""
     info: dict[str, str] = field(default_factory=dict)
-    retries: int = 0
+    retries: int = 0  # restarts after env failures (bounded by max_episode_retries)
+    restarts: int = 0  # every restart, also those after the link to the envs was lost
     messages: list[ChatMessage] = field(default_factory=list)
 
-    def start_over(self, session: EnvSession) -> None:
+    def start_over(self, session: EnvSession, *, env_failure: bool) -> None:
         """Forget everything played so far; the episode is PENDING on a new session."""
         self.session = session
         self.state = EpisodeState.PENDING
@@ -124,7 +130,8 @@ class _Episode:
         self.prompt_length = self.turn_start = self.num_turns = 0
         self.reward = 0.0
         self.info = {}
-        self.retries += 1
+        self.retries += env_failure
+        self.restarts += 1
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float], mask: int) -> None:
         self.token_ids.extend(ids)
@@ -252,8 +259,16 @@ class AgentLoop:
         ep.state = EpisodeState.GENERATING
 
     async def _fail(self, ep: _Episode, what: str, err: OpenTinkerError | TimeoutError) -> None:
-        """End the episode with ENV_ERROR, or start it over when its env instance died."""
+        """End the episode with ENV_ERROR, or start it over when its env instance (or the
+        link to the envs) died."""
         reopen = ep.request.reopen
+        link_restarts = ep.restarts - ep.retries
+        if isinstance(err, EnvLinkLostError) and reopen is not None:
+            if link_restarts < self.config.max_link_restarts:
+                await self._start_over(ep, reopen, err, env_failure=False)
+                return
+            what += f" (the link to the envs was lost {link_restarts + 1} times)"
+            reopen = None
         if not is_restartable(err) or reopen is None:
             after = f" (on restart {ep.retries})" if ep.retries else ""
             ep.finish(FinishReason.ENV_ERROR, f"{what}{after}")
@@ -265,15 +280,27 @@ class AgentLoop:
                 f"{self.config.max_episode_retries})",
             )
             return
-        await self._close(ep)  # best effort: the instance is most likely gone
-        env_episode_id = f"{ep.request.episode_id}-r{ep.retries + 1}"
+        await self._start_over(ep, reopen, err, env_failure=True)
+
+    async def _start_over(
+        self,
+        ep: _Episode,
+        reopen: Callable[[str], EnvSession],
+        err: OpenTinkerError | TimeoutError,
+        *,
+        env_failure: bool,
+    ) -> None:
+        """Play the episode again from Reset (same seed) on a fresh session and env episode id."""
+        await self._close(ep)  # best effort: the instance (or the link) is most likely gone
+        env_episode_id = f"{ep.request.episode_id}-r{ep.restarts + 1}"
         log.warning(
             "episode_restarting",
             episode_id=ep.request.episode_id,
             env_episode_id=env_episode_id,
+            env_failure=env_failure,
             error=str(err),
         )
-        ep.start_over(reopen(env_episode_id))
+        ep.start_over(reopen(env_episode_id), env_failure=env_failure)
         await self._reset(ep)
 
     async def _close(self, ep: _Episode) -> None:

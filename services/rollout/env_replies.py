@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from opentinker.errors import OpenTinkerError
+from opentinker.errors import OpenTinkerError, UnavailableError
 
 from .types import ResetResult, StepOutcome
 
@@ -17,6 +17,15 @@ from .types import ResetResult, StepOutcome
 # restarted from Reset (EnvHub routes the new Reset to a live instance). Any other failure is
 # the env's own doing (it raised, replied badly, or is not registered) and is final.
 RESTARTABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+
+
+class EnvLinkLostError(UnavailableError):
+    """The rollout's own link to the environments (its EnvHub stream) broke, not the env.
+
+    Every episode on that link is lost with it (EnvHub keeps no episode across a restart);
+    the agent loop starts each over from Reset, on a session that waits for the link to be
+    back, without using the episode's ``max_episode_retries`` (those are for env failures).
+    """
 
 
 def is_restartable(err: OpenTinkerError | TimeoutError) -> bool:

@@ -4,7 +4,8 @@ One bidirectional stream per batch of episodes. Requests carry their ``episode_i
 issued in one event-loop tick go out as one ``EpisodeCalls`` message. Replies (gathered by
 EnvHub into ``EpisodeReplies``) come back in any order and resolve that episode's pending
 future. Every wait has a deadline, so a dead EnvHub or environment becomes a clear error naming
-the environment, never a hang.
+the environment, never a hang. When the stream itself breaks (EnvHub died or went away),
+every wait fails with ``EnvLinkLostError``; ``envhub_link`` reconnects.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from opentinker.common.v1 import common_pb2
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2
 from opentinker.errors import (
     EnvironmentError_,
-    NotFoundError,
     OpenTinkerError,
     UnavailableError,
 )
 from opentinker.services.common.grpc_server import aio_channel
 
+from .env_replies import EnvLinkLostError
+from .envhub_errors import stream_error
 from .types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.envhub_client")
@@ -132,6 +134,11 @@ class EnvHubClient:
             self._tasks.append(asyncio.create_task(self._send_heartbeats()))
         self._log.debug("episodes_opened")
         return self.spec
+
+    @property
+    def broken(self) -> OpenTinkerError | None:
+        """Why the stream is unusable (None while it is healthy)."""
+        return self._broken
 
     def session(self, episode_id: str) -> EnvHubEpisode:
         """An ``EnvSession`` for one episode on this stream."""
@@ -258,7 +265,9 @@ class EnvHubClient:
             async with self._write_lock:
                 await asyncio.wait_for(call.write(message), self.timeout_s)
         except (grpc.RpcError, asyncio.InvalidStateError, TimeoutError) as err:
-            raise self._broken or self._stream_error(err) from None
+            error = stream_error(err, env_name=self.env_name, address=self.address)
+            self._fail_all(error)  # a stream that cannot be written is lost
+            raise self._broken or error from None
 
     async def _read_replies(self) -> None:
         assert self._call is not None
@@ -267,15 +276,16 @@ class EnvHubClient:
                 reply = await self._call.read()
                 if reply is grpc.aio.EOF:
                     self._fail_all(
-                        UnavailableError(
+                        EnvLinkLostError(
                             f"EnvHub at {self.address} ended the episode stream of environment "
-                            f"'{self.env_name}'"
+                            f"'{self.env_name}'",
+                            code="UNAVAILABLE",
                         )
                     )
                     return
                 self._dispatch(reply)
         except grpc.aio.AioRpcError as err:
-            self._fail_all(self._stream_error(err))
+            self._fail_all(stream_error(err, env_name=self.env_name, address=self.address))
 
     def _dispatch(self, reply: envhub_pb2.RunEpisodesResponse) -> None:
         kind = reply.WhichOneof("payload")
@@ -343,22 +353,6 @@ class EnvHubClient:
                         heartbeat=common_pb2.Heartbeat(time_unix_s=time.time())
                     )
                 )
-
-    def _stream_error(self, err: BaseException) -> OpenTinkerError:
-        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else None
-        details = err.details() if isinstance(err, grpc.aio.AioRpcError) else repr(err)
-        if code == grpc.StatusCode.NOT_FOUND:
-            return NotFoundError(
-                f"environment '{self.env_name}' is not registered with EnvHub at {self.address}: "
-                f"{details}",
-                code="NOT_FOUND",
-            )
-        code_name = code.name if code is not None else "UNAVAILABLE"
-        return UnavailableError(
-            f"episode stream of environment '{self.env_name}' via EnvHub at {self.address} "
-            f"failed: {code_name}: {details}",
-            code=code_name,
-        )
 
     def _fail_all(self, error: OpenTinkerError) -> None:
         if self._broken is None:

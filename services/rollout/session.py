@@ -24,6 +24,7 @@ from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
 from .envhub_client import EnvHubClient
+from .envhub_link import EnvHubLink
 from .seeds import derive_seed
 from .settings import RolloutSettings
 from .types import FinishReason, TrajectoryBatch
@@ -64,7 +65,7 @@ class RolloutSession:
             raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
         if not self.settings.envhub_address:
             raise FailedPreconditionError("the rollout has no EnvHub address (set envhub_address)")
-        async with self._envhub(config):  # fail early on an unknown or unreachable environment
+        async with self._envhub_client(config):  # fail early on an unknown or unreachable env
             pass
         try:
             engine = await asyncio.to_thread(self._engine_factory, config.model)
@@ -135,6 +136,8 @@ class RolloutSession:
             trajectories, stats = await self._loop.run(
                 requests, seed=derive_seed(config.seed, "sample", batch_index)
             )
+        if envhub.gone is not None:  # EnvHub stayed away: say so, not "N episodes failed"
+            raise envhub.gone
         failed = [t for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
         if len(failed) > self.settings.max_env_error_fraction * len(trajectories):
             raise EnvBatchFailedError(
@@ -149,6 +152,7 @@ class RolloutSession:
             episodes=len(trajectories),
             env_errors=len(failed),
             env_retries=stats.env_retries,
+            envhub_reconnects=envhub.reconnects,
             policy_version=engine.policy_version,
             generate_s=round(stats.generate_seconds, 3),
             env_s=round(stats.env_seconds, 3),
@@ -156,7 +160,16 @@ class RolloutSession:
         )
         return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
 
-    def _envhub(self, config: RolloutConfig) -> EnvHubClient:
+    def _envhub(self, config: RolloutConfig) -> EnvHubLink:
+        """A link to EnvHub for the job's env that rides out EnvHub restarts (see envhub_link)."""
+        return EnvHubLink(
+            lambda: self._envhub_client(config),
+            address=self.settings.envhub_address,
+            env_name=config.env_name,
+            reconnect_s=self.settings.envhub_reconnect_s,
+        )
+
+    def _envhub_client(self, config: RolloutConfig) -> EnvHubClient:
         return EnvHubClient(
             self.settings.envhub_address,
             job_id=config.job_id,

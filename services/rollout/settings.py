@@ -15,6 +15,11 @@ class RolloutSettings(BaseSettings):
     port: int = Field(0, ge=0, le=65535, description="0 = any free port")
     envhub_address: str = Field("", description="host:port of EnvHub")
     env_timeout_s: float = Field(15.0, gt=0, description="deadline of every wait on EnvHub")
+    envhub_reconnect_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long EnvHub may stay away (died, restarting) before a batch fails",
+    )
     env_heartbeat_s: float = Field(
         5.0, ge=0, description="heartbeats on the EnvHub stream; 0 = none"
     )
