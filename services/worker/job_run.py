@@ -59,7 +59,6 @@ class JobRun:
         self._stopped = asyncio.Event()
         self._processes: list[ManagedProcess] = []
         self._spares = spares
-        self.warm: list[str] = []  # the processes a warm spare took over ("rollout", "trainer")
         self.log = log.bind(job_id=job.job_id, attempt=job.attempt, lease_id=lease_id)
 
     def stop(self, reason: str) -> None:
@@ -148,7 +147,6 @@ class JobRun:
             self.log.warning("spare_lost", process=name, pid=spare.pid, error=repr(err))
             await spare.terminate(0)
             return None
-        self.warm.append(name)
         self.log.info("warm_start", process=name, pid=spare.pid)
         return spare
 
