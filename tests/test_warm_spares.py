@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -112,21 +111,27 @@ def test_a_second_job_starts_warm_from_the_base_model_not_the_last_jobs_weights(
 
 
 def test_two_jobs_run_at_once_on_a_worker_with_two_slots(mesh, client, letter_model_dir) -> None:
-    specs = [full_job(letter_model_dir, steps=6, seed=s) for s in (21, 22)]
+    # Long jobs (each would take minutes), so that neither can end before the other starts;
+    # both are cancelled once seen running together.
+    specs = [full_job(letter_model_dir, steps=500, seed=s) for s in (21, 22)]
     ids = [client.submit(spec).job_id for spec in specs]
-    seen_together = threading.Event()
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    try:
+        deadline = time.monotonic() + 180
         states = [client.get_job(job_id).state for job_id in ids]
-        if states == ["RUNNING", "RUNNING"]:
-            seen_together.set()
-        if all(s in ("SUCCEEDED", "FAILED", "CANCELLED") for s in states):
-            break
-        time.sleep(0.2)
-    assert seen_together.is_set(), f"never both RUNNING; last states {states}"
+        while states != ["RUNNING", "RUNNING"] and time.monotonic() < deadline:
+            assert not any(s in ("SUCCEEDED", "FAILED", "CANCELLED") for s in states), states
+            time.sleep(0.2)
+            states = [client.get_job(job_id).state for job_id in ids]
+        assert states == ["RUNNING", "RUNNING"], f"never both RUNNING; last states {states}"
+        workers = {client.get_job(job_id).worker_id for job_id in ids}
+        assert len(workers) == 1  # one worker, two slots, two jobs
+    finally:
+        for job_id in ids:
+            client.cancel(job_id, reason="test over")
     for job_id in ids:
-        final = client.get_job(job_id)
-        assert final.state == "SUCCEEDED", final.reason
+        for _ in client.watch(job_id, timeout=60):
+            pass
+        assert client.get_job(job_id).state == "CANCELLED"
     assert not mesh.dead_processes()
 
 

@@ -17,6 +17,7 @@ from opentinker.services.modeling.preload import Preload
 
 from .engine import preloaded_engine_factory
 from .service import create_server
+from .session import default_engine_factory
 from .settings import RolloutSettings
 
 
@@ -45,7 +46,10 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
     factory = None
     if preload is not None:
         factory = preloaded_engine_factory(
-            preload, max_batch_size=settings.max_batch_size, device=settings.device or None
+            preload,
+            default_engine_factory(settings),
+            max_batch_size=settings.max_batch_size,
+            device=settings.device or None,
         )
     server, port = await create_server(
         settings,

@@ -227,17 +227,21 @@ class TransformersEngine:
 
 
 def preloaded_engine_factory(
-    preload: Preload, *, max_batch_size: int, device: str | None
+    preload: Preload,
+    fallback: Callable[[ModelSpec], GenerationEngine],
+    *,
+    max_batch_size: int,
+    device: str | None,
 ) -> Callable[[ModelSpec], GenerationEngine]:
-    """Engines as ``TransformersEngine.load`` makes them, on a warm spare's preloaded base
-    model when the job asks for that one (the first time only); else loaded from disk."""
+    """A transformers engine on a warm spare's preloaded base model when the job asks for that
+    one (the first time only); otherwise whatever ``fallback`` (the default factory) makes."""
 
     def load(spec: ModelSpec) -> GenerationEngine:
+        preloaded = preload.take(spec.base_model)
+        if preloaded is None:
+            return fallback(spec)
         return TransformersEngine.load(
-            spec,
-            max_batch_size=max_batch_size,
-            device=device,
-            preloaded=preload.take(spec.base_model),
+            spec, max_batch_size=max_batch_size, device=device, preloaded=preloaded
         )
 
     return load
