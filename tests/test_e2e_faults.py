@@ -48,21 +48,6 @@ def job(model: Path) -> JobSpec:
     return JobSpec(name="e2e-trainer-killed", model=model_spec, rl=rl)
 
 
-def process_with_args(*args: str) -> int | None:
-    """The pid of the process whose argv holds every one of ``args`` (Linux /proc)."""
-    wanted = [a.encode() for a in args]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if all(w in argv for w in wanted):
-            return int(entry.name)
-    return None
-
-
 def run_and_kill(mesh, spec: JobSpec, kill) -> tuple[opentinker.JobInfo, list, int]:
     """Submit ``spec``, call ``kill(job_id)`` once a step >= KILL_AFTER_STEP is reported,
     follow the job to its end; (final job, every event, the step seen when killing)."""
@@ -105,9 +90,10 @@ def assert_resumed(final, events: list, killed_at: int, lost: str) -> None:
 
 def test_a_sigkilled_trainer_resumes_from_its_last_checkpoint(mesh, letter_model_dir) -> None:
     def kill_trainer(job_id: str) -> None:
-        launch = mesh.run_root / "jobs" / job_id / "attempt-1" / "launch.json"
-        pid = process_with_args("opentinker.services.trainer", str(launch))
-        assert pid is not None, "the trainer of attempt 1 is not running"
+        # The worker writes the pid of each process of an attempt, cold or handed to a spare.
+        pid_file = mesh.run_root / "jobs" / job_id / "attempt-1" / "trainer.pid"
+        pid = int(pid_file.read_text())
+        assert b"opentinker.services.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
         os.kill(pid, signal.SIGKILL)
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_trainer)

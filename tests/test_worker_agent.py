@@ -127,6 +127,7 @@ async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]
             rollout_start_timeout_s=30,
             stop_grace_s=2,
             connect_timeout_s=3,
+            warm_spares=0,  # the stand-ins have no spare mode (test_warm_spares.py has it)
         )
         agent = WorkerAgent(settings, detect_devices(settings))
         stop = asyncio.Event()
@@ -306,6 +307,7 @@ def restartable(
         "connect_timeout_s": 3,
         "reconnect_initial_s": 0.1,
         "reconnect_max_s": 0.5,
+        "warm_spares": 0,  # the stand-ins have no spare mode (test_warm_spares.py has it)
         **worker,
     }
     return scheduler_settings, WorkerSettings(**options)

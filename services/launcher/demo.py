@@ -105,7 +105,9 @@ def run_demo(
         f"lr {spec.rl.learning_rate:g}, full fine-tuning"
     )
     console.print(f"success = job SUCCEEDED and 10-step mean reward ≥ [bold]{threshold}[/]")
-    with LocalMesh(MeshSettings(run_root=run_root, redis_url=redis_url)) as mesh:
+    # One job: a warm spare could only compete with it for the CPU.
+    settings = MeshSettings(run_root=run_root, redis_url=redis_url, warm_spares=0)
+    with LocalMesh(settings) as mesh:
         console.print(f"mesh up: scheduler {mesh.scheduler_address}, envhub {mesh.envhub_address}")
 
         def show(event: JobEvent) -> None:

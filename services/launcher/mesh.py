@@ -8,10 +8,11 @@ one worker agent, each its own process. The worker starts a trainer and a rollou
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.services.launcher.local_user import ensure_local_user_key
 from opentinker.services.launcher.processes import ServiceProcess, free_port
@@ -31,7 +32,14 @@ class MeshSettings(BaseModel):
     host: str = "127.0.0.1"
     scheduler_port: int = 0  # 0 = pick a free port
     envhub_port: int = 0
-    cpu_slots: int = 1
+    # Jobs the worker runs at once. One per core, at most 4: a job's two processes alternate
+    # between CPU-bound work (generate, train) and waiting (env, gRPC, weight sync, the
+    # scheduler), so one job per core keeps the cores busy with no job starved below a core on
+    # average; more slots than cores only adds contention and memory (each job holds two copies
+    # of its model). A 2-core machine gets 2.
+    cpu_slots: int = Field(default_factory=lambda: min(4, max(1, os.cpu_count() or 1)), ge=1)
+    # Warm spare process pairs per recently used base model on the worker (0 = cold starts).
+    warm_spares: int = Field(1, ge=0)
     startup_timeout_s: float = 120.0
 
 
@@ -121,6 +129,7 @@ class LocalMesh:
                 "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
                 "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
+                "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
             },
         )
 

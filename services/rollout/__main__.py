@@ -1,4 +1,7 @@
-"""python -m opentinker.services.rollout --launch RUN_DIR/launch.json  (or --envhub-address A)"""
+"""python -m opentinker.services.rollout --launch RUN_DIR/launch.json  (or --envhub-address A)
+
+``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (common/spare.py).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,12 @@ from pathlib import Path
 
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
+from opentinker.services.common.spare import become_job_process
+from opentinker.services.modeling.preload import Preload
 
+from .engine import preloaded_engine_factory
 from .service import create_server
+from .session import default_engine_factory
 from .settings import RolloutSettings
 
 
@@ -21,11 +28,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--launch", type=Path, help="launch.json written by the worker agent")
     parser.add_argument("--envhub-address", help="host:port of EnvHub (overrides the launch file)")
     parser.add_argument("--port", type=int, help="port to listen on (default: any free port)")
+    parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
+    parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     return parser.parse_args()
 
 
-async def main() -> None:
-    args = parse_args()
+async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
     launch = LaunchConfig.read(args.launch) if args.launch else None
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
     settings = RolloutSettings.with_overrides(
@@ -35,8 +43,19 @@ async def main() -> None:
     )
     log = configure_logging("rollout", level=settings.log_level)
     job = launch.job if launch else None
+    factory = None
+    if preload is not None:
+        factory = preloaded_engine_factory(
+            preload,
+            default_engine_factory(settings),
+            max_batch_size=settings.max_batch_size,
+            device=settings.device or None,
+        )
     server, port = await create_server(
-        settings, job_id=job.job_id if job else "", attempt=job.attempt if job else 0
+        settings,
+        engine_factory=factory,
+        job_id=job.job_id if job else "",
+        attempt=job.attempt if job else 0,
     )
     if launch is not None:
         write_atomic(launch.run_dir / "rollout.addr", f"{settings.host}:{port}")
@@ -48,5 +67,14 @@ async def main() -> None:
     await server.stop(grace=5.0)
 
 
+def run() -> None:
+    args = parse_args()
+    preload = None
+    if args.spare:  # imports and the model load happen before the job is known
+        preload, handover = become_job_process("rollout", args.preload_model)
+        args.launch = handover.launch
+    asyncio.run(main(args, preload))
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    run()

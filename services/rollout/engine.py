@@ -7,7 +7,7 @@ A vLLM engine implements the same Protocol in its own module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .types import Completion
@@ -96,12 +97,14 @@ class TransformersEngine:
         max_batch_size: int = 64,
         device: str | None = None,
         adapter_dir: str | None = None,
+        preloaded: PreloadedModel | None = None,
     ) -> TransformersEngine:
         """Load ``spec.base_model`` and wrap LoRA if asked.
 
         device: "cpu" (float32) or "cuda[:n]" (bfloat16); default: CUDA when there is one.
         adapter_dir: a saved PEFT adapter (a trained LoRA checkpoint) to apply to the base and
         merge into it; its tokenizer is used when it has one. Not combined with LoRA training.
+        preloaded: ``spec.base_model`` read by a warm spare (float32, CPU); used as is.
         """
         transformers.utils.logging.disable_progress_bar()
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -109,10 +112,16 @@ class TransformersEngine:
         has_own_tokenizer = adapter_dir is not None and any(
             (Path(adapter_dir) / name).exists() for name in _TOKENIZER_FILES
         )
-        tokenizer = AutoTokenizer.from_pretrained(
-            adapter_dir if has_own_tokenizer else spec.base_model
-        )
-        model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=dtype)
+        if preloaded is not None and not has_own_tokenizer:
+            tokenizer = preloaded.tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(
+                adapter_dir if has_own_tokenizer else spec.base_model
+            )
+        if preloaded is not None:  # float32 on CPU; bfloat16 on CUDA, as from_pretrained gives
+            model = preloaded.model.to(dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=dtype)
         if adapter_dir is not None:
             if spec.finetune == "lora":
                 raise ValueError("adapter_dir is for serving a trained adapter, not LoRA training")
@@ -215,3 +224,24 @@ class TransformersEngine:
         logits_T_V = self.model(input_ids=ids_1_T).logits[0, :-1].float()
         logprobs_T_V = torch.log_softmax(logits_T_V, dim=-1)
         return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+
+def preloaded_engine_factory(
+    preload: Preload,
+    fallback: Callable[[ModelSpec], GenerationEngine],
+    *,
+    max_batch_size: int,
+    device: str | None,
+) -> Callable[[ModelSpec], GenerationEngine]:
+    """A transformers engine on a warm spare's preloaded base model when the job asks for that
+    one (the first time only); otherwise whatever ``fallback`` (the default factory) makes."""
+
+    def load(spec: ModelSpec) -> GenerationEngine:
+        preloaded = preload.take(spec.base_model)
+        if preloaded is None:
+            return fallback(spec)
+        return TransformersEngine.load(
+            spec, max_batch_size=max_batch_size, device=device, preloaded=preloaded
+        )
+
+    return load

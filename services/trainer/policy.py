@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
@@ -44,13 +45,24 @@ class Policy:
         *,
         learning_rate: float,
         device: str = "cpu",
+        preloaded: PreloadedModel | None = None,
+        seed: int | None = None,
     ) -> None:
+        """``preloaded``: ``model_spec.base_model`` already read by a warm spare (used as is,
+        never shared with another policy). ``seed``: torch's RNG is seeded right before the
+        LoRA weights are drawn, so a policy is the same whether its base was preloaded or not."""
         self.spec = model_spec
         self.device = torch.device(device)
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-            model_spec.base_model
-        )
-        base = AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32)
+        if preloaded is None:
+            preloaded = PreloadedModel(
+                model_spec.base_model,
+                AutoTokenizer.from_pretrained(model_spec.base_model),
+                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32),
+            )
+        self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
+        base = preloaded.model
+        if seed is not None:
+            torch.manual_seed(seed)
         self.model: PreTrainedModel = self._wrap(base).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(

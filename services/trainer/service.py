@@ -22,6 +22,7 @@ from opentinker.services.common.auth import (
 )
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
 from opentinker.services.common.launch import LaunchConfig, write_atomic
+from opentinker.services.modeling.preload import Preload
 from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -79,8 +80,14 @@ async def create_server(
     return server, port
 
 
-async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerSettings) -> int:
-    """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure)."""
+async def run_job(
+    launch: LaunchConfig,
+    rollout_address: str,
+    settings: TrainerSettings,
+    preload: Preload | None = None,
+) -> int:
+    """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure).
+    ``preload``: the base model a warm spare read before the job came (used if it matches)."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
     token = launch.job_token
@@ -104,7 +111,7 @@ async def run_job(launch: LaunchConfig, rollout_address: str, settings: TrainerS
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
             job_log.info("trainer_serving", port=port, rollout=rollout_address)
             return await _train(
-                job.job_id, spec, launch, rollout_address, settings, reporter, status
+                job.job_id, spec, launch, rollout_address, settings, reporter, status, preload
             )
         finally:
             await server.stop(grace=1.0)
@@ -118,13 +125,21 @@ async def _train(
     settings: TrainerSettings,
     reporter: SchedulerReporter,
     status: TrainerStatus,
+    preload: Preload | None,
 ) -> int:
     assert spec.rl is not None
     torch.manual_seed(spec.rl.seed)
     transformers.utils.logging.disable_progress_bar()  # keep trainer.log to structured lines
+    preloaded = preload.take(spec.model.base_model) if preload is not None else None
+    log.info("policy_loading", job_id=job_id, preloaded=preloaded is not None)
     try:
         policy = await asyncio.to_thread(
-            Policy, spec.model, learning_rate=spec.rl.learning_rate, device=settings.device
+            Policy,
+            spec.model,
+            learning_rate=spec.rl.learning_rate,
+            device=settings.device,
+            preloaded=preloaded,
+            seed=spec.rl.seed,
         )
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"

@@ -27,6 +27,7 @@ from opentinker.services.worker.devices import Device
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.spares import SparePool
 
 log = structlog.get_logger(__name__)
 
@@ -46,10 +47,12 @@ class WorkerAgent:
         self._lost_since: float | None = None  # monotonic; set while jobs wait for a scheduler
         self._flush_lock = asyncio.Lock()
         self._stopping = False
+        self.spares = SparePool(settings) if settings.warm_spares > 0 else None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the scheduler until ``stop`` is set, reconnecting with backoff."""
         watchdog = asyncio.create_task(self._stop_orphans(stop))
+        spares = asyncio.create_task(self.spares.maintain(stop)) if self.spares else None
         backoff = self.settings.reconnect_initial_s
         try:
             while not stop.is_set():
@@ -79,6 +82,11 @@ class WorkerAgent:
             watchdog.cancel()
             self._stopping = True  # the scheduler re-queues our jobs: their exits are not sent
             await self.stop_jobs(list(self.held.runs.values()), "worker agent shutting down")
+            if spares is not None and self.spares is not None:
+                spares.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await spares
+                await self.spares.close()
 
     async def _drop(self, connection: _Connection) -> None:
         if self._connection is connection:
@@ -121,6 +129,7 @@ class WorkerAgent:
             job_token=launch.job_token,
             settings=self.settings,
             on_launched=lambda: self._launched(key),
+            spares=self.spares,
         )
         task = asyncio.create_task(self._run_and_report(key, run))
         self.held.runs[key] = HeldRun(run, task)

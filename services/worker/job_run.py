@@ -17,8 +17,10 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
+from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.spares import SparePool
 from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
 
 log = structlog.get_logger(__name__)
@@ -44,6 +46,7 @@ class JobRun:
         job_token: str,
         settings: WorkerSettings,
         on_launched: Callable[[], Awaitable[None]],
+        spares: SparePool | None = None,
     ) -> None:
         self.job = job
         self.lease_id = lease_id
@@ -55,6 +58,7 @@ class JobRun:
         self._stop_reason: str | None = None
         self._stopped = asyncio.Event()
         self._processes: list[ManagedProcess] = []
+        self._spares = spares
         self.log = log.bind(job_id=job.job_id, attempt=job.attempt, lease_id=lease_id)
 
     def stop(self, reason: str) -> None:
@@ -86,8 +90,13 @@ class JobRun:
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(self.device_ids),
             "PYTHONUNBUFFERED": "1",
         }
+        handover = Handover(
+            launch=launch_path.resolve(),
+            log_path=(self.run_dir / "rollout.log").resolve(),
+            cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
+        )
         rollout = await self._start(
-            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env
+            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
         )
         address = await self._wait_for_rollout_address(rollout)
         if isinstance(address, Exit):
@@ -102,16 +111,44 @@ class JobRun:
                 address,
             ],
             env,
+            handover.model_copy(
+                update={
+                    "log_path": (self.run_dir / "trainer.log").resolve(),
+                    "rollout_address": address,
+                }
+            ),
         )
         await self._on_launched()
         return await self._supervise(rollout, trainer)
 
-    async def _start(self, name: str, argv: list[str], env: dict[str, str]) -> ManagedProcess:
-        process = await ManagedProcess.start(
-            name, argv, log_path=self.run_dir / f"{name}.log", env=env, cwd=self.run_dir
-        )
+    async def _start(
+        self, name: str, argv: list[str], env: dict[str, str], handover: Handover
+    ) -> ManagedProcess:
+        """A warm spare of this job's base model handed the job, else a fresh process."""
+        process = await self._take_spare(name, handover)
+        if process is None:
+            process = await ManagedProcess.start(
+                name, argv, log_path=self.run_dir / f"{name}.log", env=env, cwd=self.run_dir
+            )
         self._processes.append(process)
+        (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")  # for people and tests
         return process
+
+    async def _take_spare(self, name: str, handover: Handover) -> ManagedProcess | None:
+        if self._spares is None or not self.job.spec.model.base_model:
+            return None
+        spare = self._spares.take(name, self.job.spec.model.base_model)
+        if spare is None:
+            self.log.info("cold_start", process=name)
+            return None
+        try:
+            await spare.hand_over(handover.line(), handover.log_path)
+        except (BrokenPipeError, ConnectionResetError) as err:  # it died just now: start cold
+            self.log.warning("spare_lost", process=name, pid=spare.pid, error=repr(err))
+            await spare.terminate(0)
+            return None
+        self.log.info("warm_start", process=name, pid=spare.pid)
+        return spare
 
     async def _wait_for_rollout_address(self, rollout: ManagedProcess) -> str | Exit:
         addr_path = self.run_dir / "rollout.addr"

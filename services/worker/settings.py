@@ -57,6 +57,15 @@ class WorkerSettings(BaseSettings):
         "stream); after that they are stopped, since the scheduler has re-queued them (a few "
         "lease TTLs)",
     )
+    # Warm spares (spares.py): per base model recently launched here (and each of
+    # ``warm_models``), this many pre-started rollout + trainer process pairs that have imported
+    # torch and loaded the model, each waiting to be handed one job. 0 = off (cold starts).
+    warm_spares: int = Field(1, ge=0, description="spare process pairs per warm base model")
+    warm_models: Annotated[list[str], NoDecode] = []  # kept warm from start-up, e.g. "Qwen/X"
+    warm_models_max: int = Field(2, ge=1, description="most base models kept warm at once")
+    spare_idle_s: float = Field(
+        600.0, gt=0, description="retire a model's spares when no job asked for it this long"
+    )
     log_level: str = "INFO"
     # The worker token this agent presents to the scheduler (identity.proto): given directly,
     # or read from a file (e.g. the scheduler's bootstrap worker.token, mode 0600).
@@ -81,7 +90,7 @@ class WorkerSettings(BaseSettings):
         root = self.checkpoint_root or self.run_root / "checkpoints"
         return (root / job_id).resolve()
 
-    @field_validator("devices", mode="before")
+    @field_validator("devices", "warm_models", mode="before")
     @classmethod
     def _split_devices(cls, value: object) -> object:
         if isinstance(value, str):

@@ -60,12 +60,14 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str],
         cwd: Path | None = None,
+        stdin_pipe: bool = False,
     ) -> ManagedProcess:
+        """``stdin_pipe``: keep a pipe to the child's stdin (``hand_over`` writes to it)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             process = await asyncio.create_subprocess_exec(
                 *with_parent_death_signal(argv),
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=asyncio.subprocess.STDOUT,
                 env=dict(env),
@@ -74,6 +76,21 @@ class ManagedProcess:
             )
         log.info("process_started", name=name, pid=process.pid, log=str(log_path))
         return cls(name, process, log_path)
+
+    async def hand_over(self, line: bytes, log_path: Path) -> None:
+        """Send one line on stdin and close it (a warm spare's job); its log moves with it."""
+        stdin = self._process.stdin
+        if stdin is None:
+            raise RuntimeError(f"{self.name} was started without a stdin pipe")
+        stdin.write(line)
+        await stdin.drain()
+        stdin.close()
+        self.log_path = log_path
+
+    def close_stdin(self) -> None:
+        """A spare reads EOF and exits: retired without a job."""
+        if self._process.stdin is not None:
+            self._process.stdin.close()
 
     @property
     def pid(self) -> int:

@@ -1,0 +1,167 @@
+"""Start latency of small jobs through the real mesh, cold (no spares) and warm (spares on).
+
+For each mode a fresh ``LocalMesh`` (Redis, scheduler, EnvHub, one worker with ``--slots`` CPU
+slots) runs one unmeasured priming job on the tiny model (the worker learns the base model; in
+warm mode its spares are made), waits until the worker's spares are ready, then ``--clients``
+concurrent clients each submit one-step jobs one after another (closed loop, ``--gap`` seconds
+of think time between a client's jobs) until ``--jobs`` have run. Per job, from the
+scheduler's event stream (one host, one clock):
+
+    submit -> RUNNING      the client's submit call to the RUNNING event (trainer started)
+    submit -> first step   the client's submit call to the first step's metrics event
+
+Printed: p50 and p99 of both for cold and warm, the ratio cold/warm, jobs/s, and how many
+processes a warm spare took over.
+
+    .venv/bin/python bench/start_latency.py [--jobs 10] [--clients 2] [--slots 2] [--spares 2]
+        [--gap 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import opentinker
+from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+
+@dataclass(frozen=True)
+class Timing:
+    job_id: str
+    to_running_s: float
+    to_first_step_s: float
+
+
+def one_step_job(model: Path, seed: int) -> JobSpec:
+    rl = RlConfig(
+        env_name="letter",
+        env_options={"num_letters": "4"},
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=2,
+        sampling=SamplingParams(max_new_tokens=1),
+        seed=seed,
+    )
+    return JobSpec(name="start-latency", model=ModelSpec(base_model=str(model)), rl=rl)
+
+
+def run_job(client: opentinker.Client, spec: JobSpec) -> Timing:
+    submitted = time.time()
+    job_id = client.submit(spec).job_id
+    running = first_step = None
+    for event in client.watch(job_id, timeout=600):
+        if event.kind == "state" and event.state == "RUNNING" and running is None:
+            running = event.time_unix_s
+        if event.kind == "step" and first_step is None:
+            first_step = event.time_unix_s
+    final = client.get_job(job_id)
+    if final.state != "SUCCEEDED" or running is None or first_step is None:
+        raise RuntimeError(f"job {job_id} ended {final.state}: {final.reason}")
+    return Timing(job_id, running - submitted, first_step - submitted)
+
+
+def wait_for_spares(mesh: LocalMesh, count: int, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    spares = mesh.run_root / "jobs" / "spares"
+    while time.monotonic() < deadline:
+        logs = list(spares.glob("*.log")) if spares.exists() else []
+        if sum("spare_ready" in p.read_text() for p in logs) >= count:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} spares were not ready within {timeout_s:.0f} s")
+
+
+def measure(root: Path, model: Path, args: argparse.Namespace, spares: int) -> list[Timing]:
+    settings = MeshSettings(run_root=root, cpu_slots=args.slots, warm_spares=spares)
+    with LocalMesh(settings) as mesh:
+        clients = [
+            opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=30)
+            for _ in range(args.clients)
+        ]
+        run_job(clients[0], one_step_job(model, seed=0))  # priming: not measured
+        if spares:
+            wait_for_spares(mesh, 2 * spares)
+        seeds = iter(range(1, args.jobs + 1))
+
+        def client_loop(client: opentinker.Client) -> list[Timing]:
+            out = []
+            for seed in seeds:  # shared iterator: each job is run by exactly one client
+                out.append(run_job(client, one_step_job(model, seed)))
+                time.sleep(args.gap)  # a person's think time between jobs
+            return out
+
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            results = [t for ts in pool.map(client_loop, clients) for t in ts]
+        for client in clients:
+            client.close()
+        warm = sum(
+            "event='warm_start'" in (p / "attempt-1" / f"{name}.log").read_text()
+            for t in results
+            for p in [mesh.run_root / "jobs" / t.job_id]
+            for name in ("rollout", "trainer")
+        )
+        print(f"  {'warm' if spares else 'cold'}: {warm} of {2 * len(results)} processes warm")
+    return results
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(timings: list[Timing]) -> dict[str, float]:
+    running = [t.to_running_s for t in timings]
+    step = [t.to_first_step_s for t in timings]
+    return {
+        "running_p50": statistics.median(running),
+        "running_p99": percentile(running, 99),
+        "step_p50": statistics.median(step),
+        "step_p99": percentile(step, 99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=10, help="measured jobs per mode")
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2, help="the worker's CPU slots")
+    parser.add_argument("--spares", type=int, default=2, help="warm mode's spares per model")
+    parser.add_argument("--gap", type=float, default=0.0, help="s between a client's jobs")
+    parser.add_argument("--keep", type=Path, help="keep the meshes' files (logs) in this folder")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="start-latency-") as tmp:
+        root = args.keep.resolve() if args.keep else Path(tmp)
+        model = ensure_tiny_model(root / "tiny-qwen2")
+        started = time.monotonic()
+        cold = measure(root / "cold", model, args, spares=0)
+        cold_s = time.monotonic() - started
+        started = time.monotonic()
+        warm = measure(root / "warm", model, args, spares=args.spares)
+        warm_s = time.monotonic() - started
+    c, w = summary(cold), summary(warm)
+    print(
+        f"\n{args.jobs} one-step jobs per mode, {args.clients} clients, {args.slots} slots, "
+        f"warm spares per model: {args.spares}, {args.gap:g} s between a client's jobs"
+    )
+    print(f"{'':22}{'cold':>10}{'warm':>10}{'cold/warm':>11}")
+    for key, label in (
+        ("running_p50", "submit->RUNNING p50"),
+        ("running_p99", "submit->RUNNING p99"),
+        ("step_p50", "submit->step 1 p50"),
+        ("step_p99", "submit->step 1 p99"),
+    ):
+        print(f"{label:22}{c[key]:>9.2f}s{w[key]:>9.2f}s{c[key] / w[key]:>10.2f}x")
+    print(f"{'wall (incl. mesh)':22}{cold_s:>9.1f}s{warm_s:>9.1f}s")
+
+
+if __name__ == "__main__":
+    main()

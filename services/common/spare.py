@@ -1,0 +1,93 @@
+"""Warm spares: a trainer or rollout process started before its job, waiting to be handed one.
+
+The worker starts ``python -m opentinker.services.<trainer|rollout> --spare [--preload-model M]``
+with a pipe on stdin. The process imports torch/transformers/peft, loads ``M`` (see
+``modeling/preload.py``), then blocks on one line of stdin: a ``Handover`` (JSON) naming the
+job's launch file. Nothing job-specific (token, spec, devices, seed) reaches the process before
+that line; it then serves that one job exactly as a freshly started process would and exits.
+A spare whose stdin closes without a hand-over (the worker retired it, or died) exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+
+from opentinker.services.common.logging import configure_logging
+
+if TYPE_CHECKING:
+    from opentinker.services.modeling.preload import Preload
+
+log = structlog.get_logger(__name__)
+
+# A spare exits with this when its stdin closed before a job was handed over.
+RETIRED_EXIT_CODE = 0
+
+
+def model_key(base_model: str) -> str:
+    """One name per base model: a local folder by its absolute path, a hub id as given."""
+    path = Path(base_model)
+    return str(path.resolve()) if path.exists() else base_model
+
+
+class Handover(BaseModel):
+    """What the worker writes to a spare's stdin to give it a job (one JSON line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    launch: Path  # <run_dir>/launch.json (mode 0600: it holds the job token)
+    log_path: Path  # where the process writes from now on: <run_dir>/<trainer|rollout>.log
+    cuda_visible_devices: str  # the leased GPUs ("" on CPU), set before CUDA is first used
+    rollout_address: str = ""  # the trainer's --rollout-address
+
+    def line(self) -> bytes:
+        return (self.model_dump_json() + "\n").encode()
+
+
+def wait_for_handover(stdin: TextIO = sys.stdin) -> Handover | None:
+    """Block until the worker hands a job over; None when stdin closes first (retired)."""
+    line = stdin.readline()
+    if not line.strip():
+        return None
+    return Handover.model_validate_json(line)
+
+
+def adopt(handover: Handover, *, waited_s: float) -> None:
+    """Become the job's process: its devices, its log file, its run folder."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # the devices could not be set now
+        raise RuntimeError("this spare initialised CUDA before its hand-over; it cannot be used")
+    os.environ["CUDA_VISIBLE_DEVICES"] = handover.cuda_visible_devices
+    sys.stdout.flush()
+    sys.stderr.flush()
+    handover.log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(handover.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)  # sys.stdout/sys.stderr (and structlog's printer) now write to the job's log
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.chdir(handover.launch.parent)
+    # The first line of the job's log says how it started (tests and people look for it).
+    log.info("warm_start", pid=os.getpid(), spare_waited_s=round(waited_s, 3))
+
+
+def become_job_process(service: str, preload_model: str | None) -> tuple[Preload, Handover]:
+    """Spare mode, start to end: preload, wait, adopt; returns (preload, handover). A spare
+    retired without a job exits here (``RETIRED_EXIT_CODE``)."""
+    from opentinker.services.modeling import preload as preloading  # noqa: PLC0415 - torch
+
+    configure_logging(service)  # again by the service's main after hand-over, with its level
+    preload = preloading.Preload.of(preload_model)
+    log.info("spare_ready", pid=os.getpid(), model=preload_model or "-")
+    ready = time.monotonic()
+    handover = wait_for_handover()
+    if handover is None:
+        log.info("spare_retired", pid=os.getpid())
+        sys.exit(RETIRED_EXIT_CODE)
+    adopt(handover, waited_s=time.monotonic() - ready)
+    return preload, handover

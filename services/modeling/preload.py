@@ -1,0 +1,69 @@
+"""A base model read from disk before the job that will use it is known (warm spares).
+
+A spare trainer or rollout process (``services/common/spare.py``) loads the tokenizer and the
+model of one base model while it waits; the job it is handed then builds its policy (LoRA
+wrapper or all parameters) on that object instead of reading the files again. The object is
+handed out at most once: it belongs to exactly one job, in a process that serves only that job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from opentinker.services.common.spare import model_key
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class PreloadedModel:
+    """``base_model``'s tokenizer and model: float32, on CPU, in eval mode, never trained."""
+
+    key: str  # model_key(base_model)
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+
+
+def load_base(base_model: str) -> PreloadedModel:
+    """Read ``base_model`` through ``from_pretrained`` onto the CPU (CUDA is not touched, so
+    the process can still be given its devices at hand-over)."""
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model.eval()
+    return PreloadedModel(model_key(base_model), tokenizer, model)
+
+
+class Preload:
+    """At most one preloaded model, given away once, to a job asking for that same base."""
+
+    def __init__(self, preloaded: PreloadedModel | None = None) -> None:
+        self._preloaded = preloaded
+
+    @classmethod
+    def of(cls, base_model: str | None) -> Preload:
+        """Load ``base_model`` now; a model that cannot be loaded leaves the preload empty (the
+        job then loads it itself, and fails with the usual message)."""
+        if not base_model:
+            return cls()
+        try:
+            return cls(load_base(base_model))
+        except (OSError, ValueError) as err:
+            log.warning("preload_failed", model=base_model, error=f"{type(err).__name__}: {err}")
+            return cls()
+
+    def take(self, base_model: str) -> PreloadedModel | None:
+        """The preloaded model when it is ``base_model``'s and not given away yet; else None."""
+        preloaded = self._preloaded
+        if preloaded is None or preloaded.key != model_key(base_model):
+            return None
+        self._preloaded = None
+        return preloaded

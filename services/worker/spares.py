@@ -1,0 +1,154 @@
+"""Warm spares: trainer and rollout processes started before their job (common/spare.py).
+
+Starting a job's processes costs an interpreter, the imports of torch/transformers/peft and a
+model load, each time. The pool keeps, for each base model launched here recently (and each of
+``settings.warm_models``), ``settings.warm_spares`` spare rollout and trainer processes that
+have paid that already and wait on stdin for a job. ``take`` gives one away (the job run hands
+it the launch file) and wakes the maintainer, which starts its replacement at once.
+
+Isolation stays simple: a spare serves one job and exits with it, exactly like a cold-started
+process; nothing of a job (token, spec, devices, seed, weights) reaches it before hand-over.
+Bounds: ``warm_models_max`` models at once, retired after ``spare_idle_s`` without a job; a
+spare that dies is replaced, and a model whose spares keep dying is no longer warmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from opentinker.services.common.spare import model_key
+from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.supervisor import ManagedProcess
+
+log = structlog.get_logger(__name__)
+
+KINDS = ("rollout", "trainer")
+MAX_SPARE_DEATHS = 3  # spares of one model dying before their job: stop warming it
+
+
+@dataclass
+class _Model:
+    """One warm base model: its waiting spares of each kind."""
+
+    key: str
+    last_used: float  # monotonic
+    pinned: bool = False  # in settings.warm_models: never retired
+    deaths: int = 0
+    spares: dict[str, list[ManagedProcess]] = field(default_factory=lambda: {k: [] for k in KINDS})
+
+
+class SparePool:
+    """The worker's warm spares. ``maintain(stop)`` runs beside the agent; ``close()`` ends."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.dir = (settings.run_root / "spares").resolve()
+        self._models: dict[str, _Model] = {}
+        self._numbers = itertools.count(1)
+        self._wake = asyncio.Event()
+        self.warm_starts = 0  # spares given to jobs (the bench and tests read it)
+        now = time.monotonic()
+        for name in settings.warm_models:
+            key = model_key(name)
+            self._models[key] = _Model(key, now, pinned=True)
+
+    def take(self, kind: str, base_model: str) -> ManagedProcess | None:
+        """A live spare of ``kind`` that preloaded ``base_model``, or None (start cold). Either
+        way the model counts as used, so spares are (re)made for it."""
+        key = model_key(base_model)
+        model = self._models.get(key)
+        if model is None:
+            model = self._models[key] = _Model(key, time.monotonic())
+        model.last_used = time.monotonic()
+        self._wake.set()
+        waiting = model.spares[kind]
+        while waiting:
+            process = waiting.pop(0)
+            if process.running:
+                self.warm_starts += 1
+                model.deaths = 0
+                return process
+        return None
+
+    def waiting(self) -> dict[str, list[ManagedProcess]]:
+        """Kind -> the spares waiting for a job now, over every warm model."""
+        return {k: [p for m in self._models.values() for p in m.spares[k]] for k in KINDS}
+
+    async def maintain(self, stop: asyncio.Event, interval_s: float = 2.0) -> None:
+        """Retire idle models, replace dead spares, start missing ones; until ``stop``."""
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self._tend()
+            except Exception:  # a spare that cannot start must not stop the agent
+                log.exception("spares_not_tended")
+            if stop.is_set():
+                break
+            waits = {asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())}
+            await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for task in waits:
+                task.cancel()
+
+    async def _tend(self) -> None:
+        now = time.monotonic()
+        keep = sorted(self._models.values(), key=lambda m: (m.pinned, m.last_used), reverse=True)
+        for rank, model in enumerate(keep):
+            idle = now - model.last_used > self.settings.spare_idle_s and not model.pinned
+            if idle or rank >= self.settings.warm_models_max:
+                await self._retire(model, "idle" if idle else "more models than warm_models_max")
+                continue
+            for kind in KINDS:
+                await self._refill(model, kind)
+
+    async def _refill(self, model: _Model, kind: str) -> None:
+        waiting = model.spares[kind]
+        for process in [p for p in waiting if not p.running]:
+            waiting.remove(process)
+            model.deaths += 1
+            log.warning(
+                "spare_died", kind=kind, model=model.key, code=process.returncode,
+                log=str(process.log_path), deaths=model.deaths,
+            )  # fmt: skip
+        if model.deaths >= MAX_SPARE_DEATHS:
+            return
+        while len(waiting) < self.settings.warm_spares:
+            waiting.append(await self._start(kind, model.key))
+
+    async def _start(self, kind: str, key: str) -> ManagedProcess:
+        s = self.settings
+        command = s.rollout_command if kind == "rollout" else s.trainer_command
+        number = next(self._numbers)
+        process = await ManagedProcess.start(
+            f"spare-{kind}",
+            [*command, "--spare", "--preload-model", key],
+            log_path=self.dir / f"{kind}-{number}.log",
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # CUDA_VISIBLE_DEVICES: at hand-over
+            cwd=self.dir,
+            stdin_pipe=True,
+        )
+        log.info("spare_started", kind=kind, model=key, pid=process.pid)
+        return process
+
+    async def _retire(self, model: _Model, why: str) -> None:
+        del self._models[model.key]
+        spares = [p for kind in KINDS for p in model.spares[kind]]
+        if spares:
+            log.info("spares_retired", model=model.key, spares=len(spares), why=why)
+        await _stop_all(spares, self.settings.stop_grace_s)
+
+    async def close(self) -> None:
+        """Stop every waiting spare (they exit on stdin's EOF; stragglers are killed)."""
+        for model in list(self._models.values()):
+            await self._retire(model, "worker stopping")
+
+
+async def _stop_all(processes: list[ManagedProcess], grace_s: float) -> None:
+    for process in processes:
+        process.close_stdin()
+    await asyncio.gather(*(p.terminate(grace_s) for p in processes), return_exceptions=True)
