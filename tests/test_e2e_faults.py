@@ -116,9 +116,9 @@ def test_a_sigkilled_trainer_resumes_from_its_last_checkpoint(mesh, letter_model
 
 def test_a_sigkilled_rollout_resumes_from_its_last_checkpoint(mesh, letter_model_dir) -> None:
     def kill_rollout(job_id: str) -> None:
-        launch = mesh.run_root / "jobs" / job_id / "attempt-1" / "launch.json"
-        pid = process_with_args("opentinker.services.rollout", str(launch))
-        assert pid is not None, "the rollout of attempt 1 is not running"
+        pid_file = mesh.run_root / "jobs" / job_id / "attempt-1" / "rollout.pid"
+        pid = int(pid_file.read_text())
+        assert b"opentinker.services.rollout" in Path(f"/proc/{pid}/cmdline").read_bytes()
         os.kill(pid, signal.SIGKILL)
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_rollout)
