@@ -7,6 +7,7 @@ key, the owner's key, a job token, a worker token, an admin's key. Real servers,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -74,7 +75,10 @@ def scheduler_calls(job_id: str) -> dict[str, Call]:
     async def connect(ch: grpc.aio.Channel) -> object:
         call = sched(ch).ConnectWorker(timeout=5)
         register = scheduler_pb2.RegisterWorker(worker_id="w-iso", hostname="h")
-        await call.write(scheduler_pb2.ConnectWorkerRequest(seq=1, register=register))
+        # A refused caller may be turned away before its first message is read: the status
+        # then comes with the read, whatever the write raced into.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await call.write(scheduler_pb2.ConnectWorkerRequest(seq=1, register=register))
         first = await call.read()
         call.cancel()
         return first
@@ -296,7 +300,8 @@ async def _check_envhub(address: str, ids) -> None:  # noqa: ANN001
         async with aio_channel(address, credential=key) as ch:
             call = stub(ch).RunEpisodes(timeout=5)
             open_ = envhub_pb2.OpenEpisodes(job_id=job_id, env_name=env_name)
-            await call.write(envhub_pb2.RunEpisodesRequest(seq=1, open=open_))
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(envhub_pb2.RunEpisodesRequest(seq=1, open=open_))
             reply = await call.read()
             call.cancel()
             return reply
@@ -408,7 +413,8 @@ async def rollout_stub_or_trainer(channel: grpc.aio.Channel, which: str) -> obje
         stub = trainer_pb2_grpc.TrainerServiceStub(channel)
         return await stub.GetTrainerStatus(trainer_pb2.GetTrainerStatusRequest(), timeout=5)
     call = rollout_pb2_grpc.RolloutServiceStub(channel).Rollout(timeout=5)
-    await call.write(rollout_pb2.RolloutRequest(seq=1, heartbeat=common_pb2.Heartbeat()))
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):  # refused early
+        await call.write(rollout_pb2.RolloutRequest(seq=1, heartbeat=common_pb2.Heartbeat()))
     reply = await call.read()
     call.cancel()
     return reply
