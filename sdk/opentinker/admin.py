@@ -96,29 +96,13 @@ class AdminClient:
     def list_api_keys(
         self, *, tenant_id: str = "", timeout: float | None = None
     ) -> Iterator[pb.ApiKeyInfo]:
-        token = ""
-        while True:
-            request = pb.ListApiKeysRequest(tenant_id=tenant_id, page_token=token)
-            reply = self._call(self._stub.ListApiKeys, request, timeout)
-            yield from reply.keys
-            if not (token := reply.next_page_token):
-                return
+        request = pb.ListApiKeysRequest(tenant_id=tenant_id)
+        return self._conn.pages(self._stub.ListApiKeys, request, "keys", timeout)
 
     def list_tenants(self, *, timeout: float | None = None) -> Iterator[pb.Tenant]:
-        token = ""
-        while True:
-            reply = self._call(
-                self._stub.ListTenants, pb.ListTenantsRequest(page_token=token), timeout
-            )
-            yield from reply.tenants
-            if not (token := reply.next_page_token):
-                return
+        request = pb.ListTenantsRequest()
+        return self._conn.pages(self._stub.ListTenants, request, "tenants", timeout)
 
     def list_users(self, *, tenant_id: str = "", timeout: float | None = None) -> Iterator[pb.User]:
-        token = ""
-        while True:
-            request = pb.ListUsersRequest(tenant_id=tenant_id, page_token=token)
-            reply = self._call(self._stub.ListUsers, request, timeout)
-            yield from reply.users
-            if not (token := reply.next_page_token):
-                return
+        request = pb.ListUsersRequest(tenant_id=tenant_id)
+        return self._conn.pages(self._stub.ListUsers, request, "users", timeout)

@@ -88,14 +88,9 @@ class Client:
 
     def list_jobs(self, *, page_size: int = 50, timeout: float | None = None) -> Iterator[JobInfo]:
         """Every job, newest first, fetched page by page."""
-        token = ""
-        while True:
-            request = scheduler_pb2.ListJobsRequest(page_size=page_size, page_token=token)
-            response = self._call(self._stub.ListJobs, request, timeout)
-            yield from (JobInfo.from_proto(j) for j in response.jobs)
-            token = response.next_page_token
-            if not token:
-                return
+        request = scheduler_pb2.ListJobsRequest(page_size=page_size)
+        for job in self._conn.pages(self._stub.ListJobs, request, "jobs", timeout):
+            yield JobInfo.from_proto(job)
 
     def cancel(self, job_id: str, *, reason: str = "", timeout: float | None = None) -> JobInfo:
         request = scheduler_pb2.CancelJobRequest(

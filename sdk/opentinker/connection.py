@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,16 @@ class Connection:
             return method(request, timeout=timeout if timeout is not None else self.timeout)
         except grpc.RpcError as err:
             raise from_rpc_error(err) from None
+
+    def pages(self, method: Any, request: Any, field: str, timeout: float | None) -> Iterator[Any]:
+        """Every item of a paginated list RPC: ``method(request)`` again with each
+        ``next_page_token`` until there is none; ``field`` names the reply's repeated field."""
+        while True:
+            reply = self.call(method, request, timeout)
+            yield from getattr(reply, field)
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
 
     def close(self) -> None:
         self.channel.close()
