@@ -64,7 +64,7 @@ def main() -> None:
     steps = []
     with (
         LocalMesh(MeshSettings(run_root=root / "mesh")) as mesh,
-        opentinker.Client(mesh.scheduler_address) as client,
+        opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
     ):
         job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
     steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)

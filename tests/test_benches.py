@@ -1,0 +1,31 @@
+"""The benchmarks still run against the current mesh (tiny sizes; their figures are not
+checked here, only that they measure and print them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run_bench(name: str, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / name), *args], capture_output=True, text=True, timeout=420
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout
+
+
+def test_step_breakdown_measures_a_real_mesh_step() -> None:
+    text = run_bench("step_breakdown.py", "--steps", "3")
+    assert "step total" in text and "mesh cost per step" in text
+
+
+def test_env_throughput_measures_envhub_against_in_process() -> None:
+    text = run_bench("env_throughput.py", "--steps", "20", "--concurrency", "1,2")
+    assert "in-process:" in text and "overhead" in text
