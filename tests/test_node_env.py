@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, Lo
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_client import EnvHubClient
 from opentinker.services.rollout.types import FinishReason, Trajectory
+from opentinker.services.worker.supervisor import with_parent_death_signal
 from opentinker.spec import ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -70,31 +69,29 @@ def node_env_dir() -> Path:
     return NODE_ENV_DIR
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: on Linux, get SIGKILL if the test process dies first."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 class NodeEnvProcess:
     """`node server.js` registered with EnvHub; its JSON-line logs go to a file."""
 
     def __init__(self, env_dir: Path, envhub_address: str, log_path: Path) -> None:
         self.log_path = log_path
         with log_path.open("wb") as log_file:
+            # No preexec_fn: forking Python code out of a process running gRPC threads (this
+            # one runs a scheduler for the whole session) can crash the child. The shim asks
+            # the kernel to kill node if the test process dies, then execs it.
             self.process = subprocess.Popen(
-                [
-                    "node",
-                    "server.js",
-                    f"--envhub={envhub_address}",
-                    "--port=0",
-                    f"--name={ENV_NAME}",
-                    f"--capacity={CAPACITY}",
-                ],
+                with_parent_death_signal(
+                    [
+                        "node",
+                        "server.js",
+                        f"--envhub={envhub_address}",
+                        "--port=0",
+                        f"--name={ENV_NAME}",
+                        f"--capacity={CAPACITY}",
+                    ]
+                ),
                 cwd=env_dir,
                 stdout=subprocess.DEVNULL,
                 stderr=log_file,
-                preexec_fn=_die_with_parent,  # no orphan even if pytest itself is killed
             )
 
     def logs(self) -> str:
