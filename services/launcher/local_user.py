@@ -16,8 +16,7 @@ from pathlib import Path
 from opentinker.admin import AdminClient
 from opentinker.client import Client
 from opentinker.errors import AlreadyExistsError, AuthenticationError
-from opentinker.services.common.launch import wait_for_file
-from opentinker.services.scheduler.credentials import write_secret_file
+from opentinker.services.common.launch import wait_for_file, write_atomic
 
 LOCAL_TENANT = "local"
 
@@ -52,5 +51,5 @@ def ensure_local_user_key(
         with contextlib.suppress(AlreadyExistsError):
             admin.create_user(user, tenant_id=LOCAL_TENANT)
         key = admin.create_api_key(user, label=f"opentinker up {time.strftime('%Y-%m-%d')}")
-    write_secret_file(key_file, key)
+    write_atomic(key_file, key + "\n", mode=0o600)
     return key

@@ -17,7 +17,7 @@ import structlog
 
 from opentinker.errors import AlreadyExistsError, OpenTinkerError
 from opentinker.scheduler.v1 import identity_pb2
-from opentinker.services.scheduler.credentials import write_secret_file
+from opentinker.services.common.launch import write_atomic
 from opentinker.services.scheduler.identity import RedisIdentityStore
 
 log = structlog.get_logger(__name__)
@@ -35,7 +35,7 @@ async def ensure_bootstrap_credentials(store: RedisIdentityStore, directory: Pat
         await _ensure(store.create_tenant(ADMIN_TENANT, "OpenTinker administrators"))
         await _ensure(store.create_user(ADMIN_USER, ADMIN_TENANT, role=identity_pb2.ROLE_ADMIN))
         key, info = await store.create_api_key(ADMIN_USER, label="bootstrap")
-        write_secret_file(directory / ADMIN_KEY_FILE, key)
+        write_atomic(directory / ADMIN_KEY_FILE, key + "\n", mode=0o600)
         log.info(
             "bootstrap_admin_key_written",
             path=str(directory / ADMIN_KEY_FILE),
@@ -43,7 +43,7 @@ async def ensure_bootstrap_credentials(store: RedisIdentityStore, directory: Pat
         )
     if not await _works(store, directory / WORKER_TOKEN_FILE, "worker"):
         token, info = await store.create_worker_token(label="bootstrap")
-        write_secret_file(directory / WORKER_TOKEN_FILE, token)
+        write_atomic(directory / WORKER_TOKEN_FILE, token + "\n", mode=0o600)
         log.info(
             "bootstrap_worker_token_written",
             path=str(directory / WORKER_TOKEN_FILE),

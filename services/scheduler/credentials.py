@@ -52,14 +52,3 @@ def load_or_create_secret(path: Path) -> bytes:
     if len(text) < 32:
         raise ValueError(f"{path}: the auth secret must be at least 32 characters")
     return text.encode()
-
-
-def write_secret_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600), replacing it atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    tmp.replace(path)
