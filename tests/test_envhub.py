@@ -79,14 +79,32 @@ def test_registry_routes_to_least_loaded_with_room() -> None:
     registry = InMemoryRegistry(ttl_s=10, clock=Clock())
     small = registry.register("letter", "127.0.0.1:1", 1)
     big = registry.register("letter", "127.0.0.1:2", 3)
-    picks = [registry.acquire("letter").instance_id for _ in range(4)]
+    picks = [registry.acquire("letter", tenant="").instance_id for _ in range(4)]
     assert sorted(picks) == sorted([small.instance_id] + [big.instance_id] * 3)
     with pytest.raises(ResourceExhaustedError, match="capacity"):
-        registry.acquire("letter")
+        registry.acquire("letter", tenant="")
     registry.release(small.instance_id)
-    assert registry.acquire("letter").instance_id == small.instance_id
+    assert registry.acquire("letter", tenant="").instance_id == small.instance_id
     with pytest.raises(NotFoundError, match=r"'chess'.*registered: \['letter'\]"):
-        registry.acquire("chess")
+        registry.acquire("chess", tenant="")
+
+
+@pytest.mark.unit
+def test_a_tenants_own_env_shadows_a_shared_one_of_the_same_name_and_never_mixes() -> None:
+    registry = InMemoryRegistry(ttl_s=10, clock=Clock())
+    shared = registry.register("echo", "127.0.0.1:1", 0, shared=True)
+    acme = registry.register("echo", "127.0.0.1:2", 0, tenant_id="acme")
+    globex = registry.register("echo", "127.0.0.1:3", 0, tenant_id="globex")
+    # Each tenant is routed to its own registration only; a tenant without one to the shared.
+    assert {registry.acquire("echo", tenant="acme").instance_id for _ in range(5)} == {
+        acme.instance_id
+    }
+    assert registry.routable("echo", tenant="globex") == [globex]
+    assert registry.routable("echo", tenant="initech") == [shared]
+    # An admin's episodes are routed by the admin's own tenant too, never into another's env.
+    assert registry.routable("echo", tenant="system") == [shared]
+    # Listing is wider than routing: an admin sees every registration.
+    assert len(registry.instances("echo")) == 3
 
 
 @pytest.mark.unit

@@ -79,9 +79,10 @@ class EpisodeRouter:
         job_id: str,
         call_timeout_s: float,
         max_observation_chars: int,
-        tenant: str | None = None,
+        tenant: str,
     ) -> None:
-        """``tenant``: whose envs this stream may use (its own and shared; None = all)."""
+        """``tenant``: whose episodes these are; routed to its own env of that name, else to a
+        shared one (Registry.routable)."""
         self._registry = registry
         self._tenant = tenant
         self._channels = channels
@@ -94,7 +95,7 @@ class EpisodeRouter:
 
     async def open(self) -> environment_pb2.EnvironmentSpec:
         """The env's spec, from the first instance that answers (NotFound / Unavailable)."""
-        instances = self._registry.instances(self.env_name, tenant=self._tenant)
+        instances = self._registry.routable(self.env_name, tenant=self._tenant)
         if not instances:
             registered = sorted({i.env_name for i in self._registry.instances(tenant=self._tenant)})
             raise NotFoundError(

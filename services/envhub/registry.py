@@ -82,7 +82,8 @@ class Registry(Protocol):
     def instances(
         self, env_name: str | None = None, *, tenant: str | None = None
     ) -> list[Instance]: ...
-    def acquire(self, env_name: str, *, tenant: str | None = None) -> Instance: ...
+    def routable(self, env_name: str, *, tenant: str) -> list[Instance]: ...
+    def acquire(self, env_name: str, *, tenant: str) -> Instance: ...
     def release(self, instance_id: str) -> None: ...
     def set_healthy(self, instance_id: str, healthy: bool) -> None: ...
 
@@ -162,9 +163,17 @@ class InMemoryRegistry:
         ]
         return sorted(found, key=lambda i: (i.env_name, i.instance_id))
 
-    def acquire(self, env_name: str, *, tenant: str | None = None) -> Instance:
+    def routable(self, env_name: str, *, tenant: str) -> list[Instance]:
+        """The instances an episode of ``tenant`` may be routed to: its own registrations of
+        ``env_name`` when it has any (they shadow a shared env of the same name), else the
+        shared ones. Never another tenant's, and never a mix — admins included."""
+        named = [i for i in self.instances(env_name) if i.visible_to(tenant)]
+        own = [i for i in named if i.tenant_id == tenant and not i.shared]
+        return own or named
+
+    def acquire(self, env_name: str, *, tenant: str) -> Instance:
         """Take a slot on the least-loaded healthy instance of ``env_name`` that has room."""
-        candidates = self.instances(env_name, tenant=tenant)
+        candidates = self.routable(env_name, tenant=tenant)
         if not candidates:
             raise NotFoundError(
                 f"no environment named {env_name!r} is registered; registered: "

@@ -152,7 +152,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             job_id=first.open.job_id,
             call_timeout_s=self._settings.env_call_timeout_s,
             max_observation_chars=self._settings.max_observation_chars,
-            tenant=caller.tenant_scope,
+            tenant=caller.tenant_id,  # routing is by the caller's own tenant, admins too
         )
         try:
             spec = await router.open()

@@ -30,6 +30,8 @@ class EnvHubServiceStub:
     register with their user's API key; rollouts run episodes with their job token. An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
+    Episodes go to the caller's own env of that name when it has one (it shadows a shared env
+    of the same name), else to the shared one: never to another tenant's, never a mix.
     """
 
     def __init__(self, channel):
@@ -70,6 +72,8 @@ class EnvHubServiceServicer:
     register with their user's API key; rollouts run episodes with their job token. An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
+    Episodes go to the caller's own env of that name when it has one (it shadows a shared env
+    of the same name), else to the shared one: never to another tenant's, never a mix.
     """
 
     def RegisterEnvironment(self, request, context):
@@ -146,6 +150,8 @@ class EnvHubService:
     register with their user's API key; rollouts run episodes with their job token. An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
+    Episodes go to the caller's own env of that name when it has one (it shadows a shared env
+    of the same name), else to the shared one: never to another tenant's, never a mix.
     """
 
     @staticmethod
