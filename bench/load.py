@@ -40,6 +40,7 @@ from opentinker.services.launcher.redis_process import RedisProcess
 from opentinker.services.scheduler.lease_history import double_leases
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
+from opentinker.services.scheduler.stores import connect_redis
 from opentinker.spec import JobSpec, RlConfig, to_proto
 
 TENANTS = {"alpha": 4, "beta": 2, "gamma": 2}  # tenant -> max_devices
@@ -69,6 +70,7 @@ class Figures:
     launches: dict[tuple[str, int], int] = field(default_factory=dict)
     launched_at: dict[str, float] = field(default_factory=dict)  # job id -> first launch
     double_leases: list[str] = field(default_factory=list)  # from the ledger's history
+    redis_commands: int = 0  # what the scheduler asked of Redis during the run
 
 
 class SimWorker:
@@ -175,9 +177,8 @@ async def client(
 
 async def sample_quotas(running, figures: Figures, stop: asyncio.Event) -> None:  # noqa: ANN001
     """Every 20 ms: the devices each tenant holds (from the ledger) against its quota."""
-    quotas = running.scheduler._quotas  # noqa: SLF001 - the ledger's view, read-only
     while not stop.is_set():
-        held = await quotas.devices_in_use(running.scheduler.connected_workers())
+        held = await running.scheduler.devices_in_use()
         figures.samples += 1
         for tenant, count in held.items():
             if count > TENANTS.get(tenant, 0):
@@ -208,6 +209,15 @@ async def wait_all_terminal(address: str, key: str, figures: Figures, timeout_s:
             await asyncio.sleep(0.05)
 
 
+async def redis_commands(url: str) -> int:
+    """Commands the Redis server has processed so far (its INFO stats)."""
+    client = connect_redis(url)
+    try:
+        return int((await client.info("stats"))["total_commands_processed"])
+    finally:
+        await client.aclose()
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values or [0])[0]
 
@@ -236,6 +246,7 @@ async def main(args: argparse.Namespace) -> int:
             await identity.create_user("ops", "ops", role=identity_pb2.ROLE_ADMIN)
             admin_key = (await identity.create_api_key("ops"))[0]
             token, _ = await identity.create_worker_token()
+            commands_before = await redis_commands(redis.url)
             stop = asyncio.Event()
             workers = [
                 SimWorker(running.address, token, f"w{i}", args.devices, args.job_ms / 1000)
@@ -256,8 +267,9 @@ async def main(args: argparse.Namespace) -> int:
             jobs = await wait_all_terminal(running.address, admin_key, figures, args.timeout_s)
             elapsed = time.monotonic() - started
             stop.set()
-            await asyncio.gather(sampler, return_exceptions=True)
+            await sampler  # a failed sampler must not pass for a quiet one
             usage = {t.tenant_id: t for t in await running.scheduler.usage(tenant=None)}
+            figures.redis_commands = await redis_commands(redis.url) - commands_before
             figures.double_leases = double_leases(await running.stores.ledger.history())
             for task in serving:
                 task.cancel()
@@ -299,6 +311,7 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
         "unknown": len(unknown),
         "ran_twice": len(ran_twice),
         "double_leases": len(figures.double_leases),
+        "redis_commands_per_job": round(figures.redis_commands / max(submitted, 1), 1),
         "retried_submits": figures.duplicate_submits,
         "retries_same_job": figures.duplicates_returned_same_job,
     }
@@ -322,6 +335,7 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
         f"  quota samples {figures.samples}, violations {len(figures.quota_violations)}; "
         f"lost {len(lost)}, duplicated {len(unknown)}, ran twice {len(ran_twice)}, "
         f"double leases {len(figures.double_leases)}, "
+        f"Redis commands per job {summary['redis_commands_per_job']}, "
         f"retried submits {figures.duplicate_submits} -> same job "
         f"{figures.duplicates_returned_same_job}"
     )

@@ -30,7 +30,7 @@ def test_small_load_loses_nothing_and_keeps_every_quota() -> None:
     assert set(summary["states"]) <= {"SUCCEEDED", "CANCELLED"}
     assert (summary["lost"], summary["unknown"], summary["ran_twice"]) == (0, 0, 0)
     assert summary["double_leases"] == 0  # from the ledger's own history
-    assert summary["quota_samples"] > 0 and summary["quota_violations"] == 0
+    assert summary["quota_samples"] >= 10 and summary["quota_violations"] == 0  # sampled all along
     assert summary["retries_same_job"] == summary["retried_submits"]
     assert set(summary["start_p50_s"]) == {"alpha", "beta", "gamma"}  # every tenant got devices
     record_load(

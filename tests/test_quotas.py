@@ -177,3 +177,17 @@ def test_allocating_jobs_hold_their_devices_against_the_quota(redis_url: str) ->
                 assert await launches(w, 1) == [second.job_id]  # the device came back
 
     run(main)
+
+
+def test_a_job_too_wide_for_the_free_devices_does_not_block_a_narrower_one(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            wide = await submit(mesh.stub, "wide", num_devices=3)
+            narrow = await submit(mesh.stub, "narrow", num_devices=1)
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1"]) as w:
+                assert await launches(w, 1) == [narrow.job_id]  # the wide one waits its turn
+                assert await still_queued(mesh, [wide])
+
+    run(main)

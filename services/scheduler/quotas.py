@@ -74,11 +74,13 @@ class Quotas:
 
     async def devices_in_use(self, worker_ids: Iterable[str]) -> dict[str, int]:
         """Devices held by each tenant's jobs, from the leases of ``worker_ids``."""
+        # A snapshot: workers connect and leave while this awaits Redis.
+        leases = [lease for w in list(worker_ids) for lease in await self._ledger.leases(w)]
+        jobs = await self._jobs.get_many([lease.job_id for lease in leases])
         held: dict[str, int] = {}
-        for worker_id in worker_ids:
-            for lease in await self._ledger.leases(worker_id):
-                tenant = await self._tenant_of(lease.job_id)
-                held[tenant] = held.get(tenant, 0) + len(lease.device_ids)
+        for lease, job in zip(leases, jobs, strict=True):
+            tenant = job.tenant_id if job is not None else ""  # a lease of a job that is gone
+            held[tenant] = held.get(tenant, 0) + len(lease.device_ids)
         return held
 
     async def device_limits(self, tenant_ids: Iterable[str]) -> dict[str, int]:
@@ -121,9 +123,3 @@ class Quotas:
             quota=quota,
             jobs=jobs,
         )
-
-    async def _tenant_of(self, job_id: str) -> str:
-        try:
-            return (await self._jobs.get(job_id)).tenant_id
-        except Exception:  # a lease of a job that is gone: count it under no tenant
-            return ""

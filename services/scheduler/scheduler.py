@@ -347,6 +347,10 @@ class Scheduler:
         log.warning("worker_lost", worker_id=worker_id, reason=reason, reclaimed=reclaim)
         self.wake()
 
+    async def devices_in_use(self) -> dict[str, int]:
+        """Devices each tenant's jobs hold now, on the connected workers (from the ledger)."""
+        return await self._quotas.devices_in_use(self._sessions)
+
     def connected_workers(self) -> list[str]:
         return sorted(self._sessions)
 
