@@ -33,7 +33,7 @@ async def api_key(
     role = identity_pb2.ROLE_ADMIN if admin else identity_pb2.ROLE_MEMBER
     with contextlib.suppress(AlreadyExistsError):
         await identity.create_user(user, tenant, role=role)
-    existing = await identity.get_user(user)  # type: ignore[attr-defined]
+    existing = await identity.get_user(user)
     assert existing.tenant_id == tenant, f"user {user!r} is in tenant {existing.tenant_id!r}"
     key, _ = await identity.create_api_key(user, label="test")
     return key

@@ -54,7 +54,8 @@ def credential_from_metadata(pairs: Sequence[tuple[str, Any]] | None) -> str:
     for key, value in pairs or ():
         if key == METADATA_KEY:
             text = value.decode() if isinstance(value, bytes) else str(value)
-            return text[len(SCHEME) :].strip() if text.startswith(SCHEME) else ""
+            scheme, _, credential = text.strip().partition(" ")
+            return credential.strip() if scheme.lower() == "bearer" else ""  # RFC 7235
     return ""
 
 

@@ -29,7 +29,7 @@ from opentinker.errors import (
     OpenTinkerError,
     UnavailableError,
 )
-from opentinker.scheduler.v1 import identity_pb2
+from opentinker.scheduler.v1 import identity_pb2, identity_pb2_grpc
 from opentinker.services.common.grpc_server import abort, rewrap_handler
 
 _KIND_PB = {
@@ -290,8 +290,6 @@ class IdentityServiceAuthenticator:
         timeout_s: float = 5.0,
         outage_grace_s: float = 300.0,
     ) -> None:
-        from opentinker.scheduler.v1 import identity_pb2_grpc
-
         self._stub = identity_pb2_grpc.IdentityServiceStub(channel)
         self._address = address
         self._timeout_s = timeout_s
