@@ -191,3 +191,21 @@ def test_a_job_too_wide_for_the_free_devices_does_not_block_a_narrower_one(
                 assert await still_queued(mesh, [wide])
 
     run(main)
+
+
+def test_a_quota_that_makes_no_sense_is_refused_naming_each_field(redis_url: str) -> None:
+    from opentinker.errors import ConfigError
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            identity = mesh.running.stores.identity
+            bad = identity_pb2.TenantQuota(
+                max_devices=-1, device_seconds_per_period=float("nan"), period_s=0.5
+            )
+            with pytest.raises(ConfigError) as info:
+                await identity.set_quota("acme", bad)
+            for field in ("max_devices", "device_seconds_per_period", "period_s"):
+                assert f"quota.{field}" in str(info.value)
+            assert (await identity.get_tenant("acme")).quota == identity_pb2.TenantQuota()
+
+    run(main)

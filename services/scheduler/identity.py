@@ -17,6 +17,7 @@ refused at once. Only digests are stored (credentials.py).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from opentinker.services.scheduler.errors import IdentityNotFoundError
 
 TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 USER_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+MIN_PERIOD_S = 60.0  # shorter budget periods would only churn Redis keys
 LAST_USED_RESOLUTION_S = 5.0  # last_used is written at most this often per credential
 DEFAULT_PAGE_SIZE = 100
 _ROLES = {
@@ -143,14 +145,19 @@ class RedisIdentityStore:
     async def set_quota(
         self, tenant_id: str, quota: identity_pb2.TenantQuota
     ) -> identity_pb2.Tenant:
-        """Replace the tenant's quota (limits of 0 = none); ConfigError for a negative limit."""
-        bad = [
-            f"quota.{name}"
+        """Replace the tenant's quota (limits of 0 = none); ConfigError naming every bad field."""
+        problems = [
+            f"quota.{name}: {getattr(quota, name)} must be a number >= 0 (0 = no limit)"
             for name in ("max_devices", "device_seconds_per_period", "period_s", "max_priority")
-            if getattr(quota, name) < 0
+            if not (math.isfinite(getattr(quota, name)) and getattr(quota, name) >= 0)
         ]
-        if bad:
-            raise ConfigError(f"{', '.join(bad)}: must be >= 0 (0 = no limit)", reason="BAD_QUOTA")
+        if 0 < quota.period_s < MIN_PERIOD_S:
+            problems.append(
+                f"quota.period_s: {quota.period_s:g} s is shorter than {MIN_PERIOD_S:g} s "
+                "(0 = a day)"
+            )
+        if problems:
+            raise ConfigError("; ".join(problems), reason="BAD_QUOTA")
         tenant = await self.get_tenant(tenant_id)
         tenant.quota.CopyFrom(quota)
         await self._r.set(self._key("tenant", tenant_id), tenant.SerializeToString())
