@@ -278,22 +278,19 @@ async def main(args: argparse.Namespace) -> int:
     return report(args, figures, jobs, usage, elapsed)
 
 
-def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> int:  # noqa: ANN001
+def summarize(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> dict:  # noqa: ANN001
+    """The run's figures and invariants, as the SUMMARY line prints them."""
     submitted = len(figures.records)
     states: dict[str, int] = {}
     for job in jobs.values():
         name = common_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
         states[name] = states.get(name, 0) + 1
-    ran_twice = [k for k, n in figures.launches.items() if n > 1]
-    multi_attempt = [j.job_id for j in jobs.values() if j.attempt > 1]
-    lost = set(figures.records) - set(jobs)
-    unknown = set(jobs) - set(figures.records)
     submit_s = [r.submit_latency_s for r in figures.records.values()]
-    start_s = {t: [] for t in TENANTS}
+    start_s: dict[str, list[float]] = {t: [] for t in TENANTS}
     for r in figures.records.values():
         if r.job_id in figures.launched_at:
             start_s[r.tenant].append(max(0.0, figures.launched_at[r.job_id] - r.submitted))
-    summary = {
+    return {
         "jobs": submitted,
         "states": states,
         "elapsed_s": round(elapsed, 2),
@@ -302,57 +299,62 @@ def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> i
         "device_ceiling_jobs_per_s": round(args.workers * args.devices * 1000 / args.job_ms, 1),
         "submit_p50_ms": round(pct(submit_s, 50) * 1e3, 1),
         "submit_p99_ms": round(pct(submit_s, 99) * 1e3, 1),
+        "started": {t: len(v) for t, v in start_s.items()},
         "start_p50_s": {t: round(pct(v, 50), 2) for t, v in start_s.items() if v},
         "start_p99_s": {t: round(pct(v, 99), 2) for t, v in start_s.items() if v},
         "device_s": {t: round(u.total.device_seconds, 1) for t, u in usage.items() if t in TENANTS},
         "quota_samples": figures.samples,
         "quota_violations": len(figures.quota_violations),
-        "lost": len(lost),
-        "unknown": len(unknown),
-        "ran_twice": len(ran_twice),
+        "lost": len(set(figures.records) - set(jobs)),
+        "unknown": len(set(jobs) - set(figures.records)),
+        "ran_twice": len([k for k, n in figures.launches.items() if n > 1])
+        + len([j for j in jobs.values() if j.attempt > 1]),
         "double_leases": len(figures.double_leases),
         "redis_commands_per_job": round(figures.redis_commands / max(submitted, 1), 1),
         "retried_submits": figures.duplicate_submits,
         "retries_same_job": figures.duplicates_returned_same_job,
     }
+
+
+def report(args, figures: Figures, jobs: dict, usage: dict, elapsed: float) -> int:  # noqa: ANN001
+    """Print the figures for people and the SUMMARY line; 1 when an invariant broke."""
+    sm = summarize(args, figures, jobs, usage, elapsed)
+    rate, ceiling = sm["jobs_per_s"], sm["device_ceiling_jobs_per_s"]
     print(
-        f"{submitted} jobs from {args.clients} clients of {len(TENANTS)} tenants, "
+        f"{sm['jobs']} jobs from {args.clients} clients of {len(TENANTS)} tenants, "
         f"{args.workers} workers x {args.devices} devices, {args.job_ms} ms per job"
     )
-    rate, ceiling = summary["jobs_per_s"], summary["device_ceiling_jobs_per_s"]
     print(
         f"  {rate} jobs/s ({rate / ceiling:.0%} of the devices' ceiling {ceiling}/s); "
-        f"submit p50 {summary['submit_p50_ms']} ms, "
-        f"p99 {summary['submit_p99_ms']} ms; states {states}"
+        f"submit p50 {sm['submit_p50_ms']} ms, p99 {sm['submit_p99_ms']} ms; "
+        f"states {sm['states']}"
     )
     for t in TENANTS:
         print(
-            f"  {t:>6} (max {TENANTS[t]} devices): {len(start_s[t])} started, submit->launch "
-            f"p50 {summary['start_p50_s'].get(t, 0)} s p99 {summary['start_p99_s'].get(t, 0)} s, "
-            f"{summary['device_s'].get(t, 0)} device-s"
+            f"  {t:>6} (max {TENANTS[t]} devices): {sm['started'][t]} started, submit->launch "
+            f"p50 {sm['start_p50_s'].get(t, 0)} s p99 {sm['start_p99_s'].get(t, 0)} s, "
+            f"{sm['device_s'].get(t, 0)} device-s"
         )
     print(
-        f"  quota samples {figures.samples}, violations {len(figures.quota_violations)}; "
-        f"lost {len(lost)}, duplicated {len(unknown)}, ran twice {len(ran_twice)}, "
-        f"double leases {len(figures.double_leases)}, "
-        f"Redis commands per job {summary['redis_commands_per_job']}, "
-        f"retried submits {figures.duplicate_submits} -> same job "
-        f"{figures.duplicates_returned_same_job}"
+        f"  quota samples {sm['quota_samples']}, violations {sm['quota_violations']}; "
+        f"lost {sm['lost']}, duplicated {sm['unknown']}, ran twice {sm['ran_twice']}, "
+        f"double leases {sm['double_leases']}, Redis commands per job "
+        f"{sm['redis_commands_per_job']}, retried submits {sm['retried_submits']} -> same job "
+        f"{sm['retries_same_job']}"
     )
-    print("SUMMARY " + json.dumps(summary))
-    problems = []
-    if lost or unknown:
-        problems.append(f"lost {len(lost)} / unknown {len(unknown)} jobs")
-    if figures.double_leases:
-        problems.append(f"double leases in the ledger's history: {figures.double_leases[:3]}")
-    if ran_twice or multi_attempt:
-        problems.append(f"{len(ran_twice) + len(multi_attempt)} jobs ran more than once")
-    if figures.quota_violations:
-        problems.append(f"quota exceeded: {figures.quota_violations[:3]}")
-    if figures.duplicates_returned_same_job != figures.duplicate_submits:
-        problems.append("a retried submit made a second job")
-    if any(not start_s[t] for t in TENANTS):
-        problems.append("a tenant never started a job")
+    print("SUMMARY " + json.dumps(sm))
+    problems = [
+        what
+        for broken, what in (
+            (sm["lost"] or sm["unknown"], "jobs lost or unknown"),
+            (sm["double_leases"], f"double leases in the ledger: {figures.double_leases[:3]}"),
+            (sm["ran_twice"], "jobs ran more than once"),
+            (sm["quota_violations"], f"quota exceeded: {figures.quota_violations[:3]}"),
+            (sm["retries_same_job"] != sm["retried_submits"], "a retried submit made a job"),
+            (not all(sm["started"].values()), "a tenant never started a job"),
+        )
+        if broken
+    ]
     for problem in problems:
         print(f"FAIL: {problem}")
     return 1 if problems else 0

@@ -191,6 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-key", default=None, help=f"API key (default ${API_KEY_ENV})")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _add_job_commands(sub)
+    add_admin_commands(sub)
+    _add_local_commands(sub)
+    return parser
+
+
+def _add_job_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands that talk to a scheduler: whoami, usage, submit, jobs, cancel, tail."""
     p = sub.add_parser("whoami", help="show the user, tenant and role of your API key")
     p.set_defaults(func=cmd_whoami)
 
@@ -198,7 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", default="", help="admins: this tenant (default: every tenant)")
     p.add_argument("--jobs", type=int, default=20, help="newest jobs to list")
     p.set_defaults(func=cmd_usage)
-    add_admin_commands(sub)
 
     p = sub.add_parser("submit", help="submit a job from a JSON spec file")
     p.add_argument("spec", help="path to a JSON job spec (see README)")
@@ -218,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=1, help="show every Nth step")
     p.set_defaults(func=cmd_tail)
 
+
+def _add_local_commands(sub: argparse._SubParsersAction) -> None:
+    """Commands that run things on this machine: serve, up, demo, data, infer, tiny-model."""
     p = sub.add_parser("serve", help="run one service in the foreground")
     p.add_argument("service", choices=SERVICES)
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -267,7 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/tiny-qwen2")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_tiny_model)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -118,6 +118,18 @@ def parse_job_spec(data: dict) -> JobSpec:
 _FINETUNE_TO_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
 _FINETUNE_FROM_PB = {v: k for k, v in _FINETUNE_TO_PB.items()}
 _KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL}
+# Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
+_RL_NUMBERS = (
+    "steps",
+    "prompts_per_step",
+    "samples_per_prompt",
+    "learning_rate",
+    "clip_epsilon",
+    "max_turns",
+    "max_episode_tokens",
+    "seed",
+    "checkpoint_every",
+)
 _KIND_NAMES = {
     common_pb2.JOB_KIND_RL: "rl",
     common_pb2.JOB_KIND_SFT: "sft",
@@ -189,58 +201,49 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
     if pb.priority:
         data["priority"] = pb.priority
     if pb.HasField("model"):
-        m = pb.model
-        model: dict = {}
-        if m.base_model:
-            model["base_model"] = m.base_model
-        if m.finetune:
-            if m.finetune not in _FINETUNE_FROM_PB:
-                raise ConfigError(
-                    "invalid job spec: model.finetune: unknown mode", reason="INVALID_SPEC"
-                )
-            model["finetune"] = _FINETUNE_FROM_PB[m.finetune]
-        if m.HasField("lora"):
-            lora = {
-                k: v
-                for k, v in {
-                    "rank": m.lora.rank,
-                    "alpha": m.lora.alpha,
-                    "dropout": m.lora.dropout,
-                    "target_modules": tuple(m.lora.target_modules),
-                }.items()
-                if v
-            }
-            model["lora"] = lora
-        data["model"] = model
+        data["model"] = _model_fields(pb.model)
     if pb.HasField("rl"):
-        r = pb.rl
-        rl: dict = {"env_name": r.env_name, "env_options": dict(r.env_options)}
-        for key in (
-            "steps",
-            "prompts_per_step",
-            "samples_per_prompt",
-            "learning_rate",
-            "clip_epsilon",
-            "max_turns",
-            "max_episode_tokens",
-            "seed",
-            "checkpoint_every",
-        ):
-            value = getattr(r, key)
-            if value:
-                rl[key] = value
-        if r.stop_at_reward:
-            rl["stop_at_reward"] = r.stop_at_reward
-        if r.HasField("sampling"):
-            s = r.sampling
-            rl["sampling"] = {
-                k: v
-                for k, v in {
-                    "temperature": s.temperature,
-                    "top_p": s.top_p,
-                    "max_new_tokens": s.max_new_tokens,
-                }.items()
-                if v
-            }
-        data["rl"] = rl
+        data["rl"] = _rl_fields(pb.rl)
     return parse_job_spec(data)
+
+
+def _model_fields(m: common_pb2.ModelSpec) -> dict:
+    """The set fields of a wire ModelSpec, as JobSpec input (unset = the model's default)."""
+    model: dict = {}
+    if m.base_model:
+        model["base_model"] = m.base_model
+    if m.finetune:
+        if m.finetune not in _FINETUNE_FROM_PB:
+            raise ConfigError(
+                "invalid job spec: model.finetune: unknown mode", reason="INVALID_SPEC"
+            )
+        model["finetune"] = _FINETUNE_FROM_PB[m.finetune]
+    if m.HasField("lora"):
+        lora = {
+            "rank": m.lora.rank,
+            "alpha": m.lora.alpha,
+            "dropout": m.lora.dropout,
+            "target_modules": tuple(m.lora.target_modules),
+        }
+        model["lora"] = {k: v for k, v in lora.items() if v}
+    return model
+
+
+def _rl_fields(r: common_pb2.RlConfig) -> dict:
+    """The set fields of a wire RlConfig, as JobSpec input (unset = the model's default)."""
+    rl: dict = {"env_name": r.env_name, "env_options": dict(r.env_options)}
+    for key in _RL_NUMBERS:
+        value = getattr(r, key)
+        if value:
+            rl[key] = value
+    if r.stop_at_reward:
+        rl["stop_at_reward"] = r.stop_at_reward
+    if r.HasField("sampling"):
+        s = r.sampling
+        sampling = {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_new_tokens": s.max_new_tokens,
+        }
+        rl["sampling"] = {k: v for k, v in sampling.items() if v}
+    return rl

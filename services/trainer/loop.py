@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ import structlog
 import torch
 
 from opentinker.errors import EnvironmentError_, OpenTinkerError
-from opentinker.services.common.env_stats import summarize_episodes
 from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
@@ -29,6 +27,7 @@ from .errors import CheckpointError, WeightSyncError
 from .policy import Policy
 from .rollout_client import WeightsAck
 from .settings import TrainerSettings
+from .step_metrics import StepTimes, step_metrics
 from .training import grpo_update
 
 log = structlog.get_logger()
@@ -219,41 +218,15 @@ class RlLoop:
         time_sync, probe_diff = await self._sync_weights()
         time_step = time.monotonic() - started
 
-        rewards = [e.reward for e in episodes]
-        reward_mean = sum(rewards) / len(rewards)
+        metrics = step_metrics(
+            batch,
+            episodes,
+            stats,
+            StepTimes(train_s=time_train, sync_s=time_sync, step_s=time_step),
+            probe_diff=probe_diff,
+        )
+        reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
-        metrics = {
-            "reward_mean": reward_mean,
-            "reward_std": math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)),
-            "loss": stats.loss,
-            "entropy": stats.entropy,
-            "clip_fraction": stats.clip_fraction,
-            "ratio_mean": stats.ratio_mean,
-            "grad_norm": stats.grad_norm,
-            "logprob_gap": stats.logprob_gap,
-            "probe_max_abs_diff": probe_diff,
-            "tokens_per_s": batch.generated_tokens / time_step if time_step > 0 else 0.0,
-            # Accounted per job and tenant by the scheduler (quotas.py reads these names).
-            "tokens_generated": float(batch.generated_tokens),
-            "tokens_trained": float(stats.trained_tokens),
-            "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
-            / len(episodes),
-            "episodes": float(len(episodes)),
-            "env_errors": float(len(batch.episodes) - len(episodes)),
-            "time_generate_s": batch.generate_seconds,
-            "time_env_s": batch.env_seconds,
-            "time_train_s": time_train,
-            "time_weight_sync_s": time_sync,
-            "time_step_s": time_step,
-            # What the mesh itself cost: gRPC, (de)serialization, packing, waiting.
-            "time_mesh_s": max(
-                0.0, time_step - batch.generate_seconds - batch.env_seconds - time_train - time_sync
-            ),
-            # Per-job env statistics: episodes, reward sum/mean, turns, win/loss/draw rates.
-            **summarize_episodes(
-                rewards, [e.num_turns for e in episodes], [e.outcome for e in episodes]
-            ),
-        }
         self.status.step, self.status.policy_version, self.status.last_metrics = (
             self.step,
             self.policy_version,

@@ -1,0 +1,64 @@
+"""The figures one RL step reports to the scheduler (the event stream's step metrics)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from opentinker.services.common.env_stats import summarize_episodes
+
+from .batch import CollectedBatch, Episode
+from .training import TrainStats
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds one step spent training, syncing weights, and in all."""
+
+    train_s: float
+    sync_s: float
+    step_s: float
+
+
+def step_metrics(
+    batch: CollectedBatch,
+    episodes: list[Episode],
+    stats: TrainStats,
+    times: StepTimes,
+    *,
+    probe_diff: float,
+) -> dict[str, float]:
+    """Every figure one step reports (names are part of the event stream's contract)."""
+    rewards = [e.reward for e in episodes]
+    reward_mean = sum(rewards) / len(rewards)
+    mesh_s = times.step_s - batch.generate_seconds - batch.env_seconds - times.train_s
+    return {
+        "reward_mean": reward_mean,
+        "reward_std": math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)),
+        "loss": stats.loss,
+        "entropy": stats.entropy,
+        "clip_fraction": stats.clip_fraction,
+        "ratio_mean": stats.ratio_mean,
+        "grad_norm": stats.grad_norm,
+        "logprob_gap": stats.logprob_gap,
+        "probe_max_abs_diff": probe_diff,
+        "tokens_per_s": batch.generated_tokens / times.step_s if times.step_s > 0 else 0.0,
+        # Accounted per job and tenant by the scheduler (quotas.py reads these names).
+        "tokens_generated": float(batch.generated_tokens),
+        "tokens_trained": float(stats.trained_tokens),
+        "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
+        / len(episodes),
+        "episodes": float(len(episodes)),
+        "env_errors": float(len(batch.episodes) - len(episodes)),
+        "time_generate_s": batch.generate_seconds,
+        "time_env_s": batch.env_seconds,
+        "time_train_s": times.train_s,
+        "time_weight_sync_s": times.sync_s,
+        "time_step_s": times.step_s,
+        # What the mesh itself cost: gRPC, (de)serialization, packing, waiting.
+        "time_mesh_s": max(0.0, mesh_s - times.sync_s),
+        # Per-job env statistics: episodes, reward sum/mean, turns, win/loss/draw rates.
+        **summarize_episodes(
+            rewards, [e.num_turns for e in episodes], [e.outcome for e in episodes]
+        ),
+    }
