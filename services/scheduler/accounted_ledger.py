@@ -7,12 +7,13 @@ start to now, times its devices, to its job and the job's tenant.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
 import structlog
 
-from opentinker.services.scheduler.errors import JobNotFoundError
+from opentinker.services.scheduler.errors import IdentityNotFoundError, JobNotFoundError
 from opentinker.services.scheduler.identity import IdentityStore
 from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.lease_ledger import Lease, LeaseEvent, LeaseLedger
@@ -48,10 +49,8 @@ class AccountedLedger:
             return
         period_s = 0.0
         if job.tenant_id:
-            try:
+            with contextlib.suppress(IdentityNotFoundError):  # no tenant record: default period
                 period_s = (await self._identity.get_tenant(job.tenant_id)).quota.period_s
-            except Exception:  # a deleted tenant still gets its usage, in the default period
-                period_s = 0.0
         await self._usage.add(
             job.job_id, job.tenant_id, Usage(device_seconds=seconds), period_s=period_s
         )
