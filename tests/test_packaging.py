@@ -33,6 +33,7 @@ PUBLIC_SURFACE = {
     "ResourceExhaustedError",
     "RlConfig",
     "SamplingParams",
+    "SftConfig",
     "StepResult",
     "Tool",
     "UnavailableError",

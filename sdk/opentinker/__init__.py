@@ -21,6 +21,7 @@ from opentinker.errors import (
 from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
+from opentinker.spec_sft import SftConfig
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RlConfig",
     "SamplingParams",
+    "SftConfig",
     "StepResult",
     "Tool",
     "UnavailableError",

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.spec_sft import SftConfig, sft_fields, sft_to_proto
 
 
 class _Strict(BaseModel):
@@ -45,6 +46,22 @@ class ModelSpec(_Strict):
     )
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraConfig = LoraConfig()
+    init_adapter: str | None = Field(
+        None,
+        min_length=1,
+        description="A saved PEFT adapter folder (e.g. an SFT LoRA checkpoint) on the pool's "
+        "filesystem that LoRA training starts from; its rank and target modules must equal "
+        "`lora`'s. A full SFT checkpoint is a base_model instead.",
+    )
+
+    @model_validator(mode="after")
+    def _adapter_needs_lora(self) -> ModelSpec:
+        if self.init_adapter is not None and self.finetune != "lora":
+            raise ValueError(
+                "init_adapter: a starting adapter needs finetune 'lora'; to start a full "
+                "fine-tune from a full checkpoint, make that folder the base_model"
+            )
+        return self
 
 
 class SamplingParams(_Strict):
@@ -78,9 +95,10 @@ class JobSpec(_Strict):
     """Everything the scheduler needs to run a job."""
 
     name: str = Field("job", min_length=1, max_length=128)
-    kind: Literal["rl"] = "rl"
+    kind: Literal["rl", "sft"] = "rl"
     model: ModelSpec = ModelSpec()
     rl: RlConfig | None = None
+    sft: SftConfig | None = None
     num_devices: int = Field(1, ge=1, le=4096)
     priority: int = Field(
         0,
@@ -93,6 +111,8 @@ class JobSpec(_Strict):
     def _kind_has_its_config(self) -> JobSpec:
         if self.kind == "rl" and self.rl is None:
             raise ValueError("an RL job needs `rl` (at least rl.env_name)")
+        if self.kind == "sft" and self.sft is None:
+            raise ValueError("sft: an SFT job needs `sft` (at least sft.dataset_path)")
         return self
 
 
@@ -117,7 +137,7 @@ def parse_job_spec(data: dict) -> JobSpec:
 
 _FINETUNE_TO_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
 _FINETUNE_FROM_PB = {v: k for k, v in _FINETUNE_TO_PB.items()}
-_KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL}
+_KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL, "sft": common_pb2.JOB_KIND_SFT}
 # Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
 _RL_NUMBERS = (
     "steps",
@@ -153,8 +173,11 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
                 dropout=spec.model.lora.dropout,
                 target_modules=list(spec.model.lora.target_modules),
             ),
+            init_adapter=spec.model.init_adapter or "",
         ),
     )
+    if spec.sft is not None:
+        pb.sft.CopyFrom(sft_to_proto(spec.sft))
     if spec.rl is not None:
         rl = spec.rl
         pb.rl.CopyFrom(
@@ -187,13 +210,13 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
 
     Unset (zero) numeric fields take the model's defaults, as proto3 cannot tell them apart.
     """
-    if pb.kind != common_pb2.JOB_KIND_RL:
+    if pb.kind not in (common_pb2.JOB_KIND_RL, common_pb2.JOB_KIND_SFT):
         name = _KIND_NAMES.get(pb.kind, "unspecified")
         raise ConfigError(
-            f"invalid job spec: kind: {name!r} jobs are not served yet; use kind 'rl'",
+            f"invalid job spec: kind: {name!r} jobs are not served yet; use kind 'rl' or 'sft'",
             reason="UNSUPPORTED_KIND",
         )
-    data: dict = {"kind": "rl"}
+    data: dict = {"kind": _KIND_NAMES[pb.kind]}
     if pb.name:
         data["name"] = pb.name
     if pb.num_devices:
@@ -204,6 +227,8 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
         data["model"] = _model_fields(pb.model)
     if pb.HasField("rl"):
         data["rl"] = _rl_fields(pb.rl)
+    if pb.HasField("sft"):
+        data["sft"] = sft_fields(pb.sft)
     return parse_job_spec(data)
 
 
@@ -226,6 +251,8 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
             "target_modules": tuple(m.lora.target_modules),
         }
         model["lora"] = {k: v for k, v in lora.items() if v}
+    if m.init_adapter:
+        model["init_adapter"] = m.init_adapter
     return model
 
 

@@ -77,14 +77,16 @@ class LoraConfig(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("base_model", "finetune", "lora")
+    __slots__ = ("base_model", "finetune", "lora", "init_adapter")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     FINETUNE_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     finetune: FinetuneMode
     lora: LoraConfig
-    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ...) -> None: ...
+    init_adapter: str
+    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., init_adapter: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "max_new_tokens")
@@ -135,21 +137,53 @@ class RlConfig(_message.Message):
     checkpoint_every: int
     def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
 
+class SftConfig(_message.Message):
+    __slots__ = ("dataset_path", "validation_fraction", "validation_path", "epochs", "steps", "learning_rate", "max_tokens_per_batch", "packing", "max_sequence_length", "seed", "checkpoint_every", "eval_every", "max_grad_norm")
+    DATASET_PATH_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_PATH_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_PER_BATCH_FIELD_NUMBER: _ClassVar[int]
+    PACKING_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    dataset_path: str
+    validation_fraction: float
+    validation_path: str
+    epochs: int
+    steps: int
+    learning_rate: float
+    max_tokens_per_batch: int
+    packing: bool
+    max_sequence_length: int
+    seed: int
+    checkpoint_every: int
+    eval_every: int
+    max_grad_norm: float
+    def __init__(self, dataset_path: _Optional[str] = ..., validation_fraction: _Optional[float] = ..., validation_path: _Optional[str] = ..., epochs: _Optional[int] = ..., steps: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_tokens_per_batch: _Optional[int] = ..., packing: _Optional[bool] = ..., max_sequence_length: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., eval_every: _Optional[int] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority")
+    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "sft")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SFT_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: JobKind
     model: ModelSpec
     rl: RlConfig
     num_devices: int
     priority: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    sft: SftConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")
