@@ -1,0 +1,1 @@
+"""Supervised fine-tuning: chat data -> token batches -> weighted cross entropy."""
