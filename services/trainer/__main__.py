@@ -1,6 +1,7 @@
 """Trainer process: settings -> launch file -> run the job -> exit code.
 
 python -m opentinker.services.trainer --launch RUN_DIR/launch.json --rollout-address HOST:PORT
+python -m opentinker.services.trainer --launch RUN_DIR/launch.json     (an SFT job: no rollout)
 python -m opentinker.services.trainer --spare [--preload-model M]   (a warm spare: spare.py)
 """
 
@@ -22,7 +23,10 @@ from .settings import TrainerSettings
 
 
 async def _main(
-    launch: LaunchConfig, rollout_address: str, settings: TrainerSettings, preload: Preload | None
+    launch: LaunchConfig,
+    rollout_address: str | None,
+    settings: TrainerSettings,
+    preload: Preload | None,
 ) -> int:
     task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
@@ -36,7 +40,7 @@ async def _main(
 def main() -> None:
     parser = argparse.ArgumentParser(description="OpenTinker trainer: runs one job's training.")
     parser.add_argument("--launch", type=Path, help="<run_dir>/launch.json")
-    parser.add_argument("--rollout-address", help="host:port of the job's rollout")
+    parser.add_argument("--rollout-address", help="host:port of the job's rollout (RL jobs)")
     parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     args = parser.parse_args()
@@ -44,12 +48,12 @@ def main() -> None:
     if args.spare:  # imports and the model load happen before the job is known
         preload, handover = become_job_process("trainer", args.preload_model)
         args.launch, args.rollout_address = handover.launch, handover.rollout_address
-    if args.launch is None or not args.rollout_address:
-        parser.error("--launch and --rollout-address are required (or --spare)")
+    if args.launch is None:
+        parser.error("--launch is required (or --spare)")
     settings = TrainerSettings()
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
-    code = asyncio.run(_main(launch, args.rollout_address, settings, preload))
+    code = asyncio.run(_main(launch, args.rollout_address or None, settings, preload))
     log.info("trainer_exit", code=code)
     sys.exit(code)
 

@@ -18,7 +18,8 @@ written last, and one rename publishes the folder (then the parent folder is fsy
 without a manifest, or whose files do not match it, is never loaded. The last ``keep`` complete
 checkpoints are kept; older ones are deleted after each save.
 
-How often: ``RlConfig.checkpoint_every`` (0 = only the final checkpoint). It stays 0 by default:
+How often: ``RlConfig.checkpoint_every`` or ``SftConfig.checkpoint_every`` (0 = only the final
+checkpoint). It stays 0 by default:
 a full fine-tune's checkpoint is the weights plus twice their size in AdamW state, which would
 dominate short jobs if written every few steps; a job that wants to survive faults cheaply sets
 it (a re-attempt of a job without intermediate checkpoints starts again from step 0, so no
@@ -32,6 +33,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import structlog
 import torch
@@ -55,6 +57,7 @@ class TrainerState(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     job_id: str
+    kind: Literal["rl", "sft"] = "rl"  # which loop wrote it
     step: int = Field(ge=0)  # steps done
     policy_version: int = Field(ge=0)  # version of the saved weights
     # Mean episode reward of each step done, step 1 first (len == step): the reward window of
@@ -62,8 +65,11 @@ class TrainerState(BaseModel):
     rewards: list[float] = []
     # Next rollout batch_index. The rollout derives every env seed and sampling seed from
     # (job seed, batch_index) alone, so this is the whole data position; the loop collects
-    # batch_index = step, and load() checks that the two agree.
+    # batch_index = step, and load() checks that the two agree. SFT: the index of the next
+    # batch in the seeded sequence of batches (also = step).
     data_cursor: int = Field(ge=0)
+    # Figures a resumed loop needs beyond these (SFT: the validation loss before training).
+    extra: dict[str, float] = {}
 
 
 def step_name(step: int) -> str:
@@ -141,7 +147,8 @@ def load(policy: Policy, path: Path) -> TrainerState:
             f"could not resume from checkpoint {path}: {type(err).__name__}: {err}; "
             f"delete that folder to resume from an older checkpoint"
         ) from err
-    if state.data_cursor != state.step or len(state.rewards) != state.step:
+    rewards_missing = state.kind == "rl" and len(state.rewards) != state.step
+    if state.data_cursor != state.step or rewards_missing:
         raise CheckpointError(
             f"checkpoint {path} is inconsistent: step {state.step}, data_cursor "
             f"{state.data_cursor}, {len(state.rewards)} step rewards"

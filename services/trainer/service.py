@@ -31,6 +31,7 @@ from .policy import Policy
 from .reporter import SchedulerReporter
 from .rollout_client import GrpcRolloutSession
 from .settings import TrainerSettings
+from .sft.loop import SftLoop
 
 log = structlog.get_logger()
 
@@ -82,11 +83,12 @@ async def create_server(
 
 async def run_job(
     launch: LaunchConfig,
-    rollout_address: str,
+    rollout_address: str | None,
     settings: TrainerSettings,
     preload: Preload | None = None,
 ) -> int:
     """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure).
+    ``rollout_address``: the job's rollout (RL; None for SFT, which has none).
     ``preload``: the base model a warm spare read before the job came (used if it matches)."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
@@ -121,28 +123,43 @@ async def _train(
     job_id: str,
     spec: JobSpec,
     launch: LaunchConfig,
-    rollout_address: str,
+    rollout_address: str | None,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
     status: TrainerStatus,
     preload: Preload | None,
 ) -> int:
-    assert spec.rl is not None
-    torch.manual_seed(spec.rl.seed)
+    job = spec.rl or spec.sft  # what both kinds share: learning_rate, seed
+    assert job is not None
+    torch.manual_seed(job.seed)
     transformers.utils.logging.disable_progress_bar()  # keep trainer.log to structured lines
     preloaded = preload.take(spec.model.base_model) if preload is not None else None
-    log.info("policy_loading", job_id=job_id, preloaded=preloaded is not None)
+    log.info("policy_loading", job_id=job_id, kind=spec.kind, preloaded=preloaded is not None)
     try:
         policy = await asyncio.to_thread(
             Policy,
             spec.model,
-            learning_rate=spec.rl.learning_rate,
+            learning_rate=job.learning_rate,
             device=settings.device,
             preloaded=preloaded,
-            seed=spec.rl.seed,
+            seed=job.seed,
         )
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
+        return await _report_failure(reporter, reason, log.bind(job_id=job_id))
+    if spec.kind == "sft":
+        outcome = await SftLoop(
+            job_id=job_id,
+            spec=spec,
+            policy=policy,
+            reporter=reporter,
+            settings=settings,
+            status=status,
+            checkpoint_dir=launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints",
+        ).run()
+        return 1 if outcome is Outcome.FAILED else 0
+    if not rollout_address:
+        reason = "an RL job's trainer needs --rollout-address (the job's rollout)"
         return await _report_failure(reporter, reason, log.bind(job_id=job_id))
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         loop = RlLoop(

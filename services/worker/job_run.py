@@ -1,4 +1,5 @@
 """One attempt of one job on this worker: start rollout, then trainer, and report how it ended.
+An SFT job has no rollout: the trainer alone.
 
 ``run_root/<job_id>/attempt-<n>/`` holds launch.json, rollout.log, rollout.addr and trainer.log.
 """
@@ -95,31 +96,37 @@ class JobRun:
             log_path=(self.run_dir / "rollout.log").resolve(),
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
         )
+        if self.job.spec.kind == common_pb2.JOB_KIND_SFT:  # the trainer alone: no rollout
+            trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
+            await self._on_launched()
+            return await self._supervise(None, trainer)
         rollout = await self._start(
             "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
         )
         address = await self._wait_for_rollout_address(rollout)
         if isinstance(address, Exit):
             return address
-        trainer = await self._start(
-            "trainer",
-            [
-                *self.settings.trainer_command,
-                "--launch",
-                str(launch_path),
-                "--rollout-address",
-                address,
-            ],
-            env,
-            handover.model_copy(
-                update={
-                    "log_path": (self.run_dir / "trainer.log").resolve(),
-                    "rollout_address": address,
-                }
-            ),
-        )
+        trainer = await self._start_trainer(launch_path, env, handover, rollout_address=address)
         await self._on_launched()
         return await self._supervise(rollout, trainer)
+
+    async def _start_trainer(
+        self,
+        launch_path: Path,
+        env: dict[str, str],
+        handover: Handover,
+        *,
+        rollout_address: str | None,
+    ) -> ManagedProcess:
+        """The trainer, told its rollout's address (RL) or none (SFT)."""
+        argv = [*self.settings.trainer_command, "--launch", str(launch_path)]
+        if rollout_address is not None:
+            argv += ["--rollout-address", rollout_address]
+        update = {
+            "log_path": (self.run_dir / "trainer.log").resolve(),
+            "rollout_address": rollout_address or "",
+        }
+        return await self._start("trainer", argv, env, handover.model_copy(update=update))
 
     async def _start(
         self, name: str, argv: list[str], env: dict[str, str], handover: Handover
@@ -177,12 +184,14 @@ class JobRun:
             exited.cancel()
             stopped.cancel()
 
-    async def _supervise(self, rollout: ManagedProcess, trainer: ManagedProcess) -> Exit:
+    async def _supervise(self, rollout: ManagedProcess | None, trainer: ManagedProcess) -> Exit:
+        """Until the trainer exits, the run is stopped, or the rollout (if any) dies."""
         waits = {
             asyncio.create_task(trainer.wait()): "trainer",
-            asyncio.create_task(rollout.wait()): "rollout",
             asyncio.create_task(self._stopped.wait()): "stop",
         }
+        if rollout is not None:
+            waits[asyncio.create_task(rollout.wait())] = "rollout"
         done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
@@ -190,7 +199,8 @@ class JobRun:
         grace = self.settings.stop_grace_s
         if "trainer" in first:
             code = trainer.returncode if trainer.returncode is not None else -1
-            await rollout.terminate(grace)
+            if rollout is not None:
+                await rollout.terminate(grace)
             reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
             if code < 0:  # killed: say so (its last log line is just where it was)
                 reason = self._died("trainer", code, trainer, "while it trained")
@@ -198,8 +208,10 @@ class JobRun:
             return Exit(code, reason)
         if "stop" in first:
             code = await trainer.terminate(grace)
-            await rollout.terminate(grace)
+            if rollout is not None:
+                await rollout.terminate(grace)
             return Exit(code, f"stopped: {self._stop_reason}")
+        assert rollout is not None  # "rollout" is only waited on when there is one
         rollout_code = rollout.returncode if rollout.returncode is not None else -1
         await trainer.terminate(grace)
         return Exit(

@@ -1,0 +1,67 @@
+"""One SFT optimizer step, and the validation loss: the model work of the SFT loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..losses.cross_entropy import cross_entropy, target_logprobs
+from ..policy import Policy
+from .batches import SftBatch
+
+
+@dataclass(frozen=True)
+class SftStepStats:
+    loss: float  # weighted mean NLL of the batch's trained tokens (nats per token)
+    grad_norm: float  # before clipping
+    trained_tokens: int  # tokens with weight > 0
+    tokens: int  # tokens in the batch, padding included
+
+
+def _logprobs_and_weights(policy: Policy, batch: SftBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logprobs ``[B, L-1]`` and their weights ``[B, L-1]``.
+
+    Called with position_ids and no attention mask, so attention stays within each
+    conversation (see batches.py); no KV cache, which would turn that off.
+    """
+    tokens_B_L = batch.tokens_B_L.to(policy.device)
+    logits_B_L_V = policy.model(
+        input_ids=tokens_B_L,
+        position_ids=batch.position_ids_B_L.to(policy.device),
+        use_cache=False,
+    ).logits
+    logprobs_B_T = target_logprobs(logits_B_L_V, tokens_B_L)
+    return logprobs_B_T, batch.weights_B_L[:, 1:].to(policy.device)
+
+
+def train_step(policy: Policy, batch: SftBatch, *, max_grad_norm: float) -> SftStepStats:
+    """Weighted cross entropy on the batch, backward, clip, AdamW step."""
+    policy.model.train()
+    logprobs_B_T, weights_B_T = _logprobs_and_weights(policy, batch)
+    loss = cross_entropy(logprobs_B_T, weights_B_T)
+    loss.backward()
+    grad_norm = policy.optimizer_step(max_grad_norm)
+    return SftStepStats(
+        loss=float(loss.detach()),
+        grad_norm=grad_norm,
+        trained_tokens=int((weights_B_T > 0).sum()),
+        tokens=batch.num_tokens,
+    )
+
+
+@torch.no_grad()
+def validation_loss(policy: Policy, batches: list[SftBatch]) -> float:
+    """Weighted mean NLL over every trained token of ``batches`` (not a mean of batch means),
+    in eval mode (no dropout)."""
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        total, weight = 0.0, 0.0
+        for batch in batches:
+            logprobs_B_T, weights_B_T = _logprobs_and_weights(policy, batch)
+            total -= float((logprobs_B_T * weights_B_T).sum())
+            weight += float(weights_B_T.sum())
+        return total / weight if weight > 0 else 0.0
+    finally:
+        policy.model.train(was_training)
