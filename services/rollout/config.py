@@ -50,6 +50,8 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
         }.items()
         if value
     }
+    if msg.model.init_adapter:
+        model["init_adapter"] = msg.model.init_adapter
     data: dict = {
         "job_id": msg.job_id,
         "model": model,

@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -141,6 +142,7 @@ class TransformersEngine:
                     task_type="CAUSAL_LM",  # as the trainer wraps it: same tensor names
                 ),
             )
+            load_init_adapter(model, spec, target)  # the trainer's starting adapter, as it loads it
         model.eval()
         return cls(model, tokenizer, max_batch_size=max_batch_size)
 

@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
@@ -64,6 +65,7 @@ class Policy:
         if seed is not None:
             torch.manual_seed(seed)
         self.model: PreTrainedModel = self._wrap(base).to(self.device)
+        load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
