@@ -24,6 +24,8 @@ STEP_COLUMNS = [
     ("reward_mean", "reward {:.3f}"),
     ("loss", "loss {:+.4f}"),
     ("entropy", "entropy {:.2f}"),
+    ("train/loss", "train loss {:.4f}"),  # SFT
+    ("val/loss", "val loss {:.4f}"),  # SFT, on eval steps
     ("tokens_per_s", "{:.0f} tok/s"),
     ("time_generate_s", "gen {:.2f}s"),
     ("time_env_s", "env {:.2f}s"),
