@@ -97,7 +97,7 @@ def test_sft_lora_job_learns_the_format_and_an_rl_job_starts_from_it(
         # First (before any step) vs last: measured 6.23 -> 3.99 nats/token (the format is
         # learned; copying the question's last word, not yet).
         initial = job.final_metrics["val/loss_initial"]
-        assert len(val) == 8 and val[-1] == job.final_metrics["val/loss"]
+        assert len(val) >= 2 and val[-1] == job.final_metrics["val/loss"]
         assert val[-1] < initial - 1.0, (initial, val)
         print(f"SFT val/loss {initial:.3f} before training, {val} at eval steps")
 

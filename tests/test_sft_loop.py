@@ -118,7 +118,7 @@ def test_full_sft_lowers_val_loss_and_its_checkpoint_answers_the_format(
     initial = result.final_metrics["val/loss_initial"]
     assert val[-1] < initial - 3.0, (initial, val)  # measured: 6.23 -> ~0.4
     assert [s.step for s in steps] == list(range(1, len(steps) + 1))
-    for key in ("train/loss", "tokens_per_s", "grad_norm", "train/tokens", "epoch"):
+    for key in ("train/loss", "tokens_per_s", "grad_norm", "tokens_trained", "epoch"):
         assert key in steps[-1].metrics, key
     assert result.final_metrics["steps"] == len(steps)
 

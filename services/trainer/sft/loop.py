@@ -199,7 +199,7 @@ class SftLoop:
             "train/loss": stats.loss,
             "grad_norm": stats.grad_norm,
             "tokens_per_s": stats.tokens / seconds if seconds > 0 else 0.0,
-            "train/tokens": float(stats.trained_tokens),
+            "tokens_trained": float(stats.trained_tokens),  # accounted per tenant (quotas.py)
             "batch_tokens": float(stats.tokens),
             "batch_examples": float(batch.num_examples),
             "epoch": float(epoch),
