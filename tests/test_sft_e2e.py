@@ -94,6 +94,8 @@ def test_sft_lora_job_learns_the_format_and_an_rl_job_starts_from_it(
         val = [
             e.metrics["val/loss"] for e in events if e.kind == "step" and "val/loss" in e.metrics
         ]
+        (attempt,) = mesh.run_root.rglob(f"{job.job_id}/attempt-1")  # the trainer alone ran
+        assert (attempt / "trainer.log").is_file() and not (attempt / "rollout.log").exists()
         # First (before any step) vs last: measured 6.23 -> 3.99 nats/token (the format is
         # learned; copying the question's last word, not yet).
         initial = job.final_metrics["val/loss_initial"]

@@ -139,7 +139,7 @@ def render(
                 f"{conversation.where}: the chat template does not render this conversation "
                 f"incrementally (message {i} changes the tokens before it)"
             )
-        trained = _trained_span(tokenizer, conversation, i, start=len(token_ids), end=len(upto))
+        trained = _trained_span(tokenizer, conversation, i, upto, start=len(token_ids))
         for position in range(len(token_ids), len(upto)):
             inside = trained[0] <= position < trained[1]
             weights.append(message.weight if inside else 0.0)
@@ -155,17 +155,18 @@ def _trained_span(
     tokenizer: PreTrainedTokenizerBase,
     conversation: Conversation,
     index: int,
+    ids: list[int],
     *,
     start: int,
-    end: int,
 ) -> tuple[int, int]:
     """[first, last) token positions of message ``index`` that are trained: for an assistant
-    message, after the template's reply header, through its last end-of-turn token."""
+    message, after the template's reply header, through its last end-of-turn token.
+    ``ids``: the conversation rendered up to this message; ``start``: where the message begins."""
     if conversation.messages[index].role != "assistant":
         return (0, 0)
     header = _template_ids(tokenizer, conversation.messages[:index], generation_prompt=True)
     first = max(start, len(header))
-    ids = _template_ids(tokenizer, conversation.messages[: index + 1])
+    end = len(ids)
     eos = tokenizer.eos_token_id
     last = end
     if eos is not None and eos in ids[first:end]:
