@@ -20,7 +20,14 @@ from opentinker.errors import (
 )
 from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
-from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
+from opentinker.spec import (
+    InferenceConfig,
+    JobSpec,
+    LoraConfig,
+    ModelSpec,
+    RlConfig,
+    SamplingParams,
+)
 
 __version__ = "0.1.0"
 
@@ -31,6 +38,7 @@ __all__ = [
     "ConfigError",
     "EnvServerHandle",
     "FailedPreconditionError",
+    "InferenceConfig",
     "InvalidArgumentError",
     "JobEvent",
     "JobFailedError",

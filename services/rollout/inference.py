@@ -25,13 +25,14 @@ import structlog
 
 from opentinker.auth import api_key_from_env
 from opentinker.errors import ConfigError
+from opentinker.inference_rows import InferenceSummary, episode_row, summarize
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .engine import GenerationEngine, TransformersEngine
 from .envhub_client import EnvHubClient
-from .seeds import derive_seed
-from .types import FinishReason, Trajectory
+from .seeds import derive_seed, eval_episode_seed
+from .types import Trajectory
 
 log = structlog.get_logger("opentinker.rollout.inference")
 
@@ -39,29 +40,21 @@ ADAPTER_CONFIG = "adapter_config.json"
 ProgressCallback = Callable[[int, int], None]  # (episodes done, episodes in all)
 
 
-@dataclass(frozen=True)
-class InferenceSummary:
-    """What a run of inference scored.
-
-    mean_reward: mean total episode reward. accuracy: fraction of episodes with reward > 0.
-    mean_turns: mean model turns per episode. env_errors: episodes that ended ENV_ERROR.
-    """
-
-    episodes: int
-    mean_reward: float
-    accuracy: float
-    mean_turns: float
-    env_errors: int
-    output: Path
-    seconds: float
-
-
 def load_inference_engine(
-    model: str, *, device: str | None = None, max_batch_size: int = 64
+    model: str,
+    *,
+    adapter_dir: str | None = None,
+    device: str | None = None,
+    max_batch_size: int = 64,
 ) -> TransformersEngine:
     """An engine for ``model``: a base model or full checkpoint (anything ``from_pretrained``
     loads), or a PEFT adapter directory (``adapter_config.json``), applied to the base model
-    its ``base_model_name_or_path`` names."""
+    its ``base_model_name_or_path`` names. With ``adapter_dir``: that adapter on ``model``."""
+    if adapter_dir:
+        spec = ModelSpec(base_model=model, finetune="full")
+        return TransformersEngine.load(
+            spec, max_batch_size=max_batch_size, device=device, adapter_dir=adapter_dir
+        )
     adapter_config = Path(model) / ADAPTER_CONFIG
     if not adapter_config.is_file():
         spec = ModelSpec(base_model=model, finetune="full")
@@ -185,7 +178,7 @@ class _InferenceRun:
                     requests = []
                     for i in indices:
                         eid = f"{run_id}-e{i}"
-                        env_seed = derive_seed(self.seed, "env", i)
+                        env_seed = eval_episode_seed(self.seed, i)
                         requests.append(
                             EpisodeRequest(eid, i, env_seed, envhub.session(eid), envhub.session)
                         )
@@ -211,34 +204,28 @@ class _InferenceRun:
         return summary
 
 
-def summarize(records: list[dict[str, Any]], output: Path, *, seconds: float) -> InferenceSummary:
-    """The summary of jsonl records (as ``run_inference`` writes them)."""
-    count = len(records)
-    return InferenceSummary(
-        episodes=count,
-        mean_reward=sum(r["reward"] for r in records) / count if count else 0.0,
-        accuracy=sum(r["reward"] > 0 for r in records) / count if count else 0.0,
-        mean_turns=sum(r["turns"] for r in records) / count if count else 0.0,
-        env_errors=sum(r["finish_reason"] == FinishReason.ENV_ERROR.value for r in records),
-        output=output,
-        seconds=seconds,
-    )
-
-
 def _record(t: Trajectory, env_seed: int, engine: GenerationEngine) -> dict[str, Any]:
-    """One jsonl line: the episode as messages and as the exact transcript the model saw."""
+    """One jsonl line: the episode's row, with the episode as messages and as the exact
+    transcript the model saw."""
     transcript = engine.tokenizer.decode(t.token_ids, skip_special_tokens=False)
     return {
-        "episode_id": t.episode_id,
-        "index": t.group_index,
-        "env_seed": env_seed,
-        "reward": t.reward,
-        "turns": t.num_turns,
-        "finish_reason": t.finish_reason.value,
-        "finish_detail": t.finish_detail,
-        "info": t.info,
-        "env_retries": t.env_retries,
+        **trajectory_row(t, index=t.group_index, env_seed=env_seed),
         "messages": [asdict(m) for m in t.messages],
         "transcript": transcript,
-        "completion_tokens": sum(t.loss_mask),
     }
+
+
+def trajectory_row(t: Trajectory, *, index: int, env_seed: int) -> dict[str, Any]:
+    """The row fields of a finished episode (see opentinker.inference_rows)."""
+    return episode_row(
+        episode_id=t.episode_id,
+        index=index,
+        env_seed=env_seed,
+        reward=t.reward,
+        turns=t.num_turns,
+        finish_reason=t.finish_reason.value,
+        finish_detail=t.finish_detail,
+        info=t.info,
+        env_retries=t.env_retries,
+        completion_tokens=sum(t.loss_mask),
+    )

@@ -1,4 +1,4 @@
-"""Reports from a job's own processes: steps, log lines, failure reasons, results.
+"""Reports from a job's own processes: steps, log lines, result rows, failure reasons, results.
 
 Each method returns True when the reporter should stop (the job ended, was cancelled, or the
 report is of an attempt that is no longer current). Steps go to the event stream and to the
@@ -7,11 +7,16 @@ job's and tenant's usage (tokens, steps).
 
 from __future__ import annotations
 
+import json
+
 from opentinker.common.v1 import common_pb2
+from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.event_log import EventLog
 from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
 from opentinker.services.scheduler.quotas import Quotas
+
+MAX_ROW_BYTES = 16 * 1024  # a result row (ResultRow.json); the job trims its texts to fit
 
 
 class ProgressReports:
@@ -36,6 +41,14 @@ class ProgressReports:
         await self._events.append(job_id, common_pb2.JobEvent(log=line))
         return False
 
+    async def row(self, job_id: str, attempt: int, row: common_pb2.ResultRow) -> bool:
+        """One inference result row, appended to the event stream as is (never trimmed)."""
+        check_row(row)
+        if await self._current(job_id, attempt) is None:
+            return True
+        await self._events.append(job_id, common_pb2.JobEvent(row=row))
+        return False
+
     async def failure(self, job_id: str, attempt: int, reason: str) -> bool:
         job = await self._current(job_id, attempt)
         if job is None:
@@ -56,3 +69,19 @@ class ProgressReports:
         if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
             return None
         return job
+
+
+def check_row(row: common_pb2.ResultRow) -> None:
+    """A row's json must be a JSON object of at most MAX_ROW_BYTES; ConfigError otherwise."""
+    size = len(row.json.encode())
+    if size > MAX_ROW_BYTES:
+        raise ConfigError(
+            f"row.json: {size} bytes, over the {MAX_ROW_BYTES} byte limit; trim its texts",
+            reason="ROW_TOO_LARGE",
+        )
+    try:
+        parsed = json.loads(row.json)
+    except ValueError as err:
+        raise ConfigError(f"row.json: not JSON ({err})", reason="BAD_ROW") from err
+    if not isinstance(parsed, dict):
+        raise ConfigError("row.json: must be a JSON object", reason="BAD_ROW")
