@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opentinker.errors import ConfigError
+
 ENV_ERROR = "ENV_ERROR"
 MAX_COMPLETION_CHARS = 2000  # a row's completion text on the wire (ResultRow stays < 16 KiB)
 MAX_DETAIL_CHARS = 500  # a row's finish_detail on the wire
@@ -114,3 +116,14 @@ def wire_row(row: Mapping[str, Any], completion: str) -> dict[str, Any]:
         "completion": completion[:MAX_COMPLETION_CHARS],
         "truncated": truncated,
     }
+
+
+def options_with_split(options: Mapping[str, str], split: str | None) -> dict[str, str]:
+    """Env options with a dataset ``split`` (None: as they are); ConfigError when the options
+    already name another split."""
+    merged = dict(options)
+    if split is not None:
+        if merged.get("split", split) != split:
+            raise ConfigError(f"split={split!r} contradicts env option split={merged['split']!r}")
+        merged["split"] = split
+    return merged

@@ -25,7 +25,12 @@ import structlog
 
 from opentinker.auth import api_key_from_env
 from opentinker.errors import ConfigError
-from opentinker.inference_rows import InferenceSummary, episode_row, summarize
+from opentinker.inference_rows import (
+    InferenceSummary,
+    episode_row,
+    options_with_split,
+    summarize,
+)
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
@@ -86,6 +91,7 @@ def run_inference(
     seed: int = 0,
     split: str | None = None,
     concurrency: int = 32,
+    greedy: bool = False,
     device: str | None = None,
     env_timeout_s: float = 30.0,
     max_episode_retries: int = 2,
@@ -101,13 +107,14 @@ def run_inference(
     split: the dataset split to draw from (passed to the env as the ``split`` option).
     seed: fixes the env seeds of the episodes and the sampling.
     concurrency: episodes played (and generated) together.
+    greedy: argmax decoding instead of sampling (``sampling.temperature`` is not used).
     progress: called with (done, total) after every chunk.
 
     Raises ConfigError for bad arguments, NotFoundError when EnvHub has no such env,
     UnavailableError when EnvHub cannot be reached, OSError/ValueError when the model cannot
     be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
     """
-    options = dict(env_options or {})
+    options = options_with_split(env_options or {}, split)
     problems = []
     if episodes < 1:
         problems.append(f"episodes must be >= 1, got {episodes}")
@@ -115,10 +122,6 @@ def run_inference(
         problems.append(f"concurrency must be >= 1, got {concurrency}")
     if max_turns < 1 or max_episode_tokens < 8:
         problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
-    if split is not None:
-        if options.get("split", split) != split:
-            problems.append(f"split={split!r} contradicts env_options split={options['split']!r}")
-        options["split"] = split
     if problems:
         raise ConfigError("; ".join(problems))
     config = LoopConfig(
@@ -128,6 +131,7 @@ def run_inference(
         env_options=options,
         max_episode_retries=max_episode_retries,
         max_observation_chars=max_observation_chars,
+        greedy=greedy,
     )
     run = _InferenceRun(
         model=model,

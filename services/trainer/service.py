@@ -26,6 +26,7 @@ from opentinker.services.modeling.preload import Preload
 from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
+from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
 from .reporter import SchedulerReporter
@@ -109,7 +110,9 @@ async def run_job(
         server, port = await create_server(settings, status, authenticator=authenticator)
         try:
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
-            job_log.info("trainer_serving", port=port, rollout=rollout_address)
+            job_log.info("trainer_serving", port=port, rollout=rollout_address, kind=spec.kind)
+            if spec.kind == "inference":
+                return await _infer(job.job_id, spec, launch, rollout_address, settings, reporter)
             return await _train(
                 job.job_id, spec, launch, rollout_address, settings, reporter, status, preload
             )
@@ -157,6 +160,27 @@ async def _train(
             checkpoint_dir=launch.checkpoint_dir,
         )
         outcome = await loop.run()
+    return 1 if outcome is Outcome.FAILED else 0
+
+
+async def _infer(
+    job_id: str,
+    spec: JobSpec,
+    launch: LaunchConfig,
+    rollout_address: str,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+) -> int:
+    """An inference job: the rollout holds the model; no policy is loaded here."""
+    async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
+        job = InferenceJob(
+            job_id=job_id,
+            spec=spec,
+            rollout=GrpcRolloutSession(rollout_channel, address=rollout_address),
+            reporter=reporter,
+            settings=settings,
+        )
+        outcome = await job.run()
     return 1 if outcome is Outcome.FAILED else 0
 
 
