@@ -112,3 +112,43 @@ def test_rl_job_with_val_every_reports_validation_metrics(client, letter_model_d
         # Training episodes are the step's own: 2 prompts x 2 samples, no validation ones.
         assert val["env_episodes"] == 4
     assert job.final_metrics["val/reward_mean"] == steps[3]["val/reward_mean"]
+
+
+def test_a_cancelled_inference_job_stops_early(client, letter_model_dir: Path) -> None:
+    spec = JobSpec(
+        kind="inference",
+        model=ModelSpec(base_model=str(letter_model_dir), finetune="full"),
+        inference=InferenceConfig(
+            env_name="letter", episodes=2000, concurrency=2, sampling={"max_new_tokens": 1}
+        ),
+    )
+    jobs, rows = [], []
+    with pytest.raises(opentinker.JobFailedError) as info:
+        for row in client.infer(spec, on_submit=jobs.append, timeout=120):
+            rows.append(row)
+            if len(rows) == 1:
+                client.cancel(jobs[0].job_id, reason="enough")
+    assert info.value.code == "CANCELLED" and "enough" in info.value.reason
+    assert 1 <= len(rows) < 2000
+
+
+def test_val_env_options_reach_only_the_validation_episodes(client, letter_model_dir) -> None:
+    spec = JobSpec(
+        name="val-options",
+        model=ModelSpec(base_model=str(letter_model_dir), finetune="full"),
+        rl=RlConfig(
+            env_name="letter",
+            steps=1,
+            prompts_per_step=2,
+            samples_per_prompt=2,
+            sampling=SamplingParams(max_new_tokens=1),
+            val_every=1,
+            val_episodes=3,
+            val_env_options={"no_such_option": "1"},  # the letter env refuses it at reset
+        ),
+    )
+    events = []
+    client.fit(spec, on_event=events.append, timeout=120)
+    (step,) = [e.metrics for e in events if e.kind == "step"]
+    assert step["env_episodes"] == 4 and step["env_reward_mean"] >= 0.0  # training played
+    assert step["val/env_errors"] == 3.0 and step["val/episodes"] == 3.0
