@@ -16,6 +16,7 @@ import opentinker
 from opentinker import InferenceConfig, JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.inference_rows import summarize
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.rollout.seeds import eval_episode_seed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -57,6 +58,7 @@ def test_opentinker_infer_runs_a_job_and_writes_its_rows(
         assert row["finish_reason"] == "ENV_DONE" and row["turns"] == 1
         assert row["info"]["target"] in "ABCD" and row["completion"]
         assert row["reward"] in (0.0, 1.0) and not row["truncated"]
+        assert row["env_seed"] == eval_episode_seed(5, row["index"])  # as `infer --local` plays
     summary = summarize(rows, output)
     assert summary.describe("letter") in out.stdout.replace("\n", "")
 
@@ -65,6 +67,10 @@ def test_opentinker_infer_runs_a_job_and_writes_its_rows(
     assert job.state == "SUCCEEDED", job.reason
     assert job.final_metrics == pytest.approx(summary.metrics())
     assert list(client.results(job.job_id)) == rows
+    # The tokens its episodes generated count in the tenant's usage, on the job.
+    (tenant,) = client.usage(max_jobs=50)
+    (usage,) = [j.usage for j in tenant.jobs if j.job_id == job.job_id]
+    assert usage.tokens_generated == sum(r["completion_tokens"] for r in rows) > 0
     assert time.monotonic() - started < 90
 
 

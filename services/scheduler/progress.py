@@ -2,12 +2,14 @@
 
 Each method returns True when the reporter should stop (the job ended, was cancelled, or the
 report is of an attempt that is no longer current). Steps go to the event stream and to the
-job's and tenant's usage (tokens, steps).
+job's and tenant's usage (tokens, steps); result rows to the event stream and their generated
+tokens to the usage.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
@@ -43,10 +45,13 @@ class ProgressReports:
 
     async def row(self, job_id: str, attempt: int, row: common_pb2.ResultRow) -> bool:
         """One inference result row, appended to the event stream as is (never trimmed)."""
-        check_row(row)
-        if await self._current(job_id, attempt) is None:
+        tokens = check_row(row).get("completion_tokens")
+        job = await self._current(job_id, attempt)
+        if job is None:
             return True
         await self._events.append(job_id, common_pb2.JobEvent(row=row))
+        if isinstance(tokens, int | float) and tokens > 0:
+            await self._quotas.record_generated(job, float(tokens))
         return False
 
     async def failure(self, job_id: str, attempt: int, reason: str) -> bool:
@@ -71,8 +76,8 @@ class ProgressReports:
         return job
 
 
-def check_row(row: common_pb2.ResultRow) -> None:
-    """A row's json must be a JSON object of at most MAX_ROW_BYTES; ConfigError otherwise."""
+def check_row(row: common_pb2.ResultRow) -> dict[str, Any]:
+    """The row's json, which must be a JSON object of at most MAX_ROW_BYTES (else ConfigError)."""
     size = len(row.json.encode())
     if size > MAX_ROW_BYTES:
         raise ConfigError(
@@ -85,3 +90,4 @@ def check_row(row: common_pb2.ResultRow) -> None:
         raise ConfigError(f"row.json: not JSON ({err})", reason="BAD_ROW") from err
     if not isinstance(parsed, dict):
         raise ConfigError("row.json: must be a JSON object", reason="BAD_ROW")
+    return parsed
