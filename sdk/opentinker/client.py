@@ -163,17 +163,18 @@ class Client:
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Submit an inference job (``spec.kind == "inference"``) and yield its result rows,
-        one per episode, as they arrive (fields: common.proto ResultRow). ``on_submit`` sees
-        the queued job. Raises JobFailedError (with the reason) unless the job SUCCEEDED;
-        ``opentinker.inference_rows.summarize(rows)`` gives the summary the job reports.
+        """Submit an inference job (``spec.kind == "inference"``) now; returns an iterator
+        over its result rows, one per episode, as they arrive (fields: common.proto ResultRow).
+        ``on_submit`` sees the queued job. The iterator raises JobFailedError (with the reason)
+        unless the job SUCCEEDED; ``opentinker.inference_rows.summarize(rows)`` gives the
+        summary the job reports.
         """
         if spec.kind != "inference":
             raise ConfigError(f"infer() runs inference jobs; this spec's kind is {spec.kind!r}")
         job = self.submit(spec, request_id=request_id)
         if on_submit is not None:
             on_submit(job)
-        yield from self.results(job.job_id, on_event=on_event, timeout=timeout)
+        return self.results(job.job_id, on_event=on_event, timeout=timeout)
 
     def results(
         self,

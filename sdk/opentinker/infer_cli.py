@@ -13,11 +13,12 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from opentinker.auth import api_key_from_env
 from opentinker.client import DEFAULT_ADDRESS, Client
-from opentinker.inference_rows import options_with_split, summarize
+from opentinker.inference_rows import InferenceSummary, options_with_split, summarize
+from opentinker.jobs import JobInfo
 from opentinker.spec import InferenceConfig, JobSpec, ModelSpec, SamplingParams
 
 console = Console()
@@ -39,7 +40,13 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_job(args, options, sampling, progress, task):  # noqa: ANN001, ANN202 - CLI plumbing
+def _run_job(
+    args: argparse.Namespace,
+    options: dict[str, str],
+    sampling: SamplingParams,
+    progress: Progress,
+    task: TaskID,
+) -> InferenceSummary:
     """Submit the inference job, write its rows as they arrive; the rows' summary."""
     spec = JobSpec(
         name=f"infer-{args.env}",
@@ -61,8 +68,11 @@ def _run_job(args, options, sampling, progress, task):  # noqa: ANN001, ANN202 -
     output.parent.mkdir(parents=True, exist_ok=True)
     address = args.scheduler or os.environ.get("OPENTINKER_SCHEDULER_ADDRESS", DEFAULT_ADDRESS)
     rows = []
+
+    def submitted(job: JobInfo) -> None:
+        progress.console.print(f"inference job [bold]{job.job_id}[/] (opentinker tail it)")
+
     with Client(address, api_key=args.api_key) as client, output.open("w") as out:
-        submitted = lambda job: progress.console.print(f"inference job [bold]{job.job_id}[/]")  # noqa: E731
         for row in client.infer(spec, on_submit=submitted):
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
             out.flush()
@@ -71,7 +81,13 @@ def _run_job(args, options, sampling, progress, task):  # noqa: ANN001, ANN202 -
     return summarize(rows, output)
 
 
-def _run_local(args, options, sampling, progress, task):  # noqa: ANN001, ANN202 - CLI plumbing
+def _run_local(
+    args: argparse.Namespace,
+    options: dict[str, str],
+    sampling: SamplingParams,
+    progress: Progress,
+    task: TaskID,
+) -> InferenceSummary:
     """Play in this process (needs the server extra) against the EnvHub at --envhub."""
     import logging
 
@@ -81,11 +97,10 @@ def _run_local(args, options, sampling, progress, task):  # noqa: ANN001, ANN202
 
     # The progress bar and the summary speak for the run; only warnings from the engine.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    model = args.model
     if args.adapter:
         raise ValueError("--adapter is for the job mode; with --local pass the adapter as --model")
     return run_inference(
-        model=model,
+        model=args.model,
         env_name=args.env,
         envhub_address=args.envhub,
         api_key=api_key_from_env(args.api_key),
