@@ -15,7 +15,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from opentinker.cli import main
 from opentinker.errors import NotFoundError
+from opentinker.inference_rows import summarize
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -156,3 +158,28 @@ def test_infer_on_an_unknown_env_fails_naming_it(model_dir: Path, tmp_path: Path
     with pytest.raises(NotFoundError, match="'chess'"):
         asyncio.run(asyncio.wait_for(with_envhub(infer), 60))
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_infer_local_from_the_cli_writes_rows_and_prints_the_summary(
+    adapter: tuple[Path, list[float]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "local.jsonl"
+
+    def cli(address: str) -> int:
+        argv = [
+            "infer", "--local", "--model", str(adapter[0]), "--env", "letter",
+            "--envhub", address, "--episodes", "3", "--greedy", "--max-new-tokens", "2",
+            "--output", str(output),
+        ]  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        return int(exited.value.code or 0)
+
+    assert asyncio.run(asyncio.wait_for(with_envhub(cli), 120)) == 0
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(rows) == 3 and all(r["transcript"] for r in rows)
+    # Greedy: the same prompt gets the same answer, whatever the episode's sampling seed.
+    answers = {r["messages"][1]["content"]: r["messages"][2]["content"] for r in rows}
+    assert all(answers[r["messages"][1]["content"]] == r["messages"][2]["content"] for r in rows)
+    printed = capsys.readouterr().out.replace("\n", "")
+    assert summarize(rows, output).describe("letter") in printed

@@ -21,6 +21,7 @@ PUBLIC_SURFACE = {
     "ConfigError",
     "EnvServerHandle",
     "FailedPreconditionError",
+    "InferenceConfig",
     "InvalidArgumentError",
     "JobEvent",
     "JobFailedError",

@@ -128,9 +128,7 @@ def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs
             # The lease is released (and accounted) just after the job turns FAILED.
             for _ in range(50):
                 usage = (
-                    await mesh.stub.GetUsage(
-                        scheduler_pb2.GetUsageRequest(), timeout=RPC_TIMEOUT_S
-                    )
+                    await mesh.stub.GetUsage(scheduler_pb2.GetUsageRequest(), timeout=RPC_TIMEOUT_S)
                 ).tenants
                 if usage and usage[0].period.device_seconds:
                     break

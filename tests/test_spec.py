@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opentinker import ConfigError, JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker import ConfigError, InferenceConfig, JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.common.v1 import common_pb2
 from opentinker.spec import from_proto, parse_job_spec, to_proto
 
@@ -27,10 +27,50 @@ def test_round_trip_keeps_every_field() -> None:
             seed=11,
             stop_at_reward=0.8,
             checkpoint_every=5,
+            val_every=4,
+            val_episodes=9,
+            val_temperature=0.5,
+            val_env_options={"split": "validation"},
+            val_first_episode=100,
         ),
         num_devices=2,
     )
     assert from_proto(to_proto(spec)) == spec
+
+
+def test_inference_spec_round_trips_with_every_field() -> None:
+    spec = JobSpec(
+        name="eval",
+        kind="inference",
+        model=ModelSpec(base_model="/models/tiny", finetune="full"),
+        inference=InferenceConfig(
+            env_name="math",
+            env_options={"split": "validation"},
+            episodes=40,
+            concurrency=8,
+            sampling=SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=3),
+            max_turns=2,
+            max_episode_tokens=512,
+            seed=3,
+            adapter_dir="/ckpt/adapter",
+            greedy=True,
+        ),
+    )
+    assert from_proto(to_proto(spec)) == spec
+
+
+def test_inference_kind_needs_its_config_and_names_bad_fields() -> None:
+    with pytest.raises(ConfigError, match="needs `inference`"):
+        parse_job_spec({"kind": "inference"})
+    with pytest.raises(ConfigError, match="`inference` is for kind 'inference'"):
+        parse_job_spec({"rl": {"env_name": "letter"}, "inference": {"env_name": "letter"}})
+    with pytest.raises(ConfigError) as info:
+        parse_job_spec({"kind": "inference", "inference": {"env_name": "x", "episodes": 10_001}})
+    assert "inference.episodes" in str(info.value)
+    pb = to_proto(JobSpec(kind="inference", inference=InferenceConfig(env_name="letter")))
+    pb.inference.concurrency = -2
+    with pytest.raises(ConfigError, match="inference.concurrency"):
+        from_proto(pb)
 
 
 def test_all_problems_are_reported_at_once_with_field_names() -> None:

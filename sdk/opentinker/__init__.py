@@ -20,7 +20,14 @@ from opentinker.errors import (
 )
 from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
-from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
+from opentinker.spec import (
+    InferenceConfig,
+    JobSpec,
+    LoraConfig,
+    ModelSpec,
+    RlConfig,
+    SamplingParams,
+)
 from opentinker.spec_sft import SftConfig
 
 __version__ = "0.1.0"
@@ -32,6 +39,7 @@ __all__ = [
     "ConfigError",
     "EnvServerHandle",
     "FailedPreconditionError",
+    "InferenceConfig",
     "InvalidArgumentError",
     "JobEvent",
     "JobFailedError",

@@ -16,10 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from opentinker.admin_cli import add_admin_commands
-from opentinker.auth import API_KEY_ENV, api_key_from_env
+from opentinker.auth import API_KEY_ENV
 from opentinker.client import DEFAULT_ADDRESS, Client
 from opentinker.console import jobs_table, print_event, usage_table
 from opentinker.errors import OpenTinkerError
+from opentinker.infer_cli import add_infer_command
 from opentinker.scheduler.v1 import identity_pb2
 from opentinker.spec import parse_job_spec
 
@@ -133,50 +134,6 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_infer(args: argparse.Namespace) -> int:
-    """Run a model (base or trained checkpoint) against a registered env; one jsonl line per
-    episode. The env code is the same one training used."""
-    import logging
-
-    import structlog
-    from rich.progress import Progress
-
-    from opentinker.services.rollout.inference import run_inference  # needs the server extra
-
-    # The progress bar and the summary speak for the run; only warnings from the engine.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    from opentinker.spec import SamplingParams
-
-    bad = [item for item in args.option if "=" not in item]
-    if bad:
-        raise ValueError(f"--option takes KEY=VALUE, got {bad}")
-    options = dict(item.split("=", 1) for item in args.option)
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("episodes", total=args.episodes)
-        summary = run_inference(
-            model=args.model,
-            env_name=args.env,
-            envhub_address=args.envhub,
-            api_key=api_key_from_env(args.api_key),
-            episodes=args.episodes,
-            output=Path(args.output),
-            env_options=options,
-            sampling=SamplingParams(
-                temperature=args.temperature, max_new_tokens=args.max_new_tokens
-            ),
-            max_turns=args.max_turns,
-            seed=args.seed,
-            split=args.split,
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
-    console.print(
-        f"{summary.episodes} episodes on '{args.env}': mean reward {summary.mean_reward:.3f}, "
-        f"accuracy {summary.accuracy:.1%}, {summary.mean_turns:.1f} turns/episode, "
-        f"{summary.env_errors} env errors → {summary.output}"
-    )
-    return 0
-
-
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from opentinker.services.modeling.tiny_model import build_tiny_model
 
@@ -257,21 +214,7 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_data)
 
-    p = sub.add_parser("infer", help="run a model against a registered env, write jsonl")
-    p.add_argument("--model", required=True, help="HF id, model dir, or a trained checkpoint")
-    p.add_argument("--env", required=True, help="registered environment name")
-    p.add_argument(
-        "--envhub", default=os.environ.get("OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052")
-    )
-    p.add_argument("--episodes", type=int, default=16)
-    p.add_argument("--output", default="infer.jsonl")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
-    p.add_argument("--split", default=None, help="dataset split for dataset envs")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-turns", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=cmd_infer)
+    add_infer_command(sub)
 
     p = sub.add_parser("tiny-model", help="build the tiny local Qwen2 model")
     p.add_argument("--out", default="runs/tiny-qwen2")

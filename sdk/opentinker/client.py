@@ -14,11 +14,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from opentinker.connection import Connection
-from opentinker.errors import JobFailedError, from_rpc_error
+from opentinker.errors import ConfigError, JobFailedError, from_rpc_error
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.scheduler.v1 import (
     identity_pb2,
@@ -151,7 +152,52 @@ class Client:
         for event in self.watch(job.job_id, timeout=timeout):
             if on_event is not None:
                 on_event(event)
-        final = self.get_job(job.job_id)
+        return self._succeeded(job.job_id)
+
+    def infer(
+        self,
+        spec: JobSpec,
+        *,
+        on_submit: Callable[[JobInfo], None] | None = None,
+        on_event: Callable[[JobEvent], None] | None = None,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Submit an inference job (``spec.kind == "inference"``) now; returns an iterator
+        over its result rows, one per episode, as they arrive (fields: common.proto ResultRow).
+        ``on_submit`` sees the queued job. The iterator raises JobFailedError (with the reason)
+        unless the job SUCCEEDED; ``opentinker.inference_rows.summarize(rows)`` gives the
+        summary the job reports.
+        """
+        if spec.kind != "inference":
+            raise ConfigError(f"infer() runs inference jobs; this spec's kind is {spec.kind!r}")
+        job = self.submit(spec, request_id=request_id)
+        if on_submit is not None:
+            on_submit(job)
+        return self.results(job.job_id, on_event=on_event, timeout=timeout)
+
+    def results(
+        self,
+        job_id: str,
+        *,
+        on_event: Callable[[JobEvent], None] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """An inference job's result rows from the first on, live (a late caller replays
+        them all), once each even when a retried attempt played an episode again. Raises
+        JobFailedError unless the job SUCCEEDED."""
+        seen: set[int] = set()
+        for event in self.watch(job_id, timeout=timeout):
+            if on_event is not None:
+                on_event(event)
+            if event.kind == "row" and event.row["index"] not in seen:
+                seen.add(event.row["index"])
+                yield event.row
+        self._succeeded(job_id)
+
+    def _succeeded(self, job_id: str) -> JobInfo:
+        """The finished job; JobFailedError (with the reason) unless it SUCCEEDED."""
+        final = self.get_job(job_id)
         if final.state != "SUCCEEDED":
             raise JobFailedError(
                 f"job {final.job_id} ended {final.state}: {final.reason}",

@@ -61,6 +61,9 @@ def format_event(event: JobEvent) -> str:
             fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics
         ]
         return "  ".join(parts)
+    if event.kind == "row":
+        r = event.row
+        return f"episode {r.get('index')}: reward {r.get('reward')} ({r.get('finish_reason')})"
     return f"[dim]{event.message}[/]"
 
 

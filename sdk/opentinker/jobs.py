@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentinker.common.v1 import common_pb2
 
@@ -54,7 +56,8 @@ class JobEvent:
     """One entry of a job's event stream.
 
     kind "state": ``state``/``reason`` set; kind "step": ``step``, ``policy_version`` and
-    ``metrics`` (seconds for ``time_*``, per second for rates); kind "log": ``message``.
+    ``metrics`` (seconds for ``time_*``, per second for rates); kind "log": ``message``;
+    kind "row": ``row``, one episode of an inference job (fields: common.proto ResultRow).
     """
 
     seq: int
@@ -66,6 +69,7 @@ class JobEvent:
     policy_version: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
+    row: dict[str, Any] = field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
@@ -92,4 +96,6 @@ class JobEvent:
                 policy_version=ev.step.policy_version,
                 metrics=dict(ev.step.metrics),
             )
+        if which == "row":
+            return cls(seq, at, kind="row", row=json.loads(ev.row.json))
         return cls(seq, at, kind="log", message=ev.log.message if which == "log" else "")

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.spec_inference import InferenceConfig, inference_fields, inference_to_proto
+from opentinker.spec_parts import SamplingParams, sampling_fields, sampling_to_proto
+from opentinker.spec_parts import StrictModel as _Strict
 from opentinker.spec_sft import SftConfig, sft_fields, sft_to_proto
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class LoraConfig(_Strict):
@@ -64,12 +63,6 @@ class ModelSpec(_Strict):
         return self
 
 
-class SamplingParams(_Strict):
-    temperature: float = Field(1.0, gt=0, le=10)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(64, ge=1, le=32768)
-
-
 class RlConfig(_Strict):
     """One RL run: the environment, the size of a step, and how long to train."""
 
@@ -89,16 +82,32 @@ class RlConfig(_Strict):
         None, description="Stop early, successfully, when the 10-step mean reward reaches this."
     )
     checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints; 0 = final only.")
+    # Validation during training (see common.proto RlConfig.val_every).
+    val_every: int = Field(0, ge=0, description="Steps between validations; 0 = none.")
+    val_episodes: int = Field(32, ge=1, le=10_000)
+    val_temperature: float = Field(0.0, ge=0, le=10, description="0 = greedy.")
+    val_env_options: dict[str, str] = Field(
+        {}, description='Merged over env_options for validation, e.g. {"split": "validation"}.'
+    )
+    val_first_episode: int = Field(0, ge=0, description="Picks another fixed validation set.")
+
+
+_MISSING_SECTION = {
+    "rl": "an RL job needs `rl` (at least rl.env_name)",
+    "sft": "sft: an SFT job needs `sft` (at least sft.dataset_path)",
+    "inference": "an inference job needs `inference` (at least inference.env_name)",
+}
 
 
 class JobSpec(_Strict):
     """Everything the scheduler needs to run a job."""
 
     name: str = Field("job", min_length=1, max_length=128)
-    kind: Literal["rl", "sft"] = "rl"
+    kind: Literal["rl", "sft", "inference"] = "rl"
     model: ModelSpec = ModelSpec()
     rl: RlConfig | None = None
     sft: SftConfig | None = None
+    inference: InferenceConfig | None = None
     num_devices: int = Field(1, ge=1, le=4096)
     priority: int = Field(
         0,
@@ -109,10 +118,12 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _kind_has_its_config(self) -> JobSpec:
-        if self.kind == "rl" and self.rl is None:
-            raise ValueError("an RL job needs `rl` (at least rl.env_name)")
-        if self.kind == "sft" and self.sft is None:
-            raise ValueError("sft: an SFT job needs `sft` (at least sft.dataset_path)")
+        """Each kind's own section: required for that kind, refused for any other."""
+        for kind in _KIND_TO_PB:
+            if kind != self.kind and getattr(self, kind) is not None:
+                raise ValueError(f"`{kind}` is for kind {kind!r}, not {self.kind!r}")
+        if getattr(self, self.kind) is None:
+            raise ValueError(_MISSING_SECTION[self.kind])
         return self
 
 
@@ -137,7 +148,11 @@ def parse_job_spec(data: dict) -> JobSpec:
 
 _FINETUNE_TO_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
 _FINETUNE_FROM_PB = {v: k for k, v in _FINETUNE_TO_PB.items()}
-_KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL, "sft": common_pb2.JOB_KIND_SFT}
+_KIND_TO_PB = {
+    "rl": common_pb2.JOB_KIND_RL,
+    "sft": common_pb2.JOB_KIND_SFT,
+    "inference": common_pb2.JOB_KIND_INFERENCE,
+}
 # Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
 _RL_NUMBERS = (
     "steps",
@@ -149,6 +164,10 @@ _RL_NUMBERS = (
     "max_episode_tokens",
     "seed",
     "checkpoint_every",
+    "val_every",
+    "val_episodes",
+    "val_temperature",
+    "val_first_episode",
 )
 _KIND_NAMES = {
     common_pb2.JOB_KIND_RL: "rl",
@@ -190,18 +209,21 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
                 learning_rate=rl.learning_rate,
                 loss=common_pb2.LOSS_KIND_GRPO,
                 clip_epsilon=rl.clip_epsilon,
-                sampling=common_pb2.SamplingParams(
-                    temperature=rl.sampling.temperature,
-                    top_p=rl.sampling.top_p,
-                    max_new_tokens=rl.sampling.max_new_tokens,
-                ),
+                sampling=sampling_to_proto(rl.sampling),
                 max_turns=rl.max_turns,
                 max_episode_tokens=rl.max_episode_tokens,
                 seed=rl.seed,
                 stop_at_reward=rl.stop_at_reward or 0.0,
                 checkpoint_every=rl.checkpoint_every,
+                val_every=rl.val_every,
+                val_episodes=rl.val_episodes,
+                val_temperature=rl.val_temperature,
+                val_env_options=rl.val_env_options,
+                val_first_episode=rl.val_first_episode,
             )
         )
+    if spec.inference is not None:
+        pb.inference.CopyFrom(inference_to_proto(spec.inference))
     return pb
 
 
@@ -210,13 +232,14 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
 
     Unset (zero) numeric fields take the model's defaults, as proto3 cannot tell them apart.
     """
-    if pb.kind not in (common_pb2.JOB_KIND_RL, common_pb2.JOB_KIND_SFT):
-        name = _KIND_NAMES.get(pb.kind, "unspecified")
+    name = _KIND_NAMES.get(pb.kind, "unspecified")
+    if name not in _KIND_TO_PB:
         raise ConfigError(
-            f"invalid job spec: kind: {name!r} jobs are not served yet; use kind 'rl' or 'sft'",
+            f"invalid job spec: kind: {name!r} jobs are not served yet; "
+            f"use kind {' or '.join(map(repr, _KIND_TO_PB))}",
             reason="UNSUPPORTED_KIND",
         )
-    data: dict = {"kind": _KIND_NAMES[pb.kind]}
+    data: dict = {"kind": name}
     if pb.name:
         data["name"] = pb.name
     if pb.num_devices:
@@ -229,6 +252,8 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
         data["rl"] = _rl_fields(pb.rl)
     if pb.HasField("sft"):
         data["sft"] = sft_fields(pb.sft)
+    if pb.HasField("inference"):
+        data["inference"] = inference_fields(pb.inference)
     return parse_job_spec(data)
 
 
@@ -259,6 +284,8 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
 def _rl_fields(r: common_pb2.RlConfig) -> dict:
     """The set fields of a wire RlConfig, as JobSpec input (unset = the model's default)."""
     rl: dict = {"env_name": r.env_name, "env_options": dict(r.env_options)}
+    if r.val_env_options:
+        rl["val_env_options"] = dict(r.val_env_options)
     for key in _RL_NUMBERS:
         value = getattr(r, key)
         if value:
@@ -266,11 +293,5 @@ def _rl_fields(r: common_pb2.RlConfig) -> dict:
     if r.stop_at_reward:
         rl["stop_at_reward"] = r.stop_at_reward
     if r.HasField("sampling"):
-        s = r.sampling
-        sampling = {
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "max_new_tokens": s.max_new_tokens,
-        }
-        rl["sampling"] = {k: v for k, v in sampling.items() if v}
+        rl["sampling"] = sampling_fields(r.sampling)
     return rl

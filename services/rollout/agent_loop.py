@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class LoopConfig:
     max_episode_retries: restarts of one episode after its env instance died.
     max_link_restarts: restarts of one episode after the link to the envs (EnvHub) was lost.
     max_observation_chars: the longest observation (characters) accepted from the env.
+    greedy: argmax decoding (evaluation); ``sampling.temperature`` is then not used.
     """
 
     sampling: SamplingParams
@@ -94,6 +96,7 @@ class LoopConfig:
     max_episode_retries: int = 2
     max_link_restarts: int = 5
     max_observation_chars: int = 16384
+    greedy: bool = False
 
 
 class EpisodeState(enum.Enum):
@@ -212,9 +215,12 @@ class AgentLoop:
         ]
         sampling = self.config.sampling.model_copy(update={"max_new_tokens": max(limits)})
         started = time.monotonic()
-        completions: list[Completion] = await asyncio.to_thread(
-            self.engine.generate, [ep.token_ids for ep in active], sampling, seed
-        )
+        prompts = [ep.token_ids for ep in active]
+        if self.config.greedy:  # only then: engines without greedy decoding still serve training
+            call = functools.partial(self.engine.generate, prompts, sampling, seed, greedy=True)
+        else:
+            call = functools.partial(self.engine.generate, prompts, sampling, seed)
+        completions: list[Completion] = await asyncio.to_thread(call)
         stats.generate_seconds += time.monotonic() - started
         for ep, completion, limit in zip(active, completions, limits, strict=True):
             ids, logprobs = completion.token_ids[:limit], completion.logprobs[:limit]

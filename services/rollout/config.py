@@ -13,7 +13,9 @@ from opentinker.spec import ModelSpec, SamplingParams, validation_message
 class RolloutConfig(BaseModel):
     """One job's rollout: model, environment, sampling and per-episode budgets.
 
-    max_episode_tokens counts the prompt and the completion of an episode.
+    max_episode_tokens counts the prompt and the completion of an episode. adapter_dir: a
+    trained LoRA adapter served on ``model.base_model`` (inference); eval_env_options: merged
+    over env_options for evaluation episodes.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,6 +28,8 @@ class RolloutConfig(BaseModel):
     max_turns: int = Field(1, ge=1)
     max_episode_tokens: int = Field(2048, ge=8)
     seed: int = Field(0, ge=0)
+    adapter_dir: str = ""
+    eval_env_options: dict[str, str] = {}
 
 
 _FINETUNE = {common_pb2.FINETUNE_MODE_LORA: "lora", common_pb2.FINETUNE_MODE_FULL: "full"}
@@ -57,6 +61,8 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
         "model": model,
         "env_name": msg.env_name,
         "env_options": dict(msg.env_options),
+        "adapter_dir": msg.adapter_dir,
+        "eval_env_options": dict(msg.eval_env_options),
         "seed": msg.seed,
         "sampling": {
             key: value

@@ -43,9 +43,15 @@ class GenerationEngine(Protocol):
     tokenizer: PreTrainedTokenizerBase
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seed: int,
+        *,
+        greedy: bool = False,
     ) -> list[Completion]:
-        """Sample one completion per prompt; deterministic for a given seed and batch."""
+        """Sample one completion per prompt; deterministic for a given seed and batch.
+        greedy: argmax decoding; logprobs are then at temperature 1."""
         ...
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
@@ -148,20 +154,29 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seed: int,
+        *,
+        greedy: bool = False,
     ) -> list[Completion]:
+        if greedy:  # argmax = temperature 1 with only the top token kept
+            sampling = sampling.model_copy(update={"temperature": 1.0})
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             out: list[Completion] = []
             for start in range(0, len(prompts), self.max_batch_size):
                 out.extend(
-                    self._generate_batch(prompts[start : start + self.max_batch_size], sampling)
+                    self._generate_batch(
+                        prompts[start : start + self.max_batch_size], sampling, greedy=greedy
+                    )
                 )
             return out
 
     def _generate_batch(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *, greedy: bool = False
     ) -> list[Completion]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
@@ -174,10 +189,7 @@ class TransformersEngine:
         result = self.model.generate(  # type: ignore[operator]  # peft wrapper hides the type
             input_ids=input_ids_B_T.to(self.device),
             attention_mask=attention_mask_B_T.to(self.device),
-            do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=0,  # off: only temperature and top_p shape the distribution
+            **_decoding(sampling, greedy=greedy),
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
@@ -226,6 +238,18 @@ class TransformersEngine:
         logits_T_V = self.model(input_ids=ids_1_T).logits[0, :-1].float()
         logprobs_T_V = torch.log_softmax(logits_T_V, dim=-1)
         return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+
+def _decoding(sampling: SamplingParams, *, greedy: bool) -> dict:
+    """generate() options: argmax, or sampling shaped by temperature and top_p only."""
+    if greedy:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {
+        "do_sample": True,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": 0,  # off: only temperature and top_p shape the distribution
+    }
 
 
 def preloaded_engine_factory(

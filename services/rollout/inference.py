@@ -25,13 +25,19 @@ import structlog
 
 from opentinker.auth import api_key_from_env
 from opentinker.errors import ConfigError
+from opentinker.inference_rows import (
+    InferenceSummary,
+    episode_row,
+    options_with_split,
+    summarize,
+)
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .engine import GenerationEngine, TransformersEngine
 from .envhub_client import EnvHubClient
-from .seeds import derive_seed
-from .types import FinishReason, Trajectory
+from .seeds import derive_seed, eval_episode_seed
+from .types import Trajectory
 
 log = structlog.get_logger("opentinker.rollout.inference")
 
@@ -39,29 +45,21 @@ ADAPTER_CONFIG = "adapter_config.json"
 ProgressCallback = Callable[[int, int], None]  # (episodes done, episodes in all)
 
 
-@dataclass(frozen=True)
-class InferenceSummary:
-    """What a run of inference scored.
-
-    mean_reward: mean total episode reward. accuracy: fraction of episodes with reward > 0.
-    mean_turns: mean model turns per episode. env_errors: episodes that ended ENV_ERROR.
-    """
-
-    episodes: int
-    mean_reward: float
-    accuracy: float
-    mean_turns: float
-    env_errors: int
-    output: Path
-    seconds: float
-
-
 def load_inference_engine(
-    model: str, *, device: str | None = None, max_batch_size: int = 64
+    model: str,
+    *,
+    adapter_dir: str | None = None,
+    device: str | None = None,
+    max_batch_size: int = 64,
 ) -> TransformersEngine:
     """An engine for ``model``: a base model or full checkpoint (anything ``from_pretrained``
     loads), or a PEFT adapter directory (``adapter_config.json``), applied to the base model
-    its ``base_model_name_or_path`` names."""
+    its ``base_model_name_or_path`` names. With ``adapter_dir``: that adapter on ``model``."""
+    if adapter_dir:
+        spec = ModelSpec(base_model=model, finetune="full")
+        return TransformersEngine.load(
+            spec, max_batch_size=max_batch_size, device=device, adapter_dir=adapter_dir
+        )
     adapter_config = Path(model) / ADAPTER_CONFIG
     if not adapter_config.is_file():
         spec = ModelSpec(base_model=model, finetune="full")
@@ -93,6 +91,7 @@ def run_inference(
     seed: int = 0,
     split: str | None = None,
     concurrency: int = 32,
+    greedy: bool = False,
     device: str | None = None,
     env_timeout_s: float = 30.0,
     max_episode_retries: int = 2,
@@ -108,13 +107,14 @@ def run_inference(
     split: the dataset split to draw from (passed to the env as the ``split`` option).
     seed: fixes the env seeds of the episodes and the sampling.
     concurrency: episodes played (and generated) together.
+    greedy: argmax decoding instead of sampling (``sampling.temperature`` is not used).
     progress: called with (done, total) after every chunk.
 
     Raises ConfigError for bad arguments, NotFoundError when EnvHub has no such env,
     UnavailableError when EnvHub cannot be reached, OSError/ValueError when the model cannot
     be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
     """
-    options = dict(env_options or {})
+    options = options_with_split(env_options or {}, split)
     problems = []
     if episodes < 1:
         problems.append(f"episodes must be >= 1, got {episodes}")
@@ -122,10 +122,6 @@ def run_inference(
         problems.append(f"concurrency must be >= 1, got {concurrency}")
     if max_turns < 1 or max_episode_tokens < 8:
         problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
-    if split is not None:
-        if options.get("split", split) != split:
-            problems.append(f"split={split!r} contradicts env_options split={options['split']!r}")
-        options["split"] = split
     if problems:
         raise ConfigError("; ".join(problems))
     config = LoopConfig(
@@ -135,6 +131,7 @@ def run_inference(
         env_options=options,
         max_episode_retries=max_episode_retries,
         max_observation_chars=max_observation_chars,
+        greedy=greedy,
     )
     run = _InferenceRun(
         model=model,
@@ -185,7 +182,7 @@ class _InferenceRun:
                     requests = []
                     for i in indices:
                         eid = f"{run_id}-e{i}"
-                        env_seed = derive_seed(self.seed, "env", i)
+                        env_seed = eval_episode_seed(self.seed, i)
                         requests.append(
                             EpisodeRequest(eid, i, env_seed, envhub.session(eid), envhub.session)
                         )
@@ -211,34 +208,28 @@ class _InferenceRun:
         return summary
 
 
-def summarize(records: list[dict[str, Any]], output: Path, *, seconds: float) -> InferenceSummary:
-    """The summary of jsonl records (as ``run_inference`` writes them)."""
-    count = len(records)
-    return InferenceSummary(
-        episodes=count,
-        mean_reward=sum(r["reward"] for r in records) / count if count else 0.0,
-        accuracy=sum(r["reward"] > 0 for r in records) / count if count else 0.0,
-        mean_turns=sum(r["turns"] for r in records) / count if count else 0.0,
-        env_errors=sum(r["finish_reason"] == FinishReason.ENV_ERROR.value for r in records),
-        output=output,
-        seconds=seconds,
-    )
-
-
 def _record(t: Trajectory, env_seed: int, engine: GenerationEngine) -> dict[str, Any]:
-    """One jsonl line: the episode as messages and as the exact transcript the model saw."""
+    """One jsonl line: the episode's row, with the episode as messages and as the exact
+    transcript the model saw."""
     transcript = engine.tokenizer.decode(t.token_ids, skip_special_tokens=False)
     return {
-        "episode_id": t.episode_id,
-        "index": t.group_index,
-        "env_seed": env_seed,
-        "reward": t.reward,
-        "turns": t.num_turns,
-        "finish_reason": t.finish_reason.value,
-        "finish_detail": t.finish_detail,
-        "info": t.info,
-        "env_retries": t.env_retries,
+        **trajectory_row(t, index=t.group_index, env_seed=env_seed),
         "messages": [asdict(m) for m in t.messages],
         "transcript": transcript,
-        "completion_tokens": sum(t.loss_mask),
     }
+
+
+def trajectory_row(t: Trajectory, *, index: int, env_seed: int) -> dict[str, Any]:
+    """The row fields of a finished episode (see opentinker.inference_rows)."""
+    return episode_row(
+        episode_id=t.episode_id,
+        index=index,
+        env_seed=env_seed,
+        reward=t.reward,
+        turns=t.num_turns,
+        finish_reason=t.finish_reason.value,
+        finish_detail=t.finish_detail,
+        info=t.info,
+        env_retries=t.env_retries,
+        completion_tokens=sum(t.loss_mask),
+    )

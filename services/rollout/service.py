@@ -141,7 +141,17 @@ class _RolloutStream:
             return await self._weights(request.weights)
         if kind == "collect":
             c = request.collect
-            batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)
+            if c.evaluation:
+                if c.group_size not in (0, 1):
+                    return _failed("an evaluation collect needs group_size 1", "INVALID_ARGUMENT")
+                batch = await self.session.evaluate(
+                    c.batch_index,
+                    c.num_groups,
+                    first_episode=c.first_episode,
+                    temperature=c.eval_temperature,
+                )
+            else:
+                batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)
             return rollout_pb2.RolloutResponse(batch=_batch_to_proto(batch))
         if kind == "close":
             log.info("rollout_closed", reason=request.close.reason)

@@ -6,9 +6,11 @@ Plain asyncio; knows nothing of the gRPC stream that drives it (see ``service.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 import torch
@@ -25,7 +27,8 @@ from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
-from .seeds import derive_seed
+from .inference import ADAPTER_CONFIG, load_inference_engine
+from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
 from .types import FinishReason, TrajectoryBatch
 
@@ -68,7 +71,7 @@ class RolloutSession:
         async with self._envhub_client(config):  # fail early on an unknown or unreachable env
             pass
         try:
-            engine = await asyncio.to_thread(self._engine_factory, config.model)
+            engine = await asyncio.to_thread(self._load_engine, config)
         except (OSError, ValueError) as err:
             raise InvalidArgumentError(
                 f"cannot load model {config.model.base_model!r}: {err}", code="INVALID_ARGUMENT"
@@ -159,6 +162,66 @@ class RolloutSession:
             tokens=stats.generated_tokens,
         )
         return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
+
+    async def evaluate(
+        self, batch_index: int, episodes: int, *, first_episode: int, temperature: float
+    ) -> TrajectoryBatch:
+        """Play ``episodes`` evaluation episodes: seeds from the evaluation stream (episode
+        ``first_episode + i``), env options merged with eval_env_options, temperature 0 =
+        greedy. Env errors stay in the batch (never raised as a failed batch)."""
+        engine = self.require_open("CollectTrajectories")
+        assert self.config is not None and self._loop is not None
+        if episodes < 1 or first_episode < 0:
+            raise InvalidArgumentError(
+                f"an evaluation CollectTrajectories needs num_groups >= 1 and first_episode >= 0, "
+                f"got {episodes} and {first_episode}",
+                code="INVALID_ARGUMENT",
+            )
+        config = self.config
+        sampling = config.sampling
+        if temperature > 0:
+            sampling = sampling.model_copy(update={"temperature": temperature})
+        loop = AgentLoop(
+            engine,
+            dataclasses.replace(
+                self._loop.config,
+                sampling=sampling,
+                greedy=temperature == 0,
+                env_options={**config.env_options, **config.eval_env_options},
+            ),
+        )
+        async with self._envhub(config) as envhub:
+            requests = []
+            for i in range(first_episode, first_episode + episodes):
+                eid = f"{config.job_id}-v{batch_index}-e{i}"
+                seed = eval_episode_seed(config.seed, i)
+                requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
+            trajectories, stats = await loop.run(
+                requests, seed=derive_seed(config.seed, "sample", first_episode)
+            )
+        if envhub.gone is not None:
+            raise envhub.gone
+        log.info(
+            "evaluation_collected",
+            batch_index=batch_index,
+            first_episode=first_episode,
+            episodes=len(trajectories),
+            env_errors=sum(t.finish_reason is FinishReason.ENV_ERROR for t in trajectories),
+            policy_version=engine.policy_version,
+        )
+        return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
+
+    def _load_engine(self, config: RolloutConfig) -> GenerationEngine:
+        """The job's engine; a trained adapter (inference) is merged into its base model."""
+        model = config.model.base_model
+        if config.adapter_dir or (Path(model) / ADAPTER_CONFIG).is_file():
+            return load_inference_engine(
+                model,
+                adapter_dir=config.adapter_dir or None,
+                device=self.settings.device or None,
+                max_batch_size=self.settings.max_batch_size,
+            )
+        return self._engine_factory(config.model)
 
     def _envhub(self, config: RolloutConfig) -> EnvHubLink:
         """A link to EnvHub for the job's env that rides out EnvHub restarts (see envhub_link)."""

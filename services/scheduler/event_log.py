@@ -1,4 +1,5 @@
-"""Every job's event stream: state changes, step metrics and log lines, numbered 1, 2, 3…
+"""Every job's event stream: state changes, step metrics, log lines and an inference job's
+result rows, numbered 1, 2, 3…
 
 Appending assigns the next ``seq`` atomically (one Lua script: INCR + XADD), so sequence numbers
 are handed out without gaps even with concurrent writers. Readers replay from any ``seq`` and
@@ -6,12 +7,13 @@ then follow live events; a read ends once a terminal state change (SUCCEEDED, FA
 was delivered, or at once when the reader starts past a job that has already ended.
 
 Retention: a job keeps its newest ``max_progress`` progress events (step metrics and log lines);
-appending one more deletes the oldest, in the same script. State changes are never trimmed, so
-the whole life of a job, its terminal state and reason, stay; the final result and the last step
-live on the job record too (checkpoint_uri, final_metrics; the attempt's last_step). A watcher
-that replays sees every state change and the kept progress events, in order, with their original
-``seq``: a jump in ``seq`` marks trimmed events, and ``from_seq`` may name a trimmed one (the
-replay starts at the next kept event).
+appending one more deletes the oldest, in the same script. State changes and result rows (an
+inference job's output: at most 10,000 rows of at most 16 KiB, see progress.py) are never
+trimmed, so the whole life of a job, its terminal state and reason, and every result stay; the
+final result and the last step live on the job record too (checkpoint_uri, final_metrics; the
+attempt's last_step). A watcher that replays sees every state change, every row and the kept
+progress events, in order, with their original ``seq``: a jump in ``seq`` marks trimmed events,
+and ``from_seq`` may name a trimmed one (the replay starts at the next kept event).
 
 Redis layout (``prefix`` defaults to ``ot:events``)::
 

@@ -1,17 +1,24 @@
-"""Reports from a job's own processes: steps, log lines, failure reasons, results.
+"""Reports from a job's own processes: steps, log lines, result rows, failure reasons, results.
 
 Each method returns True when the reporter should stop (the job ended, was cancelled, or the
 report is of an attempt that is no longer current). Steps go to the event stream and to the
-job's and tenant's usage (tokens, steps).
+job's and tenant's usage (tokens, steps); result rows to the event stream and their generated
+tokens to the usage.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from opentinker.common.v1 import common_pb2
+from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.event_log import EventLog
 from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
 from opentinker.services.scheduler.quotas import Quotas
+
+MAX_ROW_BYTES = 16 * 1024  # a result row (ResultRow.json); the job trims its texts to fit
 
 
 class ProgressReports:
@@ -36,6 +43,17 @@ class ProgressReports:
         await self._events.append(job_id, common_pb2.JobEvent(log=line))
         return False
 
+    async def row(self, job_id: str, attempt: int, row: common_pb2.ResultRow) -> bool:
+        """One inference result row, appended to the event stream as is (never trimmed)."""
+        tokens = check_row(row).get("completion_tokens")
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        await self._events.append(job_id, common_pb2.JobEvent(row=row))
+        if isinstance(tokens, int | float) and tokens > 0:
+            await self._quotas.record_generated(job, float(tokens))
+        return False
+
     async def failure(self, job_id: str, attempt: int, reason: str) -> bool:
         job = await self._current(job_id, attempt)
         if job is None:
@@ -56,3 +74,20 @@ class ProgressReports:
         if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
             return None
         return job
+
+
+def check_row(row: common_pb2.ResultRow) -> dict[str, Any]:
+    """The row's json, which must be a JSON object of at most MAX_ROW_BYTES (else ConfigError)."""
+    size = len(row.json.encode())
+    if size > MAX_ROW_BYTES:
+        raise ConfigError(
+            f"row.json: {size} bytes, over the {MAX_ROW_BYTES} byte limit; trim its texts",
+            reason="ROW_TOO_LARGE",
+        )
+    try:
+        parsed = json.loads(row.json)
+    except ValueError as err:
+        raise ConfigError(f"row.json: not JSON ({err})", reason="BAD_ROW") from err
+    if not isinstance(parsed, dict):
+        raise ConfigError("row.json: must be a JSON object", reason="BAD_ROW")
+    return parsed

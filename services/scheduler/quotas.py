@@ -5,7 +5,8 @@
   this period reached its budget gets RESOURCE_EXHAUSTED with the numbers.
 - dispatch: the devices each tenant holds now (from the ledger) and each tenant's limit feed
   the FairPicker (fair_share.py).
-- reports: each step adds its tokens and one step to the job's and tenant's usage.
+- reports: each step adds its tokens and one step to the job's and tenant's usage; each result
+  row of an inference job adds the tokens its episode generated.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ class Quotas:
             tokens_trained=metrics.get(TOKENS_TRAINED_METRIC, 0.0),
         )
         quota = await self.quota(job.tenant_id)
+        await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s)
+
+    async def record_generated(self, job: common_pb2.Job, tokens: float) -> None:
+        """Tokens generated outside training steps (an inference job's episode)."""
+        quota = await self.quota(job.tenant_id)
+        usage = Usage(tokens_generated=tokens)
         await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s)
 
     async def report(

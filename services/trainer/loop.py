@@ -29,13 +29,14 @@ from .rollout_client import WeightsAck
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .training import grpo_update
+from .validation import EvalRollout, Validation
 
 log = structlog.get_logger()
 
 REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and final metrics
 
 
-class RolloutSession(Protocol):
+class RolloutSession(EvalRollout, Protocol):
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
 
     async def sync_weights(
@@ -127,6 +128,7 @@ class RlLoop:
         self.step = 0
         self.rewards: list[float] = []
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
+        self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
 
     async def run(self) -> Outcome:
         try:
@@ -189,6 +191,7 @@ class RlLoop:
             "steps": float(self.step),
             "policy_version": float(self.policy_version),
         }
+        final.update(await self._validate(final=True))
         await self.reporter.report_result(str(checkpoint), final)
         self.log.info("job_succeeded", checkpoint=str(checkpoint), **final)
         return Outcome.SUCCEEDED
@@ -225,6 +228,7 @@ class RlLoop:
             StepTimes(train_s=time_train, sync_s=time_sync, step_s=time_step),
             probe_diff=probe_diff,
         )
+        metrics.update(await self._validate())
         reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
         self.status.step, self.status.policy_version, self.status.last_metrics = (
@@ -306,6 +310,13 @@ class RlLoop:
                 f"and LoRA config and applies every tensor"
             )
         return ack.apply_seconds + probe_seconds, diff
+
+    async def _validate(self, *, final: bool = False) -> dict[str, float]:
+        """val/* metrics of the policy after this step when a validation is due (every
+        val_every steps, after the last step, and at the end when ``final``); else none."""
+        if not (self.validation.due(self.step) or (final and self.validation.enabled)):
+            return {}
+        return await self.validation.run(self.rollout, self.step)
 
     async def _save(self) -> Path:
         """Checkpoint the current step (once: a step already saved returns its path)."""

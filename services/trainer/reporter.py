@@ -11,8 +11,10 @@ UNAVAILABLE is retried: the scheduler did not take the report, so a retry cannot
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import structlog
@@ -64,6 +66,11 @@ class SchedulerReporter:
     async def report_failure(self, reason: str) -> None:
         failure = scheduler_pb2.JobFailure(reason=reason)
         await self._report(scheduler_pb2.ReportJobProgressRequest(failure=failure))
+
+    async def report_row(self, row: Mapping[str, Any]) -> bool:
+        """One result row of an inference job; True when the scheduler says stop."""
+        pb = common_pb2.ResultRow(json=json.dumps(row, ensure_ascii=False), index=row["index"])
+        return await self._report(scheduler_pb2.ReportJobProgressRequest(row=pb))
 
     async def report_log(self, message: str) -> bool:
         """A line for the job's event stream; True when the scheduler says stop."""

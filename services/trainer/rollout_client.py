@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import torch
 
+from opentinker.common.v1 import common_pb2
+from opentinker.inference_rows import episode_row, wire_row
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.modeling.weights import pack_weights
+from opentinker.services.rollout.seeds import eval_episode_seed
 from opentinker.spec import JobSpec, to_proto
 
 from .batch import CollectedBatch, Episode
@@ -39,27 +43,15 @@ class GrpcRolloutSession:
         self._address = address
         self._call: grpc.aio.StreamStreamCall | None = None
         self._seq = 0
+        self._seed = 0  # the session's seed: evaluation rows name their env seeds
 
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str:
-        """Open the session for ``spec``'s model and env; returns the engine name."""
-        assert spec.rl is not None
-        pb = to_proto(spec)
+        """Open the session for ``spec``'s model and env (an RL or an inference job);
+        returns the engine name."""
+        request = open_request(job_id, spec)
+        self._seed = request.seed
         self._call = self._stub.Rollout()
-        await self._send(
-            rollout_pb2.RolloutRequest(
-                open=rollout_pb2.OpenRollout(
-                    job_id=job_id,
-                    model=pb.model,
-                    env_name=spec.rl.env_name,
-                    env_options=spec.rl.env_options,
-                    sampling=pb.rl.sampling,
-                    max_turns=spec.rl.max_turns,
-                    max_episode_tokens=spec.rl.max_episode_tokens,
-                    seed=spec.rl.seed,
-                )
-            ),
-            timeout_s,
-        )
+        await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
         reply = await self._receive("opened", timeout_s)
         return reply.opened.engine
 
@@ -106,6 +98,34 @@ class GrpcRolloutSession:
             env_seconds=batch.env_seconds,
             generated_tokens=batch.generated_tokens,
         )
+
+    async def evaluate(
+        self,
+        *,
+        batch_index: int,
+        first_episode: int,
+        episodes: int,
+        temperature: float,
+        timeout_s: float,
+    ) -> list[dict[str, Any]]:
+        """Play evaluation episodes ``first_episode ..`` (temperature 0 = greedy); one result
+        row each (opentinker.inference_rows, texts cut to the wire limits), in episode order."""
+        request = rollout_pb2.CollectTrajectories(
+            batch_index=batch_index,
+            num_groups=episodes,
+            group_size=1,
+            evaluation=True,
+            first_episode=first_episode,
+            eval_temperature=temperature,
+        )
+        await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
+        batch = (await self._receive("batch", timeout_s)).batch
+        if batch.batch_index != batch_index or len(batch.trajectories) != episodes:
+            raise RolloutError(
+                f"rollout at {self._address} answered evaluation batch {batch.batch_index} with "
+                f"{len(batch.trajectories)} episodes, expected {batch_index} with {episodes}"
+            )
+        return [_row(t, self._seed) for t in batch.trajectories]
 
     async def close(self, *, reason: str, timeout_s: float) -> None:
         """Send CloseRollout and wait for RolloutClosed (or the stream's end); never raises."""
@@ -192,6 +212,55 @@ class GrpcRolloutSession:
             f"rollout at {self._address} unreachable or broken while {doing}: {name}: {details}",
             code=name,
         )
+
+
+def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:
+    """The OpenRollout of an RL job (training and validation) or an inference job."""
+    pb = to_proto(spec)
+    if spec.inference is not None:
+        c, model = pb.inference, common_pb2.ModelSpec()
+        model.CopyFrom(pb.model)
+        model.finetune = common_pb2.FINETUNE_MODE_FULL  # served as is, never trained
+        return rollout_pb2.OpenRollout(
+            job_id=job_id,
+            model=model,
+            env_name=c.env_name,
+            env_options=c.env_options,
+            sampling=c.sampling,
+            max_turns=c.max_turns,
+            max_episode_tokens=c.max_episode_tokens,
+            seed=c.seed,
+            adapter_dir=c.adapter_dir,
+        )
+    r = pb.rl
+    return rollout_pb2.OpenRollout(
+        job_id=job_id,
+        model=pb.model,
+        env_name=r.env_name,
+        env_options=r.env_options,
+        sampling=r.sampling,
+        max_turns=r.max_turns,
+        max_episode_tokens=r.max_episode_tokens,
+        seed=r.seed,
+        eval_env_options=r.val_env_options,
+    )
+
+
+def _row(t: rollout_pb2.Trajectory, seed: int) -> dict[str, Any]:
+    """A result row of an evaluation episode (its group_index is its episode index)."""
+    row = episode_row(
+        episode_id=t.episode_id,
+        index=t.group_index,
+        env_seed=eval_episode_seed(seed, t.group_index),
+        reward=t.reward,
+        turns=t.num_turns,
+        finish_reason=rollout_pb2.FinishReason.Name(t.finish_reason).removeprefix("FINISH_REASON_"),
+        finish_detail=t.finish_detail,
+        info=t.info,
+        env_retries=t.env_retries,
+        completion_tokens=sum(t.loss_mask),
+    )
+    return wire_row(row, t.completion_text)
 
 
 def _episode(t: rollout_pb2.Trajectory) -> Episode:

@@ -26,6 +26,7 @@ from opentinker.services.modeling.preload import Preload
 from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
+from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
 from .reporter import SchedulerReporter
@@ -111,7 +112,13 @@ async def run_job(
         server, port = await create_server(settings, status, authenticator=authenticator)
         try:
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
-            job_log.info("trainer_serving", port=port, rollout=rollout_address)
+            job_log.info("trainer_serving", port=port, rollout=rollout_address, kind=spec.kind)
+            if spec.kind != "sft" and not rollout_address:
+                reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
+                return await _report_failure(reporter, reason, job_log)
+            if spec.kind == "inference":
+                assert rollout_address is not None
+                return await _infer(job.job_id, spec, launch, rollout_address, settings, reporter)
             return await _train(
                 job.job_id, spec, launch, rollout_address, settings, reporter, status, preload
             )
@@ -158,9 +165,7 @@ async def _train(
             checkpoint_dir=launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints",
         ).run()
         return 1 if outcome is Outcome.FAILED else 0
-    if not rollout_address:
-        reason = "an RL job's trainer needs --rollout-address (the job's rollout)"
-        return await _report_failure(reporter, reason, log.bind(job_id=job_id))
+    assert rollout_address is not None  # run_job checked it
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         loop = RlLoop(
             job_id=job_id,
@@ -174,6 +179,27 @@ async def _train(
             checkpoint_dir=launch.checkpoint_dir,
         )
         outcome = await loop.run()
+    return 1 if outcome is Outcome.FAILED else 0
+
+
+async def _infer(
+    job_id: str,
+    spec: JobSpec,
+    launch: LaunchConfig,
+    rollout_address: str,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+) -> int:
+    """An inference job: the rollout holds the model; no policy is loaded here."""
+    async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
+        job = InferenceJob(
+            job_id=job_id,
+            spec=spec,
+            rollout=GrpcRolloutSession(rollout_channel, address=rollout_address),
+            reporter=reporter,
+            settings=settings,
+        )
+        outcome = await job.run()
     return 1 if outcome is Outcome.FAILED else 0
 
 

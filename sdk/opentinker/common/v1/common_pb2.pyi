@@ -99,8 +99,15 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode")
     class EnvOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ValEnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +128,11 @@ class RlConfig(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_REWARD_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    VAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    VAL_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    VAL_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    VAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    VAL_FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
     steps: int
@@ -135,7 +147,43 @@ class RlConfig(_message.Message):
     seed: int
     stop_at_reward: float
     checkpoint_every: int
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
+    val_every: int
+    val_episodes: int
+    val_temperature: float
+    val_env_options: _containers.ScalarMap[str, str]
+    val_first_episode: int
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ...) -> None: ...
+
+class InferenceConfig(_message.Message):
+    __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy")
+    class EnvOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENV_NAME_FIELD_NUMBER: _ClassVar[int]
+    ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
+    env_name: str
+    env_options: _containers.ScalarMap[str, str]
+    episodes: int
+    concurrency: int
+    sampling: SamplingParams
+    max_turns: int
+    max_episode_tokens: int
+    seed: int
+    adapter_dir: str
+    greedy: bool
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., episodes: _Optional[int] = ..., concurrency: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., greedy: _Optional[bool] = ...) -> None: ...
 
 class SftConfig(_message.Message):
     __slots__ = ("dataset_path", "validation_fraction", "validation_path", "epochs", "steps", "learning_rate", "max_tokens_per_batch", "packing", "max_sequence_length", "seed", "checkpoint_every", "eval_every", "max_grad_norm")
@@ -168,7 +216,7 @@ class SftConfig(_message.Message):
     def __init__(self, dataset_path: _Optional[str] = ..., validation_fraction: _Optional[float] = ..., validation_path: _Optional[str] = ..., epochs: _Optional[int] = ..., steps: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_tokens_per_batch: _Optional[int] = ..., packing: _Optional[bool] = ..., max_sequence_length: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., eval_every: _Optional[int] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "sft")
+    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "sft", "inference")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +224,7 @@ class JobSpec(_message.Message):
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SFT_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: JobKind
     model: ModelSpec
@@ -183,7 +232,8 @@ class JobSpec(_message.Message):
     num_devices: int
     priority: int
     sft: SftConfig
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ...) -> None: ...
+    inference: InferenceConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ..., inference: _Optional[_Union[InferenceConfig, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")
@@ -252,20 +302,30 @@ class LogLine(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("seq", "time_unix_s", "job_id", "state_change", "step", "log")
+    __slots__ = ("seq", "time_unix_s", "job_id", "state_change", "step", "log", "row")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_CHANGE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
     seq: int
     time_unix_s: float
     job_id: str
     state_change: StateChange
     step: StepMetrics
     log: LogLine
-    def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., job_id: _Optional[str] = ..., state_change: _Optional[_Union[StateChange, _Mapping]] = ..., step: _Optional[_Union[StepMetrics, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ...) -> None: ...
+    row: ResultRow
+    def __init__(self, seq: _Optional[int] = ..., time_unix_s: _Optional[float] = ..., job_id: _Optional[str] = ..., state_change: _Optional[_Union[StateChange, _Mapping]] = ..., step: _Optional[_Union[StepMetrics, _Mapping]] = ..., log: _Optional[_Union[LogLine, _Mapping]] = ..., row: _Optional[_Union[ResultRow, _Mapping]] = ...) -> None: ...
+
+class ResultRow(_message.Message):
+    __slots__ = ("json", "index")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    index: int
+    def __init__(self, json: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("name", "shape", "dtype", "data", "byte_offset", "total_bytes")

@@ -38,8 +38,15 @@ class RolloutRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
 
 class OpenRollout(_message.Message):
-    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed")
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options")
     class EnvOptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class EvalEnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +61,8 @@ class OpenRollout(_message.Message):
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     MAX_EPISODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: _common_pb2.ModelSpec
     env_name: str
@@ -62,7 +71,9 @@ class OpenRollout(_message.Message):
     max_turns: int
     max_episode_tokens: int
     seed: int
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    adapter_dir: str
+    eval_env_options: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids")
@@ -79,14 +90,20 @@ class WeightChunk(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., is_adapter: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.Tensor, _Mapping]]] = ..., last: _Optional[bool] = ..., probe_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectTrajectories(_message.Message):
-    __slots__ = ("batch_index", "num_groups", "group_size")
+    __slots__ = ("batch_index", "num_groups", "group_size", "evaluation", "first_episode", "eval_temperature")
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
+    EVAL_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     num_groups: int
     group_size: int
-    def __init__(self, batch_index: _Optional[int] = ..., num_groups: _Optional[int] = ..., group_size: _Optional[int] = ...) -> None: ...
+    evaluation: bool
+    first_episode: int
+    eval_temperature: float
+    def __init__(self, batch_index: _Optional[int] = ..., num_groups: _Optional[int] = ..., group_size: _Optional[int] = ..., evaluation: _Optional[bool] = ..., first_episode: _Optional[int] = ..., eval_temperature: _Optional[float] = ...) -> None: ...
 
 class CloseRollout(_message.Message):
     __slots__ = ("reason",)

@@ -1,0 +1,67 @@
+"""The inference job's spec (``JobSpec.inference``) and its translation to and from the wire.
+
+spec = JobSpec(
+    kind="inference",
+    model=ModelSpec(base_model="runs/job-1/checkpoint"),
+    inference=InferenceConfig(env_name="letter", episodes=64),
+)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from opentinker.common.v1 import common_pb2
+from opentinker.spec_parts import SamplingParams, StrictModel, sampling_fields, sampling_to_proto
+
+MAX_INFERENCE_EPISODES = 10_000  # every row stays in the job's event stream: keep it bounded
+
+
+class InferenceConfig(StrictModel):
+    """Play ``episodes`` episodes of a registered environment with the job's model.
+
+    The model is ``JobSpec.model.base_model`` (a base model, or a full checkpoint directory);
+    with ``adapter_dir`` that LoRA adapter is applied to it. A base_model directory holding
+    ``adapter_config.json`` is itself loaded as an adapter on the base it names.
+    """
+
+    env_name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    env_options: dict[str, str] = {}
+    episodes: int = Field(16, ge=1, le=MAX_INFERENCE_EPISODES)
+    concurrency: int = Field(32, ge=1, le=4096, description="Episodes played together.")
+    sampling: SamplingParams = SamplingParams()
+    max_turns: int = Field(1, ge=1, le=1000)
+    max_episode_tokens: int = Field(2048, ge=8, le=1_000_000)
+    seed: int = Field(0, ge=0)
+    adapter_dir: str = Field("", description="A saved PEFT adapter applied to model.base_model.")
+    greedy: bool = Field(False, description="Argmax decoding; sampling.temperature is ignored.")
+
+
+def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
+    return common_pb2.InferenceConfig(
+        env_name=c.env_name,
+        env_options=c.env_options,
+        episodes=c.episodes,
+        concurrency=c.concurrency,
+        sampling=sampling_to_proto(c.sampling),
+        max_turns=c.max_turns,
+        max_episode_tokens=c.max_episode_tokens,
+        seed=c.seed,
+        adapter_dir=c.adapter_dir,
+        greedy=c.greedy,
+    )
+
+
+def inference_fields(c: common_pb2.InferenceConfig) -> dict:
+    """The set fields of a wire InferenceConfig, as JobSpec input (unset = the default)."""
+    data: dict = {"env_name": c.env_name, "env_options": dict(c.env_options)}
+    for key in ("episodes", "concurrency", "max_turns", "max_episode_tokens", "seed"):
+        if value := getattr(c, key):
+            data[key] = value
+    if c.adapter_dir:
+        data["adapter_dir"] = c.adapter_dir
+    if c.greedy:
+        data["greedy"] = True
+    if c.HasField("sampling"):
+        data["sampling"] = sampling_fields(c.sampling)
+    return data

@@ -1,0 +1,115 @@
+"""An inference job: the rollout plays the episodes, this driver reports one row per episode.
+
+The trainer process runs it instead of the RL loop when the job's kind is "inference". The
+rollout loads the model (base, full checkpoint, or base + adapter) and plays the episodes
+through EnvHub with the same AgentLoop as training, ``concurrency`` at a time; every episode
+becomes a result row in the job's event stream, and the job's result carries the summary that
+``opentinker infer`` prints (mean_reward, accuracy, mean_turns, env_errors, episodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import structlog
+
+from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.inference_rows import ENV_ERROR, summarize
+from opentinker.spec import InferenceConfig, JobSpec
+
+from .loop import Outcome
+from .settings import TrainerSettings
+from .validation import EvalRollout
+
+log = structlog.get_logger()
+
+
+class InferenceRollout(EvalRollout, Protocol):
+    async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
+
+    async def close(self, *, reason: str, timeout_s: float) -> None: ...
+
+
+class RowReporter(Protocol):
+    async def report_row(self, row: Mapping[str, Any]) -> bool: ...
+
+    async def report_result(
+        self, checkpoint_uri: str, final_metrics: Mapping[str, float]
+    ) -> None: ...
+
+    async def report_failure(self, reason: str) -> None: ...
+
+
+class InferenceJob:
+    """Runs one inference job to its end; ``run`` reports a failure itself and returns the
+    Outcome (FAILED when every episode failed in the environment, or the rollout failed)."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        spec: JobSpec,
+        rollout: InferenceRollout,
+        reporter: RowReporter,
+        settings: TrainerSettings,
+    ) -> None:
+        if spec.inference is None:
+            raise ValueError("InferenceJob needs an inference job spec")
+        self.job_id, self.spec = job_id, spec
+        self.config: InferenceConfig = spec.inference
+        self.rollout, self.reporter, self.settings = rollout, reporter, settings
+        self.rows: list[dict[str, Any]] = []
+        self.log = log.bind(job_id=job_id, env=self.config.env_name)
+
+    async def run(self) -> Outcome:
+        reason = ""
+        try:
+            outcome = await self._play()
+        except OpenTinkerError as err:
+            outcome, reason = Outcome.FAILED, str(err)
+        except Exception as err:  # a bug: still a reported, clean failure
+            self.log.exception("inference_crashed")
+            outcome, reason = Outcome.FAILED, f"inference error: {type(err).__name__}: {err}"
+        finally:
+            await self.rollout.close(
+                reason="inference finished", timeout_s=self.settings.close_timeout_s
+            )
+        if outcome is Outcome.FAILED:
+            self.log.error("job_failed", reason=reason, episodes_done=len(self.rows))
+            try:
+                await self.reporter.report_failure(reason)
+            except OpenTinkerError as err:
+                self.log.error("failure_not_reported", error=str(err))
+        return outcome
+
+    async def _play(self) -> Outcome:
+        c = self.config
+        engine = await self.rollout.open(
+            job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
+        )
+        self.log.info("inference_started", engine=engine, episodes=c.episodes)
+        temperature = 0.0 if c.greedy else c.sampling.temperature
+        for batch_index, first in enumerate(range(0, c.episodes, c.concurrency)):
+            rows = await self.rollout.evaluate(
+                batch_index=batch_index,
+                first_episode=first,
+                episodes=min(c.concurrency, c.episodes - first),
+                temperature=temperature,
+                timeout_s=self.settings.collect_timeout_s,
+            )
+            for row in rows:
+                self.rows.append(row)
+                if await self.reporter.report_row(row):
+                    self.log.info("job_cancelled", episodes_done=len(self.rows))
+                    return Outcome.CANCELLED
+        if all(r["finish_reason"] == ENV_ERROR for r in self.rows):
+            raise EnvironmentError_(
+                f"every one of {len(self.rows)} episodes of env {c.env_name!r} failed "
+                f"(first error: {self.rows[0]['finish_detail'] or 'no detail given'}); "
+                "check the environment server"
+            )
+        summary = summarize(self.rows).metrics()
+        await self.reporter.report_result("", summary)
+        self.log.info("job_succeeded", **summary)
+        return Outcome.SUCCEEDED
