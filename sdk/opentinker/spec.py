@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.session_config import SessionConfig
 
 
 class _Strict(BaseModel):
@@ -78,9 +79,10 @@ class JobSpec(_Strict):
     """Everything the scheduler needs to run a job."""
 
     name: str = Field("job", min_length=1, max_length=128)
-    kind: Literal["rl"] = "rl"
+    kind: Literal["rl", "session"] = "rl"
     model: ModelSpec = ModelSpec()
     rl: RlConfig | None = None
+    session: SessionConfig | None = None
     num_devices: int = Field(1, ge=1, le=4096)
     priority: int = Field(
         0,
@@ -93,6 +95,8 @@ class JobSpec(_Strict):
     def _kind_has_its_config(self) -> JobSpec:
         if self.kind == "rl" and self.rl is None:
             raise ValueError("an RL job needs `rl` (at least rl.env_name)")
+        if self.kind != "session" and self.session is not None:
+            raise ValueError(f"`session` is for kind 'session' jobs, not {self.kind!r}")
         return self
 
 
@@ -117,7 +121,7 @@ def parse_job_spec(data: dict) -> JobSpec:
 
 _FINETUNE_TO_PB = {"lora": common_pb2.FINETUNE_MODE_LORA, "full": common_pb2.FINETUNE_MODE_FULL}
 _FINETUNE_FROM_PB = {v: k for k, v in _FINETUNE_TO_PB.items()}
-_KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL}
+_KIND_TO_PB = {"rl": common_pb2.JOB_KIND_RL, "session": common_pb2.JOB_KIND_SESSION}
 # Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
 _RL_NUMBERS = (
     "steps",
@@ -134,7 +138,9 @@ _KIND_NAMES = {
     common_pb2.JOB_KIND_RL: "rl",
     common_pb2.JOB_KIND_SFT: "sft",
     common_pb2.JOB_KIND_INFERENCE: "inference",
+    common_pb2.JOB_KIND_SESSION: "session",
 }
+_SERVED_KINDS = (common_pb2.JOB_KIND_RL, common_pb2.JOB_KIND_SESSION)
 
 
 def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
@@ -155,6 +161,8 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
             ),
         ),
     )
+    if spec.session is not None:
+        pb.session.CopyFrom(spec.session.to_proto())
     if spec.rl is not None:
         rl = spec.rl
         pb.rl.CopyFrom(
@@ -187,13 +195,13 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
 
     Unset (zero) numeric fields take the model's defaults, as proto3 cannot tell them apart.
     """
-    if pb.kind != common_pb2.JOB_KIND_RL:
+    if pb.kind not in _SERVED_KINDS:
         name = _KIND_NAMES.get(pb.kind, "unspecified")
         raise ConfigError(
-            f"invalid job spec: kind: {name!r} jobs are not served yet; use kind 'rl'",
+            f"invalid job spec: kind: {name!r} jobs are not served yet; use kind 'rl' or 'session'",
             reason="UNSUPPORTED_KIND",
         )
-    data: dict = {"kind": "rl"}
+    data: dict = {"kind": _KIND_NAMES[pb.kind]}
     if pb.name:
         data["name"] = pb.name
     if pb.num_devices:
@@ -204,6 +212,8 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
         data["model"] = _model_fields(pb.model)
     if pb.HasField("rl"):
         data["rl"] = _rl_fields(pb.rl)
+    if pb.HasField("session"):
+        data["session"] = SessionConfig.fields_from_proto(pb.session)
     return parse_job_spec(data)
 
 

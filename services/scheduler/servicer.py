@@ -138,9 +138,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 stop = await s.reports.failure(job_id, attempt, request.failure.reason)
             elif kind == "result":
                 stop = await s.reports.result(job_id, attempt, request.result)
+            elif kind == "session":
+                stop = await s.reports.session(job_id, attempt, request.session)
             else:
                 raise ConfigError(
-                    "payload: set one of step, log, failure or result", reason="EMPTY_REPORT"
+                    "payload: set one of step, log, failure, result or session",
+                    reason="EMPTY_REPORT",
                 )
         except OpenTinkerError as err:
             await abort_with(context, err)

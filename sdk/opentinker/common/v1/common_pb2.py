@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!opentinker/common/v1/common.proto\x12\x14opentinker.common.v1\"R\n\nLoraConfig\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x01\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t\"\x85\x01\n\tModelSpec\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x34\n\x08\x66inetune\x18\x02 \x01(\x0e\x32\".opentinker.common.v1.FinetuneMode\x12.\n\x04lora\x18\x03 \x01(\x0b\x32 .opentinker.common.v1.LoraConfig\"L\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xdb\x03\n\x08RlConfig\x12\x10\n\x08\x65nv_name\x18\x01 \x01(\t\x12\x43\n\x0b\x65nv_options\x18\x02 \x03(\x0b\x32..opentinker.common.v1.RlConfig.EnvOptionsEntry\x12\r\n\x05steps\x18\x03 \x01(\x05\x12\x18\n\x10prompts_per_step\x18\x04 \x01(\x05\x12\x1a\n\x12samples_per_prompt\x18\x05 \x01(\x05\x12\x15\n\rlearning_rate\x18\x06 \x01(\x01\x12,\n\x04loss\x18\x07 \x01(\x0e\x32\x1e.opentinker.common.v1.LossKind\x12\x14\n\x0c\x63lip_epsilon\x18\x08 \x01(\x01\x12\x36\n\x08sampling\x18\t \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x11\n\tmax_turns\x18\n \x01(\x05\x12\x1a\n\x12max_episode_tokens\x18\x0b \x01(\x05\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12\x16\n\x0estop_at_reward\x18\r \x01(\x01\x12\x18\n\x10\x63heckpoint_every\x18\x0e \x01(\x05\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc7\x01\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.opentinker.common.v1.JobKind\x12.\n\x05model\x18\x03 \x01(\x0b\x32\x1f.opentinker.common.v1.ModelSpec\x12*\n\x02rl\x18\x04 \x01(\x0b\x32\x1e.opentinker.common.v1.RlConfig\x12\x13\n\x0bnum_devices\x18\x05 \x01(\x05\x12\x10\n\x08priority\x18\x06 \x01(\x05\"\x90\x03\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x1d.opentinker.common.v1.JobSpec\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.opentinker.common.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x05 \x01(\x01\x12\x16\n\x0eupdated_unix_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\t \x01(\t\x12\x42\n\rfinal_metrics\x18\n \x03(\x0b\x32+.opentinker.common.v1.Job.FinalMetricsEntry\x12\x11\n\ttenant_id\x18\x0b \x01(\t\x12\x15\n\rowner_user_id\x18\x0c \x01(\t\x1a\x33\n\x11\x46inalMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa4\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12?\n\x07metrics\x18\x03 \x03(\x0b\x32..opentinker.common.v1.StepMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"L\n\x0bStateChange\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.opentinker.common.v1.JobState\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x07LogLine\x12\x0f\n\x07message\x18\x01 \x01(\t\"\xe3\x01\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x39\n\x0cstate_change\x18\n \x01(\x0b\x32!.opentinker.common.v1.StateChangeH\x00\x12\x31\n\x04step\x18\x0b \x01(\x0b\x32!.opentinker.common.v1.StepMetricsH\x00\x12,\n\x03log\x18\x0c \x01(\x0b\x32\x1d.opentinker.common.v1.LogLineH\x00\x42\t\n\x07payload\"\x89\x01\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12*\n\x05\x64type\x18\x03 \x01(\x0e\x32\x1b.opentinker.common.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0b\x62yte_offset\x18\x05 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\" \n\tHeartbeat\x12\x13\n\x0btime_unix_s\x18\x01 \x01(\x01*^\n\x07JobKind\x12\x18\n\x14JOB_KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bJOB_KIND_RL\x10\x01\x12\x10\n\x0cJOB_KIND_SFT\x10\x02\x12\x16\n\x12JOB_KIND_INFERENCE\x10\x03*\xb4\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x18\n\x14JOB_STATE_ALLOCATING\x10\x02\x12\x15\n\x11JOB_STATE_RUNNING\x10\x03\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06*]\n\x0c\x46inetuneMode\x12\x1d\n\x19\x46INETUNE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INETUNE_MODE_LORA\x10\x01\x12\x16\n\x12\x46INETUNE_MODE_FULL\x10\x02*9\n\x08LossKind\x12\x19\n\x15LOSS_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLOSS_KIND_GRPO\x10\x01*n\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x10\n\x0c\x44_TYPE_INT64\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!opentinker/common/v1/common.proto\x12\x14opentinker.common.v1\"R\n\nLoraConfig\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05\x61lpha\x18\x02 \x01(\x01\x12\x0f\n\x07\x64ropout\x18\x03 \x01(\x01\x12\x16\n\x0etarget_modules\x18\x04 \x03(\t\"\x85\x01\n\tModelSpec\x12\x12\n\nbase_model\x18\x01 \x01(\t\x12\x34\n\x08\x66inetune\x18\x02 \x01(\x0e\x32\".opentinker.common.v1.FinetuneMode\x12.\n\x04lora\x18\x03 \x01(\x0b\x32 .opentinker.common.v1.LoraConfig\"L\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"\xdb\x03\n\x08RlConfig\x12\x10\n\x08\x65nv_name\x18\x01 \x01(\t\x12\x43\n\x0b\x65nv_options\x18\x02 \x03(\x0b\x32..opentinker.common.v1.RlConfig.EnvOptionsEntry\x12\r\n\x05steps\x18\x03 \x01(\x05\x12\x18\n\x10prompts_per_step\x18\x04 \x01(\x05\x12\x1a\n\x12samples_per_prompt\x18\x05 \x01(\x05\x12\x15\n\rlearning_rate\x18\x06 \x01(\x01\x12,\n\x04loss\x18\x07 \x01(\x0e\x32\x1e.opentinker.common.v1.LossKind\x12\x14\n\x0c\x63lip_epsilon\x18\x08 \x01(\x01\x12\x36\n\x08sampling\x18\t \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x11\n\tmax_turns\x18\n \x01(\x05\x12\x1a\n\x12max_episode_tokens\x18\x0b \x01(\x05\x12\x0c\n\x04seed\x18\x0c \x01(\x04\x12\x16\n\x0estop_at_reward\x18\r \x01(\x01\x12\x18\n\x10\x63heckpoint_every\x18\x0e \x01(\x05\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfd\x01\n\x07JobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.opentinker.common.v1.JobKind\x12.\n\x05model\x18\x03 \x01(\x0b\x32\x1f.opentinker.common.v1.ModelSpec\x12*\n\x02rl\x18\x04 \x01(\x0b\x32\x1e.opentinker.common.v1.RlConfig\x12\x13\n\x0bnum_devices\x18\x05 \x01(\x05\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x34\n\x07session\x18\t \x01(\x0b\x32#.opentinker.common.v1.SessionConfig\"e\n\rSessionConfig\x12\x16\n\x0eidle_timeout_s\x18\x01 \x01(\x01\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x18\n\x10max_batch_tokens\x18\x03 \x01(\x05\x12\x14\n\x0corder_wait_s\x18\x04 \x01(\x01\"\xa2\x03\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x1d.opentinker.common.v1.JobSpec\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.opentinker.common.v1.JobState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x16\n\x0e\x63reated_unix_s\x18\x05 \x01(\x01\x12\x16\n\x0eupdated_unix_s\x18\x06 \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x05\x12\x11\n\tworker_id\x18\x08 \x01(\t\x12\x16\n\x0e\x63heckpoint_uri\x18\t \x01(\t\x12\x42\n\rfinal_metrics\x18\n \x03(\x0b\x32+.opentinker.common.v1.Job.FinalMetricsEntry\x12\x11\n\ttenant_id\x18\x0b \x01(\t\x12\x15\n\rowner_user_id\x18\x0c \x01(\t\x12\x10\n\x08\x65ndpoint\x18\r \x01(\t\x1a\x33\n\x11\x46inalMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa4\x01\n\x0bStepMetrics\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12?\n\x07metrics\x18\x03 \x03(\x0b\x32..opentinker.common.v1.StepMetrics.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"L\n\x0bStateChange\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.opentinker.common.v1.JobState\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x07LogLine\x12\x0f\n\x07message\x18\x01 \x01(\t\"\xe3\x01\n\x08JobEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btime_unix_s\x18\x02 \x01(\x01\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x39\n\x0cstate_change\x18\n \x01(\x0b\x32!.opentinker.common.v1.StateChangeH\x00\x12\x31\n\x04step\x18\x0b \x01(\x0b\x32!.opentinker.common.v1.StepMetricsH\x00\x12,\n\x03log\x18\x0c \x01(\x0b\x32\x1d.opentinker.common.v1.LogLineH\x00\x42\t\n\x07payload\"\x89\x01\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12*\n\x05\x64type\x18\x03 \x01(\x0e\x32\x1b.opentinker.common.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x0b\x62yte_offset\x18\x05 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\" \n\tHeartbeat\x12\x13\n\x0btime_unix_s\x18\x01 \x01(\x01*t\n\x07JobKind\x12\x18\n\x14JOB_KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bJOB_KIND_RL\x10\x01\x12\x10\n\x0cJOB_KIND_SFT\x10\x02\x12\x16\n\x12JOB_KIND_INFERENCE\x10\x03\x12\x14\n\x10JOB_KIND_SESSION\x10\x04*\xb4\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x18\n\x14JOB_STATE_ALLOCATING\x10\x02\x12\x15\n\x11JOB_STATE_RUNNING\x10\x03\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x04\x12\x14\n\x10JOB_STATE_FAILED\x10\x05\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x06*]\n\x0c\x46inetuneMode\x12\x1d\n\x19\x46INETUNE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INETUNE_MODE_LORA\x10\x01\x12\x16\n\x12\x46INETUNE_MODE_FULL\x10\x02*9\n\x08LossKind\x12\x19\n\x15LOSS_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eLOSS_KIND_GRPO\x10\x01*n\n\x05\x44Type\x12\x16\n\x12\x44_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44_TYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44_TYPE_FLOAT16\x10\x02\x12\x13\n\x0f\x44_TYPE_BFLOAT16\x10\x03\x12\x10\n\x0c\x44_TYPE_INT64\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,16 +37,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_FINALMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_STEPMETRICS_METRICSENTRY']._loaded_options = None
   _globals['_STEPMETRICS_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_JOBKIND']._serialized_start=2117
-  _globals['_JOBKIND']._serialized_end=2211
-  _globals['_JOBSTATE']._serialized_start=2214
-  _globals['_JOBSTATE']._serialized_end=2394
-  _globals['_FINETUNEMODE']._serialized_start=2396
-  _globals['_FINETUNEMODE']._serialized_end=2489
-  _globals['_LOSSKIND']._serialized_start=2491
-  _globals['_LOSSKIND']._serialized_end=2548
-  _globals['_DTYPE']._serialized_start=2550
-  _globals['_DTYPE']._serialized_end=2660
+  _globals['_JOBKIND']._serialized_start=2292
+  _globals['_JOBKIND']._serialized_end=2408
+  _globals['_JOBSTATE']._serialized_start=2411
+  _globals['_JOBSTATE']._serialized_end=2591
+  _globals['_FINETUNEMODE']._serialized_start=2593
+  _globals['_FINETUNEMODE']._serialized_end=2686
+  _globals['_LOSSKIND']._serialized_start=2688
+  _globals['_LOSSKIND']._serialized_end=2745
+  _globals['_DTYPE']._serialized_start=2747
+  _globals['_DTYPE']._serialized_end=2857
   _globals['_LORACONFIG']._serialized_start=59
   _globals['_LORACONFIG']._serialized_end=141
   _globals['_MODELSPEC']._serialized_start=144
@@ -58,23 +58,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RLCONFIG_ENVOPTIONSENTRY']._serialized_start=784
   _globals['_RLCONFIG_ENVOPTIONSENTRY']._serialized_end=833
   _globals['_JOBSPEC']._serialized_start=836
-  _globals['_JOBSPEC']._serialized_end=1035
-  _globals['_JOB']._serialized_start=1038
-  _globals['_JOB']._serialized_end=1438
-  _globals['_JOB_FINALMETRICSENTRY']._serialized_start=1387
-  _globals['_JOB_FINALMETRICSENTRY']._serialized_end=1438
-  _globals['_STEPMETRICS']._serialized_start=1441
-  _globals['_STEPMETRICS']._serialized_end=1605
-  _globals['_STEPMETRICS_METRICSENTRY']._serialized_start=1559
-  _globals['_STEPMETRICS_METRICSENTRY']._serialized_end=1605
-  _globals['_STATECHANGE']._serialized_start=1607
-  _globals['_STATECHANGE']._serialized_end=1683
-  _globals['_LOGLINE']._serialized_start=1685
-  _globals['_LOGLINE']._serialized_end=1711
-  _globals['_JOBEVENT']._serialized_start=1714
-  _globals['_JOBEVENT']._serialized_end=1941
-  _globals['_TENSOR']._serialized_start=1944
-  _globals['_TENSOR']._serialized_end=2081
-  _globals['_HEARTBEAT']._serialized_start=2083
-  _globals['_HEARTBEAT']._serialized_end=2115
+  _globals['_JOBSPEC']._serialized_end=1089
+  _globals['_SESSIONCONFIG']._serialized_start=1091
+  _globals['_SESSIONCONFIG']._serialized_end=1192
+  _globals['_JOB']._serialized_start=1195
+  _globals['_JOB']._serialized_end=1613
+  _globals['_JOB_FINALMETRICSENTRY']._serialized_start=1562
+  _globals['_JOB_FINALMETRICSENTRY']._serialized_end=1613
+  _globals['_STEPMETRICS']._serialized_start=1616
+  _globals['_STEPMETRICS']._serialized_end=1780
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_start=1734
+  _globals['_STEPMETRICS_METRICSENTRY']._serialized_end=1780
+  _globals['_STATECHANGE']._serialized_start=1782
+  _globals['_STATECHANGE']._serialized_end=1858
+  _globals['_LOGLINE']._serialized_start=1860
+  _globals['_LOGLINE']._serialized_end=1886
+  _globals['_JOBEVENT']._serialized_start=1889
+  _globals['_JOBEVENT']._serialized_end=2116
+  _globals['_TENSOR']._serialized_start=2119
+  _globals['_TENSOR']._serialized_end=2256
+  _globals['_HEARTBEAT']._serialized_start=2258
+  _globals['_HEARTBEAT']._serialized_end=2290
 # @@protoc_insertion_point(module_scope)

@@ -13,6 +13,7 @@ class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_KIND_RL: _ClassVar[JobKind]
     JOB_KIND_SFT: _ClassVar[JobKind]
     JOB_KIND_INFERENCE: _ClassVar[JobKind]
+    JOB_KIND_SESSION: _ClassVar[JobKind]
 
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_RL: JobKind
 JOB_KIND_SFT: JobKind
 JOB_KIND_INFERENCE: JobKind
+JOB_KIND_SESSION: JobKind
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_QUEUED: JobState
 JOB_STATE_ALLOCATING: JobState
@@ -136,23 +138,37 @@ class RlConfig(_message.Message):
     def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority")
+    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "session")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RL_FIELD_NUMBER: _ClassVar[int]
     NUM_DEVICES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: JobKind
     model: ModelSpec
     rl: RlConfig
     num_devices: int
     priority: int
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    session: SessionConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., session: _Optional[_Union[SessionConfig, _Mapping]] = ...) -> None: ...
+
+class SessionConfig(_message.Message):
+    __slots__ = ("idle_timeout_s", "seed", "max_batch_tokens", "order_wait_s")
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    idle_timeout_s: float
+    seed: int
+    max_batch_tokens: int
+    order_wait_s: float
+    def __init__(self, idle_timeout_s: _Optional[float] = ..., seed: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., order_wait_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")
+    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id", "endpoint")
     class FinalMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +188,7 @@ class Job(_message.Message):
     FINAL_METRICS_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -184,7 +201,8 @@ class Job(_message.Message):
     final_metrics: _containers.ScalarMap[str, float]
     tenant_id: str
     owner_user_id: str
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ...) -> None: ...
+    endpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "policy_version", "metrics")
