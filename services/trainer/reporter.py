@@ -65,6 +65,11 @@ class SchedulerReporter:
         failure = scheduler_pb2.JobFailure(reason=reason)
         await self._report(scheduler_pb2.ReportJobProgressRequest(failure=failure))
 
+    async def report_session(self, *, endpoint: str = "", ended_reason: str = "") -> bool:
+        """A session job: where its TrainerService serves, or why it ended."""
+        report = scheduler_pb2.SessionReport(endpoint=endpoint, ended_reason=ended_reason)
+        return await self._report(scheduler_pb2.ReportJobProgressRequest(session=report))
+
     async def report_log(self, message: str) -> bool:
         """A line for the job's event stream; True when the scheduler says stop."""
         return await self._report(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
+from opentinker.common.v1 import common_pb2
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.modeling.weights import pack_weights
 from opentinker.spec import JobSpec, to_proto
@@ -62,6 +63,16 @@ class GrpcRolloutSession:
         )
         reply = await self._receive("opened", timeout_s)
         return reply.opened.engine
+
+    async def open_sampling_only(
+        self, *, job_id: str, model: common_pb2.ModelSpec, seed: int, timeout_s: float
+    ) -> str:
+        """Open for a training session: the rollout loads ``model`` and only samples
+        (SampleTokens) and takes weight updates, with no environment; returns the engine."""
+        self._call = self._stub.Rollout()
+        request = rollout_pb2.OpenRollout(job_id=job_id, model=model, seed=seed, sampling_only=True)
+        await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
+        return (await self._receive("opened", timeout_s)).opened.engine
 
     async def sync_weights(
         self,

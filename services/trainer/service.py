@@ -30,6 +30,9 @@ from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
 from .reporter import SchedulerReporter
 from .rollout_client import GrpcRolloutSession
+from .session.run import run_session
+from .session.servicer import SessionServicer
+from .session.training_session import TrainingSession
 from .settings import TrainerSettings
 
 log = structlog.get_logger()
@@ -58,8 +61,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
 
+# Every call: the job's own token, or a user key. A user reaches an RL job's trainer only if
+# it holds the job token; a session's trainer admits users of its tenant (SessionServicer).
+_SESSION_CALLS = (
+    "Forward",
+    "ForwardBackward",
+    "OptimStep",
+    "Sample",
+    "SaveWeightsForSampler",
+    "SaveState",
+    "LoadState",
+    "GetSessionInfo",
+    "CloseSession",
+)
 ACCESS_RULES = rules_for(
-    trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"], {"GetTrainerStatus": JOBS | USERS}
+    trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
+    {"GetTrainerStatus": JOBS | USERS, **dict.fromkeys(_SESSION_CALLS, JOBS | USERS)},
 )
 
 
@@ -68,13 +85,28 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int]:
     """A started TrainerService server (health + reflection) on settings.host:settings.port,
     admitting only the callers ``authenticator`` knows (the job's own token)."""
+    return await _serve(settings, TrainerServicer(status), authenticator)
+
+
+async def create_session_server(
+    settings: TrainerSettings, session: TrainingSession, authenticator: Authenticator
+) -> tuple[grpc.aio.Server, int]:
+    """A started TrainerService server answering a session job's calls."""
+    return await _serve(settings, SessionServicer(session), authenticator)
+
+
+async def _serve(
+    settings: TrainerSettings,
+    servicer: trainer_pb2_grpc.TrainerServiceServicer,
+    authenticator: Authenticator,
+) -> tuple[grpc.aio.Server, int]:
     server, port, health = create_aio_server(
         [SERVICE_NAME],
         host=settings.host,
         port=settings.port,
         interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
     )
-    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(status), server)
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     return server, port
@@ -104,6 +136,10 @@ async def run_job(
             spec = from_proto(job.spec)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
+        if spec.kind == "session":
+            return await run_session(
+                launch, spec, rollout_address, settings, reporter, create_session_server, preload
+            )
         status = TrainerStatus(job_id=job.job_id, finetune=spec.model.finetune)
         authenticator = OwnCredentialAuthenticator(token, job_id=job.job_id, attempt=job.attempt)
         server, port = await create_server(settings, status, authenticator=authenticator)
