@@ -20,15 +20,19 @@ from opentinker.errors import (
 )
 from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
+from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
+from opentinker.training_session import AdamParams, Datum, TrainingSession
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AbstractGame",
+    "AdamParams",
     "AuthenticationError",
     "Client",
     "ConfigError",
+    "Datum",
     "EnvServerHandle",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -43,8 +47,10 @@ __all__ = [
     "ResourceExhaustedError",
     "RlConfig",
     "SamplingParams",
+    "SessionConfig",
     "StepResult",
     "Tool",
+    "TrainingSession",
     "UnavailableError",
     "serve",
 ]
