@@ -30,7 +30,7 @@ def to_datum(tokenizer, chat: list[dict]) -> Datum:
 
 
 def train(client: opentinker.Client, base_model: str, *, steps: int = 8,
-          learning_rate: float = 1e-3, lora_rank: int | None = 8) -> list[float]:
+          learning_rate: float = 1e-4, lora_rank: int | None = 8) -> list[float]:
     """Full-batch SFT; returns the mean per-token loss before each step."""
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     data = [to_datum(tokenizer, chat) for chat in CHATS]
