@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError
@@ -20,20 +20,22 @@ class RolloutConfig(BaseModel):
 
     job_id: str = Field(..., min_length=1)
     model: ModelSpec
-    env_name: str = ""  # required unless sampling_only
+    # A training session's rollout: samples tokens (SampleTokens), never plays episodes.
+    # (Declared before env_name: env_name's check reads it.)
+    sampling_only: bool = False
+    env_name: str = Field("", validate_default=True)  # required unless sampling_only
     env_options: dict[str, str] = {}
     sampling: SamplingParams = SamplingParams()
     max_turns: int = Field(1, ge=1)
     max_episode_tokens: int = Field(2048, ge=8)
     seed: int = Field(0, ge=0)
-    # A training session's rollout: samples tokens (SampleTokens), never plays episodes.
-    sampling_only: bool = False
 
-    @model_validator(mode="after")
-    def _env_unless_sampling_only(self) -> RolloutConfig:
-        if not self.sampling_only and not self.env_name:
-            raise ValueError("env_name is required (unless sampling_only)")
-        return self
+    @field_validator("env_name")
+    @classmethod
+    def _env_unless_sampling_only(cls, value: str, info: ValidationInfo) -> str:
+        if not value and not info.data.get("sampling_only"):
+            raise ValueError("String should have at least 1 character (unless sampling_only)")
+        return value
 
 
 _FINETUNE = {common_pb2.FINETUNE_MODE_LORA: "lora", common_pb2.FINETUNE_MODE_FULL: "full"}
