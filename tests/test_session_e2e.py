@@ -57,6 +57,12 @@ def test_sft_example_lowers_the_loss(client, letter_model_dir: Path) -> None:
         client, str(letter_model_dir), steps=8, learning_rate=5e-2
     )
     assert losses[-1] < 0.7 * losses[0], f"loss did not fall: {losses}"
+    # Closing ended the job successfully, and its steps and tokens are accounted.
+    job = next(iter(client.list_jobs()))
+    assert job.state == "SUCCEEDED" and job.reason == "closed", job
+    assert job.final_metrics["steps"] == 8
+    usage = next(j.usage for j in client.usage()[0].jobs if j.job_id == job.job_id)
+    assert usage.steps == 8 and usage.tokens_trained > 0 and usage.device_seconds > 0
 
 
 def test_idle_session_ends_frees_its_device_and_is_hidden_from_other_tenants(

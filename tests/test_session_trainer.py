@@ -46,7 +46,7 @@ async def session_on(
     """A TrainingSession on ``model`` with its sampler on a real in-process rollout."""
     spec = ModelSpec(base_model=str(model), finetune=finetune)  # type: ignore[arg-type]
     key = user_key()
-    server, port = await create_rollout(RolloutSettings(credential=key, port=0))
+    server, port = await create_rollout(RolloutSettings(credential=key, port=0, device="cpu"))
     address = f"127.0.0.1:{port}"
     try:
         async with aio_channel(address, credential=key) as channel:

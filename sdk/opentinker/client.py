@@ -173,8 +173,13 @@ class Client:
         except BaseException:
             cancel_unless_done()
             raise
+        def wait_until_done() -> None:  # the job has ended and released its device
+            deadline = time.monotonic() + self.timeout
+            while not self.get_job(job.job_id).done and time.monotonic() < deadline:
+                time.sleep(0.1)
+
         return TrainingSession(
-            job, api_key=self._api_key, timeout=timeout or self.timeout, on_close=lambda: None
+            job, api_key=self._api_key, timeout=timeout or self.timeout, on_close=wait_until_done
         )
 
     def fit(

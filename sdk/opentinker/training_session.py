@@ -274,7 +274,8 @@ class TrainingSession:
         return self._conn.call(self._stub.GetSessionInfo, request, timeout)
 
     def close(self) -> None:
-        """End the session (its job SUCCEEDS and frees its lease); safe to call twice."""
+        """End the session: its job SUCCEEDS and frees its device (waits for that, up to the
+        client's timeout). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -287,7 +288,7 @@ class TrainingSession:
         finally:
             self._worker.shutdown(wait=True)
             self._conn.close()
-            self._on_close()
+        self._on_close()
 
 
 def wait_until_serving(

@@ -91,6 +91,7 @@ async def run_session(
                 config=config,
                 checkpoint_root=checkpoint_dir.resolve().parent,
                 settings=settings,
+                report_step=reporter.report_step,
             )
             authenticator = SessionAuthenticator(
                 OwnCredentialAuthenticator(

@@ -175,6 +175,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
     async def GetTrainerStatus(self, request, context):  # noqa: N802
+        await self._admit(self._s.job_id, context)
         s = self._s
         return trainer_pb2.GetTrainerStatusResponse(
             job_id=s.job_id,

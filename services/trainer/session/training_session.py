@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,9 @@ from .ordering import CallOrder
 from .sampler import Sample, SessionSampler
 
 log = structlog.get_logger(__name__)
+
+# Reports one optimizer step to the scheduler: (step, policy version, metrics) -> stop?
+StepReport = Callable[[int, int, dict[str, float]], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,13 @@ class TrainingSession:
         config: SessionConfig,
         checkpoint_root: Path,
         settings: TrainerSettings,
+        report_step: StepReport | None = None,
     ) -> None:
+        """``report_step``: where each optimizer step's metrics go (the scheduler's event
+        stream and usage: steps, tokens trained and generated since the last step)."""
         self.job_id, self.tenant_id = job_id, tenant_id
+        self._report_step = report_step
+        self._since_step = {"loss": 0.0, "tokens_trained": 0.0, "tokens_generated": 0.0}
         self.policy, self.sampler, self.config = policy, sampler, config
         self.checkpoint_root = Path(checkpoint_root)
         self.settings = settings
@@ -133,6 +141,8 @@ class TrainingSession:
     async def forward_backward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
         result = await asyncio.to_thread(self._forward, data, loss, True)
         self.accumulated_calls += 1
+        self._since_step["loss"] += float(result.loss.detach())
+        self._since_step["tokens_trained"] += result.metrics["tokens"]
         return result
 
     def _forward(self, data: Sequence[Datum], loss: LossSpec, backward: bool) -> LossResult:
@@ -160,6 +170,10 @@ class TrainingSession:
         grad_norm = await asyncio.to_thread(self._step, adam)
         self.step += 1
         self.accumulated_calls = 0
+        metrics = {**self._since_step, "grad_norm": grad_norm, "learning_rate": adam.learning_rate}
+        self._since_step = dict.fromkeys(self._since_step, 0.0)
+        if self._report_step is not None:
+            await self._report_step(self.step, self.sampler.policy_version, metrics)
         return self.step, grad_norm
 
     def _step(self, adam: AdamParams) -> float:
@@ -189,7 +203,7 @@ class TrainingSession:
         seed: int,
         seq: int,
     ) -> tuple[list[Sample], int]:
-        return await self.sampler.sample(
+        samples, version = await self.sampler.sample(
             prompt,
             num_samples=num_samples or 1,
             sampling=sampling,
@@ -197,6 +211,8 @@ class TrainingSession:
             seed=seed or derive_seed(self.config.seed, "session-sample", seq),
             timeout_s=self.settings.collect_timeout_s,
         )
+        self._since_step["tokens_generated"] += sum(len(s.tokens) for s in samples)
+        return samples, version
 
     async def save_state(self, name: str) -> Path:
         owner = state.SavedSession(
