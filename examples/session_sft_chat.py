@@ -38,9 +38,11 @@ def train(client: opentinker.Client, base_model: str, *, steps: int = 8,
     losses = []
     with client.training_session(base_model=base_model, lora_rank=lora_rank) as session:
         for step in range(steps):
-            out = session.forward_backward(data, "cross_entropy")
-            session.optim_step(AdamParams(learning_rate=learning_rate))
-            losses.append(out.loss / trained_tokens)
+            # Futures, Tinker-style: both calls are queued at once and run in this order.
+            backward = session.forward_backward_async(data, "cross_entropy")
+            update = session.optim_step_async(AdamParams(learning_rate=learning_rate))
+            losses.append(backward.result().loss / trained_tokens)
+            update.result()
             print(f"step {step + 1}: loss {losses[-1]:.4f}")
     return losses
 
