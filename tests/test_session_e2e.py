@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 import opentinker
-from opentinker import SessionConfig
+from opentinker import AdamParams, Datum, SessionConfig
 from opentinker.admin import AdminClient
 from opentinker.connection import Connection
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
@@ -74,6 +74,21 @@ def test_idle_session_ends_frees_its_device_and_is_hidden_from_other_tenants(
     assert client.usage()[0].devices_in_use == 1
     info = session.get_info()
     assert info.session_id == session.job_id and info.step == 0
+
+    # Clear errors for the owner: the bad datum and field named; a seq used twice refused.
+    with pytest.raises(opentinker.InvalidArgumentError, match=r"data\[0\]: target_tokens"):
+        session.forward_backward([Datum(input_tokens=[1, 2], target_tokens=[7, 7])])
+    with pytest.raises(opentinker.FailedPreconditionError, match="forward_backward first"):
+        session.optim_step(AdamParams(learning_rate=1e-3))
+    owner = Connection(session.endpoint, api_key=mesh.api_key, timeout=10)
+    again = trainer_pb2.SessionCall(session_id=session.job_id, seq=1)
+    with pytest.raises(grpc.RpcError) as repeated:
+        trainer_pb2_grpc.TrainerServiceStub(owner.channel).CloseSession(
+            trainer_pb2.CloseSessionRequest(call=again), timeout=10
+        )
+    assert repeated.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "out of order" in (repeated.value.details() or "")
+    owner.close()
 
     # Another tenant's key reaches the endpoint but learns nothing: NOT_FOUND.
     with AdminClient(mesh.scheduler_address, api_key=_admin_key(mesh)) as admin:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+import structlog
 
 from opentinker.errors import InvalidArgumentError, NotFoundError, OpenTinkerError
 from opentinker.services.common.auth import current_principal
@@ -19,6 +20,7 @@ from .data import Datum
 from .objective import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW, LossSpec
 from .training_session import AdamParams, TrainingSession
 
+log = structlog.get_logger(__name__)
 T = TypeVar("T")
 _LOSS_NAMES = {
     trainer_pb2.SESSION_LOSS_CROSS_ENTROPY: "cross_entropy",
@@ -52,6 +54,14 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(err), reason="BAD_LOSS")
         except OpenTinkerError as err:
             await abort_with(context, err)
+        except Exception as err:  # a bug or a torch error: a clear INTERNAL, and the log
+            log.exception("session_call_crashed", seq=call.seq)
+            await abort(
+                context,
+                grpc.StatusCode.INTERNAL,
+                f"trainer error in call {call.seq}: {type(err).__name__}: {err}",
+                reason="TRAINER_ERROR",
+            )
 
     async def _admit(self, session_id: str, context: grpc.aio.ServicerContext) -> None:
         """The job's own token, or a user of the job's tenant; anyone else learns nothing

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from opentinker.services.common.launch import write_atomic
 from opentinker.spec import ModelSpec
 
 from .. import checkpoints
@@ -44,11 +45,11 @@ def save_state(policy: Policy, *, root: Path, name: str, owner: SavedSession) ->
         )
     folder = (Path(root) / owner.job_id / "states" / name).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SESSION_FILE).write_text(owner.model_dump_json(indent=2))
     trainer_state = checkpoints.TrainerState(
         job_id=owner.job_id, step=0, policy_version=owner.step, data_cursor=0
     )
-    checkpoints.save(policy, trainer_state, folder, keep=1)
+    checkpoints.save(policy, trainer_state, folder, keep=1)  # atomic; replaces the old one
+    write_atomic(folder / SESSION_FILE, owner.model_dump_json(indent=2))  # last: it is loadable
     return folder
 
 
