@@ -52,18 +52,8 @@ async def run_session(
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
     config = spec.session or SessionConfig()
-    transformers.utils.logging.disable_progress_bar()
-    torch.manual_seed(config.seed)
-    preloaded = preload.take(spec.model.base_model) if preload is not None else None
     try:
-        policy = await asyncio.to_thread(
-            Policy,
-            spec.model,
-            learning_rate=1e-5,  # replaced by each optim_step's AdamParams
-            device=settings.device,
-            preloaded=preloaded,
-            seed=config.seed,
-        )
+        policy = await _load_policy(spec, config, settings, preload)
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _fail(reporter, reason, job_log)
@@ -89,7 +79,7 @@ async def run_session(
                 policy=policy,
                 sampler=sampler,
                 config=config,
-                checkpoint_root=checkpoint_dir.resolve().parent,
+                checkpoint_root=checkpoint_dir.resolve().parent,  # every job's folder is in it
                 settings=settings,
                 report_step=reporter.report_step,
             )
@@ -108,6 +98,23 @@ async def run_session(
             return await _fail(reporter, str(err), job_log)
         finally:
             await sampler.close(reason="session ended", timeout_s=settings.close_timeout_s)
+
+
+async def _load_policy(
+    spec: JobSpec, config: SessionConfig, settings: TrainerSettings, preload: Preload | None
+) -> Policy:
+    """The session's model and AdamW (its hyperparameters come with each optim_step)."""
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(config.seed)
+    preloaded = preload.take(spec.model.base_model) if preload is not None else None
+    return await asyncio.to_thread(
+        Policy,
+        spec.model,
+        learning_rate=1e-5,  # replaced by each optim_step's AdamParams
+        device=settings.device,
+        preloaded=preloaded,
+        seed=config.seed,
+    )
 
 
 async def _serve_until_ended(
