@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PUBLIC_SURFACE = {
     "AbstractGame",
+    "AdamParams",
+    "Datum",
+    "SessionConfig",
+    "TrainingSession",
     "AuthenticationError",
     "Client",
     "ConfigError",

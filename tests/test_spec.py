@@ -102,3 +102,18 @@ def test_negative_numbers_on_the_wire_are_caught() -> None:
     pb.rl.learning_rate = -1.0
     with pytest.raises(ConfigError, match="rl.learning_rate"):
         from_proto(pb)
+
+
+def test_session_spec_round_trips_and_is_only_for_session_jobs() -> None:
+    from pydantic import ValidationError
+
+    from opentinker.session_config import SessionConfig
+
+    spec = JobSpec(kind="session", session=SessionConfig(idle_timeout_s=30, seed=3))
+    pb = to_proto(spec)
+    assert pb.kind == common_pb2.JOB_KIND_SESSION and pb.session.idle_timeout_s == 30
+    assert from_proto(pb) == spec
+    with pytest.raises(ValidationError, match="session"):
+        JobSpec(rl=RlConfig(env_name="letter"), session=SessionConfig())
+    with pytest.raises(ValidationError, match="idle_timeout_s"):
+        SessionConfig(idle_timeout_s=0)

@@ -20,6 +20,7 @@ from opentinker.errors import (
 )
 from opentinker.game import AbstractGame, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
+from opentinker.session_config import SessionConfig
 from opentinker.spec import (
     InferenceConfig,
     JobSpec,
@@ -29,14 +30,17 @@ from opentinker.spec import (
     SamplingParams,
 )
 from opentinker.spec_sft import SftConfig
+from opentinker.training_session import AdamParams, Datum, TrainingSession
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AbstractGame",
+    "AdamParams",
     "AuthenticationError",
     "Client",
     "ConfigError",
+    "Datum",
     "EnvServerHandle",
     "FailedPreconditionError",
     "InferenceConfig",
@@ -53,8 +57,10 @@ __all__ = [
     "RlConfig",
     "SamplingParams",
     "SftConfig",
+    "SessionConfig",
     "StepResult",
     "Tool",
+    "TrainingSession",
     "UnavailableError",
     "serve",
 ]

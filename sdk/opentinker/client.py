@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from opentinker.connection import Connection
-from opentinker.errors import ConfigError, JobFailedError, from_rpc_error
+from opentinker.errors import ConfigError, JobFailedError, OpenTinkerError, from_rpc_error
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.scheduler.v1 import (
     identity_pb2,
@@ -27,7 +27,9 @@ from opentinker.scheduler.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
-from opentinker.spec import JobSpec, to_proto
+from opentinker.session_config import SessionConfig
+from opentinker.spec import JobSpec, LoraConfig, ModelSpec, to_proto
+from opentinker.training_session import TrainingSession, wait_until_serving
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -47,6 +49,7 @@ class Client:
         carries it. Without one, calls fail with AuthenticationError (UNAUTHENTICATED).
         ``ca_file``: the CA of a scheduler serving TLS (default ``$OPENTINKER_TLS_CA_FILE``)."""
         self._conn = Connection(address, api_key=api_key, timeout=timeout, ca_file=ca_file)
+        self._api_key = api_key
         self.address, self.timeout = address, timeout
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._conn.channel)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._conn.channel)
@@ -134,6 +137,51 @@ class Client:
                 if time.monotonic() - away_since > reconnect_for:
                     raise from_rpc_error(err) from None
             time.sleep(min(1.0, reconnect_for / 10))
+
+    def training_session(
+        self,
+        *,
+        base_model: str,
+        lora_rank: int | None = 8,
+        name: str = "session",
+        session: SessionConfig | None = None,
+        wait_timeout: float = 600.0,
+        timeout: float | None = None,
+    ) -> TrainingSession:
+        """Start a training session job and connect to it once it runs.
+
+        ``lora_rank=None`` trains every parameter. The session holds a device until you close
+        it (or use ``with``) or it is idle for ``session.idle_timeout_s``. ``wait_timeout``:
+        seconds to wait for a device and the model load; ``timeout``: per call (default the
+        client's)."""
+        model = (
+            ModelSpec(base_model=base_model, finetune="full")
+            if lora_rank is None
+            else ModelSpec(base_model=base_model, lora=LoraConfig(rank=lora_rank))
+        )
+        spec = JobSpec(name=name, kind="session", model=model, session=session or SessionConfig())
+        job = self.submit(spec)
+
+        def cancel_unless_done() -> None:
+            try:
+                if not self.get_job(job.job_id).done:
+                    self.cancel(job.job_id, reason="session client closed")
+            except OpenTinkerError:
+                pass  # the scheduler is away; the idle timeout will end the session
+
+        try:
+            job = wait_until_serving(self.get_job, job.job_id, timeout=wait_timeout)
+        except BaseException:
+            cancel_unless_done()
+            raise
+        def wait_until_done() -> None:  # the job has ended and released its device
+            deadline = time.monotonic() + self.timeout
+            while not self.get_job(job.job_id).done and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        return TrainingSession(
+            job, api_key=self._api_key, timeout=timeout or self.timeout, on_close=wait_until_done
+        )
 
     def fit(
         self,

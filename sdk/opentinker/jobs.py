@@ -30,6 +30,7 @@ class JobInfo:
     created_unix_s: float
     updated_unix_s: float
     final_metrics: dict[str, float] = field(default_factory=dict)
+    endpoint: str = ""  # a session job's trainer (host:port) while it runs
 
     @property
     def done(self) -> bool:
@@ -48,6 +49,7 @@ class JobInfo:
             created_unix_s=job.created_unix_s,
             updated_unix_s=job.updated_unix_s,
             final_metrics=dict(job.final_metrics),
+            endpoint=job.endpoint,
         )
 
 

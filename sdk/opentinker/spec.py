@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.session_config import SessionConfig
 from opentinker.spec_inference import InferenceConfig, inference_fields, inference_to_proto
 from opentinker.spec_parts import SamplingParams, sampling_fields, sampling_to_proto
 from opentinker.spec_parts import StrictModel as _Strict
@@ -103,11 +104,12 @@ class JobSpec(_Strict):
     """Everything the scheduler needs to run a job."""
 
     name: str = Field("job", min_length=1, max_length=128)
-    kind: Literal["rl", "sft", "inference"] = "rl"
+    kind: Literal["rl", "sft", "inference", "session"] = "rl"
     model: ModelSpec = ModelSpec()
     rl: RlConfig | None = None
     sft: SftConfig | None = None
     inference: InferenceConfig | None = None
+    session: SessionConfig | None = None
     num_devices: int = Field(1, ge=1, le=4096)
     priority: int = Field(
         0,
@@ -118,11 +120,12 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _kind_has_its_config(self) -> JobSpec:
-        """Each kind's own section: required for that kind, refused for any other."""
+        """Each kind's own section: required for that kind (a session's has defaults), refused
+        for any other."""
         for kind in _KIND_TO_PB:
             if kind != self.kind and getattr(self, kind) is not None:
                 raise ValueError(f"`{kind}` is for kind {kind!r}, not {self.kind!r}")
-        if getattr(self, self.kind) is None:
+        if getattr(self, self.kind) is None and self.kind in _MISSING_SECTION:
             raise ValueError(_MISSING_SECTION[self.kind])
         return self
 
@@ -152,6 +155,7 @@ _KIND_TO_PB = {
     "rl": common_pb2.JOB_KIND_RL,
     "sft": common_pb2.JOB_KIND_SFT,
     "inference": common_pb2.JOB_KIND_INFERENCE,
+    "session": common_pb2.JOB_KIND_SESSION,
 }
 # Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
 _RL_NUMBERS = (
@@ -173,6 +177,7 @@ _KIND_NAMES = {
     common_pb2.JOB_KIND_RL: "rl",
     common_pb2.JOB_KIND_SFT: "sft",
     common_pb2.JOB_KIND_INFERENCE: "inference",
+    common_pb2.JOB_KIND_SESSION: "session",
 }
 
 
@@ -197,6 +202,8 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
     )
     if spec.sft is not None:
         pb.sft.CopyFrom(sft_to_proto(spec.sft))
+    if spec.session is not None:
+        pb.session.CopyFrom(spec.session.to_proto())
     if spec.rl is not None:
         rl = spec.rl
         pb.rl.CopyFrom(
@@ -254,6 +261,8 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
         data["sft"] = sft_fields(pb.sft)
     if pb.HasField("inference"):
         data["inference"] = inference_fields(pb.inference)
+    if pb.HasField("session"):
+        data["session"] = SessionConfig.fields_from_proto(pb.session)
     return parse_job_spec(data)
 
 

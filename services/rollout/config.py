@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError
@@ -22,7 +22,10 @@ class RolloutConfig(BaseModel):
 
     job_id: str = Field(..., min_length=1)
     model: ModelSpec
-    env_name: str = Field(..., min_length=1)
+    # A training session's rollout: samples tokens (SampleTokens), never plays episodes.
+    # (Declared before env_name: env_name's check reads it.)
+    sampling_only: bool = False
+    env_name: str = Field("", validate_default=True)  # required unless sampling_only
     env_options: dict[str, str] = {}
     sampling: SamplingParams = SamplingParams()
     max_turns: int = Field(1, ge=1)
@@ -30,6 +33,13 @@ class RolloutConfig(BaseModel):
     seed: int = Field(0, ge=0)
     adapter_dir: str = ""
     eval_env_options: dict[str, str] = {}
+
+    @field_validator("env_name")
+    @classmethod
+    def _env_unless_sampling_only(cls, value: str, info: ValidationInfo) -> str:
+        if not value and not info.data.get("sampling_only"):
+            raise ValueError("String should have at least 1 character (unless sampling_only)")
+        return value
 
 
 _FINETUNE = {common_pb2.FINETUNE_MODE_LORA: "lora", common_pb2.FINETUNE_MODE_FULL: "full"}
@@ -64,15 +74,8 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
         "adapter_dir": msg.adapter_dir,
         "eval_env_options": dict(msg.eval_env_options),
         "seed": msg.seed,
-        "sampling": {
-            key: value
-            for key, value in {
-                "temperature": msg.sampling.temperature,
-                "top_p": msg.sampling.top_p,
-                "max_new_tokens": msg.sampling.max_new_tokens,
-            }.items()
-            if value
-        },
+        "sampling_only": msg.sampling_only,
+        "sampling": _sampling_fields(msg.sampling),
     }
     if msg.max_turns:
         data["max_turns"] = msg.max_turns
@@ -83,4 +86,20 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
     except ValidationError as err:
         raise InvalidArgumentError(
             f"invalid OpenRollout: {validation_message(err)}", code="INVALID_ARGUMENT"
+        ) from err
+
+
+def _sampling_fields(pb: common_pb2.SamplingParams) -> dict:
+    """The set fields of a wire SamplingParams (unset = the default)."""
+    fields = {"temperature": pb.temperature, "top_p": pb.top_p, "max_new_tokens": pb.max_new_tokens}
+    return {key: value for key, value in fields.items() if value}
+
+
+def sampling_from_proto(pb: common_pb2.SamplingParams) -> SamplingParams:
+    """Validate wire SamplingParams; raises InvalidArgumentError naming every bad field."""
+    try:
+        return SamplingParams.model_validate(_sampling_fields(pb))
+    except ValidationError as err:
+        raise InvalidArgumentError(
+            f"invalid sampling: {validation_message(err)}", code="INVALID_ARGUMENT"
         ) from err

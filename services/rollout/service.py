@@ -32,10 +32,10 @@ from opentinker.services.common.auth import (
     OwnCredentialAuthenticator,
     rules_for,
 )
-from opentinker.services.common.grpc_server import create_aio_server, mark_serving
+from opentinker.services.common.grpc_server import abort_with, create_aio_server, mark_serving
 from opentinker.services.modeling.weights import WeightAssembler
 
-from .config import config_from_proto
+from .config import config_from_proto, sampling_from_proto
 from .session import EngineFactory, RolloutSession, default_engine_factory
 from .settings import RolloutSettings
 from .types import FinishReason, Trajectory, TrajectoryBatch
@@ -63,13 +63,45 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def __init__(self, settings: RolloutSettings, engine_factory: EngineFactory) -> None:
         self._settings = settings
         self._engine_factory = engine_factory
+        # The session of the Rollout stream now open (a rollout serves one job's trainer):
+        # SampleTokens samples with its engine and weights.
+        self._session: RolloutSession | None = None
+
+    async def SampleTokens(  # noqa: N802 - the gRPC method name
+        self, request: rollout_pb2.SampleTokensRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.SampleTokensResponse:
+        try:
+            if self._session is None:
+                raise FailedPreconditionError(
+                    "SampleTokens needs an open Rollout stream (OpenRollout first)"
+                )
+            samples, version = await self._session.sample(
+                list(request.prompt_tokens),
+                num_samples=request.num_samples,
+                sampling=sampling_from_proto(request.sampling),
+                stop_token_ids=list(request.stop_token_ids),
+                seed=request.seed,
+            )
+        except OpenTinkerError as err:
+            await abort_with(context, err)
+        return rollout_pb2.SampleTokensResponse(
+            samples=[
+                rollout_pb2.SampledTokens(
+                    token_ids=s.token_ids, logprobs=s.logprobs, stopped=s.stopped
+                )
+                for s in samples
+            ],
+            policy_version=version,
+        )
 
     async def Rollout(  # noqa: N802 - the gRPC method name
         self,
         request_iterator: AsyncIterator[rollout_pb2.RolloutRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[rollout_pb2.RolloutResponse]:
-        stream = _RolloutStream(RolloutSession(self._settings, self._engine_factory))
+        session = RolloutSession(self._settings, self._engine_factory)
+        stream = _RolloutStream(session)
+        self._session = session
         reader = asyncio.create_task(stream.read(request_iterator))
         worker = asyncio.create_task(stream.work())
         seq = itertools.count(1)
@@ -80,6 +112,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 if response.WhichOneof("payload") in _TERMINAL:
                     return
         finally:
+            if self._session is session:
+                self._session = None
             for task in (reader, worker):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -228,7 +262,8 @@ def _batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
 
 
 ACCESS_RULES = rules_for(
-    rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"], {"Rollout": JOBS | USERS}
+    rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
+    {"Rollout": JOBS | USERS, "SampleTokens": JOBS | USERS},
 )
 
 

@@ -20,7 +20,7 @@ from opentinker.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from opentinker.spec import ModelSpec
+from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .config import RolloutConfig
@@ -30,6 +30,7 @@ from .envhub_link import EnvHubLink
 from .inference import ADAPTER_CONFIG, load_inference_engine
 from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
+from .token_sampling import SampledTokens, sample_tokens
 from .types import FinishReason, TrajectoryBatch
 
 log = structlog.get_logger("opentinker.rollout.session")
@@ -66,10 +67,13 @@ class RolloutSession:
         """Check the environment is reachable, then load the model (policy version 0)."""
         if self.config is not None:
             raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
-        if not self.settings.envhub_address:
-            raise FailedPreconditionError("the rollout has no EnvHub address (set envhub_address)")
-        async with self._envhub_client(config):  # fail early on an unknown or unreachable env
-            pass
+        if not config.sampling_only:
+            if not self.settings.envhub_address:
+                raise FailedPreconditionError(
+                    "the rollout has no EnvHub address (set envhub_address)"
+                )
+            async with self._envhub_client(config):  # fail early on an unknown/unreachable env
+                pass
         try:
             engine = await asyncio.to_thread(self._load_engine, config)
         except (OSError, ValueError) as err:
@@ -120,6 +124,12 @@ class RolloutSession:
         """Play num_groups * group_size episodes; the episodes of a group share a reset seed."""
         engine = self.require_open("CollectTrajectories")
         assert self.config is not None and self._loop is not None
+        if self.config.sampling_only:
+            raise FailedPreconditionError(
+                "this rollout was opened sampling_only (a training session): it plays no "
+                "episodes; use SampleTokens",
+                code="FAILED_PRECONDITION",
+            )
         if num_groups < 1 or group_size < 1:
             raise InvalidArgumentError(
                 f"CollectTrajectories needs num_groups >= 1 and group_size >= 1, "
@@ -222,6 +232,27 @@ class RolloutSession:
                 max_batch_size=self.settings.max_batch_size,
             )
         return self._engine_factory(config.model)
+    async def sample(
+        self,
+        prompt: Sequence[int],
+        *,
+        num_samples: int,
+        sampling: SamplingParams,
+        stop_token_ids: Sequence[int],
+        seed: int,
+    ) -> tuple[list[SampledTokens], int]:
+        """Completions of ``prompt`` and the policy version that generated them."""
+        engine = self.require_open("SampleTokens")
+        samples = await asyncio.to_thread(
+            sample_tokens,
+            engine,
+            prompt,
+            num_samples=num_samples,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+        )
+        return samples, engine.policy_version
 
     def _envhub(self, config: RolloutConfig) -> EnvHubLink:
         """A link to EnvHub for the job's env that rides out EnvHub restarts (see envhub_link)."""

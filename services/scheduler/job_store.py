@@ -97,6 +97,8 @@ class AttemptReport:
     last_step: common_pb2.StepMetrics | None = None
     # Why the scheduler lost the attempt (its worker lost, a process of it killed), when it did.
     lost_reason: str = ""
+    # A session job's trainer: why the session ended ("closed", "idle timeout"), when it did.
+    session_end: str = ""
 
 
 class JobStore(Protocol):
@@ -153,6 +155,12 @@ class JobStore(Protocol):
     async def record_step(
         self, job_id: str, attempt: int, step: common_pb2.StepMetrics
     ) -> None: ...
+
+    async def record_session_end(self, job_id: str, attempt: int, reason: str) -> None: ...
+
+    async def set_endpoint(self, job_id: str, attempt: int, endpoint: str) -> common_pb2.Job:
+        """Publish a session's address in its Job while ``attempt`` is its current one;
+        StaleAttemptError otherwise. Cleared when the job leaves RUNNING."""
 
     async def report(self, job_id: str, attempt: int) -> AttemptReport:
         """Everything recorded for that attempt (empty when nothing was)."""
@@ -277,6 +285,8 @@ class RedisJobStore:
                     _check_transition(job, to, expect_attempt)
                     job.state = to
                     job.reason = reason
+                    if to != common_pb2.JOB_STATE_RUNNING:  # a session serves only while running
+                        job.endpoint = ""
                     job.updated_unix_s = time.time()
                     if worker_id is not None:
                         job.worker_id = worker_id
@@ -311,6 +321,32 @@ class RedisJobStore:
             self._key("job", job_id, "attempt", str(attempt)), "last_step", step.SerializeToString()
         )
 
+    async def record_session_end(self, job_id: str, attempt: int, reason: str) -> None:
+        await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "session_end", reason)
+
+    async def set_endpoint(self, job_id: str, attempt: int, endpoint: str) -> common_pb2.Job:
+        key = self._key("job", job_id)
+        async with self._r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        raise JobNotFoundError.for_id(job_id)
+                    job = common_pb2.Job.FromString(raw)
+                    if job.attempt != attempt or job.state in TERMINAL_STATES:
+                        raise StaleAttemptError(
+                            f"job {job_id!r} is not at a live attempt {attempt}",
+                            reason="STALE_ATTEMPT",
+                        )
+                    job.endpoint = endpoint
+                    pipe.multi()
+                    pipe.set(key, job.SerializeToString())
+                    await pipe.execute()
+                    return job
+                except WatchError:
+                    continue  # the job changed between our read and write: retry
+
     async def report(self, job_id: str, attempt: int) -> AttemptReport:
         fields: Mapping[Any, Any] = await self._r.hgetall(
             self._key("job", job_id, "attempt", str(attempt))
@@ -322,6 +358,7 @@ class RedisJobStore:
             result=scheduler_pb2.JobResult.FromString(result) if result is not None else None,
             last_step=common_pb2.StepMetrics.FromString(step) if step is not None else None,
             lost_reason=fields.get(b"lost", b"").decode(),
+            session_end=fields.get(b"session_end", b"").decode(),
         )
 
 

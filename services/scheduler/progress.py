@@ -68,6 +68,17 @@ class ProgressReports:
         await self._jobs.record_result(job_id, job.attempt, result)
         return False
 
+    async def session(self, job_id: str, attempt: int, report: scheduler_pb2.SessionReport) -> bool:
+        """A session's trainer publishes its endpoint (once serving) and why it ended."""
+        job = await self._current(job_id, attempt)
+        if job is None:
+            return True
+        if report.endpoint:
+            await self._jobs.set_endpoint(job_id, job.attempt, report.endpoint)
+        if report.ended_reason:
+            await self._jobs.record_session_end(job_id, job.attempt, report.ended_reason)
+        return False
+
     async def _current(self, job_id: str, attempt: int) -> common_pb2.Job | None:
         """The job if it is active and ``attempt`` (0 = not given) is its current attempt."""
         job = await self._jobs.get(job_id)

@@ -309,7 +309,7 @@ class Scheduler:
                 await self._states.change(
                     job_id,
                     SUCCEEDED,
-                    "trainer finished",
+                    report.session_end or "trainer finished",
                     expect_attempt=attempt,
                     result=report.result,
                 )

@@ -140,9 +140,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 stop = await s.reports.result(job_id, attempt, request.result)
             elif kind == "row":
                 stop = await s.reports.row(job_id, attempt, request.row)
+            elif kind == "session":
+                stop = await s.reports.session(job_id, attempt, request.session)
             else:
                 raise ConfigError(
-                    "payload: set one of step, log, failure, result or row", reason="EMPTY_REPORT"
+                    "payload: set one of step, log, failure, result, row or session",
+                    reason="EMPTY_REPORT",
                 )
         except OpenTinkerError as err:
             await abort_with(context, err)

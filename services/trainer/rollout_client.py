@@ -55,6 +55,16 @@ class GrpcRolloutSession:
         reply = await self._receive("opened", timeout_s)
         return reply.opened.engine
 
+    async def open_sampling_only(
+        self, *, job_id: str, model: common_pb2.ModelSpec, seed: int, timeout_s: float
+    ) -> str:
+        """Open for a training session: the rollout loads ``model`` and only samples
+        (SampleTokens) and takes weight updates, with no environment; returns the engine."""
+        self._call = self._stub.Rollout()
+        request = rollout_pb2.OpenRollout(job_id=job_id, model=model, seed=seed, sampling_only=True)
+        await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
+        return (await self._receive("opened", timeout_s)).opened.engine
+
     async def sync_weights(
         self,
         tensors: Mapping[str, torch.Tensor],

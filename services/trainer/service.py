@@ -31,6 +31,9 @@ from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
 from .reporter import SchedulerReporter
 from .rollout_client import GrpcRolloutSession
+from .session.run import run_session
+from .session.servicer import SessionServicer
+from .session.training_session import TrainingSession
 from .settings import TrainerSettings
 from .sft.loop import SftLoop
 
@@ -60,8 +63,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
 
 
+# Every call: the job's own token, or a user key. A user reaches an RL job's trainer only if
+# it holds the job token; a session's trainer admits users of its tenant (SessionServicer).
+_SESSION_CALLS = (
+    "Forward",
+    "ForwardBackward",
+    "OptimStep",
+    "Sample",
+    "SaveWeightsForSampler",
+    "SaveState",
+    "LoadState",
+    "GetSessionInfo",
+    "CloseSession",
+)
 ACCESS_RULES = rules_for(
-    trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"], {"GetTrainerStatus": JOBS | USERS}
+    trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
+    {"GetTrainerStatus": JOBS | USERS, **dict.fromkeys(_SESSION_CALLS, JOBS | USERS)},
 )
 
 
@@ -70,13 +87,28 @@ async def create_server(
 ) -> tuple[grpc.aio.Server, int]:
     """A started TrainerService server (health + reflection) on settings.host:settings.port,
     admitting only the callers ``authenticator`` knows (the job's own token)."""
+    return await _serve(settings, TrainerServicer(status), authenticator)
+
+
+async def create_session_server(
+    settings: TrainerSettings, session: TrainingSession, authenticator: Authenticator
+) -> tuple[grpc.aio.Server, int]:
+    """A started TrainerService server answering a session job's calls."""
+    return await _serve(settings, SessionServicer(session), authenticator)
+
+
+async def _serve(
+    settings: TrainerSettings,
+    servicer: trainer_pb2_grpc.TrainerServiceServicer,
+    authenticator: Authenticator,
+) -> tuple[grpc.aio.Server, int]:
     server, port, health = create_aio_server(
         [SERVICE_NAME],
         host=settings.host,
         port=settings.port,
         interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
     )
-    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(TrainerServicer(status), server)
+    trainer_pb2_grpc.add_TrainerServiceServicer_to_server(servicer, server)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     return server, port
@@ -89,7 +121,7 @@ async def run_job(
     preload: Preload | None = None,
 ) -> int:
     """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure).
-    ``rollout_address``: the job's rollout (RL; None for SFT, which has none).
+    ``rollout_address``: the job's rollout (None for SFT, which has none).
     ``preload``: the base model a warm spare read before the job came (used if it matches)."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
@@ -107,15 +139,19 @@ async def run_job(
             spec = from_proto(job.spec)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
+        if spec.kind != "sft" and not rollout_address:
+            reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
+            return await _report_failure(reporter, reason, job_log)
+        if spec.kind == "session":
+            return await run_session(
+                launch, spec, rollout_address, settings, reporter, create_session_server, preload
+            )
         status = TrainerStatus(job_id=job.job_id, finetune=spec.model.finetune)
         authenticator = OwnCredentialAuthenticator(token, job_id=job.job_id, attempt=job.attempt)
         server, port = await create_server(settings, status, authenticator=authenticator)
         try:
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
             job_log.info("trainer_serving", port=port, rollout=rollout_address, kind=spec.kind)
-            if spec.kind != "sft" and not rollout_address:
-                reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
-                return await _report_failure(reporter, reason, job_log)
             if spec.kind == "inference":
                 assert rollout_address is not None
                 return await _infer(job.job_id, spec, launch, rollout_address, settings, reporter)

@@ -13,6 +13,7 @@ class JobKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_KIND_RL: _ClassVar[JobKind]
     JOB_KIND_SFT: _ClassVar[JobKind]
     JOB_KIND_INFERENCE: _ClassVar[JobKind]
+    JOB_KIND_SESSION: _ClassVar[JobKind]
 
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_RL: JobKind
 JOB_KIND_SFT: JobKind
 JOB_KIND_INFERENCE: JobKind
+JOB_KIND_SESSION: JobKind
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_QUEUED: JobState
 JOB_STATE_ALLOCATING: JobState
@@ -216,7 +218,7 @@ class SftConfig(_message.Message):
     def __init__(self, dataset_path: _Optional[str] = ..., validation_fraction: _Optional[float] = ..., validation_path: _Optional[str] = ..., epochs: _Optional[int] = ..., steps: _Optional[int] = ..., learning_rate: _Optional[float] = ..., max_tokens_per_batch: _Optional[int] = ..., packing: _Optional[bool] = ..., max_sequence_length: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., eval_every: _Optional[int] = ..., max_grad_norm: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "sft", "inference")
+    __slots__ = ("name", "kind", "model", "rl", "num_devices", "priority", "sft", "inference", "session")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,7 @@ class JobSpec(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SFT_FIELD_NUMBER: _ClassVar[int]
     INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: JobKind
     model: ModelSpec
@@ -233,10 +236,23 @@ class JobSpec(_message.Message):
     priority: int
     sft: SftConfig
     inference: InferenceConfig
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ..., inference: _Optional[_Union[InferenceConfig, _Mapping]] = ...) -> None: ...
+    session: SessionConfig
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[JobKind, str]] = ..., model: _Optional[_Union[ModelSpec, _Mapping]] = ..., rl: _Optional[_Union[RlConfig, _Mapping]] = ..., num_devices: _Optional[int] = ..., priority: _Optional[int] = ..., sft: _Optional[_Union[SftConfig, _Mapping]] = ..., inference: _Optional[_Union[InferenceConfig, _Mapping]] = ..., session: _Optional[_Union[SessionConfig, _Mapping]] = ...) -> None: ...
+
+class SessionConfig(_message.Message):
+    __slots__ = ("idle_timeout_s", "seed", "max_batch_tokens", "order_wait_s")
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ORDER_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    idle_timeout_s: float
+    seed: int
+    max_batch_tokens: int
+    order_wait_s: float
+    def __init__(self, idle_timeout_s: _Optional[float] = ..., seed: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., order_wait_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id")
+    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id", "endpoint")
     class FinalMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +272,7 @@ class Job(_message.Message):
     FINAL_METRICS_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -268,7 +285,8 @@ class Job(_message.Message):
     final_metrics: _containers.ScalarMap[str, float]
     tenant_id: str
     owner_user_id: str
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ...) -> None: ...
+    endpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "policy_version", "metrics")

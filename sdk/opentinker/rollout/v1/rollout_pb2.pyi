@@ -21,6 +21,38 @@ FINISH_REASON_MAX_TURNS: FinishReason
 FINISH_REASON_MAX_TOKENS: FinishReason
 FINISH_REASON_ENV_ERROR: FinishReason
 
+class SampleTokensRequest(_message.Message):
+    __slots__ = ("prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
+    num_samples: int
+    sampling: _common_pb2.SamplingParams
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    seed: int
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class SampledTokens(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "stopped")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    stopped: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., stopped: _Optional[bool] = ...) -> None: ...
+
+class SampleTokensResponse(_message.Message):
+    __slots__ = ("samples", "policy_version")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[SampledTokens]
+    policy_version: int
+    def __init__(self, samples: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
 class RolloutRequest(_message.Message):
     __slots__ = ("seq", "open", "weights", "collect", "heartbeat", "close")
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -38,7 +70,7 @@ class RolloutRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
 
 class OpenRollout(_message.Message):
-    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options")
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +95,7 @@ class OpenRollout(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     EVAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_ONLY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: _common_pb2.ModelSpec
     env_name: str
@@ -73,7 +106,8 @@ class OpenRollout(_message.Message):
     seed: int
     adapter_dir: str
     eval_env_options: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    sampling_only: bool
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids")

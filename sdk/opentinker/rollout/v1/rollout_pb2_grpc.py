@@ -39,6 +39,11 @@ class RolloutServiceStub:
                 request_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.SerializeToString,
                 response_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutResponse.FromString,
                 _registered_method=True)
+        self.SampleTokens = channel.unary_unary(
+                '/opentinker.rollout.v1.RolloutService/SampleTokens',
+                request_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.SerializeToString,
+                response_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -51,6 +56,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SampleTokens(self, request, context):
+        """Raw token sampling for a training session: n completions of one prompt with the engine
+        (and the weights) of the open Rollout stream, no environment. Needs the job's token.
+        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT on an empty prompt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +72,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.Rollout,
                     request_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.FromString,
                     response_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutResponse.SerializeToString,
+            ),
+            'SampleTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.SampleTokens,
+                    request_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.FromString,
+                    response_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +106,33 @@ class RolloutService:
             '/opentinker.rollout.v1.RolloutService/Rollout',
             opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutRequest.SerializeToString,
             opentinker_dot_rollout_dot_v1_dot_rollout__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SampleTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.rollout.v1.RolloutService/SampleTokens',
+            opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.SerializeToString,
+            opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

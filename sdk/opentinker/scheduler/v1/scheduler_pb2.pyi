@@ -137,7 +137,7 @@ class JobUsage(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class ReportJobProgressRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "step", "log", "failure", "result", "row")
+    __slots__ = ("job_id", "attempt", "step", "log", "failure", "result", "row", "session")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ReportJobProgressRequest(_message.Message):
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ROW_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     step: _common_pb2.StepMetrics
@@ -152,7 +153,8 @@ class ReportJobProgressRequest(_message.Message):
     failure: JobFailure
     result: JobResult
     row: _common_pb2.ResultRow
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ..., log: _Optional[_Union[_common_pb2.LogLine, _Mapping]] = ..., failure: _Optional[_Union[JobFailure, _Mapping]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., row: _Optional[_Union[_common_pb2.ResultRow, _Mapping]] = ...) -> None: ...
+    session: SessionReport
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ..., log: _Optional[_Union[_common_pb2.LogLine, _Mapping]] = ..., failure: _Optional[_Union[JobFailure, _Mapping]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., row: _Optional[_Union[_common_pb2.ResultRow, _Mapping]] = ..., session: _Optional[_Union[SessionReport, _Mapping]] = ...) -> None: ...
 
 class ReportJobProgressResponse(_message.Message):
     __slots__ = ("stop",)
@@ -165,6 +167,14 @@ class JobFailure(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class SessionReport(_message.Message):
+    __slots__ = ("endpoint", "ended_reason")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_REASON_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    ended_reason: str
+    def __init__(self, endpoint: _Optional[str] = ..., ended_reason: _Optional[str] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("checkpoint_uri", "final_metrics")

@@ -39,6 +39,51 @@ class TrainerServiceStub:
                 request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
                 response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusResponse.FromString,
                 _registered_method=True)
+        self.Forward = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/Forward',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardResponse.FromString,
+                _registered_method=True)
+        self.ForwardBackward = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/ForwardBackward',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
+                _registered_method=True)
+        self.OptimStep = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/OptimStep',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
+                _registered_method=True)
+        self.Sample = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/Sample',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleResponse.FromString,
+                _registered_method=True)
+        self.SaveWeightsForSampler = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/SaveWeightsForSampler',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerResponse.FromString,
+                _registered_method=True)
+        self.SaveState = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/SaveState',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateResponse.FromString,
+                _registered_method=True)
+        self.LoadState = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/LoadState',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateResponse.FromString,
+                _registered_method=True)
+        self.GetSessionInfo = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/GetSessionInfo',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoResponse.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/opentinker.trainer.v1.TrainerService/CloseSession',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -50,6 +95,83 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Forward(self, request, context):
+        """The session API: the primitives a user's own training loop calls on a session job.
+
+        Ordered unary calls rather than one bidirectional stream: each call is one request and
+        one answer, which maps 1:1 onto a Tinker-style HTTP gateway and onto SDK futures, and a
+        dropped connection loses nothing but the call in flight. Order is kept by a client
+        sequence number: every call carries the session id (= the job id) and `seq`, 1 for the
+        first call of a client and +1 for each next one. The trainer applies call `seq` only
+        after call `seq - 1`; a call that arrives early waits for its turn (up to
+        SessionConfig.order_wait_s, then FAILED_PRECONDITION). A `seq` already applied, or 0, is
+        FAILED_PRECONDITION (reason OUT_OF_ORDER). GetSessionInfo takes no `seq` and never waits.
+
+        Callers: the job's own token, or an API key of a user of the job's tenant (checked with
+        the scheduler's IdentityService); any other tenant gets NOT_FOUND. Errors: NOT_FOUND (no
+        such session here), FAILED_PRECONDITION (out of order, closed, idle-timed-out),
+        INVALID_ARGUMENT (names the bad field and datum index), RESOURCE_EXHAUSTED (a batch over
+        SessionConfig.max_batch_tokens), UNAVAILABLE (the rollout could not be reached).
+
+        Gradients of forward_backward calls add up until OptimStep applies and clears them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForwardBackward(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OptimStep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Sample(self, request, context):
+        """Sampling runs on the job's rollout engine (the engine RL jobs use) with the weights of
+        the last SaveWeightsForSampler (the base/initial weights before the first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SaveWeightsForSampler(self, request, context):
+        """Sends the current weights to the rollout engine and proves it serves them (probe
+        logprobs within the trainer's probe tolerance); later Samples use them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SaveState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSessionInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Ends the session: the job SUCCEEDS (reason "closed") and its lease is released.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +179,51 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.GetTrainerStatus,
                     request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.FromString,
                     response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusResponse.SerializeToString,
+            ),
+            'Forward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Forward,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardResponse.SerializeToString,
+            ),
+            'ForwardBackward': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForwardBackward,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.SerializeToString,
+            ),
+            'OptimStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.OptimStep,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.SerializeToString,
+            ),
+            'Sample': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sample,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleResponse.SerializeToString,
+            ),
+            'SaveWeightsForSampler': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveWeightsForSampler,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerResponse.SerializeToString,
+            ),
+            'SaveState': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveState,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateResponse.SerializeToString,
+            ),
+            'LoadState': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadState,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateResponse.SerializeToString,
+            ),
+            'GetSessionInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSessionInfo,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +253,249 @@ class TrainerService:
             '/opentinker.trainer.v1.TrainerService/GetTrainerStatus',
             opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusRequest.SerializeToString,
             opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetTrainerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Forward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/Forward',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardBackward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/ForwardBackward',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.ForwardBackwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OptimStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/OptimStep',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OptimStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sample(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/Sample',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SampleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveWeightsForSampler(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/SaveWeightsForSampler',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveWeightsForSamplerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/SaveState',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.SaveStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/LoadState',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.LoadStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSessionInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/GetSessionInfo',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.GetSessionInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/CloseSession',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

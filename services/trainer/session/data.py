@@ -1,0 +1,114 @@
+"""Session data: validated Datums and their collation into one padded batch.
+
+A Datum is Tinker's: ``input_tokens`` (T ids) and per-position tensors of length T, where
+position t concerns ``target_tokens[t]``, the token after ``input_tokens[0..t]``. Targets must
+be the inputs shifted by one, so the batch is the ``T + 1`` ids ``input_tokens +
+[target_tokens[-1]]`` and the policy's next-token logprobs line up with the targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from opentinker.errors import InvalidArgumentError, ResourceExhaustedError
+
+from ..batch import SequenceBatch
+
+LossName = Literal["cross_entropy", "importance_sampling", "ppo"]
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One example, as plain lists (see the module docstring for the alignment)."""
+
+    input_tokens: list[int]
+    target_tokens: list[int]
+    weights: list[float] = field(default_factory=list)  # cross_entropy; empty = all 1
+    sampling_logprobs: list[float] = field(default_factory=list)  # importance_sampling / ppo
+    advantages: list[float] = field(default_factory=list)  # importance_sampling / ppo
+
+
+@dataclass(frozen=True)
+class DatumBatch:
+    """``B`` data padded to ``T`` = the longest input. ``batch`` holds the token ids
+    (``L = T + 1``); the ``_B_T`` tensors are 0 on padding; ``mask_B_T`` is 1 on real
+    positions; ``lengths`` are each datum's T."""
+
+    batch: SequenceBatch
+    weights_B_T: torch.Tensor
+    sampling_logprobs_B_T: torch.Tensor
+    advantages_B_T: torch.Tensor
+    mask_B_T: torch.Tensor
+    lengths: list[int]
+
+
+def collate_data(
+    data: Sequence[Datum], loss: LossName, *, pad_id: int, vocab_size: int, max_tokens: int
+) -> DatumBatch:
+    """Check every datum for ``loss`` and pad them into a DatumBatch; InvalidArgumentError
+    names the first bad datum and field, ResourceExhaustedError a batch over ``max_tokens``."""
+    if not data:
+        raise InvalidArgumentError("data is empty: send at least one Datum")
+    total = sum(len(d.input_tokens) for d in data)
+    if total > max_tokens:
+        raise ResourceExhaustedError(
+            f"data has {total} input tokens, more than this session's max_batch_tokens "
+            f"{max_tokens}; split it over several forward_backward calls (gradients add up)"
+        )
+    for i, d in enumerate(data):
+        _check(i, d, loss, vocab_size)
+    size, width = len(data), max(len(d.input_tokens) for d in data)
+    tokens_B_L = torch.full((size, width + 1), pad_id, dtype=torch.long)
+    attention_B_L = torch.zeros((size, width + 1), dtype=torch.long)
+    per_token = {name: torch.zeros((size, width)) for name in ("w", "q", "a", "m")}
+    for b, d in enumerate(data):
+        n = len(d.input_tokens)
+        tokens_B_L[b, : n + 1] = torch.tensor([*d.input_tokens, d.target_tokens[-1]])
+        attention_B_L[b, : n + 1] = 1
+        per_token["w"][b, :n] = torch.tensor(d.weights) if d.weights else 1.0
+        if d.sampling_logprobs:
+            per_token["q"][b, :n] = torch.tensor(d.sampling_logprobs)
+        if d.advantages:
+            per_token["a"][b, :n] = torch.tensor(d.advantages)
+        per_token["m"][b, :n] = 1.0
+    batch = SequenceBatch(tokens_B_L, attention_B_L, per_token["m"], per_token["q"])
+    return DatumBatch(
+        batch=batch,
+        weights_B_T=per_token["w"] * per_token["m"],
+        sampling_logprobs_B_T=per_token["q"],
+        advantages_B_T=per_token["a"],
+        mask_B_T=per_token["m"],
+        lengths=[len(d.input_tokens) for d in data],
+    )
+
+
+def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
+    n = len(d.input_tokens)
+
+    def bad(message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"data[{i}]: {message}", reason="INVALID_DATUM")
+
+    if n == 0:
+        raise bad("input_tokens is empty")
+    if len(d.target_tokens) != n:
+        raise bad(f"target_tokens has {len(d.target_tokens)} ids, input_tokens {n}")
+    if d.target_tokens[:-1] != d.input_tokens[1:]:
+        raise bad(
+            "target_tokens must be input_tokens shifted by one (target_tokens[t] == "
+            "input_tokens[t+1]); build them as seq[1:] and seq[:-1] of one sequence"
+        )
+    outside = [t for t in (*d.input_tokens, d.target_tokens[-1]) if not 0 <= t < vocab_size]
+    if outside:
+        raise bad(f"token ids outside the vocabulary 0..{vocab_size - 1}: {outside[:3]}")
+    for name in ("weights", "sampling_logprobs", "advantages"):
+        values = getattr(d, name)
+        if values and len(values) != n:
+            raise bad(f"{name} has {len(values)} entries, input_tokens {n}")
+    if loss != "cross_entropy":
+        for name in ("sampling_logprobs", "advantages"):
+            if not getattr(d, name):
+                raise bad(f"loss {loss!r} needs {name} ({n} entries)")

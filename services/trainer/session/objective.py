@@ -1,0 +1,61 @@
+"""A session's named loss on a DatumBatch: forward through the Policy, then the pure loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..losses.importance_sampling import importance_sampling_loss
+from ..losses.ppo_token import ppo_token_loss
+from ..losses.token_cross_entropy import token_cross_entropy
+from ..policy import Policy
+from .data import DatumBatch, LossName
+
+DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """Which loss and, for ppo, the bounds of the probability ratio."""
+
+    name: LossName
+    clip_low: float = DEFAULT_CLIP_LOW
+    clip_high: float = DEFAULT_CLIP_HIGH
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """``loss``: the summed loss (with gradient when computed with one); ``logprobs``: each
+    datum's target-token logprobs (its own length); ``metrics``: plain floats."""
+
+    loss: torch.Tensor
+    logprobs: list[list[float]]
+    metrics: dict[str, float]
+
+
+def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
+    """Logprobs of the targets under ``policy`` (temperature 1) and the loss ``spec`` names."""
+    logprobs_B_T, _ = policy.token_logprobs_and_entropy(data.batch)
+    metrics: dict[str, float] = {"tokens": float(data.mask_B_T.sum())}
+    if spec.name == "cross_entropy":
+        loss = token_cross_entropy(logprobs_B_T, data.weights_B_T)
+        metrics["weight_sum"] = float(data.weights_B_T.sum())
+    elif spec.name == "importance_sampling":
+        loss = importance_sampling_loss(
+            logprobs_B_T, data.sampling_logprobs_B_T, data.advantages_B_T, data.mask_B_T
+        )
+    else:
+        loss, stats = ppo_token_loss(
+            logprobs_B_T,
+            data.sampling_logprobs_B_T,
+            data.advantages_B_T,
+            data.mask_B_T,
+            clip_low=spec.clip_low,
+            clip_high=spec.clip_high,
+        )
+        metrics["clip_fraction"] = stats.clip_fraction
+    detached_B_T = logprobs_B_T.detach().cpu()
+    per_datum = [detached_B_T[b, :n].tolist() for b, n in enumerate(data.lengths)]
+    metrics["loss:sum"] = float(loss.detach())
+    return LossResult(loss=loss, logprobs=per_datum, metrics=metrics)

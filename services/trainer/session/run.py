@@ -1,0 +1,151 @@
+"""A session job from start to end: load the policy, open the sampler, serve the session API,
+publish the endpoint, wait for close or idle timeout, report how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import structlog
+import torch
+import transformers
+
+from opentinker.errors import OpenTinkerError
+from opentinker.services.common.auth import (
+    IdentityServiceAuthenticator,
+    OwnCredentialAuthenticator,
+)
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.common.launch import LaunchConfig, write_atomic
+from opentinker.services.modeling.preload import Preload
+from opentinker.session_config import SessionConfig
+from opentinker.spec import JobSpec, to_proto
+
+from ..policy import Policy
+from ..reporter import SchedulerReporter
+from ..settings import TrainerSettings
+from .auth import SessionAuthenticator
+from .sampler import SessionSampler
+from .training_session import TrainingSession
+
+log = structlog.get_logger(__name__)
+
+# Builds and starts the TrainerService server for a session: (server, bound port).
+ServeSession = Callable[
+    [TrainerSettings, TrainingSession, SessionAuthenticator], Awaitable[tuple[grpc.aio.Server, int]]
+]
+
+
+async def run_session(
+    launch: LaunchConfig,
+    spec: JobSpec,
+    rollout_address: str,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+    serve: ServeSession,
+    preload: Preload | None = None,
+) -> int:
+    """Run the session to its end; the process exit code (0 when closed or idle, 1 failed)."""
+    job = launch.job
+    job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
+    config = spec.session or SessionConfig()
+    try:
+        policy = await _load_policy(spec, config, settings, preload)
+    except (OSError, ValueError) as err:
+        reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
+        return await _fail(reporter, reason, job_log)
+    async with (
+        aio_channel(rollout_address, credential=launch.job_token) as rollout_channel,
+        aio_channel(launch.scheduler_address) as identity_channel,
+    ):
+        sampler = SessionSampler(
+            rollout_channel, address=rollout_address, tolerance=settings.probe_tolerance
+        )
+        try:
+            await sampler.open(
+                job_id=job.job_id,
+                model=to_proto(spec).model,
+                seed=config.seed,
+                timeout_s=settings.open_timeout_s,
+            )
+            await sampler.publish(policy, timeout_s=settings.weight_sync_timeout_s)
+            checkpoint_dir = Path(launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints")
+            session = TrainingSession(
+                job_id=job.job_id,
+                tenant_id=job.tenant_id,
+                policy=policy,
+                sampler=sampler,
+                config=config,
+                checkpoint_root=checkpoint_dir.resolve().parent,  # every job's folder is in it
+                settings=settings,
+                report_step=reporter.report_step,
+            )
+            authenticator = SessionAuthenticator(
+                OwnCredentialAuthenticator(
+                    launch.job_token, job_id=job.job_id, attempt=job.attempt
+                ),
+                IdentityServiceAuthenticator(identity_channel, address=launch.scheduler_address),
+            )
+            server, port = await serve(settings, session, authenticator)
+            try:
+                return await _serve_until_ended(session, launch, settings, port, reporter)
+            finally:
+                await server.stop(grace=2.0)
+        except OpenTinkerError as err:
+            return await _fail(reporter, str(err), job_log)
+        finally:
+            await sampler.close(reason="session ended", timeout_s=settings.close_timeout_s)
+
+
+async def _load_policy(
+    spec: JobSpec, config: SessionConfig, settings: TrainerSettings, preload: Preload | None
+) -> Policy:
+    """The session's model and AdamW (its hyperparameters come with each optim_step)."""
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(config.seed)
+    preloaded = preload.take(spec.model.base_model) if preload is not None else None
+    return await asyncio.to_thread(
+        Policy,
+        spec.model,
+        learning_rate=1e-5,  # replaced by each optim_step's AdamParams
+        device=settings.device,
+        preloaded=preloaded,
+        seed=config.seed,
+    )
+
+
+async def _serve_until_ended(
+    session: TrainingSession,
+    launch: LaunchConfig,
+    settings: TrainerSettings,
+    port: int,
+    reporter: SchedulerReporter,
+) -> int:
+    endpoint = f"{settings.host}:{port}"
+    write_atomic(Path(launch.run_dir) / "trainer.addr", endpoint)
+    await reporter.report_session(endpoint=endpoint)
+    session.log.info("session_serving", endpoint=endpoint)
+    idle = asyncio.create_task(session.watch_idle())
+    try:
+        await session.ended.wait()
+    finally:
+        idle.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await idle
+    await asyncio.sleep(0.2)  # let the answer to CloseSession leave before the server stops
+    await reporter.report_session(ended_reason=session.end_reason)
+    final = {"steps": float(session.step), "policy_version": float(session.sampler.policy_version)}
+    await reporter.report_result("", final)
+    return 0
+
+
+async def _fail(reporter: SchedulerReporter, reason: str, job_log) -> int:
+    job_log.error("session_failed", reason=reason)
+    try:
+        await reporter.report_failure(reason)
+    except OpenTinkerError as err:
+        job_log.error("failure_not_reported", error=str(err))
+    return 1

@@ -1,0 +1,234 @@
+"""One training session: the policy, its accumulated gradients, its sampler, its life.
+
+Knows nothing of gRPC (servicer.py translates). Model work runs in a worker thread so the
+server stays responsive; calls run one at a time in the client's order (``call``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import FailedPreconditionError, InvalidArgumentError
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.session_config import SessionConfig
+
+from ..policy import Policy
+from ..settings import TrainerSettings
+from . import state
+from .data import Datum, collate_data
+from .objective import LossResult, LossSpec, evaluate
+from .ordering import CallOrder
+from .sampler import Sample, SessionSampler
+
+log = structlog.get_logger(__name__)
+
+# Reports one optimizer step to the scheduler: (step, policy version, metrics) -> stop?
+StepReport = Callable[[int, int, dict[str, float]], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    """AdamW hyperparameters of one optimizer step (``grad_clip_norm`` 0 = no clipping)."""
+
+    learning_rate: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    def check(self) -> None:
+        problems = []
+        if not self.learning_rate > 0:
+            problems.append(f"adam.learning_rate must be > 0, got {self.learning_rate}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                problems.append(f"adam.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0 or self.weight_decay < 0 or self.grad_clip_norm < 0:
+            problems.append("adam.eps must be > 0; weight_decay and grad_clip_norm >= 0")
+        if problems:
+            raise InvalidArgumentError("; ".join(problems), reason="BAD_ADAM_PARAMS")
+
+
+class TrainingSession:
+    """A session job's trainer state; ``ended`` is set when it is closed or idle too long."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        tenant_id: str,
+        policy: Policy,
+        sampler: SessionSampler,
+        config: SessionConfig,
+        checkpoint_root: Path,
+        settings: TrainerSettings,
+        report_step: StepReport | None = None,
+    ) -> None:
+        """``report_step``: where each optimizer step's metrics go (the scheduler's event
+        stream and usage: steps, tokens trained and generated since the last step)."""
+        self.job_id, self.tenant_id = job_id, tenant_id
+        self._report_step = report_step
+        self._since_step = {"loss": 0.0, "tokens_trained": 0.0, "tokens_generated": 0.0}
+        self.policy, self.sampler, self.config = policy, sampler, config
+        self.checkpoint_root = Path(checkpoint_root)
+        self.settings = settings
+        self.step = 0
+        self.accumulated_calls = 0
+        self.end_reason = ""
+        self.ended = asyncio.Event()
+        self._order = CallOrder(wait_s=config.order_wait_s)
+        self._busy = 0
+        self._last_activity = time.monotonic()
+        self.log = log.bind(job_id=job_id)
+
+    @property
+    def last_seq(self) -> int:
+        return self._order.last_seq
+
+    @asynccontextmanager
+    async def call(self, seq: int) -> AsyncIterator[None]:
+        """Run the body as call ``seq`` of this session, in order, while it is open."""
+        self._touch()
+        self._busy += 1
+        try:
+            async with self._order.turn(seq):
+                if self.end_reason:
+                    raise FailedPreconditionError(
+                        f"session {self.job_id} has ended ({self.end_reason}); start a new one",
+                        reason="SESSION_ENDED",
+                    )
+                yield
+        finally:
+            self._busy -= 1
+            self._touch()
+
+    def _touch(self) -> None:
+        self._last_activity = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        return 0.0 if self._busy else time.monotonic() - self._last_activity
+
+    def end(self, reason: str) -> None:
+        if not self.end_reason:
+            self.end_reason = reason
+            self.log.info("session_ended", reason=reason, steps=self.step)
+            self.ended.set()
+
+    async def watch_idle(self) -> None:
+        """End the session after ``idle_timeout_s`` without a call (run as a task)."""
+        limit = self.config.idle_timeout_s
+        while not self.ended.is_set():
+            await asyncio.sleep(min(1.0, limit / 4))
+            if self.idle_seconds() >= limit:
+                self.end("idle timeout")
+
+    # ---- the primitives (call each inside ``call(seq)``) ----
+
+    async def forward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
+        return await asyncio.to_thread(self._forward, data, loss, False)
+
+    async def forward_backward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
+        result = await asyncio.to_thread(self._forward, data, loss, True)
+        self.accumulated_calls += 1
+        self._since_step["loss"] += float(result.loss.detach())
+        self._since_step["tokens_trained"] += result.metrics["tokens"]
+        return result
+
+    def _forward(self, data: Sequence[Datum], loss: LossSpec, backward: bool) -> LossResult:
+        batch = collate_data(
+            data,
+            loss.name,
+            pad_id=self.policy.pad_id,
+            vocab_size=self.policy.model.get_input_embeddings().num_embeddings,
+            max_tokens=self.config.max_batch_tokens,
+        )
+        if not backward:
+            with torch.no_grad():
+                return evaluate(self.policy, batch, loss)
+        result = evaluate(self.policy, batch, loss)
+        result.loss.backward()  # adds to the gradients of earlier calls until optim_step
+        return result
+
+    async def optim_step(self, adam: AdamParams) -> tuple[int, float]:
+        """Apply the accumulated gradients with AdamW; returns (steps so far, grad norm)."""
+        adam.check()
+        if self.accumulated_calls == 0:
+            raise FailedPreconditionError(
+                "optim_step without gradients: call forward_backward first", reason="NO_GRADIENTS"
+            )
+        grad_norm = await asyncio.to_thread(self._step, adam)
+        self.step += 1
+        self.accumulated_calls = 0
+        metrics = {**self._since_step, "grad_norm": grad_norm, "learning_rate": adam.learning_rate}
+        self._since_step = dict.fromkeys(self._since_step, 0.0)
+        if self._report_step is not None:
+            await self._report_step(self.step, self.sampler.policy_version, metrics)
+        return self.step, grad_norm
+
+    def _step(self, adam: AdamParams) -> float:
+        for group in self.policy.optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+            )
+        return self.policy.optimizer_step(adam.grad_clip_norm or math.inf)
+
+    async def save_weights_for_sampler(self) -> tuple[int, float]:
+        """Serve the current weights on the sampler; (policy version, probe max |Δlogprob|)."""
+        diff = await self.sampler.publish(
+            self.policy, timeout_s=self.settings.weight_sync_timeout_s
+        )
+        return self.sampler.policy_version, diff
+
+    async def sample(
+        self,
+        prompt: Sequence[int],
+        *,
+        num_samples: int,
+        sampling: common_pb2.SamplingParams,
+        stop_token_ids: Sequence[int],
+        seed: int,
+        seq: int,
+    ) -> tuple[list[Sample], int]:
+        samples, version = await self.sampler.sample(
+            prompt,
+            num_samples=num_samples or 1,
+            sampling=sampling,
+            stop_token_ids=stop_token_ids,
+            seed=seed or derive_seed(self.config.seed, "session-sample", seq),
+            timeout_s=self.settings.collect_timeout_s,
+        )
+        self._since_step["tokens_generated"] += sum(len(s.tokens) for s in samples)
+        return samples, version
+
+    async def save_state(self, name: str) -> Path:
+        owner = state.SavedSession(
+            tenant_id=self.tenant_id, job_id=self.job_id, model=self.policy.spec, step=self.step
+        )
+        return await asyncio.to_thread(
+            state.save_state, self.policy, root=self.checkpoint_root, name=name, owner=owner
+        )
+
+    async def load_state(self, path: str) -> int:
+        saved = await asyncio.to_thread(
+            state.load_state,
+            self.policy,
+            path,
+            root=self.checkpoint_root,
+            tenant_id=self.tenant_id,
+        )
+        self.step, self.accumulated_calls = saved.step, 0
+        return self.step

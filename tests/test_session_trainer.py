@@ -1,0 +1,190 @@
+"""The session's trainer side in-process: a real tiny model, a real rollout server for the
+sampler; gradient accumulation, exact resume, ordering, and data checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+from identity_helpers import user_key
+
+from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.rollout.service import create_server as create_rollout
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.session.data import Datum, collate_data
+from opentinker.services.trainer.session.objective import LossSpec
+from opentinker.services.trainer.session.ordering import CallOrder
+from opentinker.services.trainer.session.sampler import SessionSampler
+from opentinker.services.trainer.session.training_session import AdamParams, TrainingSession
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.session_config import SessionConfig
+from opentinker.spec import JobSpec, ModelSpec, to_proto
+
+pytestmark = pytest.mark.integration
+CE = LossSpec("cross_entropy")
+ADAM = AdamParams(learning_rate=1e-2, weight_decay=0.01)
+
+
+def datum(tokens: list[int], weights: list[float] | None = None) -> Datum:
+    return Datum(tokens[:-1], tokens[1:], weights=weights or [])
+
+
+D1 = datum([5, 9, 17, 33, 2], [0.0, 1.0, 1.0, 0.5])
+D2 = datum([7, 8, 40, 41, 42, 43, 3], [1.0, 0.0, 1.0, 1.0, 1.0, 2.0])
+
+
+@contextlib.asynccontextmanager
+async def session_on(
+    model: Path, root: Path, *, job_id: str = "job-a", finetune: str = "lora"
+) -> AsyncIterator[TrainingSession]:
+    """A TrainingSession on ``model`` with its sampler on a real in-process rollout."""
+    spec = ModelSpec(base_model=str(model), finetune=finetune)  # type: ignore[arg-type]
+    key = user_key()
+    server, port = await create_rollout(RolloutSettings(credential=key, port=0, device="cpu"))
+    address = f"127.0.0.1:{port}"
+    try:
+        async with aio_channel(address, credential=key) as channel:
+            policy = await asyncio.to_thread(Policy, spec, learning_rate=1e-3, seed=0)
+            sampler = SessionSampler(channel, address=address, tolerance=1e-3)
+            pb = to_proto(JobSpec(kind="session", model=spec)).model
+            await sampler.open(job_id=job_id, model=pb, seed=0, timeout_s=60)
+            try:
+                yield TrainingSession(
+                    job_id=job_id,
+                    tenant_id="acme",
+                    policy=policy,
+                    sampler=sampler,
+                    config=SessionConfig(),
+                    checkpoint_root=root,
+                    settings=TrainerSettings(),
+                )
+            finally:
+                await sampler.close(reason="test over", timeout_s=5)
+    finally:
+        await server.stop(grace=0.5)
+
+
+def grads(session: TrainingSession) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in session.policy.trainable_parameters()]
+
+
+def test_gradients_of_two_calls_equal_one_call_on_both(letter_model_dir, tmp_path) -> None:
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path, finetune="full") as split:
+            first = await split.forward_backward([D1], CE)
+            second = await split.forward_backward([D2], CE)
+            assert split.accumulated_calls == 2
+            split_grads = grads(split)
+        async with session_on(letter_model_dir, tmp_path, finetune="full") as whole:
+            both = await whole.forward_backward([D1, D2], CE)
+            assert both.loss.item() == pytest.approx(first.loss.item() + second.loss.item())
+            for a, b in zip(split_grads, grads(whole), strict=True):
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+            step, grad_norm = await whole.optim_step(ADAM)
+            assert step == 1 and grad_norm > 0 and whole.accumulated_calls == 0
+            with pytest.raises(FailedPreconditionError, match="forward_backward first"):
+                await whole.optim_step(ADAM)
+
+    asyncio.run(main())
+
+
+def test_state_loaded_in_a_new_session_gives_the_same_next_steps(
+    letter_model_dir, tmp_path
+) -> None:
+    async def train_step(s: TrainingSession, data: list[Datum]) -> float:
+        loss = (await s.forward_backward(data, CE)).loss.item()
+        await s.optim_step(ADAM)
+        return loss
+
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path, job_id="job-a") as a:
+            for _ in range(2):
+                await train_step(a, [D1, D2])
+            path = await a.save_state("after-2")
+            expected = [await train_step(a, [D1, D2]) for _ in range(2)]
+        async with session_on(letter_model_dir, tmp_path, job_id="job-b") as b:
+            assert await b.load_state(str(path)) == 2
+            got = [await train_step(b, [D1, D2]) for _ in range(2)]
+            # The second loss follows an AdamW step: equal only if the moments were restored.
+            assert got == pytest.approx(expected, abs=1e-6), (got, expected)
+            assert b.step == 4
+            b.tenant_id = "globex"  # another tenant cannot load it, nor learn it exists
+            with pytest.raises(NotFoundError):
+                await b.load_state(str(path))
+            with pytest.raises(NotFoundError):
+                await b.load_state(str(tmp_path.parent))
+
+    asyncio.run(main())
+
+
+def test_sampler_serves_the_saved_weights_and_keeps_stop_tokens(letter_model_dir, tmp_path):
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path) as s:
+            await s.forward_backward([D1, D2], CE)
+            await s.optim_step(AdamParams(learning_rate=0.1))
+            version, diff = await s.save_weights_for_sampler()
+            assert version == 1 and diff <= 1e-3
+            from opentinker.common.v1 import common_pb2
+
+            sampling = common_pb2.SamplingParams(max_new_tokens=5)
+            vocab = s.policy.model.get_input_embeddings().num_embeddings
+            samples, used = await s.sample(
+                [5, 9, 17], num_samples=3, sampling=sampling, stop_token_ids=[], seed=1, seq=1
+            )
+            assert used == 1 and len(samples) == 3
+            for sample in samples:
+                assert len(sample.tokens) == len(sample.logprobs) <= 5
+                assert all(lp <= 0 for lp in sample.logprobs)
+            stopped, _ = await s.sample(
+                [5, 9, 17],
+                num_samples=2,
+                sampling=sampling,
+                stop_token_ids=list(range(vocab)),  # every token stops: one token, kept
+                seed=1,
+                seq=2,
+            )
+            assert [len(x.tokens) for x in stopped] == [1, 1] and all(x.stopped for x in stopped)
+
+    asyncio.run(main())
+
+
+def test_calls_run_in_seq_order_and_a_repeated_seq_is_refused() -> None:
+    async def main() -> None:
+        order = CallOrder(wait_s=5)
+        ran: list[int] = []
+
+        async def call(seq: int) -> None:
+            async with order.turn(seq):
+                ran.append(seq)
+
+        await asyncio.gather(call(3), call(2), call(1))  # arrive backwards, run in order
+        assert ran == [1, 2, 3]
+        with pytest.raises(FailedPreconditionError, match="out of order"):
+            await call(2)
+        late = CallOrder(wait_s=0.1)
+        with pytest.raises(FailedPreconditionError, match="never came"):
+            async with late.turn(2):
+                pass
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("data", "loss", "message"),
+    [
+        ([D1, Datum([1, 2], [9, 9])], "cross_entropy", r"data\[1\]: target_tokens must be"),
+        ([Datum([1, 2], [2, 3], weights=[1.0])], "cross_entropy", r"data\[0\]: weights has 1"),
+        ([D1], "ppo", r"data\[0\]: loss 'ppo' needs sampling_logprobs"),
+        ([Datum([1, 999], [999, 3])], "cross_entropy", "outside the vocabulary"),
+        ([], "cross_entropy", "data is empty"),
+    ],
+)
+def test_bad_data_is_refused_naming_the_datum_and_field(data, loss, message) -> None:
+    with pytest.raises(InvalidArgumentError, match=message):
+        collate_data(data, loss, pad_id=0, vocab_size=512, max_tokens=1000)
