@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from .batch import Episode, collate
-from .grpo import group_advantages, grpo_loss
+from .estimators.grpo import group_advantages
+from .losses.policy_gradient import grpo_loss
 from .policy import Policy
 
 MAX_GRAD_NORM = 1.0

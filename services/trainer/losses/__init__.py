@@ -1,0 +1,1 @@
+"""Loss functions: small pure tensor functions, one module each."""
