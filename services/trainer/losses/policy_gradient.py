@@ -27,23 +27,31 @@ import torch
 Normalization = Literal["sequence", "token", "constant"]
 
 
-def token_weights(
-    mask_B_T: torch.Tensor, normalization: Normalization, *, max_tokens: int = 0
+def sequence_scales(
+    tokens_B: torch.Tensor, normalization: Normalization, *, max_tokens: int = 0
 ) -> torch.Tensor:
-    """Per-token weights ``[B, T]`` of one batch (see the module doc); ``max_tokens`` is the
-    constant of ``constant`` normalization (> 0)."""
-    mask_B_T = mask_B_T.to(torch.float32)
-    size = max(mask_B_T.shape[0], 1)
+    """The weight ``[B]`` each masked token of a sequence gets, from the sequences' masked token
+    counts (``tokens_B``); see the module doc. ``max_tokens``: constant of ``constant`` (> 0)."""
+    tokens_B = tokens_B.to(torch.float32)
+    size = max(tokens_B.shape[0], 1)
     if normalization == "sequence":
-        tokens_B_1 = mask_B_T.sum(dim=1, keepdim=True).clamp(min=1.0)
-        return mask_B_T / tokens_B_1 / size
+        return 1.0 / tokens_B.clamp(min=1.0) / size
     if normalization == "token":
-        return mask_B_T / mask_B_T.sum().clamp(min=1.0)
+        return torch.full_like(tokens_B, 1.0) / tokens_B.sum().clamp(min=1.0)
     if normalization == "constant":
         if max_tokens <= 0:
             raise ValueError(f"constant normalization needs max_tokens > 0, got {max_tokens}")
-        return mask_B_T / (size * max_tokens)
+        return torch.full_like(tokens_B, 1.0 / (size * max_tokens))
     raise ValueError(f"unknown normalization {normalization!r}: use sequence, token or constant")
+
+
+def token_weights(
+    mask_B_T: torch.Tensor, normalization: Normalization, *, max_tokens: int = 0
+) -> torch.Tensor:
+    """Per-token weights ``[B, T]`` of one batch: the mask times each sequence's scale."""
+    mask_B_T = mask_B_T.to(torch.float32)
+    scales_B = sequence_scales(mask_B_T.sum(dim=1), normalization, max_tokens=max_tokens)
+    return mask_B_T * scales_B.unsqueeze(1)
 
 
 @dataclass(frozen=True)
