@@ -104,7 +104,7 @@ def test_token_returns_credit_each_token_with_its_turn() -> None:
 def test_token_returns_reject_bad_turn_ends() -> None:
     with pytest.raises(ValueError, match="one turn end per turn reward"):
         token_returns([1.0, 0.0], [2], 4, 1.0)
-    with pytest.raises(ValueError, match="must increase"):
+    with pytest.raises(ValueError, match="must not decrease"):
         token_returns([1.0, 0.0], [3, 2], 4, 1.0)
-    with pytest.raises(ValueError, match="must increase"):
+    with pytest.raises(ValueError, match="must not decrease"):
         token_returns([1.0], [5], 4, 1.0)

@@ -97,9 +97,9 @@ def prepare(
     full = collate(episodes, policy.pad_id)
     mask_B_T = full.loss_mask_B_T
     ref_B_T = None
-    if config.kl_coef > 0:
-        if reference is None:
-            raise ValueError("kl_coef > 0 needs a reference policy")
+    if config.kl_coef > 0 and reference is None:
+        raise ValueError("kl_coef > 0 needs a reference policy")
+    if reference is not None:  # also with kl_coef 0: the KL is then measured, not optimized
         ref_B_T = _per_micro_batch(
             episodes,
             full,

@@ -6,7 +6,9 @@ of turn k is credited with ``G_k``, so an early move is judged by the rewards it
 move after the decisive one is not credited with it.
 
 Turn boundaries are completion-token indices: ``turn_ends[k]`` is the index just after the last
-model token of turn k (exclusive end, counted from the first completion token). Completion
+model token of turn k (exclusive end, counted from the first completion token; a turn without
+model tokens ends
+where the previous one did). Completion
 token j belongs to the first turn k with ``j < turn_ends[k]``; tokens after the last turn end
 (trailing observation tokens) belong to the last turn.
 """
@@ -40,10 +42,12 @@ def token_returns(
             f"need one turn end per turn reward, got {len(turn_rewards)} rewards and "
             f"{len(turn_ends)} ends"
         )
-    if list(turn_ends) != sorted(turn_ends) or not 0 < turn_ends[0] <= turn_ends[-1] <= (
+    if list(turn_ends) != sorted(turn_ends) or not 0 <= turn_ends[0] <= turn_ends[-1] <= (
         completion_length
     ):
-        raise ValueError(f"turn ends {list(turn_ends)} must increase within 1..{completion_length}")
+        raise ValueError(
+            f"turn ends {list(turn_ends)} must not decrease and lie within 0..{completion_length}"
+        )
     returns = discounted_returns(turn_rewards, gamma)
     out = torch.full((completion_length,), returns[-1], dtype=torch.float32)
     start = 0
