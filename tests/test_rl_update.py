@@ -139,3 +139,39 @@ def test_critic_trains_and_survives_a_checkpoint(tiny_model_dir: Path, tmp_path:
         restored.optimizer.state_dict()["state"].keys()
         == critic.optimizer.state_dict()["state"].keys()
     )
+
+
+def test_entropy_bonus_alone_raises_the_entropy(tiny_model_dir: Path) -> None:
+    policy = full_policy(tiny_model_dir, lr=1e-4)  # a small step: the first-order effect
+    same = [  # every reward equal: advantage 0, only the entropy term has a gradient
+        Episode(0, 0, e.token_ids, e.prompt_length, e.logprobs, e.loss_mask, 1.0, False)
+        for e in varied_episodes(policy)
+    ]
+    config = UpdateConfig(entropy_coef=1.0)
+    before = rl_update(policy, same, config)
+    assert before.optimizer_steps == 1 and before.grad_norm > 0
+    after = rl_update(policy, same, config)
+    assert after.entropy > before.entropy  # measured before each step
+
+
+def test_kl_in_the_reward_lowers_the_advantage_of_sequences_far_from_the_reference(
+    tiny_model_dir: Path,
+) -> None:
+    policy = lora_policy(tiny_model_dir)
+    reference = ReferencePolicy.from_policy(policy)
+    rl_update(policy, varied_episodes(policy), UpdateConfig(), reference=reference)
+    episodes = varied_episodes(policy)  # sampling logprobs of the moved policy
+    plain = prepare(policy, episodes, UpdateConfig(kl_coef=0.0), reference=reference, critic=None)
+    penalized = prepare(
+        policy, episodes, UpdateConfig(kl_coef=5.0, kl_in_reward=True, loss="reinforce"),
+        reference=reference, critic=None,
+    )  # fmt: skip
+    assert plain.ref_B_T is not None and penalized.ref_B_T is not None
+    # reinforce: A_b = r_b - coef * KL_b - mean(...): the advantages moved, and they still sum
+    # to 0 over the batch (one value per sequence, on each of its tokens)
+    firsts = [
+        float(penalized.advantages_B_T[b, e.prompt_length - 1]) for b, e in enumerate(episodes)
+    ]
+    assert sum(firsts) == pytest.approx(0.0, abs=1e-5)
+    rewards = [e.reward - sum(e.reward for e in episodes) / len(episodes) for e in episodes]
+    assert max(abs(a - r) for a, r in zip(firsts, rewards, strict=True)) > 1e-4

@@ -111,7 +111,7 @@ def rl_update(
     work = prepare(policy, episodes, config, reference=reference, critic=critic)
     needs_every_row = config.kl_in_loss or config.entropy_coef > 0 or critic is not None
     signal_B = (work.advantages_B_T.abs() * work.full.loss_mask_B_T).sum(dim=1) > 0
-    active = [i for i in range(len(episodes)) if needs_every_row or bool(signal_B[i])]
+    active = {i for i in range(len(episodes)) if needs_every_row or bool(signal_B[i])}
     if not active:
         return _no_signal_stats(episodes)
     tally = _Tally()
@@ -123,7 +123,7 @@ def rl_update(
             order = torch.randperm(len(episodes), generator=shuffle).tolist()
         for start in range(0, len(order), size):
             minibatch = order[start : start + size]
-            rows = [i for i in minibatch if i in set(active)]
+            rows = [i for i in minibatch if i in active]
             if not rows:
                 continue
             backward_minibatch(
