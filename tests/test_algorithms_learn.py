@@ -64,6 +64,7 @@ def full_policy(model_dir: Path) -> Policy:
 
 def assert_learned(rewards: list[float]) -> None:
     first, last = sum(rewards[:2]) / 2, sum(rewards[-3:]) / 3
+    print("reward per step:", [round(r, 2) for r in rewards])
     assert last >= first + 0.3, f"reward did not rise by 0.3: {[round(r, 2) for r in rewards]}"
 
 
