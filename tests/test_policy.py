@@ -145,7 +145,7 @@ def test_skipping_zero_advantage_groups_gives_the_full_batch_update(tiny_model_d
     """A group whose rewards are all equal has advantage 0 and contributes exactly 0 to the loss
     and gradient; grpo_update leaves it out of the forward pass and rescales the rest. After one
     step, parameters must equal those of the plain full-batch update."""
-    from opentinker.services.trainer.grpo import grpo_loss
+    from opentinker.services.trainer.losses.policy_gradient import grpo_loss
     from opentinker.services.trainer.training import episode_advantages
 
     spec = ModelSpec(base_model=str(tiny_model_dir), finetune="full")

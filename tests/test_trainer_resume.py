@@ -33,8 +33,22 @@ CHECKPOINT_EVERY = 2
 TOLERANCE = 1e-6  # float32 on one CPU: the same ops in the same order
 
 
-def spec_with_dropout(model_dir: Path) -> JobSpec:
-    spec = job_spec(model_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, prompts_per_step=4)
+# PPO resumes its critic (value head + its AdamW) and continues the LR schedule; the KL term's
+# reference (the base: LoRA with the adapter disabled) needs no state.
+PPO = {
+    "loss": "ppo",
+    "critic_learning_rate": 1e-2,
+    "ppo_epochs": 2,
+    "kl_coef": 0.05,
+    "warmup_steps": 2,
+    "lr_schedule": "cosine",
+}
+
+
+def spec_with_dropout(model_dir: Path, **rl: object) -> JobSpec:
+    spec = job_spec(
+        model_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, prompts_per_step=4, **rl
+    )
     lora = LoraConfig(rank=4, dropout=0.2)
     return spec.model_copy(
         update={"model": ModelSpec(base_model=str(model_dir), finetune="lora", lora=lora)}
@@ -65,7 +79,9 @@ async def run_attempt(m: Mesh, spec: JobSpec, run_dir: Path, checkpoint_dir: Pat
     return loop
 
 
-COMPARED = ("loss", "grad_norm", "entropy", "logprob_gap", "reward_mean")
+COMPARED = (
+    "loss", "grad_norm", "entropy", "logprob_gap", "reward_mean", "kl", "value_loss", "lr",
+)  # fmt: skip
 
 
 def figures(scheduler: RecordingScheduler) -> dict[int, dict[str, float]]:
@@ -83,10 +99,11 @@ def plant_broken_checkpoints(folder: Path) -> None:
     (broken / "trainer_state.json").write_text(json.dumps({**state, "step": 3}))  # size differs
 
 
+@pytest.mark.parametrize("algorithm", [{}, PPO], ids=["grpo", "ppo"])
 def test_a_resumed_run_matches_the_uninterrupted_one(
-    identities: Identities, letter_model_dir: Path, tmp_path: Path
+    identities: Identities, letter_model_dir: Path, tmp_path: Path, algorithm: dict
 ) -> None:
-    spec = spec_with_dropout(letter_model_dir)
+    spec = spec_with_dropout(letter_model_dir, **algorithm)
 
     async def scenario() -> None:
         async with mesh(identities, job_id="job-r") as m:

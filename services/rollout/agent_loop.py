@@ -118,6 +118,8 @@ class _Episode:
     turn_start: int = 0  # index in token_ids where the current model turn begins
     reward: float = 0.0
     num_turns: int = 0
+    turn_rewards: list[float] = field(default_factory=list)  # one per env step
+    turn_ends: list[int] = field(default_factory=list)  # completion index after the turn's tokens
     finish_reason: FinishReason | None = None
     finish_detail: str = ""
     info: dict[str, str] = field(default_factory=dict)
@@ -130,6 +132,7 @@ class _Episode:
         self.session = session
         self.state = EpisodeState.PENDING
         self.token_ids, self.logprobs, self.loss_mask, self.messages = [], [], [], []
+        self.turn_rewards, self.turn_ends = [], []
         self.prompt_length = self.turn_start = self.num_turns = 0
         self.reward = 0.0
         self.info = {}
@@ -244,6 +247,8 @@ class AgentLoop:
             return
         ep.info = dict(outcome.info)
         ep.reward += outcome.reward
+        ep.turn_rewards.append(outcome.reward)
+        ep.turn_ends.append(len(ep.token_ids) - ep.prompt_length)
         if outcome.done:
             ep.finish(FinishReason.ENV_DONE)
             return
@@ -339,4 +344,6 @@ class AgentLoop:
             info=ep.info,
             env_retries=ep.retries,
             messages=ep.messages,
+            turn_rewards=ep.turn_rewards,
+            turn_ends=ep.turn_ends,
         )

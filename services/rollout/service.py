@@ -248,6 +248,8 @@ def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
         completion_text=t.completion_text,
         info=t.info,
         env_retries=t.env_retries,
+        turn_rewards=t.turn_rewards,
+        turn_ends=t.turn_ends,
     )
 
 

@@ -66,6 +66,9 @@ class Trajectory:
     ``len(token_ids) - prompt_length`` entries: loss mask 1 and the sampling logprob on model
     tokens, loss mask 0 and logprob 0.0 on tokens the environment (or the chat format) added.
 
+    ``turn_rewards``/``turn_ends``: the reward of each env step and the completion-token index
+    just after the model tokens of that turn (exclusive), for per-turn returns.
+
     ``info`` is the env's info of the episode's last step (e.g. ``{"outcome": "win"}``);
     ``env_retries`` counts restarts of the episode after its env instance died; ``messages``
     is the episode as text (for people and jsonl; training uses the token ids only).
@@ -86,6 +89,8 @@ class Trajectory:
     info: dict[str, str] = field(default_factory=dict)
     env_retries: int = 0
     messages: list[ChatMessage] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -27,6 +27,21 @@ class Episode:
     finish_detail: str = ""
     num_turns: int = 1
     outcome: str = ""  # the env's info["outcome"] on its last step: win | loss | draw | ""
+    # Multi-turn credit: the reward of each env step, and the completion-token index just after
+    # the last model token of each turn (exclusive end). Empty = one turn ending at the end of
+    # the completion, with ``reward``.
+    turn_rewards: tuple[float, ...] = ()
+    turn_ends: tuple[int, ...] = ()
+
+    @property
+    def completion_length(self) -> int:
+        return len(self.token_ids) - self.prompt_length
+
+    def turns(self) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """(turn rewards, turn ends), a single turn when the rollout sent none."""
+        if self.turn_rewards:
+            return self.turn_rewards, self.turn_ends
+        return (self.reward,), (self.completion_length,)
 
 
 @dataclass(frozen=True)

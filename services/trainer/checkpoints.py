@@ -8,6 +8,7 @@ worker passes it in ``LaunchConfig.checkpoint_dir``). Inside it::
         config.json, model.safetensors                    full: AutoModelForCausalLM.from_pretrained
         tokenizer files
         optimizer.pt                AdamW ``state_dict()`` (torch.save)
+        critic.pt                   PPO only: the value head and its AdamW (Critic.state_dict)
         rng.pt                      torch CPU (and CUDA) generator states, python ``random`` state
         trainer_state.json          TrainerState
         manifest.json               written last: every other file and its size in bytes
@@ -39,6 +40,7 @@ import structlog
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from .critic import Critic
 from .errors import CheckpointError
 from .policy import Policy
 
@@ -47,6 +49,7 @@ log = structlog.get_logger()
 MANIFEST = "manifest.json"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
+CRITIC = "critic.pt"
 TRAINER_STATE = "trainer_state.json"
 _PREFIX = "step-"
 
@@ -76,10 +79,12 @@ def step_name(step: int) -> str:
     return f"{_PREFIX}{step:06d}"
 
 
-def save(policy: Policy, state: TrainerState, folder: Path, *, keep: int) -> Path:
-    """Write a complete checkpoint of ``policy`` at ``state.step`` into ``folder`` atomically,
-    then delete all but the last ``keep`` complete ones; returns its absolute path. A complete
-    checkpoint of the same step is replaced."""
+def save(
+    policy: Policy, state: TrainerState, folder: Path, *, keep: int, critic: Critic | None = None
+) -> Path:
+    """Write a complete checkpoint of ``policy`` (and ``critic``) at ``state.step`` into
+    ``folder`` atomically, then delete all but the last ``keep`` complete ones; returns its
+    absolute path. A complete checkpoint of the same step is replaced."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / step_name(state.step)
@@ -88,6 +93,8 @@ def save(policy: Policy, state: TrainerState, folder: Path, *, keep: int) -> Pat
     policy.save_checkpoint(tmp, trainer_state=state.model_dump())
     torch.save(policy.optimizer.state_dict(), tmp / OPTIMIZER)
     torch.save(_rng_state(), tmp / RNG)
+    if critic is not None:
+        torch.save(critic.state_dict(), tmp / CRITIC)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     for name in files:
         _fsync(tmp / name)
@@ -130,9 +137,10 @@ def is_complete(path: Path) -> bool:
         return False
 
 
-def load(policy: Policy, path: Path) -> TrainerState:
+def load(policy: Policy, path: Path, *, critic: Critic | None = None) -> TrainerState:
     """Restore weights, AdamW state and RNG state from a complete checkpoint into ``policy``
-    (built from the same model spec); returns the saved TrainerState. Raises CheckpointError."""
+    (built from the same model spec), and the value head into ``critic`` when given; returns
+    the saved TrainerState. Raises CheckpointError."""
     path = Path(path)
     if not is_complete(path):
         raise CheckpointError(f"checkpoint {path} is incomplete (no valid {MANIFEST})")
@@ -142,6 +150,10 @@ def load(policy: Policy, path: Path) -> TrainerState:
         optimizer = torch.load(path / OPTIMIZER, map_location=policy.device, weights_only=True)
         policy.optimizer.load_state_dict(optimizer)
         _set_rng_state(torch.load(path / RNG, weights_only=True))
+        if critic is not None:
+            critic.load_state_dict(
+                torch.load(path / CRITIC, map_location=policy.device, weights_only=True)
+            )
     except (OSError, ValueError, RuntimeError, KeyError) as err:
         raise CheckpointError(
             f"could not resume from checkpoint {path}: {type(err).__name__}: {err}; "

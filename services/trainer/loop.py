@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,12 +24,16 @@ from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
 from .batch import CollectedBatch, Episode
+from .batch_work import UpdateConfig
+from .critic import Critic
 from .errors import CheckpointError, WeightSyncError
 from .policy import Policy
+from .reference import ReferencePolicy
 from .rollout_client import WeightsAck
+from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
-from .training import grpo_update
+from .training import rl_update
 from .validation import EvalRollout, Validation
 
 log = structlog.get_logger()
@@ -129,6 +134,20 @@ class RlLoop:
         self.rewards: list[float] = []
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
+        self.update_config = UpdateConfig.from_rl(self.rl)
+        # Built before a resume loads a checkpoint: a full fine-tune's reference is the base.
+        self.reference = ReferencePolicy.from_policy(policy) if self.rl.kl_coef > 0 else None
+        self.critic = (
+            Critic(
+                policy.model.config.hidden_size,
+                learning_rate=self.rl.critic_learning_rate,
+                device=policy.device,
+            )
+            if self.rl.loss == "ppo"
+            else None
+        )
+        for group in policy.optimizer.param_groups:
+            group["weight_decay"] = self.rl.weight_decay
 
     async def run(self) -> Outcome:
         try:
@@ -207,13 +226,14 @@ class RlLoop:
         )
         episodes = self._usable_episodes(batch)
         train_started = time.monotonic()
+        lr = self._set_learning_rate()
         stats = await asyncio.to_thread(
-            grpo_update,
+            rl_update,
             self.policy,
             episodes,
-            clip_epsilon=self.rl.clip_epsilon,
-            temperature=self.rl.sampling.temperature,
-            max_grad_norm=self.settings.max_grad_norm,
+            self.update_config,
+            reference=self.reference,
+            critic=self.critic,
         )
         time_train = time.monotonic() - train_started
         self.policy_version += 1
@@ -227,6 +247,7 @@ class RlLoop:
             stats,
             StepTimes(train_s=time_train, sync_s=time_sync, step_s=time_step),
             probe_diff=probe_diff,
+            lr=lr,
         )
         metrics.update(await self._validate())
         reward_mean = metrics["reward_mean"]
@@ -245,6 +266,20 @@ class RlLoop:
             time_step_s=round(time_step, 3),
         )
         return await self.reporter.report_step(self.step, self.policy_version, metrics)
+
+    def _set_learning_rate(self) -> float:
+        """The LR of this step's update from the schedule (a function of the step alone, so a
+        resumed job continues the schedule); returns it."""
+        factor = lr_factor(
+            self.step,
+            total_steps=self.rl.steps,
+            warmup_steps=self.rl.warmup_steps,
+            schedule=self.rl.lr_schedule,
+        )
+        lr = self.rl.learning_rate * factor
+        for group in self.policy.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _usable_episodes(self, batch: CollectedBatch) -> list[Episode]:
         """Check on-policy versions; drop ENV_ERROR episodes (the job fails if none is left)."""
@@ -335,6 +370,7 @@ class RlLoop:
             state,
             self.checkpoint_dir,
             keep=self.settings.keep_checkpoints,
+            critic=self.critic,
         )
         self._checkpoint = (self.step, path)
         self.log.info("checkpoint_saved", path=str(path), step=self.step)
@@ -348,7 +384,9 @@ class RlLoop:
         path = checkpoints.latest(self.checkpoint_dir)
         if path is None:
             return
-        state = await asyncio.to_thread(checkpoints.load, self.policy, path)
+        state = await asyncio.to_thread(
+            functools.partial(checkpoints.load, critic=self.critic), self.policy, path
+        )
         if state.job_id != self.job_id:
             raise CheckpointError(
                 f"checkpoint {path} belongs to job {state.job_id!r}, not {self.job_id!r}; "

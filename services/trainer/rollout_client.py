@@ -286,4 +286,6 @@ def _episode(t: rollout_pb2.Trajectory) -> Episode:
         finish_detail=t.finish_detail,
         num_turns=t.num_turns,
         outcome=t.info.get("outcome", ""),
+        turn_rewards=tuple(t.turn_rewards),
+        turn_ends=tuple(t.turn_ends),
     )

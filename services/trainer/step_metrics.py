@@ -27,6 +27,7 @@ def step_metrics(
     times: StepTimes,
     *,
     probe_diff: float,
+    lr: float = 0.0,
 ) -> dict[str, float]:
     """Every figure one step reports (names are part of the event stream's contract)."""
     rewards = [e.reward for e in episodes]
@@ -40,6 +41,11 @@ def step_metrics(
         "clip_fraction": stats.clip_fraction,
         "ratio_mean": stats.ratio_mean,
         "grad_norm": stats.grad_norm,
+        "kl": stats.kl,
+        "value_loss": stats.value_loss,
+        "explained_variance": stats.explained_variance,
+        "optimizer_steps": float(stats.optimizer_steps),
+        "lr": lr,
         "logprob_gap": stats.logprob_gap,
         "probe_max_abs_diff": probe_diff,
         "tokens_per_s": batch.generated_tokens / times.step_s if times.step_s > 0 else 0.0,

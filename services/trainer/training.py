@@ -1,24 +1,43 @@
-"""One GRPO update of a Policy on a batch of episodes (shared by the service loop and benches)."""
+"""One RL update of a Policy on a batch of episodes (shared by the service loop and benches).
+
+``ppo_epochs`` passes over the batch, each split into minibatches of ``minibatch_size``
+sequences (one optimizer step each), each minibatch run as micro-batches of at most
+``micro_batch_tokens`` padded tokens whose gradients accumulate. Token weights come from the
+whole minibatch (losses/policy_gradient.py), so the accumulated gradient is the minibatch's.
+The ratio is taken against the sampling logprobs, so from the second step on the clip matters.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from .advantages import episode_advantages
 from .batch import Episode, collate
-from .grpo import group_advantages, grpo_loss
+from .batch_work import BatchWork, UpdateConfig, prepare
+from .critic import Critic
+from .forward import policy_forward
+from .losses.entropy import entropy_bonus_loss
+from .losses.kl import kl_loss, kl_per_token
+from .losses.policy_gradient import clipped_policy_loss, sequence_scales
+from .losses.value import explained_variance, value_loss
+from .micro_batches import split_by_tokens
 from .policy import Policy
+from .reference import ReferencePolicy
+
+__all__ = ["TrainStats", "UpdateConfig", "episode_advantages", "grpo_update", "rl_update"]
 
 MAX_GRAD_NORM = 1.0
 
 
 @dataclass(frozen=True)
 class TrainStats:
-    """Figures of one update. entropy: mean over trained tokens (nats). logprob_gap: mean
-    |trainer logprob - sampling logprob| over trained tokens before the update (0 when the
-    rollout samples from exactly the trainer's weights)."""
+    """Figures of one batch's update. entropy, logprob_gap (|trainer - sampling logprob|) and
+    kl (to the reference; 0 when off) are token means over trained tokens at the first pass,
+    before any step. clip_fraction, ratio_mean: token means over every pass. loss, grad_norm,
+    value_loss: means over optimizer steps. explained_variance: of the critic's values before
+    the update (ppo)."""
 
     loss: float
     entropy: float
@@ -28,18 +47,35 @@ class TrainStats:
     logprob_gap: float
     sequences: int
     trained_tokens: int
+    kl: float = 0.0
+    value_loss: float = 0.0
+    explained_variance: float = 0.0
+    optimizer_steps: int = 0
 
 
-def episode_advantages(episodes: list[Episode]) -> torch.Tensor:
-    """GRPO advantage of each episode within its group (same group_index), shape ``[B]``."""
-    by_group: dict[int, list[int]] = defaultdict(list)
-    for i, ep in enumerate(episodes):
-        by_group[ep.group_index].append(i)
-    advantages_B = torch.zeros(len(episodes))
-    for members in by_group.values():
-        rewards_1_N = torch.tensor([[episodes[i].reward for i in members]], dtype=torch.float32)
-        advantages_B[members] = group_advantages(rewards_1_N)[0]
-    return advantages_B
+@dataclass
+class _Tally:
+    """Sums of per-token figures (weighted by token counts) and per-step figures."""
+
+    token_sums: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    step_sums: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def add_tokens(self, name: str, mean: float, tokens: int) -> None:
+        self.token_sums[name] = self.token_sums.get(name, 0.0) + mean * tokens
+        self.tokens[name] = self.tokens.get(name, 0) + tokens
+
+    def token_mean(self, name: str, default: float = 0.0) -> float:
+        n = self.tokens.get(name, 0)
+        return self.token_sums[name] / n if n else default
+
+    def add_step(self, **values: float) -> None:
+        for name, value in values.items():
+            self.step_sums[name] = self.step_sums.get(name, 0.0) + value
+
+    def step_mean(self, name: str) -> float:
+        return self.step_sums.get(name, 0.0) / self.steps if self.steps else 0.0
 
 
 def grpo_update(
@@ -50,50 +86,209 @@ def grpo_update(
     temperature: float,
     max_grad_norm: float = MAX_GRAD_NORM,
 ) -> TrainStats:
-    """Forward, GRPO loss, backward, clip, AdamW step. ``episodes`` must be non-empty.
-
-    Sequences whose advantage is exactly 0 (every member of their group got the same reward)
-    add exactly 0 to the loss and its gradient, so they are left out of the forward pass; the
-    loss over the rest is scaled by n_active / n_total, which keeps it (and the gradient) equal
-    to the full-batch mean. Early in training, when most groups score all zeros, this skips
-    most of the work. When no sequence has signal, no optimizer step is taken.
-    """
-    advantages_all_B = episode_advantages(episodes)
-    active = [i for i in range(len(episodes)) if advantages_all_B[i] != 0]
-    if not active:
-        nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m]
-        return TrainStats(
-            loss=0.0,
-            entropy=sum(nll) / max(len(nll), 1),  # sampled-token NLL: an entropy estimate
-            clip_fraction=0.0,
-            ratio_mean=1.0,
-            grad_norm=0.0,
-            logprob_gap=0.0,
-            sequences=len(episodes),
-            trained_tokens=0,
-        )
-    chosen = [episodes[i] for i in active]
-    batch = collate(chosen, policy.pad_id)
-    advantages_B = advantages_all_B[active]
-    new_B_T, entropy_B_T = policy.token_logprobs_and_entropy(batch, temperature=temperature)
-    loss, stats = grpo_loss(
-        new_B_T, batch.old_logprobs_B_T, advantages_B, batch.loss_mask_B_T, clip_epsilon
+    """One GRPO step on the whole batch (today's default algorithm)."""
+    config = UpdateConfig(
+        clip_epsilon=clip_epsilon, temperature=temperature, max_grad_norm=max_grad_norm
     )
-    loss = loss * (len(chosen) / len(episodes))
+    return rl_update(policy, episodes, config)
+
+
+def rl_update(
+    policy: Policy,
+    episodes: list[Episode],
+    config: UpdateConfig,
+    *,
+    reference: ReferencePolicy | None = None,
+    critic: Critic | None = None,
+) -> TrainStats:
+    """Advantages, then ``ppo_epochs`` x minibatch optimizer steps. ``episodes`` non-empty.
+
+    Sequences whose advantage is 0 on every token add exactly 0 to the clipped loss; when no
+    other term (KL loss, entropy bonus, critic) needs them they are left out of the forward
+    pass (their weight still counts in the normalization, so the gradient is unchanged).
+    When no sequence has signal, no optimizer step is taken.
+    """
+    work = prepare(policy, episodes, config, reference=reference, critic=critic)
+    needs_every_row = config.kl_in_loss or config.entropy_coef > 0 or critic is not None
+    signal_B = (work.advantages_B_T.abs() * work.full.loss_mask_B_T).sum(dim=1) > 0
+    active = {i for i in range(len(episodes)) if needs_every_row or bool(signal_B[i])}
+    if not active:
+        return _no_signal_stats(episodes)
+    tally = _Tally()
+    size = config.minibatch_size or len(episodes)
+    shuffle = torch.Generator().manual_seed(0)
+    for epoch in range(config.ppo_epochs):
+        order = list(range(len(episodes)))
+        if epoch > 0:
+            order = torch.randperm(len(episodes), generator=shuffle).tolist()
+        for start in range(0, len(order), size):
+            minibatch = order[start : start + size]
+            rows = [i for i in minibatch if i in active]
+            if not rows:
+                continue
+            backward_minibatch(
+                policy,
+                work,
+                minibatch,
+                rows,
+                config,
+                critic=critic,
+                tally=tally,
+                first_pass=epoch == 0,
+            )
+            limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+            tally.add_step(grad_norm=policy.optimizer_step(limit))
+            if critic is not None:
+                critic.step(config.max_grad_norm)
+            tally.steps += 1
+    return _stats(tally, work, len(episodes))
+
+
+def backward_minibatch(
+    policy: Policy,
+    work: BatchWork,
+    minibatch: list[int],
+    rows: list[int],
+    config: UpdateConfig,
+    *,
+    critic: Critic | None = None,
+    tally: _Tally | None = None,
+    first_pass: bool = True,
+) -> float:
+    """Accumulate the gradient of one minibatch's loss over micro-batches of ``rows`` (the
+    members of ``minibatch`` that need a forward pass); returns the minibatch loss. Weights
+    are those of the whole ``minibatch``, so the result does not depend on the split."""
+    tally = tally if tally is not None else _Tally()
+    episodes = work.episodes
+    tokens_M = torch.tensor([float(sum(episodes[i].loss_mask)) for i in minibatch])
+    scales = sequence_scales(
+        tokens_M, config.normalization, max_tokens=config.max_completion_tokens
+    )
+    scale = dict(zip(minibatch, scales.tolist(), strict=True))
+    value_scale = 1.0 / max(float(tokens_M.sum()), 1.0)
+    total = 0.0
+    lengths = [len(episodes[i].token_ids) for i in rows]
+    for micro in split_by_tokens(lengths, config.micro_batch_tokens):
+        idx = [rows[j] for j in micro]
+        total += _micro_step(
+            policy, work, idx, scale, value_scale, config, critic, tally, first_pass
+        )
+    tally.add_step(loss=total)
+    return total
+
+
+def _micro_step(
+    policy: Policy,
+    work: BatchWork,
+    idx: list[int],
+    scale: dict[int, float],
+    value_scale: float,
+    config: UpdateConfig,
+    critic: Critic | None,
+    tally: _Tally,
+    first_pass: bool,
+) -> float:
+    """Forward and backward of one micro-batch; returns its share of the policy loss."""
+    sub = collate([work.episodes[i] for i in idx], policy.pad_id)
+    t = sub.loss_mask_B_T.shape[1]
+    mask_B_T = sub.loss_mask_B_T.to(policy.device)
+    weights_B_T = mask_B_T * torch.tensor([scale[i] for i in idx], device=policy.device)[:, None]
+    out = policy_forward(
+        policy,
+        sub,
+        temperature=config.temperature,
+        entropy_grad=config.entropy_coef > 0,
+        hidden=critic is not None,
+    )
+    old_B_T = sub.old_logprobs_B_T.to(policy.device)
+    pg, clip = clipped_policy_loss(
+        out.logprobs_B_T,
+        old_B_T,
+        work.advantages_B_T[idx, :t].to(policy.device),
+        weights_B_T,
+        config.clip_epsilon,
+    )
+    loss = pg
+    tokens = clip.tokens
+    tally.add_tokens("clip_fraction", clip.clip_fraction, tokens)
+    tally.add_tokens("ratio_mean", clip.ratio_mean, tokens)
+    ref_B_T = None if work.ref_B_T is None else work.ref_B_T[idx, :t].to(policy.device)
+    if config.kl_in_loss and ref_B_T is not None:
+        loss = loss + config.kl_coef * kl_loss(
+            out.logprobs_B_T, ref_B_T, weights_B_T, config.kl_estimator
+        )
+    if config.entropy_coef > 0:
+        loss = loss + config.entropy_coef * entropy_bonus_loss(out.entropy_B_T, weights_B_T)
+    if critic is not None and work.returns_B_T is not None and out.hidden_B_T_H is not None:
+        assert work.old_values_B_T is not None
+        values = value_loss(
+            critic.values(out.hidden_B_T_H),
+            work.old_values_B_T[idx, :t].to(policy.device),
+            work.returns_B_T[idx, :t].to(policy.device),
+            mask_B_T * value_scale,
+        )
+        loss = loss + values
+        tally.add_step(value_loss=float(values.detach()))
     loss.backward()
-    grad_norm = policy.optimizer_step(max_grad_norm)
-    mask_B_T = batch.loss_mask_B_T
-    tokens = float(mask_B_T.sum().clamp(min=1.0))
-    with torch.no_grad():
-        gap = float(((new_B_T.detach() - batch.old_logprobs_B_T).abs() * mask_B_T).sum() / tokens)
-        entropy = float((entropy_B_T * mask_B_T).sum() / tokens)
+    if first_pass:
+        _first_pass_figures(
+            out.logprobs_B_T, out.entropy_B_T, old_B_T, ref_B_T, mask_B_T, config, tally
+        )
+    return float(pg.detach())
+
+
+@torch.no_grad()
+def _first_pass_figures(
+    new_B_T: torch.Tensor,
+    entropy_B_T: torch.Tensor,
+    old_B_T: torch.Tensor,
+    ref_B_T: torch.Tensor | None,
+    mask_B_T: torch.Tensor,
+    config: UpdateConfig,
+    tally: _Tally,
+) -> None:
+    on = mask_B_T > 0
+    tokens = int(on.sum())
+    if not tokens:
+        return
+    tally.add_tokens("entropy", float(entropy_B_T.detach()[on].mean()), tokens)
+    tally.add_tokens("logprob_gap", float((new_B_T.detach() - old_B_T)[on].abs().mean()), tokens)
+    if ref_B_T is not None:
+        kl_B_T = kl_per_token(new_B_T.detach(), ref_B_T, config.kl_estimator)
+        tally.add_tokens("kl", float(kl_B_T[on].mean()), tokens)
+
+
+def _stats(tally: _Tally, work: BatchWork, sequences: int) -> TrainStats:
+    variance = 0.0
+    if work.old_values_B_T is not None and work.returns_B_T is not None:
+        variance = explained_variance(
+            work.old_values_B_T, work.returns_B_T, work.full.loss_mask_B_T
+        )
     return TrainStats(
-        loss=float(loss.detach()),
-        entropy=entropy,
-        clip_fraction=stats.clip_fraction,
-        ratio_mean=stats.ratio_mean,
-        grad_norm=grad_norm,
-        logprob_gap=gap,
+        loss=tally.step_mean("loss"),
+        entropy=tally.token_mean("entropy"),
+        clip_fraction=tally.token_mean("clip_fraction"),
+        ratio_mean=tally.token_mean("ratio_mean", 1.0),
+        grad_norm=tally.step_mean("grad_norm"),
+        logprob_gap=tally.token_mean("logprob_gap"),
+        sequences=sequences,
+        trained_tokens=tally.tokens.get("entropy", 0),
+        kl=tally.token_mean("kl"),
+        value_loss=tally.step_mean("value_loss"),
+        explained_variance=variance,
+        optimizer_steps=tally.steps,
+    )
+
+
+def _no_signal_stats(episodes: list[Episode]) -> TrainStats:
+    nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m]
+    return TrainStats(
+        loss=0.0,
+        entropy=sum(nll) / max(len(nll), 1),  # sampled-token NLL: an entropy estimate
+        clip_fraction=0.0,
+        ratio_mean=1.0,
+        grad_norm=0.0,
+        logprob_gap=0.0,
         sequences=len(episodes),
-        trained_tokens=int(mask_B_T.sum()),
+        trained_tokens=0,
     )

@@ -35,6 +35,29 @@ class LossKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LOSS_KIND_UNSPECIFIED: _ClassVar[LossKind]
     LOSS_KIND_GRPO: _ClassVar[LossKind]
+    LOSS_KIND_PPO: _ClassVar[LossKind]
+    LOSS_KIND_RLOO: _ClassVar[LossKind]
+    LOSS_KIND_REINFORCE: _ClassVar[LossKind]
+
+class LossNormalization(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOSS_NORMALIZATION_UNSPECIFIED: _ClassVar[LossNormalization]
+    LOSS_NORMALIZATION_SEQUENCE: _ClassVar[LossNormalization]
+    LOSS_NORMALIZATION_TOKEN: _ClassVar[LossNormalization]
+    LOSS_NORMALIZATION_CONSTANT: _ClassVar[LossNormalization]
+
+class KlEstimator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KL_ESTIMATOR_UNSPECIFIED: _ClassVar[KlEstimator]
+    KL_ESTIMATOR_K1: _ClassVar[KlEstimator]
+    KL_ESTIMATOR_K3: _ClassVar[KlEstimator]
+
+class LrSchedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LR_SCHEDULE_UNSPECIFIED: _ClassVar[LrSchedule]
+    LR_SCHEDULE_CONSTANT: _ClassVar[LrSchedule]
+    LR_SCHEDULE_LINEAR: _ClassVar[LrSchedule]
+    LR_SCHEDULE_COSINE: _ClassVar[LrSchedule]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +83,20 @@ FINETUNE_MODE_LORA: FinetuneMode
 FINETUNE_MODE_FULL: FinetuneMode
 LOSS_KIND_UNSPECIFIED: LossKind
 LOSS_KIND_GRPO: LossKind
+LOSS_KIND_PPO: LossKind
+LOSS_KIND_RLOO: LossKind
+LOSS_KIND_REINFORCE: LossKind
+LOSS_NORMALIZATION_UNSPECIFIED: LossNormalization
+LOSS_NORMALIZATION_SEQUENCE: LossNormalization
+LOSS_NORMALIZATION_TOKEN: LossNormalization
+LOSS_NORMALIZATION_CONSTANT: LossNormalization
+KL_ESTIMATOR_UNSPECIFIED: KlEstimator
+KL_ESTIMATOR_K1: KlEstimator
+KL_ESTIMATOR_K3: KlEstimator
+LR_SCHEDULE_UNSPECIFIED: LrSchedule
+LR_SCHEDULE_CONSTANT: LrSchedule
+LR_SCHEDULE_LINEAR: LrSchedule
+LR_SCHEDULE_COSINE: LrSchedule
 D_TYPE_UNSPECIFIED: DType
 D_TYPE_FLOAT32: DType
 D_TYPE_FLOAT16: DType
@@ -101,7 +138,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +167,21 @@ class RlConfig(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_REWARD_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    LOSS_NORMALIZATION_FIELD_NUMBER: _ClassVar[int]
+    PPO_EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    MINIBATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KL_COEF_FIELD_NUMBER: _ClassVar[int]
+    KL_ESTIMATOR_FIELD_NUMBER: _ClassVar[int]
+    KL_IN_REWARD_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_COEF_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LR_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    MAX_GRAD_NORM_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    GAE_LAMBDA_FIELD_NUMBER: _ClassVar[int]
+    CRITIC_LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     VAL_EPISODES_FIELD_NUMBER: _ClassVar[int]
     VAL_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -149,12 +201,27 @@ class RlConfig(_message.Message):
     seed: int
     stop_at_reward: float
     checkpoint_every: int
+    loss_normalization: LossNormalization
+    ppo_epochs: int
+    minibatch_size: int
+    kl_coef: float
+    kl_estimator: KlEstimator
+    kl_in_reward: bool
+    entropy_coef: float
+    warmup_steps: int
+    lr_schedule: LrSchedule
+    weight_decay: float
+    max_grad_norm: float
+    gamma: float
+    gae_lambda: float
+    critic_learning_rate: float
+    micro_batch_tokens: int
     val_every: int
     val_episodes: int
     val_temperature: float
     val_env_options: _containers.ScalarMap[str, str]
     val_first_episode: int
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ...) -> None: ...
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ...) -> None: ...
 
 class InferenceConfig(_message.Message):
     __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy")

@@ -1,0 +1,1 @@
+"""Advantage estimators: small pure tensor functions, one module each."""

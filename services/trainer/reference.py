@@ -1,0 +1,46 @@
+"""The reference policy of the KL term: where the policy started.
+
+LoRA: the base model with the adapter disabled (peft's ``disable_adapter()`` context) -- the
+same weights in memory, no second copy. Full fine-tuning: a frozen copy of the model made when
+the loop starts, before a resume loads a checkpoint, so it is the base model in every attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import PreTrainedModel
+
+from .batch import SequenceBatch
+from .forward import model_forward
+from .policy import Policy
+
+
+class ReferencePolicy:
+    """``logprobs(batch)``: the reference's next-token logprobs ``[B, T]``, no gradient."""
+
+    def __init__(self, policy: Policy, frozen: PreTrainedModel | None) -> None:
+        self.policy = policy
+        self.frozen = frozen
+
+    @classmethod
+    def from_policy(cls, policy: Policy) -> ReferencePolicy:
+        """Build before the first update (and before a resume): a full fine-tune copies the
+        weights now."""
+        if policy.is_lora:
+            return cls(policy, None)
+        frozen = copy.deepcopy(policy.model).eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        return cls(policy, frozen)
+
+    @torch.no_grad()
+    def logprobs(self, batch: SequenceBatch, *, temperature: float) -> torch.Tensor:
+        if self.frozen is not None:
+            return model_forward(
+                self.frozen, batch, temperature=temperature, device=self.policy.device
+            ).logprobs_B_T
+        with self.policy.model.disable_adapter():  # type: ignore[operator]
+            logprobs_B_T, _ = self.policy.token_logprobs_and_entropy(batch, temperature=temperature)
+        return logprobs_B_T

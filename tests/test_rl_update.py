@@ -1,0 +1,177 @@
+"""The RL update on the real tiny model: gradient accumulation is exact, several epochs make
+the clip bite, the reference policy and the critic behave, the LR schedule is applied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.batch_work import UpdateConfig, prepare
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reference import ReferencePolicy
+from opentinker.services.trainer.training import backward_minibatch, rl_update
+from opentinker.spec import LoraConfig, ModelSpec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+def full_policy(model_dir: Path, lr: float = 1e-3) -> Policy:
+    return Policy(ModelSpec(base_model=str(model_dir), finetune="full"), learning_rate=lr)
+
+
+def lora_policy(model_dir: Path, lr: float = 1e-2) -> Policy:
+    spec = ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4))
+    return Policy(spec, learning_rate=lr, seed=0)
+
+
+def varied_episodes(policy: Policy) -> list[Episode]:
+    """Three groups of two, completions of 1..4 tokens, one rewarded answer per group."""
+    prompt = policy.probe_token_ids[:10]
+    completions = [[65], [66, 67, 68], [69, 70], [71], [72, 73, 74, 75], [76, 77]]
+    out = []
+    for i, completion in enumerate(completions):
+        ids = prompt + completion
+        old = policy.probe_logprobs(ids)[len(prompt) - 1 :]
+        reward = 1.0 if i % 2 == 0 else 0.0
+        out.append(Episode(i // 2, 0, ids, len(prompt), old, [1] * len(completion), reward, False))
+    return out
+
+
+def gradients(policy: Policy) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("normalization", ["sequence", "token", "constant"])
+def test_accumulated_gradients_equal_the_one_shot_gradient(
+    tiny_model_dir: Path, normalization: str
+) -> None:
+    policy = full_policy(tiny_model_dir)
+    episodes = varied_episodes(policy)
+    rows = list(range(len(episodes)))
+    grads = []
+    for budget in (0, 14):  # 14 tokens: the longest sequence (14) alone, or 1 x 13 ...
+        config = UpdateConfig(
+            normalization=normalization,  # type: ignore[arg-type]
+            max_completion_tokens=4,
+            micro_batch_tokens=budget,
+        )
+        work = prepare(policy, episodes, config, reference=None, critic=None)
+        backward_minibatch(policy, work, rows, rows, config)
+        grads.append(gradients(policy))
+        policy.optimizer.zero_grad(set_to_none=True)
+    one_shot, accumulated = grads
+    assert one_shot.keys() == accumulated.keys() and one_shot
+    worst = max(float((one_shot[n] - accumulated[n]).abs().max()) for n in one_shot)
+    assert worst < 1e-6, worst
+
+
+def test_several_epochs_and_minibatches_make_the_clip_matter(tiny_model_dir: Path) -> None:
+    policy = full_policy(tiny_model_dir, lr=3e-3)
+    episodes = varied_episodes(policy)
+    one = rl_update(policy, episodes, UpdateConfig())
+    assert one.optimizer_steps == 1 and one.clip_fraction == 0.0  # on-policy: ratio 1
+    policy = full_policy(tiny_model_dir, lr=3e-3)
+    many = rl_update(policy, episodes, UpdateConfig(ppo_epochs=4, minibatch_size=2))
+    # 4 epochs x 3 minibatches of 2 sequences = 12 optimizer steps
+    assert many.optimizer_steps == 12
+    assert many.clip_fraction > 0.0 and many.ratio_mean != pytest.approx(1.0)
+
+
+def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_model_dir: Path) -> None:
+    policy = lora_policy(tiny_model_dir)
+    reference = ReferencePolicy.from_policy(policy)
+    assert reference.frozen is None  # no second copy of the weights
+    episodes = varied_episodes(policy)
+    config = UpdateConfig(kl_coef=0.1)
+    first = rl_update(policy, episodes, config, reference=reference)
+    assert first.kl == pytest.approx(0.0, abs=1e-6)  # lora_B starts at 0: policy == base
+    second = rl_update(policy, episodes, config, reference=reference)
+    assert second.kl > 1e-6  # the adapter moved the policy away from the base
+    # the reference still answers the base model's logprobs
+    work = prepare(policy, episodes, config, reference=reference, critic=None)
+    base = lora_policy(tiny_model_dir)
+    expected = torch.tensor(base.probe_logprobs(episodes[0].token_ids))
+    n = len(expected)
+    assert work.ref_B_T is not None
+    assert torch.allclose(work.ref_B_T[0, :n] * work.full.loss_mask_B_T[0, :n],
+                          expected * work.full.loss_mask_B_T[0, :n], atol=1e-5)  # fmt: skip
+
+
+def test_full_finetune_reference_is_a_frozen_copy(tiny_model_dir: Path) -> None:
+    policy = full_policy(tiny_model_dir)
+    reference = ReferencePolicy.from_policy(policy)
+    assert reference.frozen is not None
+    assert not any(p.requires_grad for p in reference.frozen.parameters())
+    episodes = varied_episodes(policy)
+    rl_update(policy, episodes, UpdateConfig(), reference=reference)
+    stats = rl_update(policy, episodes, UpdateConfig(kl_coef=0.1), reference=reference)
+    assert stats.kl > 1e-6
+
+
+def test_critic_trains_and_survives_a_checkpoint(tiny_model_dir: Path, tmp_path: Path) -> None:
+    policy = lora_policy(tiny_model_dir)
+    hidden = policy.model.config.hidden_size
+    critic = Critic(hidden, learning_rate=1e-2, device=policy.device)
+    episodes = varied_episodes(policy)
+    config = UpdateConfig(loss="ppo", ppo_epochs=2, gamma=1.0, gae_lambda=0.95)
+    first = rl_update(policy, episodes, config, critic=critic)
+    assert first.value_loss > 0 and first.optimizer_steps == 2
+    assert first.explained_variance == pytest.approx(0.0, abs=1e-6)  # V = 0 at start
+    assert critic.head.weight.abs().sum() > 0  # the head moved
+    state = checkpoints.TrainerState(job_id="j", step=1, policy_version=1, data_cursor=1,
+                                     rewards=[0.5])  # fmt: skip
+    path = checkpoints.save(policy, state, tmp_path, keep=1, critic=critic)
+    restored = Critic(hidden, learning_rate=1e-2, device=policy.device)
+    checkpoints.load(lora_policy(tiny_model_dir), path, critic=restored)
+    assert torch.equal(restored.head.weight, critic.head.weight)
+    assert (
+        restored.optimizer.state_dict()["state"].keys()
+        == critic.optimizer.state_dict()["state"].keys()
+    )
+
+
+def test_entropy_bonus_alone_raises_the_entropy(tiny_model_dir: Path) -> None:
+    policy = full_policy(tiny_model_dir, lr=1e-4)  # a small step: the first-order effect
+    same = [  # every reward equal: advantage 0, only the entropy term has a gradient
+        Episode(0, 0, e.token_ids, e.prompt_length, e.logprobs, e.loss_mask, 1.0, False)
+        for e in varied_episodes(policy)
+    ]
+    config = UpdateConfig(entropy_coef=1.0)
+    before = rl_update(policy, same, config)
+    assert before.optimizer_steps == 1 and before.grad_norm > 0
+    after = rl_update(policy, same, config)
+    assert after.entropy > before.entropy  # measured before each step
+
+
+def test_kl_in_the_reward_lowers_the_advantage_of_sequences_far_from_the_reference(
+    tiny_model_dir: Path,
+) -> None:
+    policy = lora_policy(tiny_model_dir)
+    reference = ReferencePolicy.from_policy(policy)
+    rl_update(policy, varied_episodes(policy), UpdateConfig(), reference=reference)
+    episodes = varied_episodes(policy)  # sampling logprobs of the moved policy
+    plain = prepare(policy, episodes, UpdateConfig(kl_coef=0.0), reference=reference, critic=None)
+    penalized = prepare(
+        policy, episodes, UpdateConfig(kl_coef=5.0, kl_in_reward=True, loss="reinforce"),
+        reference=reference, critic=None,
+    )  # fmt: skip
+    assert plain.ref_B_T is not None and penalized.ref_B_T is not None
+    # reinforce: A_b = r_b - coef * KL_b - mean(...): the advantages moved, and they still sum
+    # to 0 over the batch (one value per sequence, on each of its tokens)
+    firsts = [
+        float(penalized.advantages_B_T[b, e.prompt_length - 1]) for b, e in enumerate(episodes)
+    ]
+    assert sum(firsts) == pytest.approx(0.0, abs=1e-5)
+    rewards = [e.reward - sum(e.reward for e in episodes) / len(episodes) for e in episodes]
+    assert max(abs(a - r) for a, r in zip(firsts, rewards, strict=True)) > 1e-4

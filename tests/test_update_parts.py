@@ -1,0 +1,87 @@
+"""The update's pure parts: LR schedule, micro-batch split, per-token advantages of episodes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opentinker.services.trainer.advantages import (
+    episode_advantages,
+    token_advantages,
+    turn_rewards_per_token,
+)
+from opentinker.services.trainer.batch import Episode, collate
+from opentinker.services.trainer.micro_batches import split_by_tokens
+from opentinker.services.trainer.schedule import lr_factor
+
+pytestmark = pytest.mark.unit
+
+
+def test_warmup_then_constant() -> None:
+    # warmup 4: (s + 1) / 4 -> 0.25, 0.5, 0.75, 1.0; then 1
+    factors = [lr_factor(s, total_steps=10, warmup_steps=4, schedule="constant") for s in range(6)]
+    assert factors == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+
+
+def test_linear_and_cosine_decay_after_warmup() -> None:
+    # warmup 2, total 6: progress at step s >= 2 is (s - 2) / 4
+    # linear at s = 4: 1 - 2/4 = 0.5; cosine at s = 4: (1 + cos(pi/2)) / 2 = 0.5
+    # at s = 3: linear 0.75, cosine (1 + cos(pi/4)) / 2 = 0.8536
+    assert lr_factor(4, total_steps=6, warmup_steps=2, schedule="linear") == pytest.approx(0.5)
+    assert lr_factor(4, total_steps=6, warmup_steps=2, schedule="cosine") == pytest.approx(0.5)
+    assert lr_factor(3, total_steps=6, warmup_steps=2, schedule="linear") == pytest.approx(0.75)
+    assert lr_factor(3, total_steps=6, warmup_steps=2, schedule="cosine") == pytest.approx(
+        (1 + math.cos(math.pi / 4)) / 2
+    )
+    # no warmup, step 0: full LR for every schedule
+    assert lr_factor(0, total_steps=6, warmup_steps=0, schedule="cosine") == 1.0
+
+
+def test_micro_batches_respect_the_token_budget() -> None:
+    # budget 10: [3, 4] -> 2 * 4 = 8 ok; + 5 -> 3 * 5 = 15 > 10 -> new group [5]; + 2 -> 2 * 5
+    # = 10 ok; + 6 -> 3 * 6 > 10 -> [6]
+    assert split_by_tokens([3, 4, 5, 2, 6], 10) == [[0, 1], [2, 3], [4]]
+    assert split_by_tokens([3, 4, 5], 0) == [[0, 1, 2]]  # no budget: one group
+    with pytest.raises(ValueError, match="does not fit micro_batch_tokens 4"):
+        split_by_tokens([3, 5], 4)
+
+
+def _episode(group: int, reward: float, completion: int = 2, **turns: object) -> Episode:
+    ids = [1, 2] + [3] * completion
+    return Episode(group, 0, ids, 2, [0.0] * completion, [1] * completion, reward, False, **turns)  # type: ignore[arg-type]
+
+
+def test_single_turn_token_advantages_are_the_episode_advantages() -> None:
+    # group rewards [1, 0] -> GRPO [1, -1] on each completion token (positions 1, 2 of T = 3)
+    episodes = [_episode(0, 1.0), _episode(0, 0.0)]
+    adv = token_advantages(episodes, 3, loss="grpo", gamma=1.0)
+    assert torch.allclose(adv, torch.tensor([[0.0, 1.0, 1.0], [0.0, -1.0, -1.0]]), atol=1e-5)
+    assert torch.allclose(episode_advantages(episodes, "rloo"), torch.tensor([1.0, -1.0]))
+    # reinforce over the batch [1, 0, 0, 3]: mean 1 -> [0, -1, -1, 2]
+    four = [_episode(0, 1.0), _episode(0, 0.0), _episode(1, 0.0), _episode(1, 3.0)]
+    assert torch.allclose(episode_advantages(four, "reinforce"), torch.tensor([0.0, -1, -1, 2]))
+
+
+def test_multi_turn_tokens_get_their_turns_returns() -> None:
+    # episode a: 2 turns, rewards [0, 1], ends [1, 3] of 3 completion tokens, gamma 0.5:
+    #   G = [0 + 0.5*1, 1] = [0.5, 1]; episode b: 1 turn, reward 0 (G_0 = 0).
+    # RLOO on G_0 [0.5, 0]: a -> 0.5 - 0 = 0.5, b -> 0 - 0.5 = -0.5 (scale 1)
+    # a's tokens: turn 0 -> 0.5 + (0.5 - 0.5) = 0.5; turn 1 -> 0.5 + (1 - 0.5) = 1.0
+    a = _episode(0, 1.0, 3, turn_rewards=(0.0, 1.0), turn_ends=(1, 3))
+    b = _episode(0, 0.0, 3)
+    adv = token_advantages([a, b], 4, loss="rloo", gamma=0.5)
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.5, 1.0, 1.0], [0.0, -0.5, -0.5, -0.5]]))
+
+
+def test_turn_rewards_sit_on_each_turns_last_model_token() -> None:
+    # completion [m, m, e, m] (e = env token, mask 0), turns end at 2 and 4, rewards [0.3, 1]
+    # positions: completion token k at t = prompt_length - 1 + k = 1 + k -> last model token of
+    # turn 0 is k = 1 (t = 2), of turn 1 k = 3 (t = 4)
+    ep = Episode(0, 0, [1, 2, 3, 3, 9, 3], 2, [0.0] * 4, [1, 1, 0, 1], 1.3, False,
+                 turn_rewards=(0.3, 1.0), turn_ends=(2, 4))  # fmt: skip
+    mask = collate([ep], 0).loss_mask_B_T
+    assert torch.allclose(
+        turn_rewards_per_token([ep], mask), torch.tensor([[0.0, 0.0, 0.3, 0.0, 1.0]])
+    )
