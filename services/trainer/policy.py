@@ -25,6 +25,7 @@ from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
+from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.
@@ -65,6 +66,9 @@ class Policy:
             torch.manual_seed(seed)
         self.model: PreTrainedModel = self._wrap(base).to(self.device)
         self.model.train()
+        _, self._head = causal_lm_parts(self.model)
+        # Positions per logits chunk; None: as many as fit LOGIT_CHUNK_ELEMENTS (logprobs.py).
+        self.logit_chunk_positions: int | None = None
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
         )
@@ -111,6 +115,28 @@ class Policy:
         """Name -> detached tensor of every trainable parameter (LoRA: the adapter only)."""
         return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
 
+    def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
+        """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
+        gradient), what the output head reads; a value head can read the same ones."""
+        return hidden_states(
+            self.model,
+            batch.tokens_B_L.to(self.device),
+            batch.attention_mask_B_L.to(self.device),
+        )
+
+    def logprobs_from_hidden(
+        self, batch: SequenceBatch, hidden_B_L_H: torch.Tensor, *, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``token_logprobs_and_entropy`` from hidden states already computed for ``batch``."""
+        return logprobs_from_hidden(
+            self._head,
+            hidden_B_L_H,
+            batch.tokens_B_L.to(self.device),
+            temperature=temperature,
+            chunk_positions=self.logit_chunk_positions,
+            softcap=logit_softcap(self.model),
+        )
+
     def token_logprobs_and_entropy(
         self, batch: SequenceBatch, *, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,15 +145,11 @@ class Policy:
         Position t holds log p(token t+1 | tokens 0..t) under softmax(logits / temperature),
         the distribution the rollout sampled from; entropy is of that distribution at t.
         Values at padded positions are meaningless: multiply by ``batch.loss_mask_B_T``.
+        Computed in chunks of positions (see logprobs.py): the logits of the whole batch are
+        never held, in the forward or the backward pass.
         """
-        tokens_B_L = batch.tokens_B_L.to(self.device)
-        attention_B_L = batch.attention_mask_B_L.to(self.device)
-        logits_B_L_V = self.model(input_ids=tokens_B_L, attention_mask=attention_B_L).logits
-        logp_B_T_V = torch.log_softmax(logits_B_L_V[:, :-1].float() / temperature, dim=-1)
-        logprobs_B_T = logp_B_T_V.gather(-1, tokens_B_L[:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.no_grad():
-            entropy_B_T = -(logp_B_T_V.exp() * logp_B_T_V).sum(-1)
-        return logprobs_B_T, entropy_B_T
+        hidden_B_L_H = self.hidden_states(batch)
+        return self.logprobs_from_hidden(batch, hidden_B_L_H, temperature=temperature)
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
