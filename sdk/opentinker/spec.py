@@ -45,6 +45,10 @@ class ModelSpec(_Strict):
     )
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraConfig = LoraConfig()
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute layer activations in the backward pass: less memory, more time.",
+    )
 
 
 class SamplingParams(_Strict):
@@ -153,6 +157,7 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
                 dropout=spec.model.lora.dropout,
                 target_modules=list(spec.model.lora.target_modules),
             ),
+            gradient_checkpointing=spec.model.gradient_checkpointing,
         ),
     )
     if spec.rl is not None:
@@ -226,6 +231,8 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
             "target_modules": tuple(m.lora.target_modules),
         }
         model["lora"] = {k: v for k, v in lora.items() if v}
+    if m.gradient_checkpointing:
+        model["gradient_checkpointing"] = True
     return model
 
 

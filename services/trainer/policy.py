@@ -37,6 +37,18 @@ PROBE_LENGTH = 32
 ADAMW_WEIGHT_DECAY = 0.0  # RL fine-tuning runs usually keep the base weights un-decayed.
 
 
+def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None:
+    """Recompute each transformer layer's activations in the backward pass (train mode only).
+
+    Non-reentrant checkpointing: gradients reach parameters inside a layer even when the
+    layer's input does not require grad. With LoRA the embeddings are frozen, so the input
+    of the first layer is made to require grad too, as peft asks for reentrant callers.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        model.enable_input_require_grads()
+
+
 class Policy:
     """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in float32."""
 
@@ -64,6 +76,8 @@ class Policy:
         base = preloaded.model
         if seed is not None:
             torch.manual_seed(seed)
+        if model_spec.gradient_checkpointing:
+            enable_gradient_checkpointing(base, lora=self.is_lora)
         self.model: PreTrainedModel = self._wrap(base).to(self.device)
         self.model.train()
         _, self._head = causal_lm_parts(self.model)
