@@ -13,6 +13,7 @@ from opentinker.services.trainer.logprobs import (
     causal_lm_parts,
     chunk_positions_for,
     logprobs_from_hidden,
+    target_logprobs_and_entropy,
     unchunked_token_logprobs_and_entropy,
 )
 from opentinker.services.trainer.policy import Policy
@@ -51,14 +52,19 @@ def values_and_grads(policy: Policy, batch: SequenceBatch, compute) -> tuple:
     return logprobs_B_T.detach(), entropy_B_T, grads
 
 
-@pytest.mark.parametrize("finetune", ["lora", "full"])
+@pytest.mark.parametrize("finetune", ["lora", "lora-head", "full"])
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`")  # peft, lora-head
 def test_chunked_values_and_gradients_equal_the_full_logits_path(
     tiny_model_dir: Path, finetune: str
 ) -> None:
     torch.manual_seed(0)
-    spec = ModelSpec(base_model=str(tiny_model_dir), finetune=finetune, lora=LoraConfig(rank=4))
+    targets = ("q_proj", "v_proj", "lm_head") if finetune == "lora-head" else ("q_proj",)
+    lora = LoraConfig(rank=4, target_modules=targets)
+    spec = ModelSpec(
+        base_model=str(tiny_model_dir), finetune=finetune.removesuffix("-head"), lora=lora
+    )
     policy = Policy(spec, learning_rate=1e-3)
-    if finetune == "lora":  # lora_B starts at zero: move it so the adapter shapes the output
+    if finetune != "full":  # lora_B starts at zero: move it so the adapter shapes the output
         with torch.no_grad():
             for name, p in policy.model.named_parameters():
                 if "lora_B" in name:
@@ -139,3 +145,27 @@ def test_default_chunk_fits_the_element_budget() -> None:
             torch.zeros(1, 3, dtype=torch.long),
             chunk_positions=0,
         )
+
+
+def test_a_biased_soft_capped_head_matches_the_plain_computation() -> None:
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=True)
+    hidden_B_L_H = torch.randn(2, 6, 8, requires_grad=True)
+    tokens_B_L = torch.randint(0, 50, (2, 6))
+    weights_B_T = torch.randn(2, 5)
+    lp, ent = logprobs_from_hidden(
+        head, hidden_B_L_H, tokens_B_L, temperature=0.6, chunk_positions=3, softcap=2.0
+    )
+    (lp * weights_B_T).sum().backward()
+    chunked = [hidden_B_L_H.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()]
+    for t in (hidden_B_L_H, head.weight, head.bias):
+        t.grad = None
+    # the plain way: capped logits tanh(l / 2) * 2, then log_softmax(. / 0.6), all at once
+    capped_B_T_V = torch.tanh(head(hidden_B_L_H[:, :-1]) / 2.0) * 2.0
+    expected_lp, expected_ent = target_logprobs_and_entropy(capped_B_T_V, tokens_B_L[:, 1:], 0.6)
+    (expected_lp * weights_B_T).sum().backward()
+    assert torch.allclose(lp, expected_lp, atol=1e-6)
+    assert torch.allclose(ent, expected_ent, atol=1e-6)
+    plain = [hidden_B_L_H.grad, head.weight.grad, head.bias.grad]
+    for got, want in zip(chunked, plain, strict=True):
+        assert torch.allclose(got, want, atol=1e-6)

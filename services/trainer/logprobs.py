@@ -4,9 +4,9 @@ The plain way runs the causal LM to logits ``[B, L, V]`` and a float32 log_softm
 of them at once: for 128 sequences of 2k tokens and Qwen's 152k vocabulary that is ~160 GB,
 before the backward pass doubles it. Here the transformer body runs to hidden states
 ``[B, L, H]`` (H is ~1-8k, not 152k), and the output head, log_softmax, target gather and
-entropy run on one chunk of positions at a time. Each chunk sits under activation
-checkpointing, so the backward pass recomputes a chunk's logits when it reaches it and never
-holds more than one chunk's ``[chunk, V]`` either.
+entropy run on one chunk of positions at a time. A custom autograd function keeps nothing of
+a chunk but its inputs, so the backward pass recomputes a chunk's logits when it reaches it
+and never holds more than one chunk's ``[chunk, V]`` (twice) either.
 
 Works for a plain Hugging Face causal LM and for one wrapped by peft (LoRA layers live inside
 the body and, when targeted, inside the head; both are called as modules here).
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 # Elements of one float32 [chunk, V] block: 2**26 = 256 MiB. A chunk's forward and backward
 # hold a few such blocks (logits, log-softmax, its gradient), whatever the batch size.
@@ -55,18 +54,55 @@ def hidden_states(
     return out.last_hidden_state
 
 
-def _chunk_logprobs_and_entropy(
-    head: nn.Module,
-    hidden_N_H: torch.Tensor,
-    targets_N: torch.Tensor,
-    temperature: float,
-    softcap: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """logprob of each target and the entropy (no gradient) for one chunk of N positions."""
+def _head_logits(head: nn.Module, hidden_N_H: torch.Tensor, softcap: float | None) -> torch.Tensor:
     logits_N_V = head(hidden_N_H)
     if softcap:  # Gemma-style final logit soft-capping, as the model's own forward applies
         logits_N_V = torch.tanh(logits_N_V / softcap) * softcap
-    return target_logprobs_and_entropy(logits_N_V, targets_N, temperature)
+    return logits_N_V
+
+
+class _ChunkLogprobs(torch.autograd.Function):
+    """One chunk of N positions: logprob of each target (differentiable) and entropy (not).
+
+    Forward keeps only the chunk's hidden states, targets and log-normalizers ``[N]``; backward
+    recomputes the chunk's logits once and turns them in place into their gradient,
+    ``(onehot(target) - softmax) * grad / temperature``, so a chunk never holds more than two
+    ``[N, V]`` blocks. The head's parameters come in as inputs so their gradients are returned
+    through autograd like any other (LoRA on the head, a head tied to the embeddings).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_N_H, targets_N, head, temperature, softcap, *head_params):
+        with torch.no_grad():
+            scaled_N_V = _head_logits(head, hidden_N_H, softcap).float().div_(temperature)
+            lse_N = torch.logsumexp(scaled_N_V, dim=-1)
+            logprobs_N = scaled_N_V.gather(-1, targets_N[:, None]).squeeze(-1) - lse_N
+            # H = lse - sum_v p_v * s_v, with p = exp(s - lse)
+            weighted_N_V = scaled_N_V.sub(lse_N[:, None]).exp_().mul_(scaled_N_V)
+            entropy_N = lse_N - weighted_N_V.sum(-1)
+        ctx.save_for_backward(hidden_N_H, targets_N, lse_N)
+        ctx.head, ctx.temperature, ctx.softcap = head, temperature, softcap
+        ctx.mark_non_differentiable(entropy_N)
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, _grad_entropy_N):
+        hidden_N_H, targets_N, lse_N = ctx.saved_tensors
+        params = tuple(ctx.head.parameters())
+        wanted = [ctx.needs_input_grad[0]] + list(ctx.needs_input_grad[5:])
+        with torch.enable_grad():
+            hidden = hidden_N_H.detach().requires_grad_(wanted[0])
+            logits_N_V = _head_logits(ctx.head, hidden, ctx.softcap)
+        with torch.no_grad():
+            scale_N_1 = (grad_logprobs_N.float() / ctx.temperature)[:, None]
+            grad_N_V = logits_N_V.detach().to(torch.float32, copy=True).div_(ctx.temperature)
+            grad_N_V.sub_(lse_N[:, None]).exp_().mul_(-scale_N_1)  # -softmax * scale
+            grad_N_V.scatter_add_(-1, targets_N[:, None], scale_N_1)  # + onehot * scale
+        inputs = [t for t, want in zip((hidden, *params), wanted, strict=True) if want]
+        grads = iter(torch.autograd.grad(logits_N_V, inputs, grad_N_V.to(logits_N_V.dtype)))
+        grad_hidden = next(grads) if wanted[0] else None
+        grad_params = [next(grads) if want else None for want in wanted[1:]]
+        return grad_hidden, None, None, None, None, *grad_params
 
 
 def target_logprobs_and_entropy(
@@ -94,8 +130,8 @@ def logprobs_from_hidden(
 
     ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) under
     softmax(head(hidden) / temperature). The ``B * T`` positions are cut into chunks of
-    ``chunk_positions`` (default: ``chunk_positions_for(V)``), each checkpointed when
-    gradients are on.
+    ``chunk_positions`` (default: ``chunk_positions_for(V)``); the backward pass recomputes
+    one chunk's logits at a time.
     """
     if chunk_positions is not None and chunk_positions < 1:
         raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
@@ -103,15 +139,17 @@ def logprobs_from_hidden(
     hidden_N_H = hidden_B_L_H[:, :-1].reshape(-1, width)
     targets_N = tokens_B_L[:, 1:].reshape(-1)
     chunk = chunk_positions or chunk_positions_for(_vocab_size(head))
+    params = tuple(head.parameters())
     logprobs, entropies = [], []
     for start in range(0, hidden_N_H.shape[0], chunk):
-        args = (head, hidden_N_H[start : start + chunk], targets_N[start : start + chunk])
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(
-                _chunk_logprobs_and_entropy, *args, temperature, softcap, use_reentrant=False
-            )
-        else:
-            lp, ent = _chunk_logprobs_and_entropy(*args, temperature, softcap)
+        lp, ent = _ChunkLogprobs.apply(
+            hidden_N_H[start : start + chunk],
+            targets_N[start : start + chunk],
+            head,
+            temperature,
+            softcap,
+            *params,
+        )
         logprobs.append(lp)
         entropies.append(ent)
     shape = (size, length - 1)
