@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, help="positions per logits chunk")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
-        "--max-old-tokens", type=int, default=4096, help="skip the old path above B*L tokens"
+        "--max-old-tokens", type=int, default=2048, help="skip the old path above B*L tokens"
     )
     args = parser.parse_args()
     configs = QUICK if args.quick else FULL

@@ -169,3 +169,28 @@ def test_a_biased_soft_capped_head_matches_the_plain_computation() -> None:
     plain = [hidden_B_L_H.grad, head.weight.grad, head.bias.grad]
     for got, want in zip(chunked, plain, strict=True):
         assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_a_model_whose_forward_rescales_logits_is_refused_at_start(tmp_path: Path) -> None:
+    """Cohere's forward multiplies the head's logits by ``logit_scale``: training on the head's
+    own logits would not train the distribution the model samples from."""
+    from transformers import CohereConfig, CohereForCausalLM
+
+    from opentinker.errors import ConfigError
+    from opentinker.services.modeling.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = CohereConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        logit_scale=0.25,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    CohereForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="CohereForCausalLM.*not supported"):
+        Policy(ModelSpec(base_model=str(tmp_path), finetune="full"), learning_rate=1e-3)

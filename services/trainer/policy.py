@@ -21,11 +21,18 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.errors import ConfigError
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
-from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
+from .logprobs import (
+    causal_lm_parts,
+    hidden_states,
+    logit_softcap,
+    logprobs_from_hidden,
+    token_logprobs_and_entropy,
+)
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.
@@ -35,6 +42,9 @@ PROBE_MESSAGES = [
 ]
 PROBE_LENGTH = 32
 ADAMW_WEIGHT_DECAY = 0.0  # RL fine-tuning runs usually keep the base weights un-decayed.
+# Largest |chunked - model forward| logprob on the probe accepted at start (float32 models
+# agree to ~1e-6; bf16 rounding stays well below this).
+CHUNKED_LOGPROB_TOLERANCE = 1e-3
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None:
@@ -87,6 +97,7 @@ class Policy:
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
         )
         self.probe_token_ids: list[int] = self._probe_ids()
+        self._check_chunked_logprobs()
 
     @property
     def is_lora(self) -> bool:
@@ -118,6 +129,29 @@ class Policy:
         else:
             ids = self.tokenizer.encode(" ".join(m["content"] for m in PROBE_MESSAGES))
         return [int(i) for i in list(ids)[:PROBE_LENGTH]]
+
+    @torch.no_grad()
+    def _check_chunked_logprobs(self) -> None:
+        """Training reads the body's hidden states and applies the head itself (logprobs.py);
+        a model whose own forward does more to its logits (a scale, a cap not applied there)
+        would train on other numbers than it samples from: refuse it here, at start."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids_1_L = torch.tensor([self.probe_token_ids], device=self.device)
+            chunked_1_T, _ = token_logprobs_and_entropy(
+                self.model, ids_1_L, torch.ones_like(ids_1_L)
+            )
+        finally:
+            self.model.train(was_training)
+        gap = chunked_1_T[0].cpu() - torch.tensor(self.probe_logprobs(self.probe_token_ids))
+        if gap.abs().max() > CHUNKED_LOGPROB_TOLERANCE:
+            raise ConfigError(
+                f"model {self.spec.base_model} ({type(self.model).__name__}): logprobs from its "
+                f"hidden states and output head differ from its own forward by "
+                f"{gap.abs().max():.2e}; its architecture is not supported for training",
+                reason="UNSUPPORTED_MODEL",
+            )
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
