@@ -43,8 +43,8 @@ VOCAB = 151_936  # Qwen2.5's
 PAD_ID = 0
 FULL = [(1, 256), (2, 256), (4, 256), (8, 256), (16, 256), (32, 256), (2, 1024), (8, 1024)]
 QUICK = [(2, 32), (16, 32)]
-FULL_BUDGET, QUICK_BUDGET = 1024, 64  # padded tokens per micro-batch
-QUICK_CHUNK = 32  # positions per logits chunk in --quick (the default is the library's)
+FULL_BUDGET, QUICK_BUDGET = 1024, 128  # padded tokens per micro-batch
+QUICK_CHUNK = 64  # positions per logits chunk in --quick (the default is the library's)
 
 
 def build_model(device: torch.device) -> torch.nn.Module:
