@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 # Elements of one float32 [chunk, V] block: 2**26 = 256 MiB. A chunk's forward and backward
-# hold a few such blocks (logits, log-softmax, its gradient), whatever the batch size.
+# each hold at most two such blocks, whatever the batch size.
 LOGIT_CHUNK_ELEMENTS = 2**26
 
 
