@@ -29,3 +29,10 @@ def test_step_breakdown_measures_a_real_mesh_step() -> None:
 def test_env_throughput_measures_envhub_against_in_process() -> None:
     text = run_bench("env_throughput.py", "--steps", "20", "--concurrency", "1,2")
     assert "in-process:" in text and "overhead" in text
+
+
+def test_trainer_memory_measures_both_paths() -> None:
+    text = run_bench("trainer_memory.py", "--quick")
+    assert "old MiB" in text and "new MiB" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["16"]]
+    assert rows and rows[0][2].isdigit() and rows[0][3].isdigit()  # both measured, no error

@@ -53,6 +53,10 @@ class ModelSpec(_Strict):
         "filesystem that LoRA training starts from; its rank and target modules must equal "
         "`lora`'s. A full SFT checkpoint is a base_model instead.",
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute layer activations in the backward pass: less memory, more time.",
+    )
 
     @model_validator(mode="after")
     def _adapter_needs_lora(self) -> ModelSpec:
@@ -308,6 +312,7 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
                 target_modules=list(spec.model.lora.target_modules),
             ),
             init_adapter=spec.model.init_adapter or "",
+            gradient_checkpointing=spec.model.gradient_checkpointing,
         ),
     )
     if spec.sft is not None:
@@ -401,6 +406,8 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
         model["lora"] = {k: v for k, v in lora.items() if v}
     if m.init_adapter:
         model["init_adapter"] = m.init_adapter
+    if m.gradient_checkpointing:
+        model["gradient_checkpointing"] = True
     return model
 
 

@@ -21,11 +21,19 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
+from .logprobs import (
+    causal_lm_parts,
+    hidden_states,
+    logit_softcap,
+    logprobs_from_hidden,
+    token_logprobs_and_entropy,
+)
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.
@@ -35,6 +43,21 @@ PROBE_MESSAGES = [
 ]
 PROBE_LENGTH = 32
 ADAMW_WEIGHT_DECAY = 0.0  # RL fine-tuning runs usually keep the base weights un-decayed.
+# Largest |chunked - model forward| logprob on the probe accepted at start (float32 models
+# agree to ~1e-6; bf16 rounding stays well below this).
+CHUNKED_LOGPROB_TOLERANCE = 1e-3
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None:
+    """Recompute each transformer layer's activations in the backward pass (train mode only).
+
+    Non-reentrant checkpointing: gradients reach parameters inside a layer even when the
+    layer's input does not require grad. With LoRA the embeddings are frozen, so the input
+    of the first layer is made to require grad too, as peft asks for reentrant callers.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        model.enable_input_require_grads()
 
 
 class Policy:
@@ -64,13 +87,19 @@ class Policy:
         base = preloaded.model
         if seed is not None:
             torch.manual_seed(seed)
+        if model_spec.gradient_checkpointing:
+            enable_gradient_checkpointing(base, lora=self.is_lora)
         self.model: PreTrainedModel = self._wrap(base).to(self.device)
         load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
+        _, self._head = causal_lm_parts(self.model)
+        # Positions per logits chunk; None: as many as fit LOGIT_CHUNK_ELEMENTS (logprobs.py).
+        self.logit_chunk_positions: int | None = None
         self.optimizer = torch.optim.AdamW(
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
         )
         self.probe_token_ids: list[int] = self._probe_ids()
+        self._check_chunked_logprobs()
 
     @property
     def is_lora(self) -> bool:
@@ -103,6 +132,29 @@ class Policy:
             ids = self.tokenizer.encode(" ".join(m["content"] for m in PROBE_MESSAGES))
         return [int(i) for i in list(ids)[:PROBE_LENGTH]]
 
+    @torch.no_grad()
+    def _check_chunked_logprobs(self) -> None:
+        """Training reads the body's hidden states and applies the head itself (logprobs.py);
+        a model whose own forward does more to its logits (a scale, a cap not applied there)
+        would train on other numbers than it samples from: refuse it here, at start."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids_1_L = torch.tensor([self.probe_token_ids], device=self.device)
+            chunked_1_T, _ = token_logprobs_and_entropy(
+                self.model, ids_1_L, torch.ones_like(ids_1_L)
+            )
+        finally:
+            self.model.train(was_training)
+        gap = chunked_1_T[0].cpu() - torch.tensor(self.probe_logprobs(self.probe_token_ids))
+        if gap.abs().max() > CHUNKED_LOGPROB_TOLERANCE:
+            raise ConfigError(
+                f"model {self.spec.base_model} ({type(self.model).__name__}): logprobs from its "
+                f"hidden states and output head differ from its own forward by "
+                f"{gap.abs().max():.2e}; its architecture is not supported for training",
+                reason="UNSUPPORTED_MODEL",
+            )
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -113,6 +165,28 @@ class Policy:
         """Name -> detached tensor of every trainable parameter (LoRA: the adapter only)."""
         return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
 
+    def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
+        """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
+        gradient), what the output head reads; a value head can read the same ones."""
+        return hidden_states(
+            self.model,
+            batch.tokens_B_L.to(self.device),
+            batch.attention_mask_B_L.to(self.device),
+        )
+
+    def logprobs_from_hidden(
+        self, batch: SequenceBatch, hidden_B_L_H: torch.Tensor, *, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``token_logprobs_and_entropy`` from hidden states already computed for ``batch``."""
+        return logprobs_from_hidden(
+            self._head,
+            hidden_B_L_H,
+            batch.tokens_B_L.to(self.device),
+            temperature=temperature,
+            chunk_positions=self.logit_chunk_positions,
+            softcap=logit_softcap(self.model),
+        )
+
     def token_logprobs_and_entropy(
         self, batch: SequenceBatch, *, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,15 +195,11 @@ class Policy:
         Position t holds log p(token t+1 | tokens 0..t) under softmax(logits / temperature),
         the distribution the rollout sampled from; entropy is of that distribution at t.
         Values at padded positions are meaningless: multiply by ``batch.loss_mask_B_T``.
+        Computed in chunks of positions (see logprobs.py): the logits of the whole batch are
+        never held, in the forward or the backward pass.
         """
-        tokens_B_L = batch.tokens_B_L.to(self.device)
-        attention_B_L = batch.attention_mask_B_L.to(self.device)
-        logits_B_L_V = self.model(input_ids=tokens_B_L, attention_mask=attention_B_L).logits
-        logp_B_T_V = torch.log_softmax(logits_B_L_V[:, :-1].float() / temperature, dim=-1)
-        logprobs_B_T = logp_B_T_V.gather(-1, tokens_B_L[:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.no_grad():
-            entropy_B_T = -(logp_B_T_V.exp() * logp_B_T_V).sum(-1)
-        return logprobs_B_T, entropy_B_T
+        hidden_B_L_H = self.hidden_states(batch)
+        return self.logprobs_from_hidden(batch, hidden_B_L_H, temperature=temperature)
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -116,16 +116,18 @@ class LoraConfig(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("base_model", "finetune", "lora", "init_adapter")
+    __slots__ = ("base_model", "finetune", "lora", "init_adapter", "gradient_checkpointing")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     FINETUNE_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
     INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     finetune: FinetuneMode
     lora: LoraConfig
     init_adapter: str
-    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., init_adapter: _Optional[str] = ...) -> None: ...
+    gradient_checkpointing: bool
+    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., init_adapter: _Optional[str] = ..., gradient_checkpointing: _Optional[bool] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "max_new_tokens")

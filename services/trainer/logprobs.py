@@ -1,0 +1,202 @@
+"""Token logprobs and entropies without ever holding the logits of a whole batch.
+
+The plain way runs the causal LM to logits ``[B, L, V]`` and a float32 log_softmax over all
+of them at once: for 128 sequences of 2k tokens and Qwen's 152k vocabulary that is ~160 GB,
+before the backward pass doubles it. Here the transformer body runs to hidden states
+``[B, L, H]`` (H is ~1-8k, not 152k), and the output head, log_softmax, target gather and
+entropy run on one chunk of positions at a time. A custom autograd function keeps nothing of
+a chunk but its inputs, so the backward pass recomputes a chunk's logits when it reaches it
+and never holds more than one chunk's ``[chunk, V]`` (twice) either.
+
+Works for a plain Hugging Face causal LM and for one wrapped by peft (LoRA layers live inside
+the body and, when targeted, inside the head; both are called as modules here).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Elements of one float32 [chunk, V] block: 2**26 = 256 MiB. A chunk's forward and backward
+# each hold at most two such blocks, whatever the batch size.
+LOGIT_CHUNK_ELEMENTS = 2**26
+
+
+def chunk_positions_for(vocab_size: int, elements: int = LOGIT_CHUNK_ELEMENTS) -> int:
+    """How many positions fit one ``[chunk, V]`` block of ``elements`` (at least one)."""
+    return max(1, elements // vocab_size)
+
+
+def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The (body, output head) of a Hugging Face causal LM, peft-wrapped or not.
+
+    The body maps ``input_ids`` to the final (normalized) hidden states; the head maps them to
+    logits. Raises ValueError for a model that does not expose both the standard way.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_decoder = getattr(inner, "get_decoder", None)
+    body = get_decoder() if get_decoder is not None else None
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    if body is None or head is None:
+        raise ValueError(
+            f"{type(inner).__name__} does not expose get_decoder() and "
+            "get_output_embeddings(); chunked logprobs need a Hugging Face causal LM"
+        )
+    return body, head
+
+
+def hidden_states(
+    model: nn.Module, tokens_B_L: torch.Tensor, attention_B_L: torch.Tensor
+) -> torch.Tensor:
+    """The final hidden states ``[B, L, H]`` of the causal LM's body (what its head reads)."""
+    body, _ = causal_lm_parts(model)
+    out = body(input_ids=tokens_B_L, attention_mask=attention_B_L, use_cache=False)
+    return out.last_hidden_state
+
+
+def _head_logits(head: nn.Module, hidden_N_H: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    logits_N_V = head(hidden_N_H)
+    if softcap:  # Gemma-style final logit soft-capping, as the model's own forward applies
+        logits_N_V = torch.tanh(logits_N_V / softcap) * softcap
+    return logits_N_V
+
+
+class _ChunkLogprobs(torch.autograd.Function):
+    """One chunk of N positions: logprob of each target (differentiable) and entropy (not).
+
+    Forward keeps only the chunk's hidden states, targets and log-normalizers ``[N]``; backward
+    recomputes the chunk's logits once and turns them in place into their gradient,
+    ``(onehot(target) - softmax) * grad / temperature``, so a chunk never holds more than two
+    ``[N, V]`` blocks. The head's parameters come in as inputs so their gradients are returned
+    through autograd like any other (LoRA on the head, a head tied to the embeddings).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_N_H, targets_N, head, temperature, softcap, *head_params):
+        with torch.no_grad():
+            scaled_N_V = _head_logits(head, hidden_N_H, softcap).float().div_(temperature)
+            lse_N = torch.logsumexp(scaled_N_V, dim=-1)
+            logprobs_N = scaled_N_V.gather(-1, targets_N[:, None]).squeeze(-1) - lse_N
+            # H = lse - sum_v p_v * s_v, with p = exp(s - lse)
+            weighted_N_V = scaled_N_V.sub(lse_N[:, None]).exp_().mul_(scaled_N_V)
+            entropy_N = lse_N - weighted_N_V.sum(-1)
+        ctx.save_for_backward(hidden_N_H, targets_N, lse_N)
+        ctx.head, ctx.temperature, ctx.softcap = head, temperature, softcap
+        ctx.mark_non_differentiable(entropy_N)
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, _grad_entropy_N):
+        hidden_N_H, targets_N, lse_N = ctx.saved_tensors
+        params = tuple(ctx.head.parameters())
+        wanted = [ctx.needs_input_grad[0]] + list(ctx.needs_input_grad[5:])
+        with torch.enable_grad():
+            hidden = hidden_N_H.detach().requires_grad_(wanted[0])
+            logits_N_V = _head_logits(ctx.head, hidden, ctx.softcap)
+        with torch.no_grad():
+            scale_N_1 = (grad_logprobs_N.float() / ctx.temperature)[:, None]
+            grad_N_V = logits_N_V.detach().to(torch.float32, copy=True).div_(ctx.temperature)
+            grad_N_V.sub_(lse_N[:, None]).exp_().mul_(-scale_N_1)  # -softmax * scale
+            grad_N_V.scatter_add_(-1, targets_N[:, None], scale_N_1)  # + onehot * scale
+        inputs = [t for t, want in zip((hidden, *params), wanted, strict=True) if want]
+        grads = iter(torch.autograd.grad(logits_N_V, inputs, grad_N_V.to(logits_N_V.dtype)))
+        grad_hidden = next(grads) if wanted[0] else None
+        grad_params = [next(grads) if want else None for want in wanted[1:]]
+        return grad_hidden, None, None, None, None, *grad_params
+
+
+def target_logprobs_and_entropy(
+    logits_V: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / temperature) at each target (with gradient), and the entropy of
+    that distribution (detached), in float32. ``logits_V``: ``[..., V]``; ``targets``: ``[...]``."""
+    logp_V = torch.log_softmax(logits_V.float() / temperature, dim=-1)
+    logprobs = logp_V.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp_V.exp() * logp_V).sum(-1)
+    return logprobs, entropy
+
+
+def logprobs_from_hidden(
+    head: nn.Module,
+    hidden_B_L_H: torch.Tensor,
+    tokens_B_L: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_positions: int | None = None,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token logprobs ``[B, T]`` (with gradient) and entropies ``[B, T]`` (detached).
+
+    ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) under
+    softmax(head(hidden) / temperature). The ``B * T`` positions are cut into chunks of
+    ``chunk_positions`` (default: ``chunk_positions_for(V)``); the backward pass recomputes
+    one chunk's logits at a time.
+    """
+    if chunk_positions is not None and chunk_positions < 1:
+        raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
+    size, length, width = hidden_B_L_H.shape
+    hidden_N_H = hidden_B_L_H[:, :-1].reshape(-1, width)
+    targets_N = tokens_B_L[:, 1:].reshape(-1)
+    chunk = chunk_positions or chunk_positions_for(_vocab_size(head))
+    params = tuple(head.parameters())
+    logprobs, entropies = [], []
+    for start in range(0, hidden_N_H.shape[0], chunk):
+        lp, ent = _ChunkLogprobs.apply(
+            hidden_N_H[start : start + chunk],
+            targets_N[start : start + chunk],
+            head,
+            temperature,
+            softcap,
+            *params,
+        )
+        logprobs.append(lp)
+        entropies.append(ent)
+    shape = (size, length - 1)
+    return torch.cat(logprobs).view(shape), torch.cat(entropies).view(shape)
+
+
+def token_logprobs_and_entropy(
+    model: nn.Module,
+    tokens_B_L: torch.Tensor,
+    attention_B_L: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_positions: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal LM's next-token logprobs and entropies ``[B, L - 1]``, chunked (see module)."""
+    _, head = causal_lm_parts(model)
+    hidden_B_L_H = hidden_states(model, tokens_B_L, attention_B_L)
+    return logprobs_from_hidden(
+        head,
+        hidden_B_L_H,
+        tokens_B_L,
+        temperature=temperature,
+        chunk_positions=chunk_positions,
+        softcap=logit_softcap(model),
+    )
+
+
+def unchunked_token_logprobs_and_entropy(
+    model: nn.Module,
+    tokens_B_L: torch.Tensor,
+    attention_B_L: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain way, kept as the reference the chunked one is tested and measured against:
+    the model's own forward to logits ``[B, L, V]``, one log_softmax over all of them."""
+    logits_B_L_V = model(input_ids=tokens_B_L, attention_mask=attention_B_L).logits
+    return target_logprobs_and_entropy(logits_B_L_V[:, :-1], tokens_B_L[:, 1:], temperature)
+
+
+def logit_softcap(model: nn.Module) -> float | None:
+    """The final-logit soft-capping the model's config asks for (Gemma 2), else None."""
+    return getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+
+
+def _vocab_size(head: nn.Module) -> int:
+    weight = getattr(head, "weight", None)
+    if weight is None:  # e.g. a peft-wrapped head: the wrapped layer keeps the weight
+        weight = head.get_base_layer().weight
+    return int(weight.shape[0])
