@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from opentinker.services.trainer.losses.cross_entropy import cross_entropy, target_logprobs
+from opentinker.services.trainer.logprobs import target_logprobs_and_entropy
+from opentinker.services.trainer.losses.cross_entropy import cross_entropy
 
 pytestmark = pytest.mark.unit
 
@@ -37,11 +38,11 @@ def test_shape_mismatch_is_refused() -> None:
         cross_entropy(torch.zeros(2, 3), torch.zeros(2, 2))
 
 
-def test_target_logprobs_from_logits() -> None:
+def test_target_logprobs_from_logits_are_the_log_softmax_at_the_next_token() -> None:
     # Two-token vocabulary; logits at t=0 are [0, ln 3]: p = [1/4, 3/4].
     logits = torch.tensor([[[0.0, math.log(3.0)], [5.0, 5.0], [9.0, 9.0]]])
     tokens = torch.tensor([[0, 1, 0]])
-    logp = target_logprobs(logits, tokens)
+    logp, _ = target_logprobs_and_entropy(logits[:, :-1], tokens[:, 1:], 1.0)
     # position 0 predicts token 1: ln(3/4); position 1 predicts token 0 from equal logits: ln(1/2)
     assert logp.shape == (1, 2)
     assert logp[0, 0].item() == pytest.approx(math.log(0.75))

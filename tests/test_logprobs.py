@@ -44,12 +44,19 @@ def masked_loss(logprobs_B_T: torch.Tensor, batch: SequenceBatch) -> torch.Tenso
     return -(logprobs_B_T * weights_B_1 * mask_B_T).sum() / mask_B_T.sum()
 
 
-def values_and_grads(policy: Policy, batch: SequenceBatch, compute) -> tuple:
+def values_and_grads(
+    policy: Policy, batch: SequenceBatch, compute, entropy_coef: float = 0.0
+) -> tuple:
+    """Values and parameter gradients of masked_loss, minus an entropy bonus when asked."""
     policy.model.zero_grad(set_to_none=True)
     logprobs_B_T, entropy_B_T = compute()
-    masked_loss(logprobs_B_T, batch).backward()
+    loss = masked_loss(logprobs_B_T, batch)
+    if entropy_coef:
+        mask_B_T = batch.loss_mask_B_T
+        loss = loss - entropy_coef * (entropy_B_T * mask_B_T).sum() / mask_B_T.sum()
+    loss.backward()
     grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
-    return logprobs_B_T.detach(), entropy_B_T, grads
+    return logprobs_B_T.detach(), entropy_B_T.detach(), grads
 
 
 @pytest.mark.parametrize("finetune", ["lora", "lora-head", "full"])
@@ -90,10 +97,44 @@ def test_chunked_values_and_gradients_equal_the_full_logits_path(
         assert lp.shape == full_lp.shape == (3, 12)
         assert torch.allclose(lp, full_lp, atol=1e-5), chunk
         assert torch.allclose(ent, full_ent, atol=1e-5), chunk
-        assert not ent.requires_grad
         assert grads.keys() == full_grads.keys()
         for name, grad in grads.items():
             assert torch.allclose(grad, full_grads[name], atol=1e-5), (chunk, name)
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_an_entropy_bonus_has_the_full_paths_gradient(tiny_model_dir: Path, finetune: str) -> None:
+    """The chunked backward also carries d(entropy)/d(logits) = -p (log p + H), the gradient
+    of an entropy bonus, equal to autograd's through the full log-softmax."""
+    torch.manual_seed(1)
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune=finetune)
+    policy = Policy(spec, learning_rate=1e-3)
+    batch = padded_batch(policy.pad_id)
+    _, _, full_grads = values_and_grads(
+        policy,
+        batch,
+        lambda: unchunked_token_logprobs_and_entropy(
+            policy.model, batch.tokens_B_L, batch.attention_mask_B_L, temperature=0.7
+        ),
+        entropy_coef=0.3,
+    )
+    _, _, plain_grads = values_and_grads(
+        policy,
+        batch,
+        lambda: policy.token_logprobs_and_entropy(batch, temperature=0.7),
+    )
+    for chunk in (5, 36):
+        policy.logit_chunk_positions = chunk
+        _, _, grads = values_and_grads(
+            policy,
+            batch,
+            lambda: policy.token_logprobs_and_entropy(batch, temperature=0.7),
+            entropy_coef=0.3,
+        )
+        for name, grad in grads.items():
+            assert torch.allclose(grad, full_grads[name], atol=1e-5), (chunk, name)
+    # the bonus changed the gradient: the test would catch a dropped entropy term
+    assert any(not torch.allclose(plain_grads[n], full_grads[n], atol=1e-4) for n in full_grads)
 
 
 def test_padding_positions_are_finite_and_carry_no_gradient(tiny_model_dir: Path) -> None:

@@ -7,21 +7,21 @@ import math
 import pytest
 import torch
 
+from opentinker.services.trainer.losses.cross_entropy import weighted_nll_sum
 from opentinker.services.trainer.losses.importance_sampling import importance_sampling_loss
 from opentinker.services.trainer.losses.ppo_token import ppo_token_loss
-from opentinker.services.trainer.losses.token_cross_entropy import token_cross_entropy
 
 
 def test_cross_entropy_is_the_weighted_sum_of_negative_logprobs() -> None:
     logprobs = torch.tensor([[-1.0, -2.0, -float("inf")], [-0.5, -0.25, -4.0]])
     weights = torch.tensor([[1.0, 0.5, 0.0], [0.0, 2.0, 1.0]])
     # 1*1 + 0.5*2 + (weight 0: -inf ignored) + 0 + 2*0.25 + 1*4 = 1 + 1 + 0.5 + 4 = 6.5
-    assert token_cross_entropy(logprobs, weights).item() == pytest.approx(6.5)
+    assert weighted_nll_sum(logprobs, weights).item() == pytest.approx(6.5)
 
 
 def test_cross_entropy_gradient_is_minus_the_weight() -> None:
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    token_cross_entropy(logprobs, torch.tensor([[3.0, 0.0]])).backward()
+    weighted_nll_sum(logprobs, torch.tensor([[3.0, 0.0]])).backward()
     # d/dlp (-(3*lp0 + 0*lp1)) = [-3, 0]
     assert logprobs.grad.tolist() == [[-3.0, 0.0]]
 

@@ -91,10 +91,30 @@ def test_rl_job_without_rl_config_is_refused() -> None:
         parse_job_spec({"name": "x"})
 
 
-def test_wire_spec_of_an_unserved_kind_is_refused_by_name() -> None:
-    pb = common_pb2.JobSpec(kind=common_pb2.JOB_KIND_SFT)
-    with pytest.raises(ConfigError, match="sft"):
+def test_wire_spec_without_a_kind_is_refused_naming_the_kinds_served() -> None:
+    pb = common_pb2.JobSpec(kind=common_pb2.JOB_KIND_UNSPECIFIED)
+    served = "'rl' or 'sft' or 'inference' or 'session'"
+    with pytest.raises(ConfigError, match=f"'unspecified'.*{served}"):
+        ConfigError, match="'unspecified'.*'rl' or 'sft' or 'inference' or 'session'"
+    ):
         from_proto(pb)
+
+
+def test_wire_spec_of_a_kind_without_its_section_is_refused_by_name() -> None:
+    pb = common_pb2.JobSpec(kind=common_pb2.JOB_KIND_SFT)
+    with pytest.raises(ConfigError, match="sft: an SFT job needs `sft`"):
+        from_proto(pb)
+
+
+def test_a_section_of_another_kind_is_refused() -> None:
+    with pytest.raises(ConfigError, match="`rl` is for kind 'rl', not 'inference'"):
+        parse_job_spec(
+            {
+                "kind": "inference",
+                "rl": {"env_name": "letter"},
+                "inference": {"env_name": "letter"},
+            }
+        )
 
 
 def test_negative_numbers_on_the_wire_are_caught() -> None:

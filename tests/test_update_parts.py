@@ -13,7 +13,7 @@ from opentinker.services.trainer.advantages import (
     turn_rewards_per_token,
 )
 from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.micro_batches import split_by_tokens
+from opentinker.services.trainer.microbatch import group_by_token_budget
 from opentinker.services.trainer.schedule import lr_factor
 
 pytestmark = pytest.mark.unit
@@ -40,12 +40,12 @@ def test_linear_and_cosine_decay_after_warmup() -> None:
 
 
 def test_micro_batches_respect_the_token_budget() -> None:
-    # budget 10: [3, 4] -> 2 * 4 = 8 ok; + 5 -> 3 * 5 = 15 > 10 -> new group [5]; + 2 -> 2 * 5
-    # = 10 ok; + 6 -> 3 * 6 > 10 -> [6]
-    assert split_by_tokens([3, 4, 5, 2, 6], 10) == [[0, 1], [2, 3], [4]]
-    assert split_by_tokens([3, 4, 5], 0) == [[0, 1, 2]]  # no budget: one group
-    with pytest.raises(ValueError, match="does not fit micro_batch_tokens 4"):
-        split_by_tokens([3, 5], 4)
+    # longest first: 6 (i4) -> [4]; 5 (i2): 2 * 6 = 12 > 10 -> new [2]; 4 (i1): 2 * 5 = 10 ok;
+    # 3 (i0): 3 * 5 = 15 > 10 -> new [0]; 2 (i3): 2 * 3 = 6 ok
+    assert group_by_token_budget([3, 4, 5, 2, 6], 10) == [[4], [2, 1], [0, 3]]
+    assert group_by_token_budget([3, 4, 5], 0) == [[0, 1, 2]]  # no budget: one group
+    # a sequence over the budget goes alone (the spec keeps micro_batch_tokens >= an episode)
+    assert group_by_token_budget([3, 5], 4) == [[1], [0]]
 
 
 def _episode(group: int, reward: float, completion: int = 2, **turns: object) -> Episode:

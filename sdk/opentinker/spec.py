@@ -22,9 +22,25 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.session_config import SessionConfig
 from opentinker.spec_inference import InferenceConfig, inference_fields, inference_to_proto
-from opentinker.spec_parts import SamplingParams, sampling_fields, sampling_to_proto
+from opentinker.spec_parts import SamplingParams
 from opentinker.spec_parts import StrictModel as _Strict
+from opentinker.spec_rl import RlConfig, rl_fields, rl_to_proto
 from opentinker.spec_sft import SftConfig, sft_fields, sft_to_proto
+
+__all__ = [
+    "InferenceConfig",
+    "JobSpec",
+    "LoraConfig",
+    "ModelSpec",
+    "RlConfig",
+    "SamplingParams",
+    "SessionConfig",
+    "SftConfig",
+    "from_proto",
+    "parse_job_spec",
+    "to_proto",
+    "validation_message",
+]
 
 
 class LoraConfig(_Strict):
@@ -66,107 +82,6 @@ class ModelSpec(_Strict):
                 "fine-tune from a full checkpoint, make that folder the base_model"
             )
         return self
-
-
-class RlConfig(_Strict):
-    """One RL run: the environment, the size of a step, and how long to train."""
-
-    env_name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    env_options: dict[str, str] = {}
-    steps: int = Field(100, ge=1, le=1_000_000)
-    prompts_per_step: int = Field(16, ge=1, le=65536)
-    samples_per_prompt: int = Field(8, ge=2, le=1024, description="GRPO group size (>= 2).")
-    learning_rate: float = Field(1e-5, gt=0, le=1.0)
-    loss: Literal["grpo", "ppo", "rloo", "reinforce"] = Field(
-        "grpo",
-        description="grpo: group-normalized advantages; rloo: leave-one-out group baseline; "
-        "reinforce: batch-mean baseline; ppo: GAE advantages from a value head (a critic). "
-        "All use the clipped ratio.",
-    )
-    clip_epsilon: float = Field(0.2, gt=0, le=10)
-    sampling: SamplingParams = SamplingParams()
-    max_turns: int = Field(1, ge=1, le=1000)
-    max_episode_tokens: int = Field(2048, ge=8, le=1_000_000)
-    seed: int = Field(0, ge=0)
-    stop_at_reward: float | None = Field(
-        None, description="Stop early, successfully, when the 10-step mean reward reaches this."
-    )
-    checkpoint_every: int = Field(0, ge=0, description="Steps between checkpoints; 0 = final only.")
-    # Validation during training (see common.proto RlConfig.val_every).
-    val_every: int = Field(0, ge=0, description="Steps between validations; 0 = none.")
-    val_episodes: int = Field(32, ge=1, le=10_000)
-    val_temperature: float = Field(0.0, ge=0, le=10, description="0 = greedy.")
-    val_env_options: dict[str, str] = Field(
-        {}, description='Merged over env_options for validation, e.g. {"split": "validation"}.'
-    )
-    val_first_episode: int = Field(0, ge=0, description="Picks another fixed validation set.")
-
-    loss_normalization: Literal["sequence", "token", "constant"] = Field(
-        "sequence",
-        description="sequence: per-sequence token mean, then mean over sequences (GRPO); token: "
-        "token mean over the batch (DAPO); constant: sum / (sequences * max completion "
-        "tokens) (Dr. GRPO).",
-    )
-    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each batch.")
-    minibatch_size: int = Field(
-        0, ge=0, description="Sequences per optimizer step within a pass; 0 = the whole batch."
-    )
-    kl_coef: float = Field(0.0, ge=0, le=100, description="KL(policy || reference) weight.")
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    kl_in_reward: bool = Field(
-        False, description="Subtract kl_coef * KL from the per-token reward instead of the loss."
-    )
-    entropy_coef: float = Field(0.0, ge=0, le=10, description="Entropy bonus weight.")
-    warmup_steps: int = Field(0, ge=0, description="Steps of linear learning-rate warmup.")
-    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="Decay after warmup, to 0 at the last step (linear, cosine)."
-    )
-    weight_decay: float = Field(0.0, ge=0, le=1)
-    max_grad_norm: float = Field(1.0, ge=0, description="Gradient-norm clip; 0 = no clip.")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount per turn (per token for PPO).")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (ppo).")
-    critic_learning_rate: float = Field(
-        0.0, ge=0, le=1.0, description="Value head learning rate; > 0 for ppo only."
-    )
-    micro_batch_tokens: int = Field(
-        0,
-        ge=0,
-        description="Gradient accumulation: at most this many (padded) tokens per forward pass; "
-        "0 = one pass per minibatch. At least max_episode_tokens.",
-    )
-
-    @model_validator(mode="after")
-    def _algorithm_fits(self) -> RlConfig:
-        problems = []
-        if self.loss == "ppo" and self.critic_learning_rate <= 0:
-            problems.append("critic_learning_rate: loss 'ppo' trains a value head; set it > 0")
-        if self.loss != "ppo" and self.critic_learning_rate > 0:
-            problems.append(f"critic_learning_rate: only 'ppo' has a critic, not {self.loss!r}")
-        if self.kl_in_reward and self.kl_coef <= 0:
-            problems.append("kl_in_reward: needs kl_coef > 0")
-        if self.warmup_steps > self.steps:
-            problems.append(f"warmup_steps: {self.warmup_steps} is more than steps {self.steps}")
-        batch = self.prompts_per_step * self.samples_per_prompt
-        if self.minibatch_size > batch:
-            problems.append(
-                f"minibatch_size: {self.minibatch_size} is more than the batch "
-                f"(prompts_per_step * samples_per_prompt = {batch})"
-            )
-        if 0 < self.micro_batch_tokens < self.max_episode_tokens:
-            problems.append(
-                f"micro_batch_tokens: {self.micro_batch_tokens} cannot hold one episode of "
-                f"max_episode_tokens {self.max_episode_tokens}; raise it or set 0"
-            )
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-    @property
-    def max_completion_tokens(self) -> int:
-        """The most completion tokens an episode can have (the constant of ``constant``
-        loss normalization)."""
-        return min(self.sampling.max_new_tokens * self.max_turns, self.max_episode_tokens)
-
 
 
 _MISSING_SECTION = {
@@ -233,60 +148,6 @@ _KIND_TO_PB = {
     "inference": common_pb2.JOB_KIND_INFERENCE,
     "session": common_pb2.JOB_KIND_SESSION,
 }
-# Numeric RlConfig fields taken from the wire when set (proto3 cannot tell 0 from unset).
-_RL_NUMBERS: tuple[str, ...] = (
-    "steps",
-    "prompts_per_step",
-    "samples_per_prompt",
-    "learning_rate",
-    "clip_epsilon",
-    "max_turns",
-    "max_episode_tokens",
-    "seed",
-    "checkpoint_every",
-    "val_every",
-    "val_episodes",
-    "val_temperature",
-    "val_first_episode",
-)
-# The algorithm's numeric fields (added with the losses), sent as they are.
-_RL_ALGORITHM_NUMBERS = (
-    "ppo_epochs",
-    "minibatch_size",
-    "kl_coef",
-    "entropy_coef",
-    "warmup_steps",
-    "weight_decay",
-    "critic_learning_rate",
-    "micro_batch_tokens",
-)
-_RL_NUMBERS += _RL_ALGORITHM_NUMBERS
-# proto3 `optional` RlConfig fields: taken from the wire when present (0 is a real value).
-_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda")
-_LOSS_TO_PB = {
-    "grpo": common_pb2.LOSS_KIND_GRPO,
-    "ppo": common_pb2.LOSS_KIND_PPO,
-    "rloo": common_pb2.LOSS_KIND_RLOO,
-    "reinforce": common_pb2.LOSS_KIND_REINFORCE,
-}
-_NORMALIZATION_TO_PB = {
-    "sequence": common_pb2.LOSS_NORMALIZATION_SEQUENCE,
-    "token": common_pb2.LOSS_NORMALIZATION_TOKEN,
-    "constant": common_pb2.LOSS_NORMALIZATION_CONSTANT,
-}
-_KL_TO_PB = {"k1": common_pb2.KL_ESTIMATOR_K1, "k3": common_pb2.KL_ESTIMATOR_K3}
-_SCHEDULE_TO_PB = {
-    "constant": common_pb2.LR_SCHEDULE_CONSTANT,
-    "linear": common_pb2.LR_SCHEDULE_LINEAR,
-    "cosine": common_pb2.LR_SCHEDULE_COSINE,
-}
-# RlConfig enum fields: (field name, pydantic value -> wire value); UNSPECIFIED = the default.
-_RL_ENUMS = (
-    ("loss", _LOSS_TO_PB),
-    ("loss_normalization", _NORMALIZATION_TO_PB),
-    ("kl_estimator", _KL_TO_PB),
-    ("lr_schedule", _SCHEDULE_TO_PB),
-)
 _KIND_NAMES = {
     common_pb2.JOB_KIND_RL: "rl",
     common_pb2.JOB_KIND_SFT: "sft",
@@ -320,34 +181,7 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
     if spec.session is not None:
         pb.session.CopyFrom(spec.session.to_proto())
     if spec.rl is not None:
-        rl = spec.rl
-        pb.rl.CopyFrom(
-            common_pb2.RlConfig(
-                env_name=rl.env_name,
-                env_options=rl.env_options,
-                steps=rl.steps,
-                prompts_per_step=rl.prompts_per_step,
-                samples_per_prompt=rl.samples_per_prompt,
-                learning_rate=rl.learning_rate,
-                clip_epsilon=rl.clip_epsilon,
-                sampling=sampling_to_proto(rl.sampling),
-                max_turns=rl.max_turns,
-                max_episode_tokens=rl.max_episode_tokens,
-                seed=rl.seed,
-                stop_at_reward=rl.stop_at_reward or 0.0,
-                checkpoint_every=rl.checkpoint_every,
-                val_every=rl.val_every,
-                val_episodes=rl.val_episodes,
-                val_temperature=rl.val_temperature,
-                val_env_options=rl.val_env_options,
-                val_first_episode=rl.val_first_episode,
-                kl_in_reward=rl.kl_in_reward,
-            )
-        )
-        for key in _RL_ALGORITHM_NUMBERS + _RL_OPTIONAL:
-            setattr(pb.rl, key, getattr(rl, key))
-        for key, table in _RL_ENUMS:
-            setattr(pb.rl, key, table[getattr(rl, key)])
+        pb.rl.CopyFrom(rl_to_proto(spec.rl))
     if spec.inference is not None:
         pb.inference.CopyFrom(inference_to_proto(spec.inference))
     return pb
@@ -375,7 +209,7 @@ def from_proto(pb: common_pb2.JobSpec) -> JobSpec:
     if pb.HasField("model"):
         data["model"] = _model_fields(pb.model)
     if pb.HasField("rl"):
-        data["rl"] = _rl_fields(pb.rl)
+        data["rl"] = rl_fields(pb.rl)
     if pb.HasField("sft"):
         data["sft"] = sft_fields(pb.sft)
     if pb.HasField("inference"):
@@ -409,33 +243,3 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
     if m.gradient_checkpointing:
         model["gradient_checkpointing"] = True
     return model
-
-
-def _rl_fields(r: common_pb2.RlConfig) -> dict:
-    """The set fields of a wire RlConfig, as JobSpec input (unset = the model's default)."""
-    rl: dict = {"env_name": r.env_name, "env_options": dict(r.env_options)}
-    if r.val_env_options:
-        rl["val_env_options"] = dict(r.val_env_options)
-    for key in _RL_NUMBERS:
-        value = getattr(r, key)
-        if value:
-            rl[key] = value
-    if r.stop_at_reward:
-        rl["stop_at_reward"] = r.stop_at_reward
-    for key in _RL_OPTIONAL:
-        if r.HasField(key):
-            rl[key] = getattr(r, key)
-    if r.kl_in_reward:
-        rl["kl_in_reward"] = True
-    for key, table in _RL_ENUMS:
-        wire = getattr(r, key)
-        if wire:
-            names = {v: k for k, v in table.items()}
-            if wire not in names:
-                raise ConfigError(
-                    f"invalid job spec: rl.{key}: unknown value {wire}", reason="INVALID_SPEC"
-                )
-            rl[key] = names[wire]
-    if r.HasField("sampling"):
-        rl["sampling"] = sampling_fields(r.sampling)
-    return rl

@@ -19,10 +19,9 @@ from opentinker.spec import RlConfig
 from .advantages import gae_token_advantages, token_advantages
 from .batch import Episode, SequenceBatch, collate
 from .critic import Critic
-from .forward import model_forward
 from .losses.kl import KlEstimator, kl_reward_penalty
 from .losses.policy_gradient import Normalization
-from .micro_batches import split_by_tokens
+from .microbatch import group_by_token_budget
 from .policy import Policy
 from .reference import ReferencePolicy
 
@@ -148,11 +147,9 @@ def prepare(
 
 @torch.no_grad()
 def _values(policy: Policy, critic: Critic, sub: SequenceBatch, temperature: float) -> torch.Tensor:
-    out = model_forward(
-        policy.model, sub, temperature=temperature, device=policy.device, hidden=True
-    )
-    assert out.hidden_B_T_H is not None
-    return critic.values(out.hidden_B_T_H).cpu()
+    """The critic's values ``[B, T]`` (read from the hidden state at each position t)."""
+    hidden_B_T_H = policy.hidden_states(sub)[:, :-1].float()
+    return critic.values(hidden_B_T_H).cpu()
 
 
 def _per_micro_batch(
@@ -164,7 +161,7 @@ def _per_micro_batch(
 ) -> torch.Tensor:
     """``compute`` over micro-batches of at most ``budget`` tokens, assembled to ``[B, T]``."""
     out_B_T = torch.zeros_like(full.loss_mask_B_T)
-    for idx in split_by_tokens([len(e.token_ids) for e in episodes], budget):
+    for idx in group_by_token_budget([len(e.token_ids) for e in episodes], budget):
         sub = collate([episodes[i] for i in idx], pad_id)
         part = compute(sub).detach().float().cpu()
         out_B_T[idx, : part.shape[1]] = part

@@ -1,9 +1,8 @@
 """The policy's forward pass as the update needs it: logprobs, entropy, last hidden states.
 
-When neither the entropy's gradient (entropy bonus) nor the hidden states (critic) are needed,
-this is ``Policy.token_logprobs_and_entropy`` (the memory-lean path). Otherwise the model runs
-with ``output_hidden_states=True`` here and the [B, T, V] log-softmax is formed once.
-TODO(lead): once Policy exposes hidden states and chunked entropy, route both through it.
+Every path runs the transformer body once to hidden states and the output head in chunks of
+positions (logprobs.py): the logits of a whole micro-batch ``[B, T, V]`` are never held, also
+when the entropy bonus needs the entropy's gradient or the critic needs the hidden states.
 """
 
 from __future__ import annotations
@@ -14,15 +13,15 @@ import torch
 from transformers import PreTrainedModel
 
 from .batch import SequenceBatch
-from .losses.entropy import entropy_from_logprobs
+from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 from .policy import Policy
 
 
 @dataclass(frozen=True)
 class ForwardOut:
-    """logprobs_B_T: log p(token t+1 | ..t) with gradient. entropy_B_T: of the distribution at
-    t (with gradient only when asked). hidden_B_T_H: the last layer's hidden state at t (the
-    state the value of position t is read from), or None."""
+    """logprobs_B_T: log p(token t+1 | ..t), entropy_B_T: of the distribution at t (both with
+    gradient). hidden_B_T_H: the last layer's hidden state at t (the state the value of
+    position t is read from), or None."""
 
     logprobs_B_T: torch.Tensor
     entropy_B_T: torch.Tensor
@@ -30,39 +29,26 @@ class ForwardOut:
 
 
 def policy_forward(
-    policy: Policy,
-    batch: SequenceBatch,
-    *,
-    temperature: float,
-    entropy_grad: bool = False,
-    hidden: bool = False,
+    policy: Policy, batch: SequenceBatch, *, temperature: float, hidden: bool = False
 ) -> ForwardOut:
-    if not entropy_grad and not hidden:
-        logprobs_B_T, entropy_B_T = policy.token_logprobs_and_entropy(
-            batch, temperature=temperature
-        )
-        return ForwardOut(logprobs_B_T, entropy_B_T, None)
-    return model_forward(
-        policy.model, batch, temperature=temperature, device=policy.device, hidden=hidden
+    """The policy's logprobs and entropy for ``batch``, and its hidden states when asked."""
+    hidden_B_L_H = policy.hidden_states(batch)
+    logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
+        batch, hidden_B_L_H, temperature=temperature
+    )
+    return ForwardOut(
+        logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None
     )
 
 
 def model_forward(
-    model: PreTrainedModel,
-    batch: SequenceBatch,
-    *,
-    temperature: float,
-    device: torch.device,
-    hidden: bool = False,
+    model: PreTrainedModel, batch: SequenceBatch, *, temperature: float, device: torch.device
 ) -> ForwardOut:
-    """Logprobs and entropy (both with gradient) of any causal LM, and its hidden states."""
+    """Logprobs and entropy of any causal LM (e.g. a frozen reference copy)."""
     tokens_B_L = batch.tokens_B_L.to(device)
-    out = model(
-        input_ids=tokens_B_L,
-        attention_mask=batch.attention_mask_B_L.to(device),
-        output_hidden_states=hidden,
+    hidden_B_L_H = hidden_states(model, tokens_B_L, batch.attention_mask_B_L.to(device))
+    _, head = causal_lm_parts(model)
+    logprobs_B_T, entropy_B_T = logprobs_from_hidden(
+        head, hidden_B_L_H, tokens_B_L, temperature=temperature, softcap=logit_softcap(model)
     )
-    logp_B_T_V = torch.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
-    logprobs_B_T = logp_B_T_V.gather(-1, tokens_B_L[:, 1:].unsqueeze(-1)).squeeze(-1)
-    hidden_B_T_H = out.hidden_states[-1][:, :-1].float() if hidden else None
-    return ForwardOut(logprobs_B_T, entropy_from_logprobs(logp_B_T_V), hidden_B_T_H)
+    return ForwardOut(logprobs_B_T, entropy_B_T, None)

@@ -46,11 +46,23 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 
 def hidden_states(
-    model: nn.Module, tokens_B_L: torch.Tensor, attention_B_L: torch.Tensor
+    model: nn.Module,
+    tokens_B_L: torch.Tensor,
+    attention_B_L: torch.Tensor | None,
+    *,
+    position_ids_B_L: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The final hidden states ``[B, L, H]`` of the causal LM's body (what its head reads)."""
+    """The final hidden states ``[B, L, H]`` of the causal LM's body (what its head reads).
+
+    ``attention_B_L`` None with ``position_ids_B_L``: packed sequences, attention kept within
+    each (positions restart at every packed conversation)."""
     body, _ = causal_lm_parts(model)
-    out = body(input_ids=tokens_B_L, attention_mask=attention_B_L, use_cache=False)
+    out = body(
+        input_ids=tokens_B_L,
+        attention_mask=attention_B_L,
+        position_ids=position_ids_B_L,
+        use_cache=False,
+    )
     return out.last_hidden_state
 
 
@@ -62,13 +74,19 @@ def _head_logits(head: nn.Module, hidden_N_H: torch.Tensor, softcap: float | Non
 
 
 class _ChunkLogprobs(torch.autograd.Function):
-    """One chunk of N positions: logprob of each target (differentiable) and entropy (not).
+    """One chunk of N positions: the logprob of each target and the entropy, both
+    differentiable.
 
-    Forward keeps only the chunk's hidden states, targets and log-normalizers ``[N]``; backward
-    recomputes the chunk's logits once and turns them in place into their gradient,
-    ``(onehot(target) - softmax) * grad / temperature``, so a chunk never holds more than two
-    ``[N, V]`` blocks. The head's parameters come in as inputs so their gradients are returned
-    through autograd like any other (LoRA on the head, a head tied to the embeddings).
+    Forward keeps only the chunk's hidden states, targets, log-normalizers and entropies
+    ``[N]``; backward recomputes the chunk's logits once and turns them into their gradient.
+    With s = logits / temperature, p = softmax(s), log p = s - lse:
+      d logp_target / d s = onehot(target) - p
+      d H / d s           = -p * (log p + H)          (H = -sum p log p)
+    so grad_s = g_lp * (onehot - p) - g_H * p * (log p + H). Without an entropy gradient (the
+    usual case: the entropy is only a metric) a chunk holds at most two ``[N, V]`` blocks; with
+    one (an entropy bonus), three. The head's parameters come in as inputs so their gradients
+    are returned through autograd like any other (LoRA on the head, a head tied to the
+    embeddings).
     """
 
     @staticmethod
@@ -80,24 +98,29 @@ class _ChunkLogprobs(torch.autograd.Function):
             # H = lse - sum_v p_v * s_v, with p = exp(s - lse)
             weighted_N_V = scaled_N_V.sub(lse_N[:, None]).exp_().mul_(scaled_N_V)
             entropy_N = lse_N - weighted_N_V.sum(-1)
-        ctx.save_for_backward(hidden_N_H, targets_N, lse_N)
+        ctx.save_for_backward(hidden_N_H, targets_N, lse_N, entropy_N)
         ctx.head, ctx.temperature, ctx.softcap = head, temperature, softcap
-        ctx.mark_non_differentiable(entropy_N)
+        ctx.set_materialize_grads(False)  # an unused entropy's gradient arrives as None
         return logprobs_N, entropy_N
 
     @staticmethod
-    def backward(ctx, grad_logprobs_N, _grad_entropy_N):
-        hidden_N_H, targets_N, lse_N = ctx.saved_tensors
+    def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        hidden_N_H, targets_N, lse_N, entropy_N = ctx.saved_tensors
         params = tuple(ctx.head.parameters())
         wanted = [ctx.needs_input_grad[0]] + list(ctx.needs_input_grad[5:])
         with torch.enable_grad():
             hidden = hidden_N_H.detach().requires_grad_(wanted[0])
             logits_N_V = _head_logits(ctx.head, hidden, ctx.softcap)
         with torch.no_grad():
-            scale_N_1 = (grad_logprobs_N.float() / ctx.temperature)[:, None]
-            grad_N_V = logits_N_V.detach().to(torch.float32, copy=True).div_(ctx.temperature)
-            grad_N_V.sub_(lse_N[:, None]).exp_().mul_(-scale_N_1)  # -softmax * scale
-            grad_N_V.scatter_add_(-1, targets_N[:, None], scale_N_1)  # + onehot * scale
+            grad_N_V = _scaled_logit_grad(
+                logits_N_V,
+                targets_N,
+                lse_N,
+                entropy_N,
+                grad_logprobs_N,
+                grad_entropy_N,
+                ctx.temperature,
+            )
         inputs = [t for t, want in zip((hidden, *params), wanted, strict=True) if want]
         grads = iter(torch.autograd.grad(logits_N_V, inputs, grad_N_V.to(logits_N_V.dtype)))
         grad_hidden = next(grads) if wanted[0] else None
@@ -105,15 +128,46 @@ class _ChunkLogprobs(torch.autograd.Function):
         return grad_hidden, None, None, None, None, *grad_params
 
 
+def _scaled_logit_grad(
+    logits_N_V: torch.Tensor,
+    targets_N: torch.Tensor,
+    lse_N: torch.Tensor,
+    entropy_N: torch.Tensor,
+    grad_logprobs_N: torch.Tensor | None,
+    grad_entropy_N: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
+    """d(loss)/d(logits) of one chunk (see _ChunkLogprobs), float32, built in place."""
+    n = logits_N_V.shape[0]
+    g_lp_N_1 = (
+        grad_logprobs_N.float()[:, None]
+        if grad_logprobs_N is not None
+        else logits_N_V.new_zeros((n, 1), dtype=torch.float32)
+    )
+    logp_N_V = logits_N_V.detach().to(torch.float32, copy=True).div_(temperature)
+    logp_N_V.sub_(lse_N[:, None])
+    if grad_entropy_N is None:
+        grad_N_V = logp_N_V.exp_().mul_(-g_lp_N_1)  # -p * g_lp
+    else:
+        p_N_V = logp_N_V.exp()
+        g_h_N_1 = grad_entropy_N.float()[:, None]
+        # -p * (g_lp + g_H * (log p + H))
+        grad_N_V = logp_N_V.add_(entropy_N[:, None]).mul_(g_h_N_1).add_(g_lp_N_1).mul_(p_N_V)
+        grad_N_V.neg_()
+        del p_N_V
+    grad_N_V.scatter_add_(-1, targets_N[:, None], g_lp_N_1)  # + onehot * g_lp
+    return grad_N_V.div_(temperature)
+
+
 def target_logprobs_and_entropy(
     logits_V: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(logits / temperature) at each target (with gradient), and the entropy of
-    that distribution (detached), in float32. ``logits_V``: ``[..., V]``; ``targets``: ``[...]``."""
+    """log softmax(logits / temperature) at each target, and the entropy of that
+    distribution, both with gradient, in float32. ``logits_V``: ``[..., V]``; ``targets``:
+    ``[...]``."""
     logp_V = torch.log_softmax(logits_V.float() / temperature, dim=-1)
     logprobs = logp_V.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp_V.exp() * logp_V).sum(-1)
+    entropy = -(logp_V.exp() * logp_V).sum(-1)
     return logprobs, entropy
 
 
@@ -126,7 +180,7 @@ def logprobs_from_hidden(
     chunk_positions: int | None = None,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token logprobs ``[B, T]`` (with gradient) and entropies ``[B, T]`` (detached).
+    """Next-token logprobs ``[B, T]`` and entropies ``[B, T]``, both differentiable.
 
     ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) under
     softmax(head(hidden) / temperature). The ``B * T`` positions are cut into chunks of
@@ -159,14 +213,17 @@ def logprobs_from_hidden(
 def token_logprobs_and_entropy(
     model: nn.Module,
     tokens_B_L: torch.Tensor,
-    attention_B_L: torch.Tensor,
+    attention_B_L: torch.Tensor | None,
     *,
     temperature: float = 1.0,
     chunk_positions: int | None = None,
+    position_ids_B_L: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The causal LM's next-token logprobs and entropies ``[B, L - 1]``, chunked (see module)."""
     _, head = causal_lm_parts(model)
-    hidden_B_L_H = hidden_states(model, tokens_B_L, attention_B_L)
+    hidden_B_L_H = hidden_states(
+        model, tokens_B_L, attention_B_L, position_ids_B_L=position_ids_B_L
+    )
     return logprobs_from_hidden(
         head,
         hidden_B_L_H,

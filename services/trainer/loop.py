@@ -35,6 +35,7 @@ from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .training import rl_update
 from .validation import EvalRollout, Validation
+from .weight_sync import verified_sync
 
 log = structlog.get_logger()
 
@@ -311,40 +312,14 @@ class RlLoop:
 
         Returns (seconds spent applying and probing on both sides, max |Δlogprob| of the probe).
         """
-        ids = self.policy.probe_token_ids
-        ack = await self.rollout.sync_weights(
-            self.policy.trainable_state(),
-            policy_version=self.policy_version,
-            is_adapter=self.policy.is_lora,
-            probe_token_ids=ids,
+        result = await verified_sync(
+            self.rollout,
+            self.policy,
+            version=self.policy_version,
+            tolerance=self.settings.probe_tolerance,
             timeout_s=self.settings.weight_sync_timeout_s,
         )
-        probe_started = time.monotonic()
-        expected = await asyncio.to_thread(self.policy.probe_logprobs, ids)
-        probe_seconds = time.monotonic() - probe_started
-        if ack.policy_version != self.policy_version:
-            raise WeightSyncError(
-                f"rollout applied policy version {ack.policy_version}, "
-                f"the trainer sent {self.policy_version}"
-            )
-        if len(ack.probe_logprobs) != len(expected):
-            raise WeightSyncError(
-                f"rollout returned {len(ack.probe_logprobs)} probe logprobs for {len(ids)} "
-                f"probe tokens "
-                f"(expected {len(expected)})"
-            )
-        diff = max(
-            (abs(a - b) for a, b in zip(ack.probe_logprobs, expected, strict=True)), default=0.0
-        )
-        if not diff <= self.settings.probe_tolerance:  # also catches nan
-            raise WeightSyncError(
-                f"rollout serves stale/different weights: max |Δlogprob| = {diff:.3g} on the probe "
-                f"after syncing policy version {self.policy_version} (tolerance "
-                f"{self.settings.probe_tolerance:g}); check that the rollout loads the same base "
-                f"model "
-                f"and LoRA config and applies every tensor"
-            )
-        return ack.apply_seconds + probe_seconds, diff
+        return result.seconds, result.probe_diff
 
     async def _validate(self, *, final: bool = False) -> dict[str, float]:
         """val/* metrics of the policy after this step when a validation is due (every

@@ -10,6 +10,7 @@ the whole batch's number of loss tokens, see ``loss_tokens``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .batch import Episode, SequenceBatch, collate
@@ -31,24 +32,34 @@ class MicroBatch:
         return int(self.batch.tokens_B_L.numel())
 
 
-def split_by_token_budget(episodes: list[Episode], max_tokens: int) -> list[list[int]]:
-    """Indices of ``episodes`` in groups whose padded size (rows x longest row) fits
-    ``max_tokens``; an episode longer than the budget alone makes a group of one.
+def group_by_token_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` in groups whose padded size (rows x longest row) fits
+    ``budget``; a sequence longer than the budget alone makes a group of one. ``budget`` 0
+    means no limit (one group).
 
-    Episodes are taken longest first, so episodes of like length share a group and little is
-    padding. Every index appears in exactly one group.
+    Sequences are taken longest first, so sequences of like length share a group and little
+    is padding. Every index appears in exactly one group.
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    order = sorted(range(len(episodes)), key=lambda i: -len(episodes[i].token_ids))
+    if budget < 0:
+        raise ValueError(f"a token budget must be >= 0, got {budget}")
+    if budget == 0:
+        return [list(range(len(lengths)))] if lengths else []
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:
         # Longest first: the group's longest row is its first one.
-        if groups and (len(groups[-1]) + 1) * len(episodes[groups[-1][0]].token_ids) <= max_tokens:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
             groups[-1].append(i)
         else:
             groups.append([i])
     return groups
+
+
+def split_by_token_budget(episodes: list[Episode], max_tokens: int) -> list[list[int]]:
+    """``group_by_token_budget`` of the episodes' lengths (``max_tokens`` >= 1)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    return group_by_token_budget([len(e.token_ids) for e in episodes], max_tokens)
 
 
 def micro_batches(episodes: list[Episode], pad_id: int, max_tokens: int) -> list[MicroBatch]:

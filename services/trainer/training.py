@@ -22,7 +22,7 @@ from .losses.entropy import entropy_bonus_loss
 from .losses.kl import kl_loss, kl_per_token
 from .losses.policy_gradient import clipped_policy_loss, sequence_scales
 from .losses.value import explained_variance, value_loss
-from .micro_batches import split_by_tokens
+from .microbatch import group_by_token_budget
 from .policy import Policy
 from .reference import ReferencePolicy
 
@@ -168,7 +168,7 @@ def backward_minibatch(
     value_scale = 1.0 / max(float(tokens_M.sum()), 1.0)
     total = 0.0
     lengths = [len(episodes[i].token_ids) for i in rows]
-    for micro in split_by_tokens(lengths, config.micro_batch_tokens):
+    for micro in group_by_token_budget(lengths, config.micro_batch_tokens):
         idx = [rows[j] for j in micro]
         total += _micro_step(
             policy, work, idx, scale, value_scale, config, critic, tally, first_pass
@@ -197,7 +197,6 @@ def _micro_step(
         policy,
         sub,
         temperature=config.temperature,
-        entropy_grad=config.entropy_coef > 0,
         hidden=critic is not None,
     )
     old_B_T = sub.old_logprobs_B_T.to(policy.device)

@@ -73,8 +73,12 @@ def clipped_policy_loss(
     advantages_B_T: torch.Tensor,
     weights_B_T: torch.Tensor,
     clip_epsilon: float,
+    *,
+    clip_high_epsilon: float | None = None,
 ) -> tuple[torch.Tensor, ClipStats]:
-    """The clipped surrogate, to be minimized (see the module doc).
+    """The clipped surrogate, to be minimized (see the module doc). The ratio is clipped to
+    [1 - clip_epsilon, 1 + clip_high_epsilon] (clip_high_epsilon None: clip_epsilon; a larger
+    one is DAPO's clip-higher).
 
     new_logprobs_B_T carries the gradient; old logprobs (those the rollout sampled with, or
     those of the policy before this batch's first update) and advantages are constants.
@@ -97,13 +101,15 @@ def clipped_policy_loss(
     # Select (not multiply) the log-ratio on the mask, so padding can never give inf * 0 = nan.
     log_ratio_B_T = torch.where(on_B_T, new_logprobs_B_T - old_logprobs_B_T.detach().to(dtype), 0.0)
     ratio_B_T = torch.exp(log_ratio_B_T)
-    clipped_B_T = torch.clamp(ratio_B_T, 1.0 - clip_epsilon, 1.0 + clip_epsilon)
+    low = 1.0 - clip_epsilon
+    high = 1.0 + (clip_epsilon if clip_high_epsilon is None else clip_high_epsilon)
+    clipped_B_T = torch.clamp(ratio_B_T, low, high)
     surrogate_B_T = torch.minimum(ratio_B_T * adv_B_T, clipped_B_T * adv_B_T)
     loss = -(surrogate_B_T * weights_B_T).sum()
     with torch.no_grad():
         on = on_B_T.to(dtype)
         total = on.sum().clamp(min=1.0)
-        outside_B_T = (ratio_B_T < 1.0 - clip_epsilon) | (ratio_B_T > 1.0 + clip_epsilon)
+        outside_B_T = (ratio_B_T < low) | (ratio_B_T > high)
         stats = ClipStats(
             clip_fraction=float((outside_B_T.to(dtype) * on).sum() / total),
             ratio_mean=float((ratio_B_T * on).sum() / total),

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .policy_gradient import clipped_policy_loss
+
 
 @dataclass(frozen=True)
 class PpoTokenStats:
@@ -33,21 +35,12 @@ def ppo_token_loss(
     ``r = exp(logprobs - sampling_logprobs)``; only ``logprobs_B_T`` carries the gradient."""
     if not 0 < clip_low <= 1 <= clip_high:
         raise ValueError(f"need 0 < clip_low <= 1 <= clip_high, got {clip_low}, {clip_high}")
-    if not logprobs_B_T.shape == sampling_logprobs_B_T.shape == advantages_B_T.shape:
-        raise ValueError(
-            f"shape mismatch: logprobs {tuple(logprobs_B_T.shape)}, sampling "
-            f"{tuple(sampling_logprobs_B_T.shape)}, advantages {tuple(advantages_B_T.shape)}"
-        )
-    mask_B_T = mask_B_T.to(logprobs_B_T.dtype)
-    advantages_B_T = advantages_B_T.detach().to(logprobs_B_T.dtype)
-    log_ratio_B_T = torch.where(
-        mask_B_T > 0, logprobs_B_T - sampling_logprobs_B_T.detach().to(logprobs_B_T.dtype), 0.0
+    loss, stats = clipped_policy_loss(
+        logprobs_B_T,
+        sampling_logprobs_B_T,
+        advantages_B_T,
+        mask_B_T.to(logprobs_B_T.dtype),
+        1.0 - clip_low,
+        clip_high_epsilon=clip_high - 1.0,
     )
-    ratio_B_T = torch.exp(log_ratio_B_T)
-    clipped_B_T = torch.clamp(ratio_B_T, clip_low, clip_high)
-    surrogate_B_T = torch.minimum(ratio_B_T * advantages_B_T, clipped_B_T * advantages_B_T)
-    loss = -(surrogate_B_T * mask_B_T).sum()
-    with torch.no_grad():
-        outside_B_T = ((ratio_B_T < clip_low) | (ratio_B_T > clip_high)).to(mask_B_T.dtype)
-        fraction = float((outside_B_T * mask_B_T).sum() / mask_B_T.sum().clamp(min=1.0))
-    return loss, PpoTokenStats(clip_fraction=fraction)
+    return loss, PpoTokenStats(clip_fraction=stats.clip_fraction)

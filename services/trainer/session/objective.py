@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..losses.cross_entropy import weighted_nll_sum
 from ..losses.importance_sampling import importance_sampling_loss
 from ..losses.ppo_token import ppo_token_loss
-from ..losses.token_cross_entropy import token_cross_entropy
 from ..policy import Policy
 from .data import DatumBatch, LossName
 
@@ -39,7 +39,7 @@ def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
     logprobs_B_T, _ = policy.token_logprobs_and_entropy(data.batch)
     metrics: dict[str, float] = {"tokens": float(data.mask_B_T.sum())}
     if spec.name == "cross_entropy":
-        loss = token_cross_entropy(logprobs_B_T, data.weights_B_T)
+        loss = weighted_nll_sum(logprobs_B_T, data.weights_B_T)
         metrics["weight_sum"] = float(data.weights_B_T.sum())
     elif spec.name == "importance_sampling":
         loss = importance_sampling_loss(

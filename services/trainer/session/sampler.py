@@ -7,7 +7,6 @@ tolerance); ``sample`` asks the same rollout for raw token samples (RolloutServi
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,9 +16,9 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import UnavailableError, from_rpc_error
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
-from ..errors import WeightSyncError
 from ..policy import Policy
 from ..rollout_client import GrpcRolloutSession
+from ..weight_sync import verified_sync
 
 
 @dataclass(frozen=True)
@@ -30,17 +29,6 @@ class Sample:
     tokens: list[int]
     logprobs: list[float]
     stopped: bool
-
-
-def probe_difference(sent: Sequence[float], expected: Sequence[float], version: int) -> float:
-    """Max |Δlogprob| between the rollout's probe answer and the trainer's own; raises
-    WeightSyncError when their lengths differ."""
-    if len(sent) != len(expected):
-        raise WeightSyncError(
-            f"rollout returned {len(sent)} probe logprobs for policy version {version}, "
-            f"expected {len(expected)}"
-        )
-    return max((abs(a - b) for a, b in zip(sent, expected, strict=True)), default=0.0)
 
 
 class SessionSampler:
@@ -61,27 +49,11 @@ class SessionSampler:
     async def publish(self, policy: Policy, *, timeout_s: float) -> float:
         """Serve ``policy``'s weights as the next version; returns the probe's max |Δlogprob|."""
         version = self.policy_version + 1
-        ids = policy.probe_token_ids
-        ack = await self._stream.sync_weights(
-            policy.trainable_state(),
-            policy_version=version,
-            is_adapter=policy.is_lora,
-            probe_token_ids=ids,
-            timeout_s=timeout_s,
+        result = await verified_sync(
+            self._stream, policy, version=version, tolerance=self._tolerance, timeout_s=timeout_s
         )
-        expected = await asyncio.to_thread(policy.probe_logprobs, ids)
-        if ack.policy_version != version:
-            raise WeightSyncError(
-                f"rollout applied policy version {ack.policy_version}, the trainer sent {version}"
-            )
-        diff = probe_difference(ack.probe_logprobs, expected, version)
-        if not diff <= self._tolerance:  # also catches nan
-            raise WeightSyncError(
-                f"the sampler serves different weights: max |Δlogprob| = {diff:.3g} on the "
-                f"probe after sending version {version} (tolerance {self._tolerance:g})"
-            )
         self.policy_version = version
-        return diff
+        return result.probe_diff
 
     async def sample(
         self,

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..losses.cross_entropy import cross_entropy, target_logprobs
+from ..logprobs import token_logprobs_and_entropy
+from ..losses.cross_entropy import cross_entropy
 from ..policy import Policy
 from .batches import SftBatch
 
@@ -22,16 +23,17 @@ class SftStepStats:
 def _logprobs_and_weights(policy: Policy, batch: SftBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token logprobs ``[B, L-1]`` and their weights ``[B, L-1]``.
 
-    Called with position_ids and no attention mask, so attention stays within each
-    conversation (see batches.py); no KV cache, which would turn that off.
+    Computed in chunks of positions (logprobs.py), with position_ids and no attention mask, so
+    attention stays within each packed conversation (see batches.py); no KV cache, which
+    would turn that off.
     """
-    tokens_B_L = batch.tokens_B_L.to(policy.device)
-    logits_B_L_V = policy.model(
-        input_ids=tokens_B_L,
-        position_ids=batch.position_ids_B_L.to(policy.device),
-        use_cache=False,
-    ).logits
-    logprobs_B_T = target_logprobs(logits_B_L_V, tokens_B_L)
+    logprobs_B_T, _ = token_logprobs_and_entropy(
+        policy.model,
+        batch.tokens_B_L.to(policy.device),
+        None,
+        position_ids_B_L=batch.position_ids_B_L.to(policy.device),
+        chunk_positions=policy.logit_chunk_positions,
+    )
     return logprobs_B_T, batch.weights_B_L[:, 1:].to(policy.device)
 
 

@@ -1,0 +1,85 @@
+"""The verified weight sync: send the policy's trainable weights as a new version, then prove
+the rollout serves exactly them (its logprobs of the probe sequence equal the trainer's own
+within a tolerance). Used by the managed RL loop and by sessions' save_weights_for_sampler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .errors import WeightSyncError
+from .policy import Policy
+from .rollout_client import WeightsAck
+
+
+class WeightReceiver(Protocol):
+    async def sync_weights(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        *,
+        policy_version: int,
+        is_adapter: bool,
+        probe_token_ids: list[int],
+        timeout_s: float,
+    ) -> WeightsAck: ...
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """seconds: applying (rollout side) plus probing (trainer side). probe_diff: the probe's
+    max |Δlogprob| between the rollout and the trainer."""
+
+    seconds: float
+    probe_diff: float
+
+
+def probe_difference(sent: Sequence[float], expected: Sequence[float], version: int) -> float:
+    """Max |Δlogprob| between the rollout's probe answer and the trainer's own; raises
+    WeightSyncError when their lengths differ."""
+    if len(sent) != len(expected):
+        raise WeightSyncError(
+            f"rollout returned {len(sent)} probe logprobs for policy version {version}, "
+            f"expected {len(expected)}"
+        )
+    return max((abs(a - b) for a, b in zip(sent, expected, strict=True)), default=0.0)
+
+
+async def verified_sync(
+    rollout: WeightReceiver,
+    policy: Policy,
+    *,
+    version: int,
+    tolerance: float,
+    timeout_s: float,
+) -> SyncResult:
+    """Send ``policy``'s trainable weights as ``version`` and check the rollout serves them;
+    raises WeightSyncError naming what differs."""
+    ids = policy.probe_token_ids
+    ack = await rollout.sync_weights(
+        policy.trainable_state(),
+        policy_version=version,
+        is_adapter=policy.is_lora,
+        probe_token_ids=ids,
+        timeout_s=timeout_s,
+    )
+    probe_started = time.monotonic()
+    expected = await asyncio.to_thread(policy.probe_logprobs, ids)
+    probe_seconds = time.monotonic() - probe_started
+    if ack.policy_version != version:
+        raise WeightSyncError(
+            f"rollout applied policy version {ack.policy_version}, the trainer sent {version}"
+        )
+    diff = probe_difference(ack.probe_logprobs, expected, version)
+    if not diff <= tolerance:  # also catches nan
+        raise WeightSyncError(
+            f"rollout serves stale/different weights: max |Δlogprob| = {diff:.3g} on the probe "
+            f"after syncing policy version {version} (tolerance {tolerance:g}); check that the "
+            f"rollout loads the same base model and LoRA config and applies every tensor"
+        )
+    return SyncResult(ack.apply_seconds + probe_seconds, diff)
