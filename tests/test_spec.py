@@ -95,8 +95,6 @@ def test_wire_spec_without_a_kind_is_refused_naming_the_kinds_served() -> None:
     pb = common_pb2.JobSpec(kind=common_pb2.JOB_KIND_UNSPECIFIED)
     served = "'rl' or 'sft' or 'inference' or 'session'"
     with pytest.raises(ConfigError, match=f"'unspecified'.*{served}"):
-        ConfigError, match="'unspecified'.*'rl' or 'sft' or 'inference' or 'session'"
-    ):
         from_proto(pb)
 
 
