@@ -38,6 +38,7 @@ from .seeds import derive_seed
 from .types import (
     ChatMessage,
     Completion,
+    EnvSpec,
     FinishReason,
     ResetResult,
     RolloutStats,
@@ -82,7 +83,9 @@ class EpisodeRequest:
 class LoopConfig:
     """Budgets and sampling of every episode in a run.
 
-    max_turns: model turns per episode. max_episode_tokens: prompt + completion tokens.
+    max_turns: the job's limit of model turns per episode; None = the env's own
+    (``EnvSpec.max_turns``, or ``DEFAULT_MAX_TURNS`` when the env declares none; see
+    ``turn_limit``). max_episode_tokens: prompt + completion tokens.
     max_episode_retries: restarts of one episode after its env instance died.
     max_link_restarts: restarts of one episode after the link to the envs (EnvHub) was lost.
     max_observation_chars: the longest observation (characters) accepted from the env.
@@ -90,13 +93,26 @@ class LoopConfig:
     """
 
     sampling: SamplingParams
-    max_turns: int
+    max_turns: int | None
     max_episode_tokens: int
     env_options: Mapping[str, str] = field(default_factory=dict)
     max_episode_retries: int = 2
     max_link_restarts: int = 5
     max_observation_chars: int = 16384
     greedy: bool = False
+
+
+# Turns per episode when neither the job nor the env sets a limit (the env still ends an
+# episode whenever it says done, and max_episode_tokens bounds it too).
+DEFAULT_MAX_TURNS = 16
+
+
+def turn_limit(job_max_turns: int | None, env_max_turns: int) -> int:
+    """Model turns an episode may take: the job's max_turns when set (a cap the job chose),
+    else the env's own limit (its spec's max_turns), else ``DEFAULT_MAX_TURNS``."""
+    if job_max_turns is not None:
+        return job_max_turns
+    return env_max_turns if env_max_turns > 0 else DEFAULT_MAX_TURNS
 
 
 class EpisodeState(enum.Enum):
@@ -153,9 +169,14 @@ class _Episode:
 class AgentLoop:
     """Plays batches of episodes with one engine; knows nothing of gRPC."""
 
-    def __init__(self, engine: GenerationEngine, config: LoopConfig) -> None:
+    def __init__(
+        self, engine: GenerationEngine, config: LoopConfig, env: EnvSpec | None = None
+    ) -> None:
+        """env: the spec of the environment played (its turn limit, its tools)."""
         self.engine = engine
         self.config = config
+        self.env = env or EnvSpec()
+        self.max_turns = turn_limit(config.max_turns, self.env.max_turns)
         self.chat = ChatFormat(engine.tokenizer)
 
     async def run(
@@ -252,7 +273,7 @@ class AgentLoop:
         if outcome.done:
             ep.finish(FinishReason.ENV_DONE)
             return
-        if ep.num_turns >= self.config.max_turns:
+        if ep.num_turns >= self.max_turns:
             ep.finish(FinishReason.MAX_TURNS, f"{ep.num_turns} turns")
             return
         # Close the assistant turn with exactly one eos (the model's own, when it stopped).
