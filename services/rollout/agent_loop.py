@@ -5,6 +5,9 @@ Each episode moves through PENDING (reset; the prompt is tokenized with the chat
 this turn's text; a next observation is appended as ids of a new user turn: loss mask 0,
 logprob 0) -> GENERATING ... -> TERMINATED, when the env says done or the turn or token
 budget ends. All episodes that are GENERATING in a round are sampled in one engine call.
+The turn budget is the job's max_turns, else the env's own (``turn_limit``). An env's tools
+are rendered into the prompt by the chat template; each turn of an env with tools is sent as
+its raw text together with the tool calls parsed from it (``tool_calls``).
 
 An env failure ends the episode with ENV_ERROR and the reason, except when the env instance
 died (UNAVAILABLE / DEADLINE_EXCEEDED): then the episode starts over from Reset with the same
@@ -35,6 +38,7 @@ from .chat_format import ChatFormat
 from .engine import GenerationEngine
 from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
 from .seeds import derive_seed
+from .tool_calls import ToolCalls, parse_tool_calls
 from .types import (
     ChatMessage,
     Completion,
@@ -59,7 +63,9 @@ class EnvSession(Protocol):
 
     async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult: ...
 
-    async def step(self, action: str) -> StepOutcome: ...
+    async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
+        """``tool_calls`` is given only for an env that declares tools (see ``tool_calls``)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -177,7 +183,15 @@ class AgentLoop:
         self.config = config
         self.env = env or EnvSpec()
         self.max_turns = turn_limit(config.max_turns, self.env.max_turns)
-        self.chat = ChatFormat(engine.tokenizer)
+        self.chat = ChatFormat(engine.tokenizer, self.env.tools)
+        self._tool_names = frozenset(t.name for t in self.env.tools)
+        if self.env.tools and not self.chat.renders_tools():
+            log.warning(
+                "tools_not_rendered",
+                env=self.env.name,
+                tools=sorted(self._tool_names),
+                reason="the model's chat template ignores tools=; the model is not shown them",
+            )
 
     async def run(
         self, requests: Sequence[EpisodeRequest], *, seed: int
@@ -259,7 +273,7 @@ class AgentLoop:
         action = self._decode(turn, skip_special_tokens=True)
         ep.messages.append(ChatMessage("assistant", action))
         try:
-            outcome = await ep.session.step(action)
+            outcome = await self._step(ep, action)
         except (OpenTinkerError, TimeoutError) as err:
             await self._fail(ep, f"step {ep.num_turns} failed: {err}", err)
             return
@@ -289,6 +303,13 @@ class AgentLoop:
         ep.append(observation, [0.0] * len(observation), mask=0)
         ep.messages.append(ChatMessage("user", outcome.observation))
         ep.state = EpisodeState.GENERATING
+
+    async def _step(self, ep: _Episode, action: str) -> StepOutcome:
+        """Step the env with the turn's raw text; an env with tools also gets the parsed calls."""
+        if not self.env.tools:
+            return await ep.session.step(action)
+        calls = parse_tool_calls(action, self._tool_names, self.chat.tool_call_style)
+        return await ep.session.step(action, calls)
 
     async def _fail(self, ep: _Episode, what: str, err: OpenTinkerError | TimeoutError) -> None:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
