@@ -254,3 +254,22 @@ def test_parsed_calls_reach_an_env_server_through_envhub(engine: TransformersEng
         ("calc", {"expr": "2+2"})
     ]
     assert list(step.tool_call_errors) == []
+
+
+class NoPromptSession(CalcSession):
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
+        return ResetResult("", "What is 2+2?")
+
+
+def test_the_specs_system_prompt_stands_in_when_reset_sends_none(
+    engine: TransformersEngine,
+) -> None:
+    config = LoopConfig(
+        sampling=SamplingParams(max_new_tokens=4), max_turns=1, max_episode_tokens=512
+    )
+    env = EnvSpec(name="calc", system_prompt="From the spec.")
+    loop = AgentLoop(engine, config, env)
+    own, none = CalcSession(), NoPromptSession()  # Reset sends "Be exact." / nothing
+    requests = [EpisodeRequest("own", 0, 1, own), EpisodeRequest("none", 1, 1, none)]
+    trajectories, _ = asyncio.run(loop.run(requests, seed=0))
+    assert [t.messages[0].content for t in trajectories] == ["Be exact.", "From the spec."]

@@ -227,10 +227,12 @@ class AgentLoop:
         if problem := reset_problem(reset, self.config.max_observation_chars):
             ep.finish(FinishReason.ENV_ERROR, f"bad reset reply: {problem}")
             return
-        if reset.system_prompt:
-            ep.messages.append(ChatMessage("system", reset.system_prompt))
+        # The episode's own system prompt wins; the spec's stands in when Reset sends none.
+        system_prompt = reset.system_prompt or self.env.system_prompt
+        if system_prompt:
+            ep.messages.append(ChatMessage("system", system_prompt))
         ep.messages.append(ChatMessage("user", reset.observation))
-        prompt = self.chat.prompt_ids(reset.system_prompt, reset.observation)
+        prompt = self.chat.prompt_ids(system_prompt, reset.observation)
         ep.token_ids = list(prompt)
         ep.prompt_length = len(prompt)
         if len(prompt) >= self.config.max_episode_tokens:
