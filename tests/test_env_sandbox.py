@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -218,3 +219,27 @@ def test_runs_from_a_grpc_servers_threads_while_other_calls_are_in_flight() -> N
     finally:
         handle.stop(grace_s=0)
     assert replies == [(f"{n * 7}\n", 1.0) for n in range(4)]
+
+
+@needs_nobody
+def test_the_sandbox_runs_from_a_checkout_its_user_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project cloned under a 0700 folder (as /root is): the sandbox module and its guard
+    live where ``nobody`` cannot read, and the run must not need to."""
+    import importlib.util
+
+    import opentinker.services.envhub.sandbox as sandbox
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    for name in ("sandbox.py", "sandbox_guard.py"):
+        (private / name).write_bytes(Path(sandbox.__file__).with_name(name).read_bytes())
+    spec = importlib.util.spec_from_file_location("private_sandbox", private / "sandbox.py")
+    assert spec is not None and spec.loader is not None
+    moved = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, moved)  # its dataclasses look themselves up
+    spec.loader.exec_module(moved)
+    result = moved.run_python("print(6 * 7)\nopen('/etc/hostname').read()\n", limits=FAST)
+    assert result.output.startswith("42\n"), result.output  # it ran, guarded:
+    assert "sandbox: opening /etc/hostname is not allowed" in result.output

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from opentinker.services.common.env_stats import summarize_episodes
+from opentinker.services.common.env_stats import (
+    TruncationWatch,
+    summarize_episodes,
+    truncated_fraction,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +74,18 @@ def test_mismatched_or_bad_inputs_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=words):
         summarize_episodes(rewards, turns, outcomes)
+
+
+def test_truncated_fraction_counts_episodes_a_budget_ended() -> None:
+    # 3 of 4 episodes ended by a budget: 3 / 4 = 0.75
+    assert truncated_fraction(["max_turns", "max_tokens", "", "max_turns"]) == 0.75
+    assert truncated_fraction([]) == 0.0
+
+
+def test_a_job_of_cut_short_episodes_is_warned_once() -> None:
+    watch = TruncationWatch()
+    assert watch.warning(1, ["max_turns"] * 8 + [""] * 2) is None  # 8 / 10 = 0.8 < 0.9
+    message = watch.warning(2, ["max_turns"] * 9 + ["max_tokens"])  # 10 / 10 = 1.0
+    assert message is not None
+    assert "100%" in message and "9 at max_turns, 1 at max_episode_tokens" in message
+    assert watch.warning(3, ["max_turns"] * 10) is None  # once per job

@@ -68,7 +68,8 @@ class AbstractGame(abc.ABC):
     Class attributes describe the environment (its ``EnvironmentSpec``):
     name: the default registration name (``serve(name=...)`` overrides it).
     description: one line for people listing environments.
-    max_turns: the game's own turn limit; 0 = none.
+    max_turns: the game's own turn limit; a job that sets no max_turns plays up to this many
+        turns (0 = none declared: the rollout allows 16). End episodes yourself (done) by it.
     tools: the tools the model may call (``Tool``); none by default.
 
     Call order per episode: ``reset(seed=..., **options)``, then ``get_system_prompt()`` and

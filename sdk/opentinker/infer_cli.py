@@ -137,6 +137,11 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (no sampling)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-turns", type=int, default=1)
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="model turns per episode (default: the environment's own limit)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_infer)

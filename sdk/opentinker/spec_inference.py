@@ -30,7 +30,9 @@ class InferenceConfig(StrictModel):
     episodes: int = Field(16, ge=1, le=MAX_INFERENCE_EPISODES)
     concurrency: int = Field(32, ge=1, le=4096, description="Episodes played together.")
     sampling: SamplingParams = SamplingParams()
-    max_turns: int = Field(1, ge=1, le=1000)
+    max_turns: int | None = Field(
+        None, ge=1, le=1000, description="Turns per episode; None = the environment's own limit."
+    )
     max_episode_tokens: int = Field(2048, ge=8, le=1_000_000)
     seed: int = Field(0, ge=0)
     adapter_dir: str = Field("", description="A saved PEFT adapter applied to model.base_model.")
@@ -44,7 +46,7 @@ def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
         episodes=c.episodes,
         concurrency=c.concurrency,
         sampling=sampling_to_proto(c.sampling),
-        max_turns=c.max_turns,
+        max_turns=c.max_turns or 0,
         max_episode_tokens=c.max_episode_tokens,
         seed=c.seed,
         adapter_dir=c.adapter_dir,

@@ -31,7 +31,13 @@ class RlConfig(_Strict):
     )
     clip_epsilon: float = Field(0.2, gt=0, le=10)
     sampling: SamplingParams = SamplingParams()
-    max_turns: int = Field(1, ge=1, le=1000)
+    max_turns: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Model turns per episode; None = the environment's own limit "
+        "(its EnvironmentSpec.max_turns, else 16).",
+    )
     max_episode_tokens: int = Field(2048, ge=8, le=1_000_000)
     seed: int = Field(0, ge=0)
     stop_at_reward: float | None = Field(
@@ -110,7 +116,10 @@ class RlConfig(_Strict):
     @property
     def max_completion_tokens(self) -> int:
         """The most completion tokens an episode can have (the constant of ``constant``
-        loss normalization)."""
+        loss normalization); without max_turns (the env's limit, unknown here) the episode
+        budget bounds it."""
+        if self.max_turns is None:
+            return self.max_episode_tokens
         return min(self.sampling.max_new_tokens * self.max_turns, self.max_episode_tokens)
 
 
@@ -181,7 +190,7 @@ def rl_to_proto(rl: RlConfig) -> common_pb2.RlConfig:
         learning_rate=rl.learning_rate,
         clip_epsilon=rl.clip_epsilon,
         sampling=sampling_to_proto(rl.sampling),
-        max_turns=rl.max_turns,
+        max_turns=rl.max_turns or 0,
         max_episode_tokens=rl.max_episode_tokens,
         seed=rl.seed,
         stop_at_reward=rl.stop_at_reward or 0.0,

@@ -44,3 +44,43 @@ def summarize_episodes(
         for outcome in GAME_OUTCOMES:
             stats[f"env_{outcome}_rate"] = decided.count(outcome) / len(decided)
     return stats
+
+
+# A step whose episodes end by the turn or token budget this often (or more) is warned about.
+TRUNCATION_WARNING_FRACTION = 0.9
+
+
+def truncated_fraction(truncated_by: list[str]) -> float:
+    """Share of episodes that ended by the rollout's budget, not by the env saying done.
+
+    truncated_by: per episode, ``"max_turns"`` or ``"max_tokens"`` when a budget ended it,
+    ``""`` when the env did (or it failed). 0.0 for no episodes.
+    """
+    return sum(bool(t) for t in truncated_by) / len(truncated_by) if truncated_by else 0.0
+
+
+class TruncationWatch:
+    """Says once per job that its episodes end by the budget, not by the environment.
+
+    A job whose every episode is cut at max_turns (or max_episode_tokens) trains on partial
+    games and reports nothing wrong; the first step at or over TRUNCATION_WARNING_FRACTION
+    gets one warning line for the job's event stream, later steps none.
+    """
+
+    def __init__(self) -> None:
+        self.warned = False
+
+    def warning(self, step: int, truncated_by: list[str]) -> str | None:
+        """The warning for this step's episodes, or None (below the line, or said before)."""
+        fraction = truncated_fraction(truncated_by)
+        if self.warned or not truncated_by or fraction < TRUNCATION_WARNING_FRACTION:
+            return None
+        self.warned = True
+        turns, tokens = truncated_by.count("max_turns"), truncated_by.count("max_tokens")
+        return (
+            f"warning: {fraction:.0%} of step {step}'s episodes ended by the rollout's budget, "
+            f"not by the environment ({turns} at max_turns, {tokens} at max_episode_tokens): "
+            "the job trains on cut-short episodes; raise max_turns / max_episode_tokens (or "
+            "leave max_turns unset to use the env's own limit), or check that the env ends "
+            "its episodes (done=true)"
+        )

@@ -127,7 +127,10 @@ def run_python(
         if where.drop_to_nobody:
             os.chown(folder, NOBODY, NOBODY)
             os.chown(cell, NOBODY, NOBODY)
-        command = [sys.executable, "-I", "-u", *([str(GUARD)] if guard else []), str(cell)]
+        # The guard goes in as source text (-c), never as a path: the sandbox user need not
+        # be able to read the checkout (a clone under a 0700 home).
+        command = [sys.executable, "-I", "-u", *(["-c", _guard_source()] if guard else [])]
+        command.append(str(cell))
         if where.drop_to_nobody:
             command = [*_setpriv_prefix(), *command]
         if where.namespaces:
@@ -135,6 +138,11 @@ def run_python(
         if where.prlimit:  # outermost: every process of the sandbox inherits the limits
             command = [*_prlimit_prefix(limits), *command]
         return _run(command, cwd=folder, limits=limits, preexec_limits=not where.prlimit)
+
+
+@functools.cache
+def _guard_source() -> str:
+    return GUARD.read_text(encoding="utf-8")
 
 
 def _run(

@@ -1,4 +1,5 @@
-"""Runs inside the sandbox, before the model's code: ``python -I sandbox_guard.py CELL``.
+"""Runs inside the sandbox, before the model's code: ``python -I -c "<this file>" CELL`` (its
+source is passed as text, so the sandbox user needs no read access to the checkout).
 
 A Python audit hook refuses what model code has no business doing: starting processes
 (fork, exec, spawn, subprocess, os.system), opening sockets, native code through ctypes

@@ -5,6 +5,9 @@ Each episode moves through PENDING (reset; the prompt is tokenized with the chat
 this turn's text; a next observation is appended as ids of a new user turn: loss mask 0,
 logprob 0) -> GENERATING ... -> TERMINATED, when the env says done or the turn or token
 budget ends. All episodes that are GENERATING in a round are sampled in one engine call.
+The turn budget is the job's max_turns, else the env's own (``turn_limit``). An env's tools
+are rendered into the prompt by the chat template; each turn of an env with tools is sent as
+its raw text together with the tool calls parsed from it (``tool_calls``).
 
 An env failure ends the episode with ENV_ERROR and the reason, except when the env instance
 died (UNAVAILABLE / DEADLINE_EXCEEDED): then the episode starts over from Reset with the same
@@ -35,9 +38,11 @@ from .chat_format import ChatFormat
 from .engine import GenerationEngine
 from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
 from .seeds import derive_seed
+from .tool_calls import ToolCalls, parse_tool_calls
 from .types import (
     ChatMessage,
     Completion,
+    EnvSpec,
     FinishReason,
     ResetResult,
     RolloutStats,
@@ -58,7 +63,9 @@ class EnvSession(Protocol):
 
     async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult: ...
 
-    async def step(self, action: str) -> StepOutcome: ...
+    async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
+        """``tool_calls`` is given only for an env that declares tools (see ``tool_calls``)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -82,7 +89,9 @@ class EpisodeRequest:
 class LoopConfig:
     """Budgets and sampling of every episode in a run.
 
-    max_turns: model turns per episode. max_episode_tokens: prompt + completion tokens.
+    max_turns: the job's limit of model turns per episode; None = the env's own
+    (``EnvSpec.max_turns``, or ``DEFAULT_MAX_TURNS`` when the env declares none; see
+    ``turn_limit``). max_episode_tokens: prompt + completion tokens.
     max_episode_retries: restarts of one episode after its env instance died.
     max_link_restarts: restarts of one episode after the link to the envs (EnvHub) was lost.
     max_observation_chars: the longest observation (characters) accepted from the env.
@@ -90,13 +99,26 @@ class LoopConfig:
     """
 
     sampling: SamplingParams
-    max_turns: int
+    max_turns: int | None
     max_episode_tokens: int
     env_options: Mapping[str, str] = field(default_factory=dict)
     max_episode_retries: int = 2
     max_link_restarts: int = 5
     max_observation_chars: int = 16384
     greedy: bool = False
+
+
+# Turns per episode when neither the job nor the env sets a limit (the env still ends an
+# episode whenever it says done, and max_episode_tokens bounds it too).
+DEFAULT_MAX_TURNS = 16
+
+
+def turn_limit(job_max_turns: int | None, env_max_turns: int) -> int:
+    """Model turns an episode may take: the job's max_turns when set (a cap the job chose),
+    else the env's own limit (its spec's max_turns), else ``DEFAULT_MAX_TURNS``."""
+    if job_max_turns is not None:
+        return job_max_turns
+    return env_max_turns if env_max_turns > 0 else DEFAULT_MAX_TURNS
 
 
 class EpisodeState(enum.Enum):
@@ -153,10 +175,23 @@ class _Episode:
 class AgentLoop:
     """Plays batches of episodes with one engine; knows nothing of gRPC."""
 
-    def __init__(self, engine: GenerationEngine, config: LoopConfig) -> None:
+    def __init__(
+        self, engine: GenerationEngine, config: LoopConfig, env: EnvSpec | None = None
+    ) -> None:
+        """env: the spec of the environment played (its turn limit, its tools)."""
         self.engine = engine
         self.config = config
-        self.chat = ChatFormat(engine.tokenizer)
+        self.env = env or EnvSpec()
+        self.max_turns = turn_limit(config.max_turns, self.env.max_turns)
+        self.chat = ChatFormat(engine.tokenizer, self.env.tools)
+        self._tool_names = frozenset(t.name for t in self.env.tools)
+        if self.env.tools and not self.chat.renders_tools():
+            log.warning(
+                "tools_not_rendered",
+                env=self.env.name,
+                tools=sorted(self._tool_names),
+                reason="the model's chat template ignores tools=; the model is not shown them",
+            )
 
     async def run(
         self, requests: Sequence[EpisodeRequest], *, seed: int
@@ -192,10 +227,12 @@ class AgentLoop:
         if problem := reset_problem(reset, self.config.max_observation_chars):
             ep.finish(FinishReason.ENV_ERROR, f"bad reset reply: {problem}")
             return
-        if reset.system_prompt:
-            ep.messages.append(ChatMessage("system", reset.system_prompt))
+        # The episode's own system prompt wins; the spec's stands in when Reset sends none.
+        system_prompt = reset.system_prompt or self.env.system_prompt
+        if system_prompt:
+            ep.messages.append(ChatMessage("system", system_prompt))
         ep.messages.append(ChatMessage("user", reset.observation))
-        prompt = self.chat.prompt_ids(reset.system_prompt, reset.observation)
+        prompt = self.chat.prompt_ids(system_prompt, reset.observation)
         ep.token_ids = list(prompt)
         ep.prompt_length = len(prompt)
         if len(prompt) >= self.config.max_episode_tokens:
@@ -238,7 +275,7 @@ class AgentLoop:
         action = self._decode(turn, skip_special_tokens=True)
         ep.messages.append(ChatMessage("assistant", action))
         try:
-            outcome = await ep.session.step(action)
+            outcome = await self._step(ep, action)
         except (OpenTinkerError, TimeoutError) as err:
             await self._fail(ep, f"step {ep.num_turns} failed: {err}", err)
             return
@@ -252,7 +289,7 @@ class AgentLoop:
         if outcome.done:
             ep.finish(FinishReason.ENV_DONE)
             return
-        if ep.num_turns >= self.config.max_turns:
+        if ep.num_turns >= self.max_turns:
             ep.finish(FinishReason.MAX_TURNS, f"{ep.num_turns} turns")
             return
         # Close the assistant turn with exactly one eos (the model's own, when it stopped).
@@ -268,6 +305,13 @@ class AgentLoop:
         ep.append(observation, [0.0] * len(observation), mask=0)
         ep.messages.append(ChatMessage("user", outcome.observation))
         ep.state = EpisodeState.GENERATING
+
+    async def _step(self, ep: _Episode, action: str) -> StepOutcome:
+        """Step the env with the turn's raw text; an env with tools also gets the parsed calls."""
+        if not self.env.tools:
+            return await ep.session.step(action)
+        calls = parse_tool_calls(action, self._tool_names, self.chat.tool_call_style)
+        return await ep.session.step(action, calls)
 
     async def _fail(self, ep: _Episode, what: str, err: OpenTinkerError | TimeoutError) -> None:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the

@@ -3,13 +3,20 @@
 A transcript is never re-tokenized: the model's tokens stay exactly as sampled, and only the
 new text of each turn (the env's observation) goes through the tokenizer, rendered by the
 chat template so the ids are those the model would see in a whole rendered conversation.
+The env's tools are rendered into the first prompt by the template itself (``tools=``), in
+whatever form it teaches the model (Qwen2.5: a ``# Tools`` system section).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from .tool_calls import style_of
+from .types import ToolSpec
 
 _PROBE_USER = "u"
 _PROBE_ASSISTANT = "a"
@@ -18,11 +25,25 @@ _PROBE_ASSISTANT = "a"
 class ChatFormat:
     """Prompt and observation-turn token ids for one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[ToolSpec] = ()) -> None:
+        """tools: the env's tools, rendered into every prompt by the template (``tools=``)."""
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token to close assistant turns with")
         self.tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
+        # As transformers' chat templates take them (the OpenAI "function" tool shape).
+        self._tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters or {"type": "object", "properties": {}},
+                },
+            }
+            for t in tools
+        ]
+        self.tool_call_style = style_of(getattr(tokenizer, "chat_template", None))
         closed = self._render(self._probe_conversation(), add_generation_prompt=False)
         if self.eos_token_id not in closed:
             raise ValueError(
@@ -47,7 +68,13 @@ class ChatFormat:
         messages = [{"role": "user", "content": observation}]
         if system_prompt:
             messages.insert(0, {"role": "system", "content": system_prompt})
-        return tuple(self._render(messages, add_generation_prompt=True))
+        return tuple(self._render(messages, add_generation_prompt=True, tools=self._tools))
+
+    def renders_tools(self) -> bool:
+        """True when the template shows the tools to the model (it renders ``tools=``)."""
+        probe = [{"role": "user", "content": _PROBE_USER}]
+        with_tools = self._render(probe, add_generation_prompt=True, tools=self._tools)
+        return with_tools != self._render(probe, add_generation_prompt=True)
 
     def observation_ids(self, observation: str) -> list[int]:
         """Ids that follow an assistant turn's eos: the turn's end, a user turn, a new header."""
@@ -66,8 +93,18 @@ class ChatFormat:
             {"role": "assistant", "content": _PROBE_ASSISTANT},
         ]
 
-    def _render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> list[int]:
+    def _render(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            messages,
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            return_dict=False,
         )
         return list(ids)

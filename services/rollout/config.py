@@ -28,7 +28,7 @@ class RolloutConfig(BaseModel):
     env_name: str = Field("", validate_default=True)  # required unless sampling_only
     env_options: dict[str, str] = {}
     sampling: SamplingParams = SamplingParams()
-    max_turns: int = Field(1, ge=1)
+    max_turns: int | None = Field(None, ge=1)  # None = the env's own limit (agent_loop)
     max_episode_tokens: int = Field(2048, ge=8)
     seed: int = Field(0, ge=0)
     adapter_dir: str = ""

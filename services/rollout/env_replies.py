@@ -7,11 +7,13 @@ recorded reason instead of poisoning a batch with NaN rewards or a megabyte prom
 
 from __future__ import annotations
 
+import json
 import math
 
-from opentinker.errors import OpenTinkerError, UnavailableError
+from opentinker.envhub.v1 import environment_pb2
+from opentinker.errors import InvalidArgumentError, OpenTinkerError, UnavailableError
 
-from .types import ResetResult, StepOutcome
+from .types import EnvSpec, ResetResult, StepOutcome, ToolSpec
 
 # Status codes that mean the episode's env instance died or stopped answering: the episode is
 # restarted from Reset (EnvHub routes the new Reset to a live instance). Any other failure is
@@ -54,3 +56,27 @@ def _size_problem(what: str, text: str, limit: int) -> str:
             "make the env send less (or raise the limit)"
         )
     return ""
+
+
+def env_spec_from_proto(pb: environment_pb2.EnvironmentSpec) -> EnvSpec:
+    """The domain view of an env's spec; raises InvalidArgumentError for a tool whose
+    ``parameters_json_schema`` is not a JSON object (naming the env and the tool)."""
+    tools = []
+    for tool in pb.tools:
+        try:
+            parameters = json.loads(tool.parameters_json_schema or "{}")
+        except json.JSONDecodeError as err:
+            parameters = err
+        if not isinstance(parameters, dict):
+            raise InvalidArgumentError(
+                f"environment '{pb.name}' declares tool {tool.name!r} whose "
+                f"parameters_json_schema is not a JSON object: {tool.parameters_json_schema!r}",
+                code="INVALID_ARGUMENT",
+            )
+        tools.append(ToolSpec(tool.name, tool.description, parameters))
+    return EnvSpec(
+        name=pb.name,
+        system_prompt=pb.system_prompt,
+        tools=tuple(tools),
+        max_turns=max(pb.max_turns, 0),
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from opentinker.services.common.grpc_server import aio_channel
 
 from .env_replies import EnvLinkLostError
 from .envhub_errors import stream_error
+from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.envhub_client")
@@ -383,10 +385,15 @@ class EnvHubEpisode:
         assert isinstance(reply, environment_pb2.ResetResponse)
         return ResetResult(system_prompt=reply.system_prompt, observation=reply.observation)
 
-    async def step(self, action: str) -> StepOutcome:
-        reply = await self.client.request(
-            self.episode_id, environment_pb2.StepRequest(episode_id=self.episode_id, action=action)
-        )
+    async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
+        request = environment_pb2.StepRequest(episode_id=self.episode_id, action=action)
+        if tool_calls is not None:
+            request.tool_calls.extend(
+                environment_pb2.ToolCall(name=c.name, arguments_json=json.dumps(c.arguments))
+                for c in tool_calls.calls
+            )
+            request.tool_call_errors.extend(tool_calls.errors)
+        reply = await self.client.request(self.episode_id, request)
         assert isinstance(reply, environment_pb2.StepResponse)
         return StepOutcome(
             observation=reply.observation,

@@ -25,6 +25,7 @@ from opentinker.errors import NotFoundError, OpenTinkerError, UnavailableError
 
 from .envhub_client import EnvHubClient, EnvHubEpisode
 from .envhub_errors import ENV_UNAVAILABLE
+from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.envhub_link")
@@ -197,10 +198,10 @@ class LinkedEpisode:
         self._episode = client.session(self.episode_id)
         return await self._episode.reset(seed, options)
 
-    async def step(self, action: str) -> StepOutcome:
+    async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
         if self._episode is None:
             raise RuntimeError(f"episode {self.episode_id} stepped before its reset")
-        return await self._episode.step(action)
+        return await self._episode.step(action, tool_calls)
 
     async def close(self) -> None:
         if self._episode is not None:

@@ -35,6 +35,7 @@ from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .engine import GenerationEngine, TransformersEngine
+from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .seeds import derive_seed, eval_episode_seed
 from .types import Trajectory
@@ -86,7 +87,7 @@ def run_inference(
     api_key: str | None = None,
     env_options: Mapping[str, str] | None = None,
     sampling: SamplingParams | None = None,
-    max_turns: int = 1,
+    max_turns: int | None = None,
     max_episode_tokens: int = 2048,
     seed: int = 0,
     split: str | None = None,
@@ -120,7 +121,7 @@ def run_inference(
         problems.append(f"episodes must be >= 1, got {episodes}")
     if concurrency < 1:
         problems.append(f"concurrency must be >= 1, got {concurrency}")
-    if max_turns < 1 or max_episode_tokens < 8:
+    if (max_turns is not None and max_turns < 1) or max_episode_tokens < 8:
         problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
     if problems:
         raise ConfigError("; ".join(problems))
@@ -172,8 +173,10 @@ class _InferenceRun:
             credential=self.api_key,
         )
         async with envhub:  # an unknown env or a dead EnvHub fails before the model loads
+            assert envhub.spec is not None, "an opened client has its env's spec"
+            env = env_spec_from_proto(envhub.spec)
             engine = await asyncio.to_thread(load_inference_engine, self.model, device=self.device)
-            loop = AgentLoop(engine, self.config)
+            loop = AgentLoop(engine, self.config, env)
             output.parent.mkdir(parents=True, exist_ok=True)
             records: list[dict[str, Any]] = []
             with output.open("w", encoding="utf-8") as out:

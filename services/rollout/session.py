@@ -25,13 +25,14 @@ from opentinker.spec import ModelSpec, SamplingParams
 from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
 from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
+from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
 from .inference import ADAPTER_CONFIG, load_inference_engine
 from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
 from .token_sampling import SampledTokens, sample_tokens
-from .types import FinishReason, TrajectoryBatch
+from .types import EnvSpec, FinishReason, TrajectoryBatch
 
 log = structlog.get_logger("opentinker.rollout.session")
 
@@ -67,13 +68,17 @@ class RolloutSession:
         """Check the environment is reachable, then load the model (policy version 0)."""
         if self.config is not None:
             raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
+        env = EnvSpec()
         if not config.sampling_only:
             if not self.settings.envhub_address:
                 raise FailedPreconditionError(
                     "the rollout has no EnvHub address (set envhub_address)"
                 )
-            async with self._envhub_client(config):  # fail early on an unknown/unreachable env
-                pass
+            # Fails early on an unknown/unreachable env; its spec (turn limit, tools) is read
+            # here, once per job.
+            async with self._envhub_client(config) as client:
+                assert client.spec is not None, "an opened client has its env's spec"
+                env = env_spec_from_proto(client.spec)
         try:
             engine = await asyncio.to_thread(self._load_engine, config)
         except (OSError, ValueError) as err:
@@ -91,6 +96,7 @@ class RolloutSession:
                 max_episode_retries=self.settings.max_episode_retries,
                 max_observation_chars=self.settings.max_observation_chars,
             ),
+            env,
         )
         log.info(
             "rollout_opened",
@@ -199,6 +205,7 @@ class RolloutSession:
                 greedy=temperature == 0,
                 env_options={**config.env_options, **config.eval_env_options},
             ),
+            self._loop.env,
         )
         async with self._envhub(config) as envhub:
             requests = []

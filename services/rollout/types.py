@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class FinishReason(enum.Enum):
@@ -29,6 +30,32 @@ class Completion:
 
     token_ids: list[int]
     logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the environment executes: the model calls it by name with JSON arguments.
+
+    parameters: the arguments' JSON schema (an object schema), as the chat template takes it.
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an environment declares of itself (its ``EnvironmentSpec``).
+
+    max_turns: the env's own turn limit per episode; 0 = none declared.
+    tools: rendered into the prompt by the chat template; calls are parsed from model turns.
+    """
+
+    name: str = ""
+    system_prompt: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    max_turns: int = 0
 
 
 @dataclass(frozen=True)

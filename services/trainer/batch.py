@@ -27,6 +27,7 @@ class Episode:
     finish_detail: str = ""
     num_turns: int = 1
     outcome: str = ""  # the env's info["outcome"] on its last step: win | loss | draw | ""
+    truncated_by: str = ""  # "max_turns" | "max_tokens": a rollout budget ended it, not the env
     # Multi-turn credit: the reward of each env step, and the completion-token index just after
     # the last model token of each turn (exclusive end). Empty = one turn ending at the end of
     # the completion, with ``reward``.

@@ -20,6 +20,7 @@ import structlog
 import torch
 
 from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
@@ -133,6 +134,7 @@ class RlLoop:
         self.policy_version = 0
         self.step = 0
         self.rewards: list[float] = []
+        self._truncation = TruncationWatch()  # warns once per job of cut-short episodes
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
         self.update_config = UpdateConfig.from_rl(self.rl)
@@ -251,6 +253,9 @@ class RlLoop:
             lr=lr,
         )
         metrics.update(await self._validate())
+        if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
+            self.log.warning("episodes_truncated", step=self.step, message=warning)
+            await self.reporter.report_log(warning)
         reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
         self.status.step, self.status.policy_version, self.status.last_metrics = (

@@ -273,6 +273,12 @@ def _row(t: rollout_pb2.Trajectory, seed: int) -> dict[str, Any]:
     return wire_row(row, t.completion_text)
 
 
+_TRUNCATED_BY = {
+    rollout_pb2.FINISH_REASON_MAX_TURNS: "max_turns",
+    rollout_pb2.FINISH_REASON_MAX_TOKENS: "max_tokens",
+}
+
+
 def _episode(t: rollout_pb2.Trajectory) -> Episode:
     return Episode(
         group_index=t.group_index,
@@ -286,6 +292,7 @@ def _episode(t: rollout_pb2.Trajectory) -> Episode:
         finish_detail=t.finish_detail,
         num_turns=t.num_turns,
         outcome=t.info.get("outcome", ""),
+        truncated_by=_TRUNCATED_BY.get(t.finish_reason, ""),
         turn_rewards=tuple(t.turn_rewards),
         turn_ends=tuple(t.turn_ends),
     )

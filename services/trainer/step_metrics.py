@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from opentinker.services.common.env_stats import summarize_episodes
+from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
 
 from .batch import CollectedBatch, Episode
 from .training import TrainStats
@@ -56,6 +56,8 @@ def step_metrics(
         / len(episodes),
         "episodes": float(len(episodes)),
         "env_errors": float(len(batch.episodes) - len(episodes)),
+        # Share ended by max_turns / max_episode_tokens rather than by the env (done).
+        "episodes_truncated_frac": truncated_fraction([e.truncated_by for e in episodes]),
         "time_generate_s": batch.generate_seconds,
         "time_env_s": batch.env_seconds,
         "time_train_s": times.train_s,

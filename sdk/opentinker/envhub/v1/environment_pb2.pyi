@@ -66,12 +66,24 @@ class ResetResponse(_message.Message):
     def __init__(self, system_prompt: _Optional[str] = ..., observation: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("episode_id", "action")
+    __slots__ = ("episode_id", "action", "tool_calls", "tool_call_errors")
     EPISODE_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ERRORS_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     action: str
-    def __init__(self, episode_id: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, episode_id: _Optional[str] = ..., action: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_errors: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("name", "arguments_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arguments_json: str
+    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("observation", "reward", "done", "info")

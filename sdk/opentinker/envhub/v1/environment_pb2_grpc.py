@@ -60,13 +60,18 @@ class EnvironmentServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetEnvironmentSpec(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """What the env is. EnvHub fetches it from one instance each time a rollout opens a
+        RunEpisodes stream (a job's rollout opens one when it starts and one per batch); the
+        rollout reads the turn limit and tools once, when the job's rollout opens, so every
+        instance of an env name should give the same spec.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Reset(self, request, context):
-        """Starts an episode: builds its state and returns the first observation.
+        """Starts an episode: builds its state and returns the first observation. The same seed and
+        options must give the same episode (GRPO groups share a seed; restarts reuse it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
