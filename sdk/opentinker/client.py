@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from opentinker.scheduler.v1 import (
     scheduler_pb2_grpc,
 )
 from opentinker.session_config import SessionConfig
+from opentinker.sinks import MetricSink, close_all, write_all
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, to_proto
 from opentinker.training_session import TrainingSession, wait_until_serving
 
@@ -188,18 +189,25 @@ class Client:
         spec: JobSpec,
         *,
         on_event: Callable[[JobEvent], None] | None = None,
+        sinks: Sequence[MetricSink] = (),
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> JobInfo:
         """Submit a job and follow it to the end; the trainer drives everything server-side.
 
-        ``on_event`` sees every state change and step metric as it happens. Returns the
-        finished job; raises JobFailedError (with the reason) if it FAILED or was CANCELLED.
+        ``on_event`` sees every state change and step metric as it happens; each of ``sinks``
+        (``opentinker.sinks``: jsonl, TensorBoard, W&B offline) records them and is closed when
+        the watch ends. Returns the finished job; raises JobFailedError (with the reason) if it
+        FAILED or was CANCELLED.
         """
         job = self.submit(spec, request_id=request_id)
-        for event in self.watch(job.job_id, timeout=timeout):
-            if on_event is not None:
-                on_event(event)
+        try:
+            for event in self.watch(job.job_id, timeout=timeout):
+                write_all(list(sinks), event)
+                if on_event is not None:
+                    on_event(event)
+        finally:
+            close_all(list(sinks))
         return self._succeeded(job.job_id)
 
     def infer(
