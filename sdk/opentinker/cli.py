@@ -147,6 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         console=console,
         scheduler_port=args.scheduler_port,
         envhub_port=args.envhub_port,
+        dashboard_port=None if args.dashboard_port < 0 else args.dashboard_port,
     )
 
 
@@ -254,6 +255,9 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             p.add_argument("--scheduler-port", type=int, default=50051)
             p.add_argument("--envhub-port", type=int, default=50052)
+            p.add_argument(
+                "--dashboard-port", type=int, default=8080, help="the web dashboard's; -1 = none"
+            )
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)
