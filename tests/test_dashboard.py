@@ -97,9 +97,9 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     base = mesh.dashboard_url.rstrip("/")
 
     # Another tenant's job: it exists, but the local user must never see it.
-    with opentinker.Client(mesh.scheduler_address, api_key=other_tenant_key(mesh)) as bob:
-        hidden = bob.submit(letter_job(letter_model_dir, name="bobs-secret", steps=2))
-        bob.cancel(hidden.job_id)
+    bob = opentinker.Client(mesh.scheduler_address, api_key=other_tenant_key(mesh), timeout=10)
+    hidden = bob.submit(letter_job(letter_model_dir, name="bobs-secret", steps=2))
+    bob.cancel(hidden.job_id)
 
     # The local user's job, followed by a client writing jsonl and TensorBoard sinks.
     sink_dir = tmp_path_factory.mktemp("sinks")
@@ -139,14 +139,28 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     assert browser.find_element(By.ID, "job-state").text == "RUNNING"
     browser.save_screenshot(str(shots / "2-job-live-charts.png"))
 
+    # Workers, devices and leases: the user sees the lease of their job; bob sees the device
+    # held but not by which job, nor that job's progress.
+    browser.get(base + "/workers")
+    assert job.job_id in browser.find_element(By.ID, "workers").text
+    browser.save_screenshot(str(shots / "3-workers.png"))
+    held = [d for w in bob.workers() for d in w.devices if d.leased]
+    assert held and all(d.job_id == "" and d.lease_id == "" for d in held), held
+    assert bob.jobs_progress([job.job_id]) == {}
+    assert client.jobs_progress([job.job_id])[job.job_id].step >= seen
+    browser.get(base + "/")  # the jobs table shows the running job's last reward and step
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-job-id="{job.job_id}"]').text
+    assert "RUNNING" in row and "—" not in row and "/400" in row, row
+
     # Cancel from the page: the scheduler cancels the job and the page shows it.
+    browser.get(f"{base}/jobs/{job.job_id}")
     browser.find_element(By.ID, "cancel").click()
     browser.switch_to.alert.accept()
     wait_for(lambda: browser.find_element(By.ID, "job-state").text == "CANCELLED",
              timeout=60, what="the page to show CANCELLED")  # fmt: skip
     assert client.get_job(job.job_id).state == "CANCELLED"
     assert "dashboard" in client.get_job(job.job_id).reason
-    browser.save_screenshot(str(shots / "3-job-cancelled.png"))
+    browser.save_screenshot(str(shots / "4-job-cancelled.png"))
 
     # Bob's job is not there for the local user, by page or by event stream.
     browser.get(f"{base}/jobs/{hidden.job_id}")
@@ -161,7 +175,7 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
 
     browser.get(base + "/environments")
     assert "letter" in browser.find_element(By.ID, "environments").text
-    browser.save_screenshot(str(shots / "4-environments.png"))
+    browser.save_screenshot(str(shots / "5-environments.png"))
     print("dashboard screenshots:", *sorted(str(p) for p in shots.iterdir()), sep="\n  ")
 
     # The client's sinks saw the same run through WatchJob.
@@ -176,3 +190,4 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     reader.Reload()
     assert [s.value for s in reader.Scalars("reward_mean")] == pytest.approx(rewards)
     client.close()
+    bob.close()

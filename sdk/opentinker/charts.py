@@ -9,6 +9,7 @@ PANELS: list[tuple[str, list[str]]] = [
     ("loss", ["loss", "train/loss", "val/loss"]),
     ("entropy", ["entropy"]),
     ("KL to the reference", ["kl"]),
+    ("environment", ["env_reward_mean", "env_win_rate", "env_turns_mean"]),
 ]
 STEP_TIME_PARTS = [
     "time_generate_s",

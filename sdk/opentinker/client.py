@@ -20,7 +20,7 @@ import grpc
 
 from opentinker.connection import Connection
 from opentinker.errors import ConfigError, JobFailedError, OpenTinkerError, from_rpc_error
-from opentinker.jobs import JobEvent, JobInfo
+from opentinker.jobs import JobEvent, JobInfo, StepProgress
 from opentinker.scheduler.v1 import (
     identity_pb2,
     identity_pb2_grpc,
@@ -96,6 +96,19 @@ class Client:
         request = scheduler_pb2.ListJobsRequest(page_size=page_size)
         for job in self._conn.pages(self._stub.ListJobs, request, "jobs", timeout):
             yield JobInfo.from_proto(job)
+
+    def workers(self, *, timeout: float | None = None) -> list[scheduler_pb2.WorkerStatus]:
+        """Connected workers with their devices; a lease shows its job only to its tenant."""
+        request = scheduler_pb2.ListWorkersRequest(page_size=100)
+        return list(self._conn.pages(self._stub.ListWorkers, request, "workers", timeout))
+
+    def jobs_progress(
+        self, job_ids: list[str], *, timeout: float | None = None
+    ) -> dict[str, StepProgress]:
+        """The last step of each of your jobs among ``job_ids`` (at most 500) that has one."""
+        request = scheduler_pb2.GetJobsProgressRequest(job_ids=job_ids)
+        reply = self._call(self._stub.GetJobsProgress, request, timeout)
+        return {job_id: StepProgress.from_proto(s) for job_id, s in reply.last_step.items()}
 
     def cancel(self, job_id: str, *, reason: str = "", timeout: float | None = None) -> JobInfo:
         request = scheduler_pb2.CancelJobRequest(

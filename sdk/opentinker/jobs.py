@@ -107,3 +107,16 @@ class JobEvent:
         if which == "row":
             return cls(seq, at, kind="row", row=json.loads(ev.row.json))
         return cls(seq, at, kind="log", message=ev.log.message if which == "log" else "")
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """The last step a job reported: its number, weights version and metrics."""
+
+    step: int
+    policy_version: int
+    metrics: dict[str, float]
+
+    @classmethod
+    def from_proto(cls, step: common_pb2.StepMetrics) -> StepProgress:
+        return cls(step.step, step.policy_version, dict(step.metrics))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/jobs/{job_id}/events", pages.job_events),
         Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
         Route("/environments", pages.environments),
+        Route("/workers", pages.workers),
         Route("/healthz", lambda _: PlainTextResponse("ok")),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -161,6 +163,12 @@ class Pages:
             return self._render(request, "error.html", signed, message=err.message, status=404)
         log.info("cancelled", job_id=job.job_id, user_id=signed.user_id)
         return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+    async def workers(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        workers = await run_in_threadpool(signed.client.workers)
+        return self._render(request, "workers.html", signed, workers=workers, now=time.time())
 
     async def environments(self, request: Request) -> Response:
         if (signed := self._signed_in(request)) is None:

@@ -18,9 +18,9 @@ class JobRow:
     """One line of the jobs page."""
 
     job: JobInfo
-    steps_done: int  # steps reported so far, all attempts (GetUsage)
-    device_seconds: float
-    reward: float | None  # the final mean reward once the job has one
+    steps_done: int  # the last step reported (GetJobsProgress)
+    device_seconds: float  # all attempts (GetUsage)
+    reward: float | None  # the last step's mean reward, or the final one
 
     @property
     def progress(self) -> float | None:
@@ -34,22 +34,24 @@ class JobRow:
 
 
 def job_rows(client: Client, *, limit: int = 100) -> list[JobRow]:
-    """The caller's jobs, newest first, with their usage (steps, device-seconds)."""
+    """The caller's jobs, newest first, with their last step and usage (device-seconds)."""
     jobs = []
     for job in client.list_jobs():
         jobs.append(job)
         if len(jobs) >= limit:
             break
     usage = {u.job_id: u.usage for t in client.usage(max_jobs=limit) for u in t.jobs}
+    progress = client.jobs_progress([job.job_id for job in jobs])
     rows = []
     for job in jobs:
-        used = usage.get(job.job_id)
+        used, last = usage.get(job.job_id), progress.get(job.job_id)
+        reward = last.metrics.get("reward_mean") if last else None
         rows.append(
             JobRow(
                 job=job,
-                steps_done=int(used.steps) if used else 0,
+                steps_done=last.step if last else 0,
                 device_seconds=used.device_seconds if used else 0.0,
-                reward=job.final_metrics.get("reward_mean"),
+                reward=job.final_metrics.get("reward_mean", reward),
             )
         )
     return rows

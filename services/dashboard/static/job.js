@@ -12,7 +12,10 @@
       options: {
         animation: false, maintainAspectRatio: false, parsing: false,
         plugins: { title: { display: true, text: title } },
-        scales: { x: { type: "linear", title: { display: true, text: "step" } } },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "step" } },
+          y: { ticks: { callback: (v) => +Number(v).toPrecision(3) } },
+        },
         elements: { point: { radius: 0 } },
       },
     });
