@@ -5,10 +5,14 @@ downloaded). Screenshots go to a tmp folder; their paths are printed."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -176,7 +180,28 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     browser.get(base + "/environments")
     assert "letter" in browser.find_element(By.ID, "environments").text
     browser.save_screenshot(str(shots / "5-environments.png"))
-    print("dashboard screenshots:", *sorted(str(p) for p in shots.iterdir()), sep="\n  ")
+
+    # A wrong key gets the sign-in form back with the scheduler's reason, and no cookie.
+    form = urllib.parse.urlencode({"api_key": "otk_not-a-key"}).encode()
+    with urllib.request.urlopen(base + "/login", data=form, timeout=10) as page:
+        assert b'id="login-error"' in page.read() and "set-cookie" not in page.headers
+
+    # The CLI replays the run into sinks and draws it: tail (exit 1: CANCELLED) and plot.
+    cli = [sys.executable, "-m", "opentinker", "--scheduler", mesh.scheduler_address]
+    as_user = {**os.environ, "OPENTINKER_API_KEY": mesh.api_key, "WANDB_MODE": "offline"}
+    tail = subprocess.run(
+        [*cli, "tail", job.job_id, "--jsonl", "tail.jsonl", "--tensorboard", "tail-tb", "--wandb"],
+        capture_output=True, text=True, timeout=120, env=as_user, cwd=sink_dir,
+    )  # fmt: skip
+    assert tail.returncode == 1 and "CANCELLED" in tail.stdout, tail.stdout + tail.stderr
+    assert "reward" in tail.stdout and "ETA" in tail.stdout  # the live footer's last frame
+    assert list((sink_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert list((sink_dir / "tail-tb").glob("events.out.tfevents.*"))
+    replayed = (sink_dir / "tail.jsonl").read_text().splitlines()
+    plot = subprocess.run([*cli, "plot", job.job_id, "-o", str(shots / "6-curves.png")],
+                          capture_output=True, text=True, timeout=120, env=as_user)  # fmt: skip
+    assert plot.returncode == 0, plot.stdout + plot.stderr
+    assert (shots / "6-curves.png").read_bytes()[:4] == b"\x89PNG"
 
     # The client's sinks saw the same run through WatchJob.
     follower.join(timeout=30)
@@ -184,6 +209,7 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     rows = [json.loads(line) for line in (sink_dir / "run.jsonl").read_text().splitlines()]
     rewards = [r["metrics"]["reward_mean"] for r in rows if r["kind"] == "step"]
     assert len(rewards) >= seen + 2 and rows[-1]["state"] == "CANCELLED"
+    assert [json.loads(line) for line in replayed] == rows  # the late tail: the same events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     reader = EventAccumulator(str(sink_dir / "tb"))
@@ -191,3 +217,4 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     assert [s.value for s in reader.Scalars("reward_mean")] == pytest.approx(rewards)
     client.close()
     bob.close()
+    print("dashboard screenshots:", *sorted(str(p) for p in shots.iterdir()), sep="\n  ")
