@@ -72,3 +72,18 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path: Path, monkeypatch) -> Non
     while b"0.75" not in (records := log.read_bytes()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert b"reward_mean" in records and b"0.75" in records and b"time_train_s" in records
+
+
+def test_the_sdk_and_its_sinks_import_without_the_optional_packages() -> None:
+    """Importing the CLI and the sinks module pulls in none of torch, TensorBoard, W&B or
+    matplotlib: each is imported when a sink or a plot is made."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, opentinker, opentinker.cli, opentinker.sinks, opentinker.live_view;"
+        "print(sorted(m for m in ('torch', 'tensorboard', 'wandb', 'matplotlib') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -60,9 +60,9 @@ def jobs_table(jobs: list[JobInfo], *, width: int = 120) -> Table:
     widths["reason"] = max(8, room_for_reason())
     table = Table(title="jobs")
     for header in shown:
-        right = "right" if header in ("att.", "budget", "reward") else "left"
+        justify: JustifyMethod = "right" if header in ("att.", "budget", "reward") else "left"
         table.add_column(
-            header, justify=right, no_wrap=True, overflow="ellipsis", max_width=widths[header]
+            header, justify=justify, no_wrap=True, overflow="ellipsis", max_width=widths[header]
         )
     for row in rows:
         table.add_row(*(row[h] for h in shown))
