@@ -21,7 +21,7 @@ import pytest
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.admin import AdminClient
-from opentinker.errors import JobFailedError
+from opentinker.errors import InvalidArgumentError, JobFailedError
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
 from opentinker.sinks import JsonlSink, TensorBoardSink
@@ -152,6 +152,8 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     assert held and all(d.job_id == "" and d.lease_id == "" for d in held), held
     assert bob.jobs_progress([job.job_id]) == {}
     assert client.jobs_progress([job.job_id])[job.job_id].step >= seen
+    with pytest.raises(InvalidArgumentError, match="at most 500"):
+        client.jobs_progress([f"job-{i}" for i in range(501)])
     browser.get(base + "/")  # the jobs table shows the running job's last reward and step
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-job-id="{job.job_id}"]').text
     assert "RUNNING" in row and "—" not in row and "/400" in row, row
