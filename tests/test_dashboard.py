@@ -168,10 +168,20 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     assert "dashboard" in client.get_job(job.job_id).reason
     browser.save_screenshot(str(shots / "4-job-cancelled.png"))
 
+    # The event stream resumes after the event the browser names, sending nothing twice.
+    cookie = browser.get_cookie("opentinker_session")["value"]
+    resumed = urllib.request.Request(
+        f"{base}/jobs/{job.job_id}/events",
+        headers={"Cookie": f"opentinker_session={cookie}", "Last-Event-ID": "3"},
+    )
+    with urllib.request.urlopen(resumed, timeout=30) as stream:
+        body = stream.read().decode()
+    ids = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
+    assert ids[0] == 4 and ids == list(range(4, 4 + len(ids))) and "event: end" in body
+
     # Bob's job is not there for the local user, by page or by event stream.
     browser.get(f"{base}/jobs/{hidden.job_id}")
     assert "bobs-secret" not in browser.page_source and "not found" in browser.page_source.lower()
-    cookie = browser.get_cookie("opentinker_session")["value"]
     request = urllib.request.Request(
         f"{base}/jobs/{hidden.job_id}/events", headers={"Cookie": f"opentinker_session={cookie}"}
     )
