@@ -71,9 +71,12 @@ class Pages:
     ) -> None:
         self.settings, self.sign_ins, self.templates = settings, sign_ins, templates
 
-    def _render(self, request: Request, name: str, signed: SignedIn | None, **context) -> Response:
+    def _render(
+        self, request: Request, name: str, signed: SignedIn | None, *, status: int = 200,
+        **context,
+    ) -> Response:  # fmt: skip
         context.update(signed=signed)
-        return self.templates.TemplateResponse(request, name, context)
+        return self.templates.TemplateResponse(request, name, context, status_code=status)
 
     def _signed_in(self, request: Request) -> SignedIn | None:
         return self.sign_ins.get(request.cookies.get(COOKIE))
