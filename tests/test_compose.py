@@ -23,7 +23,7 @@ def compose() -> compose_spec.PyCompose:
 def test_it_parses_and_has_the_single_node_services(compose) -> None:
     assert compose.validate() is None
     compose.to_spec()  # full schema validation
-    assert set(compose.service_names()) == {"redis", "scheduler", "envhub", "worker"}
+    assert set(compose.service_names()) == {"redis", "scheduler", "envhub", "worker", "dashboard"}
 
 
 def test_redis_persists_to_a_volume(compose) -> None:
@@ -42,7 +42,7 @@ def test_worker_reserves_the_gpus(compose) -> None:
 
 def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -> None:
     parser = build_parser()
-    for name in ("scheduler", "envhub", "worker"):
+    for name in ("scheduler", "envhub", "worker", "dashboard"):
         service = compose.services[name]
         dockerfile = (COMPOSE.parent / service.build.context / service.build.dockerfile).resolve()
         assert dockerfile.is_file(), dockerfile

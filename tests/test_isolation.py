@@ -112,6 +112,12 @@ def scheduler_calls(job_id: str) -> dict[str, Call]:
             scheduler_pb2.CancelJobRequest(job_id=job_id, reason="iso"), timeout=5
         ),
         "SchedulerService/WatchJob": watch,
+        "SchedulerService/ListWorkers": lambda ch: sched(ch).ListWorkers(
+            scheduler_pb2.ListWorkersRequest(), timeout=5
+        ),
+        "SchedulerService/GetJobsProgress": lambda ch: sched(ch).GetJobsProgress(
+            scheduler_pb2.GetJobsProgressRequest(job_ids=[job_id]), timeout=5
+        ),
         "SchedulerService/GetUsage": lambda ch: sched(ch).GetUsage(
             scheduler_pb2.GetUsageRequest(), timeout=5
         ),
@@ -229,6 +235,8 @@ def test_every_scheduler_rpc_admits_exactly_its_callers(redis_url: str) -> None:
                         want = expected_for_scheduler(caller, method)
                         if code != want:
                             failures.append(f"{caller} -> {method}: got {code}, want {want}")
+                        if caller == "other_tenant" and method.endswith("GetJobsProgress"):
+                            assert reply is not None and job.job_id not in reply.last_step
                         if caller == "other_tenant" and method.endswith("ListJobs"):
                             # Only its own job (submitted a row above), never acme's.
                             assert reply is not None

@@ -1,5 +1,5 @@
-"""The ``opentinker`` command: submit | jobs | cancel | tail | whoami | admin | serve | up | demo
-| data | infer.
+"""The ``opentinker`` command: submit | jobs | cancel | tail | plot | whoami | admin | serve | up
+| demo | data | infer.
 
 Prints for people; every command exits non-zero with a one-line reason on failure. The API key
 comes from ``--api-key`` or ``$OPENTINKER_API_KEY``.
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.live import Live
 
 from opentinker.admin_cli import add_admin_commands
 from opentinker.auth import API_KEY_ENV
@@ -21,11 +22,20 @@ from opentinker.client import DEFAULT_ADDRESS, Client
 from opentinker.console import jobs_table, print_event, usage_table
 from opentinker.errors import OpenTinkerError
 from opentinker.infer_cli import add_infer_command
+from opentinker.live_view import TailView
 from opentinker.scheduler.v1 import identity_pb2
+from opentinker.sinks import (
+    JsonlSink,
+    MetricSink,
+    TensorBoardSink,
+    WandbSink,
+    close_all,
+    write_all,
+)
 from opentinker.spec import parse_job_spec
 
 console = Console()
-SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout")
+SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout", "dashboard")
 
 
 def _address(args: argparse.Namespace) -> str:
@@ -56,7 +66,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         jobs = list(client.list_jobs())
-    console.print(jobs_table(jobs))
+    console.print(jobs_table(jobs, width=console.width))
     return 0
 
 
@@ -67,14 +77,49 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sinks(args: argparse.Namespace) -> list[MetricSink]:
+    """The metric sinks ``tail`` was asked to write (each imports its package when made)."""
+    sinks: list[MetricSink] = []
+    if args.jsonl:
+        sinks.append(JsonlSink(args.jsonl))
+    if args.tensorboard:
+        sinks.append(TensorBoardSink(args.tensorboard))
+    if args.wandb:
+        sinks.append(WandbSink(project=args.wandb_project, name=args.job_id, directory="."))
+    return sinks
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
-    """Stream a job's events live; a late tail replays the whole run first."""
+    """Stream a job's events live, with a progress bar, ETA and reward sparkline below them;
+    a late tail replays the whole run first. Sinks record every event."""
     with _client(args) as client:
+        job = client.get_job(args.job_id)
+        view = TailView(job_id=job.job_id, step_budget=job.step_budget)
+        sinks = _sinks(args)
         last = None
-        for event in client.watch(args.job_id, from_seq=args.from_seq):
-            print_event(console, event, every=args.every)
-            last = event
+        try:
+            with Live(view.render(), console=console, auto_refresh=False) as live:
+                for event in client.watch(args.job_id, from_seq=args.from_seq):
+                    write_all(sinks, event)
+                    print_event(console, event, every=args.every)
+                    view.update(event)
+                    live.update(view.render(), refresh=True)
+                    last = event
+        finally:
+            close_all(sinks)
     return 0 if last is not None and last.state == "SUCCEEDED" else 1
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Replay a job's events and draw its curves into a PNG."""
+    from opentinker.plot import plot_curves  # needs the plot extra (matplotlib)
+
+    with _client(args) as client:
+        job = client.get_job(args.job_id)
+        steps = [e for e in client.watch(args.job_id) if e.kind == "step"]
+    path = plot_curves(steps, Path(args.output), title=f"{job.job_id} {job.name} ({job.state})")
+    console.print(f"wrote {path} ({len(steps)} steps)")
+    return 0
 
 
 def cmd_usage(args: argparse.Namespace) -> int:
@@ -102,6 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         console=console,
         scheduler_port=args.scheduler_port,
         envhub_port=args.envhub_port,
+        dashboard_port=None if args.dashboard_port < 0 else args.dashboard_port,
     )
 
 
@@ -180,7 +226,16 @@ def _add_job_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job_id")
     p.add_argument("--from-seq", type=int, default=1, help="replay from this event (default: all)")
     p.add_argument("--every", type=int, default=1, help="show every Nth step")
+    p.add_argument("--jsonl", help="also append every event to this jsonl file")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write TensorBoard event files")
+    p.add_argument("--wandb", action="store_true", help="also log to an offline W&B run (./wandb)")
+    p.add_argument("--wandb-project", default="opentinker")
     p.set_defaults(func=cmd_tail)
+
+    p = sub.add_parser("plot", help="draw a job's reward, loss, entropy and step-time curves")
+    p.add_argument("job_id")
+    p.add_argument("-o", "--output", default="curves.png", help="the PNG to write")
+    p.set_defaults(func=cmd_plot)
 
 
 def _add_local_commands(sub: argparse._SubParsersAction) -> None:
@@ -200,6 +255,9 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             p.add_argument("--scheduler-port", type=int, default=50051)
             p.add_argument("--envhub-port", type=int, default=50052)
+            p.add_argument(
+                "--dashboard-port", type=int, default=8080, help="the web dashboard's; -1 = none"
+            )
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)

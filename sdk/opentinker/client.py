@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import grpc
 
 from opentinker.connection import Connection
 from opentinker.errors import ConfigError, JobFailedError, OpenTinkerError, from_rpc_error
-from opentinker.jobs import JobEvent, JobInfo
+from opentinker.jobs import JobEvent, JobInfo, StepProgress
 from opentinker.scheduler.v1 import (
     identity_pb2,
     identity_pb2_grpc,
@@ -28,6 +28,7 @@ from opentinker.scheduler.v1 import (
     scheduler_pb2_grpc,
 )
 from opentinker.session_config import SessionConfig
+from opentinker.sinks import MetricSink, close_all, write_all
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, to_proto
 from opentinker.training_session import TrainingSession, wait_until_serving
 
@@ -95,6 +96,19 @@ class Client:
         request = scheduler_pb2.ListJobsRequest(page_size=page_size)
         for job in self._conn.pages(self._stub.ListJobs, request, "jobs", timeout):
             yield JobInfo.from_proto(job)
+
+    def workers(self, *, timeout: float | None = None) -> list[scheduler_pb2.WorkerStatus]:
+        """Connected workers with their devices; a lease shows its job only to its tenant."""
+        request = scheduler_pb2.ListWorkersRequest(page_size=100)
+        return list(self._conn.pages(self._stub.ListWorkers, request, "workers", timeout))
+
+    def jobs_progress(
+        self, job_ids: list[str], *, timeout: float | None = None
+    ) -> dict[str, StepProgress]:
+        """The last step of each of your jobs among ``job_ids`` (at most 500) that has one."""
+        request = scheduler_pb2.GetJobsProgressRequest(job_ids=job_ids)
+        reply = self._call(self._stub.GetJobsProgress, request, timeout)
+        return {job_id: StepProgress.from_proto(s) for job_id, s in reply.last_step.items()}
 
     def cancel(self, job_id: str, *, reason: str = "", timeout: float | None = None) -> JobInfo:
         request = scheduler_pb2.CancelJobRequest(
@@ -188,18 +202,25 @@ class Client:
         spec: JobSpec,
         *,
         on_event: Callable[[JobEvent], None] | None = None,
+        sinks: Sequence[MetricSink] = (),
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> JobInfo:
         """Submit a job and follow it to the end; the trainer drives everything server-side.
 
-        ``on_event`` sees every state change and step metric as it happens. Returns the
-        finished job; raises JobFailedError (with the reason) if it FAILED or was CANCELLED.
+        ``on_event`` sees every state change and step metric as it happens; each of ``sinks``
+        (``opentinker.sinks``: jsonl, TensorBoard, W&B offline) records them and is closed when
+        the watch ends. Returns the finished job; raises JobFailedError (with the reason) if it
+        FAILED or was CANCELLED.
         """
         job = self.submit(spec, request_id=request_id)
-        for event in self.watch(job.job_id, timeout=timeout):
-            if on_event is not None:
-                on_event(event)
+        try:
+            for event in self.watch(job.job_id, timeout=timeout):
+                write_all(list(sinks), event)
+                if on_event is not None:
+                    on_event(event)
+        finally:
+            close_all(list(sinks))
         return self._succeeded(job.job_id)
 
     def infer(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
+from rich.text import Text
 
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.scheduler.v1 import scheduler_pb2
@@ -35,18 +36,53 @@ STEP_COLUMNS = [
 ]
 
 
-def jobs_table(jobs: list[JobInfo]) -> Table:
-    table = Table(title="jobs", show_lines=False)
-    for column in ("job", "name", "state", "attempt", "created", "reason / checkpoint"):
-        table.add_column(column)
-    for job in jobs:
-        created = dt.datetime.fromtimestamp(job.created_unix_s).strftime("%Y-%m-%d %H:%M:%S")
-        detail = job.checkpoint_uri if job.state == "SUCCEEDED" else job.reason
-        style = STATE_STYLE.get(job.state, "")
-        table.add_row(
-            job.job_id, job.name, f"[{style}]{job.state}[/]", str(job.attempt), created, detail
+JOB_HEADERS = ("job", "name", "state", "kind", "att.", "budget", "reward", "created", "reason")
+DROP_WHEN_NARROW = ("created", "kind", "budget", "att.")  # the first goes first
+
+
+def jobs_table(jobs: list[JobInfo], *, width: int = 120) -> Table:
+    """One line per job that fits a terminal ``width`` characters wide: ids, states and
+    figures keep their width (less useful columns go when it is narrow); the name and the
+    reason/checkpoint shrink with an ellipsis."""
+    rows = [dict(zip(JOB_HEADERS, _job_row(job), strict=True)) for job in jobs]
+    widths = {h: max([len(h)] + [len(Text.from_markup(r[h]).plain) for r in rows])
+              for h in JOB_HEADERS}  # fmt: skip
+    widths["name"] = min(widths["name"], 24)
+    shown = list(JOB_HEADERS)
+
+    def room_for_reason() -> int:  # "│ " before each cell, " " after, a closing "│"
+        return width - (3 * len(shown) + 1) - sum(widths[h] for h in shown if h != "reason")
+
+    for header in DROP_WHEN_NARROW:
+        if room_for_reason() >= 12:
+            break
+        shown.remove(header)
+    widths["reason"] = max(8, room_for_reason())
+    table = Table(title="jobs")
+    for header in shown:
+        justify: JustifyMethod = "right" if header in ("att.", "budget", "reward") else "left"
+        table.add_column(
+            header, justify=justify, no_wrap=True, overflow="ellipsis", max_width=widths[header]
         )
+    for row in rows:
+        table.add_row(*(row[h] for h in shown))
     return table
+
+
+def _job_row(job: JobInfo) -> list[str]:
+    created = dt.datetime.fromtimestamp(job.created_unix_s).strftime("%m-%d %H:%M")
+    reward = job.final_metrics.get("reward_mean")
+    return [
+        job.job_id,
+        job.name,
+        f"[{STATE_STYLE.get(job.state, '')}]{job.state}[/]",
+        job.kind.lower(),
+        str(job.attempt),
+        str(job.step_budget or "—"),
+        "—" if reward is None else f"{reward:.3f}",
+        created,
+        job.checkpoint_uri if job.state == "SUCCEEDED" else job.reason,
+    ]
 
 
 def format_event(event: JobEvent) -> str:

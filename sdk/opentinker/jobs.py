@@ -31,6 +31,9 @@ class JobInfo:
     updated_unix_s: float
     final_metrics: dict[str, float] = field(default_factory=dict)
     endpoint: str = ""  # a session job's trainer (host:port) while it runs
+    tenant_id: str = ""
+    kind: str = ""  # RL | SFT | INFERENCE | SESSION
+    step_budget: int = 0  # the optimizer steps the spec asks for (RL/SFT); 0 = not known
 
     @property
     def done(self) -> bool:
@@ -50,6 +53,9 @@ class JobInfo:
             updated_unix_s=job.updated_unix_s,
             final_metrics=dict(job.final_metrics),
             endpoint=job.endpoint,
+            tenant_id=job.tenant_id,
+            kind=common_pb2.JobKind.Name(job.spec.kind).removeprefix("JOB_KIND_"),
+            step_budget=job.spec.sft.steps if job.spec.HasField("sft") else job.spec.rl.steps,
         )
 
 
@@ -101,3 +107,16 @@ class JobEvent:
         if which == "row":
             return cls(seq, at, kind="row", row=json.loads(ev.row.json))
         return cls(seq, at, kind="log", message=ev.log.message if which == "log" else "")
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """The last step a job reported: its number, weights version and metrics."""
+
+    step: int
+    policy_version: int
+    metrics: dict[str, float]
+
+    @classmethod
+    def from_proto(cls, step: common_pb2.StepMetrics) -> StepProgress:
+        return cls(step.step, step.policy_version, dict(step.metrics))

@@ -57,8 +57,10 @@ def run_up(
     console: Console,
     scheduler_port: int = 50051,
     envhub_port: int = 50052,
+    dashboard_port: int | None = 8080,
 ) -> int:
-    """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM."""
+    """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM.
+    ``dashboard_port``: the web dashboard's (None = no dashboard)."""
     _quiet_logs()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -67,11 +69,14 @@ def run_up(
         redis_url=redis_url,
         scheduler_port=scheduler_port,
         envhub_port=envhub_port,
+        dashboard_port=dashboard_port,
     )
     with LocalMesh(settings) as mesh:
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
-            f"  redis {mesh.redis_url}\nlogs in {mesh.log_dir}\n"
+            f"  redis {mesh.redis_url}\n"
+            f"dashboard {mesh.dashboard_url or 'off'} (sign in with your API key)\n"
+            f"logs in {mesh.log_dir}\n"
             f"your API key (tenant 'local') is in {mesh.secrets_dir / 'api.key'}; the admin key "
             f"in {mesh.secrets_dir / 'admin.key'}\n"
             f"export OPENTINKER_API_KEY=$(cat {mesh.secrets_dir / 'api.key'})\n"

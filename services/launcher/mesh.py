@@ -32,6 +32,8 @@ class MeshSettings(BaseModel):
     host: str = "127.0.0.1"
     scheduler_port: int = 0  # 0 = pick a free port
     envhub_port: int = 0
+    # The web dashboard's HTTP port: None = no dashboard, 0 = a free port.
+    dashboard_port: int | None = None
     # Jobs the worker runs at once. One per core, at most 4: a job's two processes alternate
     # between CPU-bound work (generate, train) and waiting (env, gRPC, weight sync, the
     # scheduler), so one job per core keeps the cores busy with no job starved below a core on
@@ -56,6 +58,7 @@ class LocalMesh:
         self.redis: RedisProcess | None = None  # the embedded one, when the mesh started it
         self.scheduler_address = ""
         self.envhub_address = ""
+        self.dashboard_url = ""  # http://host:port/ when the mesh runs a dashboard
         self.secrets_dir = self.run_root / "secrets"
         self.api_key = ""  # the local user's, once started (also in secrets/api.key)
 
@@ -110,12 +113,31 @@ class LocalMesh:
             key_file=self.secrets_dir / "api.key",
         )
         self.start_worker()
+        if s.dashboard_port is not None:
+            self.start_dashboard(s.dashboard_port or free_port(s.host))
         log.info(
             "mesh.up",
             scheduler=self.scheduler_address,
             envhub=self.envhub_address,
+            dashboard=self.dashboard_url,
             logs=str(self.log_dir),
         )
+
+    def start_dashboard(self, port: int) -> ServiceProcess:
+        """Start the web dashboard on ``port`` and wait until it answers."""
+        proc = self._start(
+            "dashboard",
+            "opentinker.services.dashboard",
+            {
+                "OPENTINKER_DASHBOARD_HOST": self.settings.host,
+                "OPENTINKER_DASHBOARD_PORT": str(port),
+                "OPENTINKER_DASHBOARD_SCHEDULER_ADDRESS": self.scheduler_address,
+                "OPENTINKER_DASHBOARD_ENVHUB_ADDRESS": self.envhub_address,
+            },
+        )
+        self.dashboard_url = f"http://{self.settings.host}:{port}/"
+        proc.wait_http(self.dashboard_url + "healthz", timeout_s=self.settings.startup_timeout_s)
+        return proc
 
     def start_worker(self) -> ServiceProcess:
         """Start a worker agent (again, e.g. after one died: its jobs resume on this one)."""

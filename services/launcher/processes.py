@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,11 +80,7 @@ class ServiceProcess:
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
-                if not self.alive():
-                    raise RuntimeError(
-                        f"{self.name} exited with code {self.process.returncode} while starting; "
-                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                    )
+                self._fail_if_dead()
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -95,6 +92,25 @@ class ServiceProcess:
             f"{self.name} at {self.address} was not SERVING within {timeout_s:.0f} s; "
             f"see {self.log_path}:\n{log_tail(self.log_path)}"
         )
+
+    def _fail_if_dead(self) -> None:
+        if not self.alive():
+            raise RuntimeError(
+                f"{self.name} exited with code {self.process.returncode} while starting; "
+                f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            )
+
+    def wait_http(self, url: str, *, timeout_s: float = 60.0) -> None:
+        """Block until ``url`` answers 200 (an HTTP service); fail fast if the process died."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._fail_if_dead()
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as reply:
+                if reply.status == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} did not answer {url} within {timeout_s:.0f} s; "
+                           f"see {self.log_path}:\n{log_tail(self.log_path)}")  # fmt: skip
 
     def stop(self, *, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL it after ``grace_s``."""

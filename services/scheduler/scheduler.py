@@ -42,6 +42,7 @@ from opentinker.services.scheduler.job_store import (
     JobPage,
     state_name,
 )
+from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
@@ -105,6 +106,7 @@ class Scheduler:
             mark_running=self._mark_running,
             reconnect_grace_s=reconnect_grace_s,
         )
+        self.overview = Overview(self._sessions, self._ledger, self._jobs)  # read-only views
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False

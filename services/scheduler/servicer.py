@@ -49,6 +49,8 @@ ACCESS_RULES = rules_for(
         "ReportJobProgress": JOBS,
         "GetUsage": USERS,
         "ConnectWorker": WORKERS,
+        "ListWorkers": USERS,
+        "GetJobsProgress": USERS,
     },
 )
 
@@ -122,6 +124,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         except OpenTinkerError as err:
             await abort_with(context, err)
         return scheduler_pb2.GetUsageResponse(tenants=tenants)
+
+    async def ListWorkers(
+        self, request: scheduler_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListWorkersResponse:
+        workers, next_token = await self._scheduler.overview.workers(
+            tenant=_scope(), page_size=request.page_size, page_token=request.page_token
+        )
+        return scheduler_pb2.ListWorkersResponse(workers=workers, next_page_token=next_token)
+
+    async def GetJobsProgress(
+        self, request: scheduler_pb2.GetJobsProgressRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetJobsProgressResponse:
+        try:
+            steps = await self._scheduler.overview.last_steps(request.job_ids, tenant=_scope())
+        except OpenTinkerError as err:
+            await abort_with(context, err)
+        return scheduler_pb2.GetJobsProgressResponse(last_step=steps)
 
     async def ReportJobProgress(
         self, request: scheduler_pb2.ReportJobProgressRequest, context: grpc.aio.ServicerContext

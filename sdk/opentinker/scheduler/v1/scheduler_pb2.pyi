@@ -322,3 +322,70 @@ class SchedulerClosing(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ListWorkersRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers", "next_page_token")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    next_page_token: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "hostname", "devices", "last_seen_s_ago", "lost")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_AGO_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    hostname: str
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
+    last_seen_s_ago: float
+    lost: bool
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., last_seen_s_ago: _Optional[float] = ..., lost: _Optional[bool] = ...) -> None: ...
+
+class DeviceStatus(_message.Message):
+    __slots__ = ("device_id", "kind", "memory_bytes", "leased", "lease_id", "job_id", "leased_since_unix_s")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASED_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    kind: str
+    memory_bytes: int
+    leased: bool
+    lease_id: str
+    job_id: str
+    leased_since_unix_s: float
+    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., leased: _Optional[bool] = ..., lease_id: _Optional[str] = ..., job_id: _Optional[str] = ..., leased_since_unix_s: _Optional[float] = ...) -> None: ...
+
+class GetJobsProgressRequest(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetJobsProgressResponse(_message.Message):
+    __slots__ = ("last_step",)
+    class LastStepEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.StepMetrics
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ...) -> None: ...
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    last_step: _containers.MessageMap[str, _common_pb2.StepMetrics]
+    def __init__(self, last_step: _Optional[_Mapping[str, _common_pb2.StepMetrics]] = ...) -> None: ...

@@ -76,6 +76,16 @@ class SchedulerServiceStub:
                 request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerRequest.SerializeToString,
                 response_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/opentinker.scheduler.v1.SchedulerService/ListWorkers',
+                request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
+        self.GetJobsProgress = channel.unary_unary(
+                '/opentinker.scheduler.v1.SchedulerService/GetJobsProgress',
+                request_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressRequest.SerializeToString,
+                response_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -141,6 +151,25 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """Read-only, for dashboards. Every connected worker, its devices and what holds them. Devices
+        are shared capacity, so every user sees every worker and device; a lease shows its job id
+        only to that job's tenant (and admins). Users and admins; workers and jobs get
+        PERMISSION_DENIED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobsProgress(self, request, context):
+        """Read-only, for dashboards. The last step's metrics of each named job's current attempt,
+        for a jobs table that shows live reward without replaying every event stream. Unknown ids
+        and other tenants' jobs are left out of the answer (no error), as ListJobs leaves them out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +212,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ConnectWorker,
                     request_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerRequest.FromString,
                     response_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.FromString,
+                    response_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'GetJobsProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobsProgress,
+                    request_deserializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressRequest.FromString,
+                    response_serializer=opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -403,6 +442,60 @@ class SchedulerService:
             '/opentinker.scheduler.v1.SchedulerService/ConnectWorker',
             opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerRequest.SerializeToString,
             opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ConnectWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.scheduler.v1.SchedulerService/ListWorkers',
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobsProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.scheduler.v1.SchedulerService/GetJobsProgress',
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressRequest.SerializeToString,
+            opentinker_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobsProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

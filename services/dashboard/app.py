@@ -1,0 +1,189 @@
+"""The dashboard's HTTP app (Starlette): sign-in, jobs, a job's live charts, environments.
+
+Every page calls the scheduler with the signed-in user's own API key, so the scheduler's
+tenant isolation holds here as in the gRPC API. A job page's charts are fed by
+``/jobs/{id}/events``: server-sent events from WatchJob, each response held open for
+``stream_hold_s`` and resumed by the browser from its Last-Event-ID (only new events).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import structlog
+from starlette.applications import Starlette
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from opentinker.charts import PANELS, STEP_TIME_PARTS
+from opentinker.errors import AuthenticationError, NotFoundError, UnavailableError
+from opentinker.services.dashboard.sessions import COOKIE, SignedIn, SignIns
+from opentinker.services.dashboard.settings import DashboardSettings
+from opentinker.services.dashboard.views import environments, event_json, job_rows
+
+HERE = Path(__file__).parent
+log = structlog.get_logger("dashboard")
+
+
+def create_app(settings: DashboardSettings) -> Starlette:
+    sign_ins = SignIns(
+        scheduler_address=settings.scheduler_address,
+        ca_file=settings.ca_file,
+        timeout_s=settings.call_timeout_s,
+        idle_s=settings.session_idle_s,
+    )
+    pages = Pages(settings, sign_ins, Jinja2Templates(directory=HERE / "templates"))
+    routes = [
+        Route("/login", pages.login_form, methods=["GET"]),
+        Route("/login", pages.login, methods=["POST"]),
+        Route("/logout", pages.logout, methods=["POST"]),
+        Route("/", pages.jobs),
+        Route("/jobs/{job_id}", pages.job),
+        Route("/jobs/{job_id}/events", pages.job_events),
+        Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
+        Route("/environments", pages.environments),
+        Route("/workers", pages.workers),
+        Route("/healthz", lambda _: PlainTextResponse("ok")),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        sign_ins.close()  # the users' channels to the scheduler
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+class Pages:
+    """The request handlers; each one that shows data needs a sign-in."""
+
+    def __init__(
+        self, settings: DashboardSettings, sign_ins: SignIns, templates: Jinja2Templates
+    ) -> None:
+        self.settings, self.sign_ins, self.templates = settings, sign_ins, templates
+
+    def _render(
+        self, request: Request, name: str, signed: SignedIn | None, *, status: int = 200,
+        **context,
+    ) -> Response:  # fmt: skip
+        context.update(signed=signed)
+        return self.templates.TemplateResponse(request, name, context, status_code=status)
+
+    def _signed_in(self, request: Request) -> SignedIn | None:
+        return self.sign_ins.get(request.cookies.get(COOKIE))
+
+    async def login_form(self, request: Request) -> Response:
+        return self._render(request, "login.html", None, error="")
+
+    async def login(self, request: Request) -> Response:
+        form = await request.form()
+        api_key = str(form.get("api_key", "")).strip()
+        try:
+            token, signed = await run_in_threadpool(self.sign_ins.sign_in, api_key)
+        except (AuthenticationError, ValueError) as err:
+            message = getattr(err, "message", str(err))
+            return self._render(request, "login.html", None, error=message)
+        log.info("signed_in", tenant_id=signed.tenant_id, user_id=signed.user_id)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        self.sign_ins.sign_out(request.cookies.get(COOKIE))
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    async def jobs(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        rows = await run_in_threadpool(job_rows, signed.client)
+        return self._render(request, "jobs.html", signed, rows=rows)
+
+    async def job(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        job_id = request.path_params["job_id"]
+        try:
+            job = await run_in_threadpool(signed.client.get_job, job_id)
+        except NotFoundError as err:
+            return self._render(request, "error.html", signed, message=err.message, status=404)
+        charts = {"panels": PANELS, "step_time_parts": STEP_TIME_PARTS}
+        return self._render(request, "job.html", signed, job=job, charts=charts)
+
+    async def job_events(self, request: Request) -> Response:
+        """Server-sent events of a job from after the browser's last one (Last-Event-ID or
+        ``?after=``), for ``stream_hold_s`` at most; ``end`` once the job has ended."""
+        if (signed := self._signed_in(request)) is None:
+            return PlainTextResponse("sign in first", status_code=401)
+        job_id = request.path_params["job_id"]
+        last = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+        if not last.isdigit():
+            return PlainTextResponse(f"after must be an event number, not {last!r}", 400)
+        try:  # NOT_FOUND now, as a status, rather than inside the stream
+            await run_in_threadpool(signed.client.get_job, job_id)
+        except NotFoundError as err:
+            return PlainTextResponse(err.message, status_code=404)
+        lines = self._event_lines(signed, job_id, from_seq=int(last) + 1)
+        return StreamingResponse(
+            _stream(lines),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    def _event_lines(self, signed: SignedIn, job_id: str, *, from_seq: int) -> Iterator[str]:
+        yield "retry: 1000\n\n"  # the browser reconnects a second after a held stream ends
+        try:
+            for event in signed.client.watch(
+                job_id, from_seq=from_seq, timeout=self.settings.stream_hold_s
+            ):
+                yield f"id: {event.seq}\nevent: job\ndata: {json.dumps(event_json(event))}\n\n"
+                if event.terminal:
+                    yield "event: end\ndata: {}\n\n"
+                    return
+        except UnavailableError:
+            return  # held long enough (or the scheduler is away): the browser resumes
+
+    async def cancel(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        job_id = request.path_params["job_id"]
+        try:
+            job = await run_in_threadpool(
+                signed.client.cancel, job_id, reason=f"cancelled from the dashboard by "
+                f"{signed.user_id}"
+            )
+        except NotFoundError as err:
+            return self._render(request, "error.html", signed, message=err.message, status=404)
+        log.info("cancelled", job_id=job.job_id, user_id=signed.user_id)
+        return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+    async def workers(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        workers = await run_in_threadpool(signed.client.workers)
+        return self._render(request, "workers.html", signed, workers=workers, now=time.time())
+
+    async def environments(self, request: Request) -> Response:
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        s = self.settings
+        instances = await run_in_threadpool(
+            environments, s.envhub_address, api_key=signed.api_key, ca_file=s.ca_file,
+            timeout=s.call_timeout_s,
+        )  # fmt: skip
+        return self._render(request, "environments.html", signed, instances=instances)
+
+
+async def _stream(lines: Iterator[str]) -> AsyncIterator[str]:
+    async for line in iterate_in_threadpool(lines):
+        yield line

@@ -1,0 +1,100 @@
+// The job page's live charts (Chart.js): fed by the job's server-sent events, which send the
+// history once and then only new events (the browser resumes from its Last-Event-ID).
+(function () {
+  const jobId = document.currentScript.dataset.jobId;
+  const config = JSON.parse(document.getElementById("chart-config").textContent);
+  const colors = ["#1c7ed6", "#e8590c", "#2b8a3e", "#862e9c", "#c92a2a", "#5c940d"];
+
+  function lineChart(canvas, title) {
+    return new Chart(canvas, {
+      type: "line",
+      data: { datasets: [] },
+      options: {
+        animation: false, maintainAspectRatio: false, parsing: false,
+        plugins: { title: { display: true, text: title } },
+        scales: {
+          x: { type: "linear", title: { display: true, text: "step" } },
+          y: { ticks: { callback: (v) => +Number(v).toPrecision(3) } },
+        },
+        elements: { point: { radius: 0 } },
+      },
+    });
+  }
+
+  // One chart per panel; a metric's dataset is made the first time a step carries it.
+  const panels = config.panels.map(([title, names], i) => ({
+    names, chart: lineChart(document.getElementById("chart-" + i), title), sets: {},
+  }));
+  const timeChart = new Chart(document.getElementById("chart-time"), {
+    type: "bar",
+    data: { labels: [], datasets: config.step_time_parts.map((name, i) => ({
+      label: name, data: [], backgroundColor: colors[i % colors.length] })) },
+    options: {
+      animation: false, maintainAspectRatio: false,
+      plugins: { title: { display: true, text: "step time split (s)" } },
+      scales: { x: { stacked: true }, y: { stacked: true } },
+    },
+  });
+
+  function addStep(ev) {
+    for (const panel of panels) {
+      for (const name of panel.names) {
+        if (!(name in ev.metrics)) continue;
+        if (!panel.sets[name]) {
+          const color = colors[Object.keys(panel.sets).length % colors.length];
+          panel.sets[name] = { label: name, data: [], borderColor: color, backgroundColor: color };
+          panel.chart.data.datasets.push(panel.sets[name]);
+        }
+        panel.sets[name].data.push({ x: ev.step, y: ev.metrics[name] });
+      }
+    }
+    timeChart.data.labels.push(ev.step);
+    config.step_time_parts.forEach((name, i) => {
+      timeChart.data.datasets[i].data.push(ev.metrics[name] ?? 0);
+    });
+    document.getElementById("job-step").textContent = ev.step;
+    if ("reward_mean" in ev.metrics) {
+      document.getElementById("job-reward").textContent = ev.metrics.reward_mean.toFixed(3);
+    }
+  }
+
+  function addLine(text) {
+    const item = document.createElement("li");
+    item.textContent = text;
+    document.getElementById("log").appendChild(item);
+  }
+
+  let pending = false;  // redraw at most once a frame, however many events arrive
+  function redraw() {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => {
+      pending = false;
+      panels.forEach((p) => p.chart.update("none"));
+      timeChart.update("none");
+    });
+  }
+
+  const source = new EventSource("/jobs/" + encodeURIComponent(jobId) + "/events");
+  source.addEventListener("job", (message) => {
+    const ev = JSON.parse(message.data);
+    window.jobEventsSeen = ev.seq;
+    if (ev.kind === "step") {
+      addStep(ev);
+      redraw();
+    } else if (ev.kind === "state") {
+      const state = document.getElementById("job-state");
+      state.textContent = ev.state;
+      state.className = "state " + ev.state;
+      document.getElementById("job-reason").textContent = ev.reason;
+      addLine(ev.state + (ev.reason ? " — " + ev.reason : ""));
+    } else if (ev.kind === "log") {
+      addLine(ev.message);
+    }
+  });
+  source.addEventListener("end", () => {
+    source.close();
+    const form = document.getElementById("cancel-form");
+    if (form) form.remove();
+  });
+})();

@@ -1,0 +1,76 @@
+"""What the CLI draws: the reward sparkline, the ETA, a jobs table that fits, the curves PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from opentinker.console import jobs_table
+from opentinker.jobs import JobEvent, JobInfo
+from opentinker.live_view import TailView, eta_seconds, sparkline
+from opentinker.plot import plot_curves
+
+pytestmark = pytest.mark.unit
+
+
+def test_sparkline_scales_between_min_and_max() -> None:
+    # 8 blocks, span 0..1: 0 -> ▁ (index 0), 0.5 -> round(3.5) = 4 -> ▅, 1 -> █ (index 7)
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([0.3, 0.3]) == "▁▁"  # a flat line does not divide by zero
+    assert sparkline([]) == ""
+
+
+def test_eta_from_the_recent_pace() -> None:
+    # steps 10 -> 20 took 50 s: 5 s a step; 80 steps left to 100 -> 400 s
+    assert eta_seconds([(10, 1000.0), (15, 1020.0), (20, 1050.0)], 100) == 400.0
+    assert eta_seconds([(10, 1000.0)], 100) is None  # no pace yet
+    assert eta_seconds([(10, 1000.0), (20, 1050.0)], 0) is None  # no budget
+
+
+def test_tail_view_draws_progress_eta_and_rewards() -> None:
+    view = TailView(job_id="job-1", step_budget=10)
+    view.update(JobEvent(seq=1, time_unix_s=0.0, kind="state", state="RUNNING"))
+    for step in range(1, 5):
+        metrics = {"reward_mean": step / 4}
+        view.update(JobEvent(seq=1 + step, time_unix_s=2.0 * step, kind="step", step=step,
+                             metrics=metrics))  # fmt: skip
+    console = Console(width=100, record=True, color_system=None)
+    console.print(view.render())
+    text = console.export_text()
+    # 2 s a step, 6 steps left -> 12 s
+    assert "step 4/10" in text and "ETA 0:00:12" in text and "RUNNING" in text
+    assert "▁▃▆█" in text and "1.000" in text  # rewards 0.25..1.0 scaled: 0, 2.33, 4.67, 7
+
+
+def job(i: int) -> JobInfo:
+    return JobInfo(
+        job_id=f"job-{i:04d}", name="a-rather-long-job-name-that-goes-on-and-on", state="FAILED",
+        reason="the trainer ran out of memory on step 12 " * 4, attempt=2, worker_id="w",
+        checkpoint_uri="", created_unix_s=1.7e9, updated_unix_s=1.7e9, kind="RL",
+        step_budget=30, final_metrics={"reward_mean": 0.5},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_jobs_table_fits_the_terminal(width: int) -> None:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(jobs_table([job(1), job(2)], width=width))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= width for line in lines)
+    rows = [line for line in lines if "job-000" in line]
+    assert len(rows) == 2, lines  # one line per job, nothing wrapped
+    assert all("FAILED" in r and "0.500" in r for r in rows)
+
+
+def test_plot_writes_a_png_of_the_curves(tmp_path: Path) -> None:
+    steps = [
+        JobEvent(seq=i, time_unix_s=float(i), kind="step", step=i,
+                 metrics={"reward_mean": i / 10, "loss": 1 / i, "entropy": 2.0, "kl": 0.01 * i,
+                          "time_generate_s": 0.3, "time_train_s": 0.5})
+        for i in range(1, 11)
+    ]  # fmt: skip
+    path = plot_curves(steps, tmp_path / "curves.png", title="job-1")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

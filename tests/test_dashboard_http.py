@@ -1,0 +1,101 @@
+"""The dashboard over HTTP without a browser: a real scheduler process (no worker, so jobs
+stay QUEUED), the dashboard app in-process, two tenants. Sign-in, isolation, cancel, and an
+event stream that sends only events after the one the browser names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import opentinker
+from opentinker import JobSpec, RlConfig
+from opentinker.admin import AdminClient
+from opentinker.services.launcher.processes import ServiceProcess, free_port
+from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def scheduler(redis_url: str, tmp_path: Path):
+    address = f"127.0.0.1:{free_port()}"
+    proc = ServiceProcess.start(
+        "scheduler",
+        "opentinker.services.scheduler",
+        env={
+            "OPENTINKER_REDIS_URL": redis_url,
+            "OPENTINKER_PORT": address.split(":")[1],
+            "OPENTINKER_AUTH_SECRET_FILE": str(tmp_path / "auth.secret"),
+            "OPENTINKER_BOOTSTRAP_DIR": str(tmp_path),
+        },
+        log_dir=tmp_path / "logs",
+        address=address,
+    )
+    try:
+        proc.wait_serving(timeout_s=60)
+        yield address, (tmp_path / ADMIN_KEY_FILE).read_text().strip()
+    finally:
+        proc.stop()
+
+
+def make_keys(address: str, admin_key: str) -> dict[str, str]:
+    with AdminClient(address, api_key=admin_key) as admin:
+        keys = {}
+        for tenant, user in (("acme", "alice"), ("globex", "bob")):
+            admin.create_tenant(tenant)
+            admin.create_user(user, tenant_id=tenant)
+            keys[user] = admin.create_api_key(user)
+        return keys
+
+
+def test_sign_in_isolation_cancel_and_resumed_events(scheduler) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    address, admin_key = scheduler
+    keys = make_keys(address, admin_key)
+    spec = JobSpec(name="queued", rl=RlConfig(env_name="letter", steps=3))
+    jobs = {}
+    for user, key in keys.items():
+        with opentinker.Client(address, api_key=key) as client:
+            jobs[user] = client.submit(spec.model_copy(update={"name": f"{user}-job"})).job_id
+
+    settings = DashboardSettings(scheduler_address=address, envhub_address="127.0.0.1:1",
+                                 stream_hold_s=1.0)  # fmt: skip
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        assert web.get("/").headers["location"] == "/login"  # nothing without a sign-in
+        refused = web.post("/login", data={"api_key": "otk_nope_nope"})
+        assert 'id="login-error"' in refused.text and "opentinker_session" not in web.cookies
+
+        signed = web.post("/login", data={"api_key": keys["alice"]})
+        assert signed.status_code == 303 and "opentinker_session" in web.cookies
+        page = web.get("/").text
+        assert jobs["alice"] in page and "alice-job" in page
+        assert jobs["bob"] not in page and "bob-job" not in page
+
+        # Bob's job does not exist for alice: page, events and cancel all say NOT_FOUND.
+        assert web.get(f"/jobs/{jobs['bob']}").status_code == 404
+        assert web.get(f"/jobs/{jobs['bob']}/events").status_code == 404
+        assert web.post(f"/jobs/{jobs['bob']}/cancel").status_code == 404
+        with opentinker.Client(address, api_key=keys["bob"]) as bob:
+            assert bob.get_job(jobs["bob"]).state == "QUEUED"
+
+        # The stream sends the events after the one named, then holds and ends (1 s here).
+        first = web.get(f"/jobs/{jobs['alice']}/events?after=0").text
+        assert "id: 1\nevent: job\n" in first and '"state": "QUEUED"' in first
+        assert "id: " not in web.get(f"/jobs/{jobs['alice']}/events?after=1").text
+        assert web.get(f"/jobs/{jobs['alice']}/events?after=x").status_code == 400
+
+        assert web.post(f"/jobs/{jobs['alice']}/cancel").status_code == 303
+        resumed = web.get(
+            f"/jobs/{jobs['alice']}/events", headers={"Last-Event-ID": "1"}
+        ).text  # the browser's reconnect: only the new event, then the end
+        assert "id: 2\n" in resumed and '"CANCELLED"' in resumed and "event: end" in resumed
+        assert "id: 1\n" not in resumed
+        assert "no worker connected" in web.get("/workers").text
+
+        web.post("/logout")
+        assert web.get("/").status_code == 303
