@@ -25,7 +25,8 @@ from opentinker.scheduler.v1 import identity_pb2
 from opentinker.spec import parse_job_spec
 
 console = Console()
-SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout")
+SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout", "tinker-gateway")
+_SERVICE_MODULES = {"tinker-gateway": "gateway"}
 
 
 def _address(args: argparse.Namespace) -> str:
@@ -88,7 +89,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run one service in the foreground (settings from OPENTINKER_* variables)."""
-    module = f"opentinker.services.{args.service}"
+    module = f"opentinker.services.{_SERVICE_MODULES.get(args.service, args.service)}"
     os.execv(sys.executable, [sys.executable, "-m", module, *args.rest])
     return 1  # unreachable
 
