@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
-from gateway_helpers import running_gateway
 from tinker import types
 
+import opentinker
+from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
@@ -59,7 +60,7 @@ def sft_datum(tokens: list[int]) -> types.Datum:
     )
 
 
-def test_train_sample_and_continue_from_a_saved_state(service) -> None:
+def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     caps = service.get_server_capabilities()
     assert [m.model_name for m in caps.supported_models] == [BASE]
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
@@ -116,6 +117,12 @@ def test_train_sample_and_continue_from_a_saved_state(service) -> None:
     assert again == pytest.approx(before, rel=1e-4)
     resumed.forward_backward(data, "cross_entropy").result()
     resumed.optim_step(adam).result()
+
+    # Closing the service client ends both session jobs, successfully.
+    service.close("success").result()
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+        jobs = [j for j in client.list_jobs() if j.name == "tinker"]
+    assert len(jobs) == 2 and all(j.state == "SUCCEEDED" for j in jobs), jobs
 
 
 def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> None:

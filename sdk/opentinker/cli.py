@@ -103,6 +103,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         console=console,
         scheduler_port=args.scheduler_port,
         envhub_port=args.envhub_port,
+        gateway_port=args.gateway_port,
     )
 
 
@@ -201,6 +202,7 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
         if name == "up":
             p.add_argument("--scheduler-port", type=int, default=50051)
             p.add_argument("--envhub-port", type=int, default=50052)
+            p.add_argument("--gateway-port", type=int, default=8000, help="Tinker HTTP API")
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)

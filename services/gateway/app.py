@@ -25,10 +25,12 @@ from opentinker.errors import (
     NotFoundError,
     OpenTinkerError,
     PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
 )
 
 from . import training_routes as training
-from .futures import error_body
+from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
 from .settings import GatewaySettings
 from .state import Gateway
@@ -37,7 +39,14 @@ from .tenancy import Caller
 log = structlog.get_logger("gateway")
 PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
-_STATUS = {AuthenticationError: 401, PermissionDeniedError: 403, NotFoundError: 404}
+# HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
+_STATUS = {
+    PermissionDeniedError: 403,  # before AuthenticationError: it is one
+    AuthenticationError: 401,
+    NotFoundError: 404,
+    ResourceExhaustedError: 429,
+    UnavailableError: 503,
+}
 
 
 def create_app(settings: GatewaySettings) -> Starlette:
@@ -51,12 +60,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
                     return JSONResponse(answer)  # a retry of a call already taken
                 body = await request.body() if raw else await _json(request)
+                if request.path_params:
+                    body = {**body, **request.path_params}
                 answer = await handler(gw, caller, body)
                 if key:
                     gw.remember(caller.tenant_id, key, answer)
                 return answer if isinstance(answer, Response) else JSONResponse(answer)
             except (OpenTinkerError, ValueError, KeyError) as err:
                 return _error(err)
+            except Exception as err:  # a bug of ours: say so, the SDK retries 5xx
+                log.exception("call_failed", path=path)
+                return JSONResponse(error_body(err), status_code=500)
 
         return Route(path, endpoint, methods=[method])
 
@@ -70,6 +84,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/telemetry", lambda gw, c, b: _answer({"status": "accepted"})),
         route("/api/v1/get_server_capabilities", capabilities, method="GET"),
         route("/api/v1/create_session", create_session),
+        route("/api/v1/sessions/{session_id}/finish", finish_session),
         route("/api/v1/session_heartbeat", lambda gw, c, b: _answer({"type": "session_heartbeat"})),
         route("/api/v1/create_sampling_session", create_sampling_session),
         route("/api/v1/get_info", get_info),
@@ -109,6 +124,8 @@ async def _json(request: Request) -> Any:
 
 def _error(err: Exception) -> JSONResponse:
     status = next((code for kind, code in _STATUS.items() if isinstance(err, kind)), 400)
+    if isinstance(err, OpenTinkerError) and status == 400 and not isinstance(err, USER_ERRORS):
+        status = 500
     if isinstance(err, KeyError):
         err = InvalidArgumentError(f"{err.args[0]}: required")
     return JSONResponse(error_body(err), status_code=status)
@@ -131,6 +148,17 @@ async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 async def create_session(gw: Gateway, caller: Caller, body: dict) -> dict:
     return {"type": "create_session", "session_id": f"ses-{uuid.uuid4().hex[:16]}"}
+
+
+async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """The SDK's ServiceClient.close(): close the session's training models (their jobs
+    succeed, reason "closed", and free their devices)."""
+    prefix = f"{body['session_id']}:train:"
+    for model in gw.models.all():
+        if model.model_id.startswith(prefix) and model.tenant_id == caller.tenant_id:
+            gw.models.remove(model)
+            await asyncio.to_thread(model.session.close)
+    return {}
 
 
 async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> dict:

@@ -20,6 +20,8 @@ from opentinker.client import Client
 from opentinker.console import print_event
 from opentinker.errors import OpenTinkerError
 from opentinker.jobs import JobEvent
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SamplingParams
@@ -57,8 +59,10 @@ def run_up(
     console: Console,
     scheduler_port: int = 50051,
     envhub_port: int = 50052,
+    gateway_port: int = 8000,
 ) -> int:
-    """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM."""
+    """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM; the Tinker
+    gateway serves in this process (``opentinker serve tinker-gateway`` runs it alone)."""
     _quiet_logs()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -68,9 +72,15 @@ def run_up(
         scheduler_port=scheduler_port,
         envhub_port=envhub_port,
     )
-    with LocalMesh(settings) as mesh:
+    with (
+        LocalMesh(settings) as mesh,
+        running_gateway(
+            GatewaySettings(scheduler_address=mesh.scheduler_address, port=gateway_port)
+        ) as gateway_url,
+    ):
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
+            f"  tinker gateway {gateway_url} (api_key: tml-<your key>)"
             f"  redis {mesh.redis_url}\nlogs in {mesh.log_dir}\n"
             f"your API key (tenant 'local') is in {mesh.secrets_dir / 'api.key'}; the admin key "
             f"in {mesh.secrets_dir / 'admin.key'}\n"

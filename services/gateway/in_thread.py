@@ -1,4 +1,4 @@
-"""A Tinker gateway served by uvicorn in a thread of the test process, in front of a mesh."""
+"""A Tinker gateway served by uvicorn in a thread of this process (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from opentinker.services.gateway.app import create_app
-from opentinker.services.gateway.settings import GatewaySettings
+from .app import create_app
+from .settings import GatewaySettings
 
 
 @contextlib.contextmanager
 def running_gateway(settings: GatewaySettings) -> Iterator[str]:
-    """Serve the gateway on a free port; yields its base URL (http://127.0.0.1:<port>)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """Serve the gateway on settings.host:port (port 0: a free one); yields its base URL."""
+    port = settings.port
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((settings.host, 0))
+            port = s.getsockname()[1]
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        create_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="tinker-gateway", daemon=True)
@@ -32,7 +34,7 @@ def running_gateway(settings: GatewaySettings) -> Iterator[str]:
             raise RuntimeError("the gateway did not start")
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{settings.host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
