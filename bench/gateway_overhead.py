@@ -4,9 +4,9 @@ the official ``tinker`` SDK -> gateway (HTTP, protobuf, futures polled with retr
 
 One LocalMesh (Redis, scheduler, EnvHub, a worker), the gateway in its own process
 (``opentinker serve tinker-gateway``) and the tiny model; each path gets its own session job
-(LoRA rank 4), is warmed with two unmeasured calls, then runs ``--calls`` blocking calls of
-each kind, one after another. Printed: the median and p90 milliseconds per call of
-both paths and the gateway's overhead (median difference).
+(LoRA rank 4), both open side by side; after two unmeasured calls each, ``--calls`` blocking
+calls of each kind go to one path and the other in turn. Printed: the median and p90
+milliseconds per call of both paths and the gateway's overhead (median difference).
 
     .venv/bin/python bench/gateway_overhead.py [--calls 10] [--tokens 32] [--samples 4]
 """
@@ -38,42 +38,48 @@ from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.spec import SamplingParams
 
 
-def timed(call: Callable[[], object], n: int) -> list[float]:
-    """Milliseconds of each of ``n`` calls, after two unmeasured ones."""
+def timed_pairs(a: Callable[[], object], b: Callable[[], object], n: int):
+    """Milliseconds of ``n`` calls of ``a`` and of ``b``, alternating (machine noise hits both
+    alike), after two unmeasured calls of each."""
     for _ in range(2):
-        call()
-    times = []
+        a(), b()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(n):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1000)
+        for call, out in ((a, times[0]), (b, times[1])):
+            start = time.perf_counter()
+            call()
+            out.append((time.perf_counter() - start) * 1000)
     return times
 
 
-def direct(client: opentinker.Client, model: Path, tokens: list[int], args) -> dict:
-    with client.training_session(base_model=str(model), lora_rank=4) as session:
-        datum = Datum.from_sequence(tokens)
-        fb = timed(lambda: session.forward_backward([datum], "cross_entropy"), args.calls)
-        session.optim_step(AdamParams(learning_rate=1e-3))
-        session.save_weights_for_sampler()
-        sampling = SamplingParams(max_new_tokens=args.samples)
-        sample = timed(lambda: session.sample(tokens[:4], sampling=sampling), args.calls)
-    return {"forward_backward": fb, "sample": sample}
-
-
-def through_gateway(url: str, key: str, tokens: list[int], args) -> dict:
+def compare(client: opentinker.Client, model: Path, url: str, key: str, tokens, args) -> dict:
+    """{call: (gRPC ms, gateway ms)} with a session of each kind open side by side."""
     service = tinker.ServiceClient(base_url=url, api_key=f"tml-{key}")
     trainer = service.create_lora_training_client(base_model="tiny", rank=4).result()
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64)},
-    )
-    fb = timed(lambda: trainer.forward_backward([datum], "cross_entropy").result(), args.calls)
-    trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-    sampler = trainer.save_weights_and_get_sampling_client()
-    params = types.SamplingParams(max_tokens=args.samples)
-    prompt = types.ModelInput.from_ints(tokens[:4])
-    sample = timed(lambda: sampler.sample(prompt, 1, params).result(), args.calls)
+    with client.training_session(base_model=str(model), lora_rank=4) as session:
+        datum = Datum.from_sequence(tokens)
+        sdk_datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64)},
+        )
+        fb = timed_pairs(
+            lambda: session.forward_backward([datum], "cross_entropy"),
+            lambda: trainer.forward_backward([sdk_datum], "cross_entropy").result(),
+            args.calls,
+        )
+        session.optim_step(AdamParams(learning_rate=1e-3))
+        trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        session.save_weights_for_sampler()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        sampling = SamplingParams(max_new_tokens=args.samples)
+        params = types.SamplingParams(max_tokens=args.samples)
+        prompt = types.ModelInput.from_ints(tokens[:4])
+        sample = timed_pairs(
+            lambda: session.sample(tokens[:4], sampling=sampling),
+            lambda: sampler.sample(prompt, 1, params).result(),
+            args.calls,
+        )
+    service.close("success").result()
     return {"forward_backward": fb, "sample": sample}
 
 
@@ -130,14 +136,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = ensure_tiny_model(Path(tmp) / "tiny")
         with LocalMesh(MeshSettings(run_root=Path(tmp) / "mesh")) as mesh:
-            with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
-                grpc_ms = direct(client, model, tokens, args)
             log = Path(tmp) / "gateway.log"
-            with gateway_process(mesh.scheduler_address, model, log) as url:
-                http_ms = through_gateway(url, mesh.api_key, tokens, args)
+            with (
+                opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
+                gateway_process(mesh.scheduler_address, model, log) as url,
+            ):
+                results = compare(client, model, url, mesh.api_key, tokens, args)
     print(f"{args.calls} calls each, {args.tokens} tokens per datum, {args.samples} new tokens")
-    for name in ("forward_backward", "sample"):
-        report(name, grpc_ms[name], http_ms[name])
+    for name, (grpc_ms, http_ms) in results.items():
+        report(name, grpc_ms, http_ms)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ def mesh(tmp_path_factory):
 def gateway(mesh, letter_model_dir: Path):
     settings = GatewaySettings(
         scheduler_address=mesh.scheduler_address,
+        port=0,  # a free one
         base_models={BASE: str(letter_model_dir)},
         long_poll_s=2.0,
     )
@@ -80,7 +81,7 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     assert len(out.loss_fn_outputs) == 2 and out.loss_fn_outputs[0]["logprobs"].shape == [6]
 
     # Sampling from the trained weights, with the sampler's logprobs.
-    sampler = trainer.save_weights_and_get_sampling_client()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
     result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
     assert len(result.sequences) == 2

@@ -53,6 +53,10 @@ def create_app(settings: GatewaySettings) -> Starlette:
     gw = Gateway(settings)
 
     def route(path: str, handler: Handler, *, raw: bool = False, method: str = "POST") -> Route:
+        """``handler`` behind the key check; a call that starts work (its answer names a
+        request_id) is answered again, not redone, when retried with the same
+        X-Idempotency-Key."""
+
         async def endpoint(request: Request) -> Response:
             try:
                 caller = await gw.tenancy.caller(request.headers.get("x-api-key"))
@@ -63,7 +67,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 if request.path_params:
                     body = {**body, **request.path_params}
                 answer = await handler(gw, caller, body)
-                if key:
+                if key and isinstance(answer, dict) and _starts_work(answer):
                     gw.remember(caller.tenant_id, key, answer)
                 return answer if isinstance(answer, Response) else JSONResponse(answer)
             except (OpenTinkerError, ValueError, KeyError) as err:
@@ -195,3 +199,8 @@ async def retrieve_future(gw: Gateway, caller: Caller, body: dict) -> Response |
     if isinstance(result.body, bytes):
         return Response(result.body, media_type=PROTOBUF)
     return result.body
+
+
+def _starts_work(answer: dict) -> bool:
+    """The answer of a call that started a future (not a poll's try_again)."""
+    return "request_id" in answer and answer.get("type") != "try_again"
