@@ -82,6 +82,7 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
 
     # Sampling from the trained weights, with the sampler's logprobs.
     sampler = trainer.save_weights_and_get_sampling_client().result()
+    assert sampler.get_base_model() == BASE
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
     result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
     assert len(result.sequences) == 2

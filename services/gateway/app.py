@@ -92,6 +92,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/session_heartbeat", lambda gw, c, b: _answer({"type": "session_heartbeat"})),
         route("/api/v1/create_sampling_session", create_sampling_session),
         route("/api/v1/get_info", get_info),
+        route("/api/v1/samplers/{sampling_session_id}", get_sampler, method="GET"),
         route("/api/v1/retrieve_future", retrieve_future),
         route("/api/v1/create_model", training.create_model),
         route("/api/v1/forward_backward", training.forward_backward, raw=True),
@@ -177,6 +178,11 @@ async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> di
         raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
     model = gw.models.by_job(path.job_id, caller)
     return {"type": "create_sampling_session", "sampling_session_id": gw.models.new_sampler(model)}
+
+
+async def get_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
+    sampler = body["sampling_session_id"]
+    return {"sampler_id": sampler, "base_model": gw.models.sampler(sampler, caller).base_model}
 
 
 async def get_info(gw: Gateway, caller: Caller, body: dict) -> dict:
