@@ -36,3 +36,8 @@ def test_trainer_memory_measures_both_paths() -> None:
     assert "old MiB" in text and "new MiB" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["16"]]
     assert rows and rows[0][2].isdigit() and rows[0][3].isdigit()  # both measured, no error
+
+
+def test_gateway_overhead_measures_the_sdk_through_the_gateway_and_grpc() -> None:
+    text = run_bench("gateway_overhead.py", "--calls", "2")
+    assert "forward_backward" in text and "sample" in text and "overhead" in text

@@ -57,5 +57,5 @@ def test_an_unreachable_scheduler_is_reported_as_unavailable() -> None:
 
 def test_every_service_can_be_served() -> None:
     parser = build_parser()
-    for service in ("scheduler", "envhub", "worker", "trainer", "rollout"):
+    for service in ("scheduler", "envhub", "worker", "trainer", "rollout", "tinker-gateway"):
         assert parser.parse_args(["serve", service]).service == service

@@ -23,7 +23,14 @@ def compose() -> compose_spec.PyCompose:
 def test_it_parses_and_has_the_single_node_services(compose) -> None:
     assert compose.validate() is None
     compose.to_spec()  # full schema validation
-    assert set(compose.service_names()) == {"redis", "scheduler", "envhub", "worker", "dashboard"}
+    assert set(compose.service_names()) == {
+        "redis",
+        "scheduler",
+        "envhub",
+        "worker",
+        "dashboard",
+        "tinker-gateway",
+    }
 
 
 def test_redis_persists_to_a_volume(compose) -> None:
@@ -42,7 +49,7 @@ def test_worker_reserves_the_gpus(compose) -> None:
 
 def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -> None:
     parser = build_parser()
-    for name in ("scheduler", "envhub", "worker", "dashboard"):
+    for name in ("scheduler", "envhub", "worker", "dashboard", "tinker-gateway"):
         service = compose.services[name]
         dockerfile = (COMPOSE.parent / service.build.context / service.build.dockerfile).resolve()
         assert dockerfile.is_file(), dockerfile
@@ -68,16 +75,23 @@ def test_dockerfile_copies_what_the_package_needs() -> None:
 def test_every_setting_in_compose_is_one_the_service_reads(compose) -> None:
     """No variable in compose.yaml is silently ignored: each names a field of the settings."""
     from opentinker.services.envhub.settings import EnvHubSettings
+    from opentinker.services.gateway.settings import GatewaySettings
     from opentinker.services.scheduler.settings import SchedulerSettings
     from opentinker.services.worker.settings import WorkerSettings
 
-    settings = {"scheduler": SchedulerSettings, "envhub": EnvHubSettings, "worker": WorkerSettings}
+    settings = {
+        "scheduler": SchedulerSettings,
+        "envhub": EnvHubSettings,
+        "worker": WorkerSettings,
+        "tinker-gateway": GatewaySettings,
+    }
     for name, cls in settings.items():
         env = compose.services[name].environment
-        ours = [k for k in env if k.startswith("OPENTINKER_")]
+        prefix = cls.model_config["env_prefix"].upper()
+        ours = [k for k in env if k.startswith(prefix)]
         assert ours, name
         for key in ours:
-            field = key.removeprefix("OPENTINKER_").lower()
+            field = key.removeprefix(prefix).lower()
             assert field in cls.model_fields, f"{name}: {key} is not a {cls.__name__} field"
 
 
@@ -92,5 +106,5 @@ def test_the_worker_reads_the_token_the_scheduler_writes_and_ports_stay_local(co
     assert f"identity:{bootstrap}:ro" in [str(v) for v in worker.volumes]
     assert scheduler.environment["OPENTINKER_AUTH_SECRET_FILE"].startswith(bootstrap)
     assert compose.services["envhub"].environment["OPENTINKER_SCHEDULER_ADDRESS"]
-    for name in ("scheduler", "envhub"):
+    for name in ("scheduler", "envhub", "tinker-gateway"):
         assert all(str(p).startswith("127.0.0.1:") for p in compose.services[name].ports), name

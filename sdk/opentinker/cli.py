@@ -35,7 +35,8 @@ from opentinker.sinks import (
 from opentinker.spec import parse_job_spec
 
 console = Console()
-SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout", "dashboard")
+SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout", "dashboard", "tinker-gateway")
+_SERVICE_MODULES = {"tinker-gateway": "gateway"}
 
 
 def _address(args: argparse.Namespace) -> str:
@@ -133,7 +134,7 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run one service in the foreground (settings from OPENTINKER_* variables)."""
-    module = f"opentinker.services.{args.service}"
+    module = f"opentinker.services.{_SERVICE_MODULES.get(args.service, args.service)}"
     os.execv(sys.executable, [sys.executable, "-m", module, *args.rest])
     return 1  # unreachable
 
@@ -148,6 +149,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         scheduler_port=args.scheduler_port,
         envhub_port=args.envhub_port,
         dashboard_port=None if args.dashboard_port < 0 else args.dashboard_port,
+        gateway_port=args.gateway_port,
     )
 
 
@@ -258,6 +260,7 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument(
                 "--dashboard-port", type=int, default=8080, help="the web dashboard's; -1 = none"
             )
+            p.add_argument("--gateway-port", type=int, default=8000, help="Tinker HTTP API")
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)

@@ -20,6 +20,8 @@ from opentinker.client import Client
 from opentinker.console import print_event
 from opentinker.errors import OpenTinkerError
 from opentinker.jobs import JobEvent
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SamplingParams
@@ -58,9 +60,11 @@ def run_up(
     scheduler_port: int = 50051,
     envhub_port: int = 50052,
     dashboard_port: int | None = 8080,
+    gateway_port: int = 8000,
 ) -> int:
     """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM.
-    ``dashboard_port``: the web dashboard's (None = no dashboard)."""
+    ``dashboard_port``: the web dashboard's (None = no dashboard); the Tinker gateway serves in
+    this process (``opentinker serve tinker-gateway`` runs it alone)."""
     _quiet_logs()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -71,11 +75,17 @@ def run_up(
         envhub_port=envhub_port,
         dashboard_port=dashboard_port,
     )
-    with LocalMesh(settings) as mesh:
+    with (
+        LocalMesh(settings) as mesh,
+        running_gateway(
+            GatewaySettings(scheduler_address=mesh.scheduler_address, port=gateway_port)
+        ) as gateway_url,
+    ):
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
             f"  redis {mesh.redis_url}\n"
             f"dashboard {mesh.dashboard_url or 'off'} (sign in with your API key)\n"
+            f"tinker gateway {gateway_url} (api_key: tml-<your key>)\n"
             f"logs in {mesh.log_dir}\n"
             f"your API key (tenant 'local') is in {mesh.secrets_dir / 'api.key'}; the admin key "
             f"in {mesh.secrets_dir / 'admin.key'}\n"

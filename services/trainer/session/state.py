@@ -54,12 +54,13 @@ def save_state(policy: Policy, *, root: Path, name: str, owner: SavedSession) ->
 
 
 def load_state(policy: Policy, path: str, *, root: Path, tenant_id: str) -> SavedSession:
-    """Restore the state at ``path`` into ``policy`` exactly (weights, AdamW moments, RNG).
+    """Restore the state at ``path`` (absolute, or ``<job id>/states/<name>`` relative to the
+    checkpoint root) into ``policy`` exactly (weights, AdamW moments, RNG).
 
     NOT_FOUND unless it is a state under ``root`` saved by ``tenant_id``; FAILED_PRECONDITION
     when it was saved from another model or LoRA config."""
-    folder = Path(path).resolve()
     root = Path(root).resolve()
+    folder = (root / path).resolve()  # a relative path (<job id>/states/<name>) is under root
     missing = NotFoundError(f"path: no saved session state of yours at {path!r}")
     if not folder.is_relative_to(root) or not (folder / SESSION_FILE).is_file():
         raise missing

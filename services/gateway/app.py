@@ -1,0 +1,212 @@
+"""The Tinker HTTP API (``/api/v1``) in front of the mesh: an ASGI app (Starlette).
+
+Session-level calls (config, sessions, capabilities, sampling sessions, get_info) answer
+directly; calls that do work answer with a future (training_routes.py) that
+``retrieve_future`` long-polls. Every call but healthz needs ``X-API-Key`` (tenancy.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from opentinker.errors import (
+    AuthenticationError,
+    InvalidArgumentError,
+    NotFoundError,
+    OpenTinkerError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+from . import training_routes as training
+from .futures import USER_ERRORS, error_body
+from .models import SAMPLER_KIND, TinkerPath
+from .settings import GatewaySettings
+from .state import Gateway
+from .tenancy import Caller
+
+log = structlog.get_logger("gateway")
+PROTOBUF = "application/x-protobuf"
+Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
+# HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
+_STATUS = {
+    PermissionDeniedError: 403,  # before AuthenticationError: it is one
+    AuthenticationError: 401,
+    NotFoundError: 404,
+    ResourceExhaustedError: 429,
+    UnavailableError: 503,
+}
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    gw = Gateway(settings)
+
+    def route(path: str, handler: Handler, *, raw: bool = False, method: str = "POST") -> Route:
+        """``handler`` behind the key check; a call that starts work (its answer names a
+        request_id) is answered again, not redone, when retried with the same
+        X-Idempotency-Key."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                caller = await gw.tenancy.caller(request.headers.get("x-api-key"))
+                key = request.headers.get("x-idempotency-key")
+                if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
+                    return JSONResponse(answer)  # a retry of a call already taken
+                body = await request.body() if raw else await _json(request)
+                if request.path_params:
+                    body = {**body, **request.path_params}
+                answer = await handler(gw, caller, body)
+                if key and isinstance(answer, dict) and _starts_work(answer):
+                    gw.remember(caller.tenant_id, key, answer)
+                return answer if isinstance(answer, Response) else JSONResponse(answer)
+            except (OpenTinkerError, ValueError, KeyError) as err:
+                return _error(err)
+            except Exception as err:  # a bug of ours: say so, the SDK retries 5xx
+                log.exception("call_failed", path=path)
+                return JSONResponse(error_body(err), status_code=500)
+
+        return Route(path, endpoint, methods=[method])
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    routes = [
+        Route("/api/v1/healthz", healthz, methods=["GET"]),
+        route("/api/v1/client/config", client_config),
+        route("/api/v1/client/dynamic_config", lambda gw, c, b: _answer({})),
+        route("/api/v1/telemetry", lambda gw, c, b: _answer({"status": "accepted"})),
+        route("/api/v1/get_server_capabilities", capabilities, method="GET"),
+        route("/api/v1/create_session", create_session),
+        route("/api/v1/sessions/{session_id}/finish", finish_session),
+        route("/api/v1/session_heartbeat", lambda gw, c, b: _answer({"type": "session_heartbeat"})),
+        route("/api/v1/create_sampling_session", create_sampling_session),
+        route("/api/v1/get_info", get_info),
+        route("/api/v1/samplers/{sampling_session_id}", get_sampler, method="GET"),
+        route("/api/v1/retrieve_future", retrieve_future),
+        route("/api/v1/create_model", training.create_model),
+        route("/api/v1/forward_backward", training.forward_backward, raw=True),
+        route("/api/v1/optim_step", training.optim_step),
+        route("/api/v1/save_weights", training.save_weights),
+        route("/api/v1/load_weights", training.load_weights),
+        route("/api/v1/save_weights_for_sampler", training.save_weights_for_sampler),
+        route("/api/v1/asample", training.asample),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(gw.close)  # close the trainer sessions still open
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gw
+    return app
+
+
+async def _answer(body: dict) -> dict:
+    return body
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        return await request.json()
+    except ValueError as err:
+        raise InvalidArgumentError(f"body: not JSON ({err})") from err
+
+
+def _error(err: Exception) -> JSONResponse:
+    status = next((code for kind, code in _STATUS.items() if isinstance(err, kind)), 400)
+    if isinstance(err, OpenTinkerError) and status == 400 and not isinstance(err, USER_ERRORS):
+        status = 500
+    if isinstance(err, KeyError):
+        err = InvalidArgumentError(f"{err.args[0]}: required")
+    return JSONResponse(error_body(err), status_code=status)
+
+
+async def client_config(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """Feature flags for the SDK: API-key auth (no JWT exchange), uncompressed protobuf
+    forward_backward, per-request sampling futures."""
+    return {"pjwt_auth_enabled": False, "proto_compress_fwdbwd": False}
+
+
+async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
+    return {
+        "supported_models": [
+            {"model_name": name, "trainable": True, "sampleable": True}
+            for name in gw.settings.base_models
+        ]
+    }
+
+
+async def create_session(gw: Gateway, caller: Caller, body: dict) -> dict:
+    return {"type": "create_session", "session_id": f"ses-{uuid.uuid4().hex[:16]}"}
+
+
+async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """The SDK's ServiceClient.close(): close the session's training models (their jobs
+    succeed, reason "closed", and free their devices)."""
+    prefix = f"{body['session_id']}:train:"
+    for model in gw.models.all():
+        if model.model_id.startswith(prefix) and model.tenant_id == caller.tenant_id:
+            gw.models.remove(model)
+            await asyncio.to_thread(model.session.close)
+    return {}
+
+
+async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """A sampling client of saved sampler weights (tinker://<job>/sampler_weights/<name>)."""
+    if not body.get("model_path"):
+        raise InvalidArgumentError(
+            "model_path: sampling a bare base model is not served; save a training client's "
+            "weights for the sampler and sample from those"
+        )
+    path = TinkerPath.parse(body["model_path"])
+    if path.kind != SAMPLER_KIND:
+        raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
+    model = gw.models.by_job(path.job_id, caller)
+    return {"type": "create_sampling_session", "sampling_session_id": gw.models.new_sampler(model)}
+
+
+async def get_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
+    sampler = body["sampling_session_id"]
+    return {"sampler_id": sampler, "base_model": gw.models.sampler(sampler, caller).base_model}
+
+
+async def get_info(gw: Gateway, caller: Caller, body: dict) -> dict:
+    model = await gw.models.get(body["model_id"], caller)
+    local = gw.settings.base_models.get(model.base_model, model.base_model)
+    return {
+        "type": "get_info",
+        "model_id": model.model_id,
+        "model_data": {"model_name": model.base_model, "tokenizer_id": local},
+        "is_lora": True,
+        "lora_rank": model.lora_rank,
+        "model_name": model.base_model,
+    }
+
+
+async def retrieve_future(gw: Gateway, caller: Caller, body: dict) -> Response | dict:
+    result = await gw.futures.retrieve(body["request_id"], tenant=caller.tenant_id)
+    if result is None:
+        return {"type": "try_again", "request_id": body["request_id"], "queue_state": "active"}
+    if isinstance(result.body, bytes):
+        return Response(result.body, media_type=PROTOBUF)
+    return result.body
+
+
+def _starts_work(answer: dict) -> bool:
+    """The answer of a call that started a future (not a poll's try_again)."""
+    return "request_id" in answer and answer.get("type") != "try_again"

@@ -1,0 +1,96 @@
+"""The gateway's only state: futures of requests in flight, until their results are read.
+
+Every Tinker call that does work answers at once with a ``request_id``; the SDK then polls
+``/api/v1/retrieve_future``. A poll waits up to ``long_poll_s`` for the result and otherwise
+answers ``try_again``. A failed request's result is ``{"error", "category"}`` with category
+``user`` (the request was wrong: bad input, unsupported loss, out-of-order state) or
+``server``. Results are kept ``keep_s`` after they are ready (a poll may be retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+import structlog
+
+from opentinker.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
+
+log = structlog.get_logger("gateway.futures")
+USER_ERRORS = (
+    InvalidArgumentError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    AlreadyExistsError,
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished request: JSON (``body`` a dict) or protobuf (``body`` bytes)."""
+
+    body: dict | bytes
+
+
+@dataclass
+class _Entry:
+    task: asyncio.Future[Result]
+    tenant: str
+    done_at: float | None = None
+
+
+class FutureStore:
+    def __init__(self, *, long_poll_s: float = 20.0, keep_s: float = 600.0) -> None:
+        self.long_poll_s = long_poll_s
+        self.keep_s = keep_s
+        self._entries: dict[str, _Entry] = {}
+
+    def start(self, work: Awaitable[Result], *, tenant: str) -> str:
+        """Run ``work`` in the background; the id the caller polls its result with."""
+        self._prune()
+        request_id = f"req-{uuid.uuid4().hex}"
+        entry = _Entry(task=asyncio.ensure_future(work), tenant=tenant)
+        entry.task.add_done_callback(lambda _: setattr(entry, "done_at", time.monotonic()))
+        self._entries[request_id] = entry
+        return request_id
+
+    async def retrieve(self, request_id: str, *, tenant: str) -> Result | None:
+        """The result (or its error as a Result), or None while it is still running.
+        NotFoundError for an unknown id or another tenant's."""
+        entry = self._entries.get(request_id)
+        if entry is None or entry.tenant != tenant:
+            raise NotFoundError(f"request_id: no request {request_id!r} of yours")
+        done, _ = await asyncio.wait({entry.task}, timeout=self.long_poll_s)
+        if not done:
+            return None
+        err = entry.task.exception()
+        if err is None:
+            return entry.task.result()
+        return Result(error_body(err))
+
+    def _prune(self) -> None:
+        horizon = time.monotonic() - self.keep_s
+        for request_id in [
+            k for k, e in self._entries.items() if e.done_at is not None and e.done_at < horizon
+        ]:
+            del self._entries[request_id]
+
+
+def error_body(err: BaseException) -> dict:
+    """Tinker's per-request failure: the message and whether the caller or we are to blame."""
+    category = "user" if isinstance(err, (*USER_ERRORS, ValueError)) else "server"
+    if category == "server":
+        log.warning("request_failed", error=repr(err))
+    return {"error": str(err) or type(err).__name__, "category": category}

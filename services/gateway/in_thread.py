@@ -1,0 +1,40 @@
+"""A Tinker gateway served by uvicorn in a thread of this process (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+
+from .app import create_app
+from .settings import GatewaySettings
+
+
+@contextlib.contextmanager
+def running_gateway(settings: GatewaySettings) -> Iterator[str]:
+    """Serve the gateway on settings.host:port (port 0: a free one); yields its base URL."""
+    port = settings.port
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((settings.host, 0))
+            port = s.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="tinker-gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://{settings.host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,114 @@
+"""Tinker training models, each a trainer session job of the caller, reached through the SDK's
+TrainingSession (one ordered worker per session). The gateway holds the open connections,
+nothing the mesh cannot tell again: a model id names its session job
+(``<tinker session>:train:<n>`` -> job), checkpoints are named by the job (``tinker://<job
+id>/weights/<name>`` is the trainer's state ``<job id>/states/<name>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from opentinker.errors import InvalidArgumentError, NotFoundError
+from opentinker.training_session import TrainingSession
+
+from .ordering import SeqGate
+from .tenancy import Caller
+
+STATE_KIND, SAMPLER_KIND = "weights", "sampler_weights"
+
+
+@dataclass
+class TrainingModel:
+    model_id: str
+    tenant_id: str
+    base_model: str  # the name the user gave (see GatewaySettings.base_models)
+    lora_rank: int
+    session: TrainingSession
+    gate: SeqGate
+    samplers: int = field(default=0)  # sampling sessions made from it
+
+    @property
+    def job_id(self) -> str:
+        return self.session.job_id
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    """``tinker://<job id>/<kind>/<name>``: a checkpoint of the session job ``job_id``."""
+
+    job_id: str
+    kind: str
+    name: str
+
+    @classmethod
+    def parse(cls, path: str) -> TinkerPath:
+        parts = path.removeprefix("tinker://").split("/")
+        if not path.startswith("tinker://") or len(parts) != 3 or not all(parts):
+            raise InvalidArgumentError(
+                f"path: {path!r} is not tinker://<training run>/<weights|sampler_weights>/<name>"
+            )
+        if parts[1] not in (STATE_KIND, SAMPLER_KIND):
+            raise InvalidArgumentError(f"path: {path!r}: unknown checkpoint kind {parts[1]!r}")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"tinker://{self.job_id}/{self.kind}/{self.name}"
+
+    @property
+    def trainer_state(self) -> str:
+        """The trainer's LoadState path (relative to its checkpoint root)."""
+        return f"{self.job_id}/states/{self.name}"
+
+
+class Models:
+    def __init__(self, *, order_wait_s: float) -> None:
+        self.order_wait_s = order_wait_s
+        self._by_id: dict[str, TrainingModel] = {}
+        self._by_job: dict[str, TrainingModel] = {}
+        self._starting: dict[str, asyncio.Event] = {}
+
+    def add(self, model: TrainingModel) -> None:
+        self._by_id[model.model_id] = model
+        self._by_job[model.job_id] = model
+        if (started := self._starting.pop(model.model_id, None)) is not None:
+            started.set()
+
+    def starting(self, model_id: str) -> None:
+        """``model_id`` is being created: calls for it wait (see ``get``) instead of failing."""
+        self._starting.setdefault(model_id, asyncio.Event())
+
+    def failed(self, model_id: str) -> None:
+        if (started := self._starting.pop(model_id, None)) is not None:
+            started.set()
+
+    async def get(self, model_id: str, caller: Caller) -> TrainingModel:
+        """The caller's model (waiting for one still starting); NotFoundError otherwise."""
+        if (started := self._starting.get(model_id)) is not None:
+            await started.wait()
+        model = self._by_id.get(model_id)
+        if model is None or model.tenant_id != caller.tenant_id:
+            raise NotFoundError(f"model_id: no training model {model_id!r} of yours")
+        return model
+
+    def by_job(self, job_id: str, caller: Caller) -> TrainingModel:
+        model = self._by_job.get(job_id)
+        if model is None or model.tenant_id != caller.tenant_id:
+            raise NotFoundError(f"no live training run {job_id!r} of yours")
+        return model
+
+    def new_sampler(self, model: TrainingModel) -> str:
+        model.samplers += 1
+        return f"{model.job_id}:sample:{model.samplers}"
+
+    def sampler(self, sampling_session_id: str, caller: Caller) -> TrainingModel:
+        """The model a sampling session samples from (``<job id>:sample:<n>``)."""
+        return self.by_job(sampling_session_id.split(":", 1)[0], caller)
+
+    def remove(self, model: TrainingModel) -> None:
+        self._by_id.pop(model.model_id, None)
+        self._by_job.pop(model.job_id, None)
+
+    def all(self) -> list[TrainingModel]:
+        return list(self._by_id.values())

@@ -1,0 +1,28 @@
+"""Tinker gateway settings, read from OPENTINKER_GATEWAY_* environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    """Where the gateway listens, which scheduler it fronts, and the base models it names."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_GATEWAY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535, description="0 = any free port.")
+    scheduler_address: str = Field("127.0.0.1:50051", min_length=1)
+    # Tinker base-model names -> what the pool loads (a local directory or a hub id), e.g.
+    # OPENTINKER_GATEWAY_BASE_MODELS='{"Qwen/Qwen3-8B": "/models/qwen3-8b"}'. Capabilities list
+    # these names; any other base_model is passed to the pool as it is.
+    base_models: dict[str, str] = Field(default_factory=dict)
+    long_poll_s: float = Field(20.0, gt=0, description="A retrieve_future waits this long.")
+    order_wait_s: float = Field(120.0, gt=0, description="A call waits this for its turn.")
+    session_start_timeout_s: float = Field(
+        600.0, gt=0, description="create_model waits this for a device and the model load."
+    )
+    call_timeout_s: float = Field(600.0, gt=0, description="Deadline of one trainer call.")
+    key_cache_s: float = Field(30.0, ge=0, description="A checked API key is trusted this long.")
+    log_level: str = "INFO"

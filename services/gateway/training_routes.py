@@ -1,0 +1,198 @@
+"""The Tinker calls that do work on a training model. Each answers at once with a future's
+request id; the work runs in the model's seq order (see ordering.py) on its trainer session,
+and its result (or error) waits in the FutureStore for retrieve_future."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from opentinker.errors import InvalidArgumentError
+from opentinker.session_config import SessionConfig
+from opentinker.spec import SamplingParams
+from opentinker.training_session import AdamParams
+
+from . import wire
+from .futures import Result
+from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
+from .ordering import SeqGate
+from .state import Gateway
+from .tenancy import Caller
+
+
+async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Future]) -> Any:
+    """Run ``submit`` (it queues one trainer call) in the model's turn ``seq``, then wait for
+    the call's result. The turn passes on even when ``submit`` fails, so later calls go on."""
+    if seq is None:
+        raise InvalidArgumentError("seq_id: required for a training client's calls")
+    await model.gate.wait_turn(seq)
+    try:
+        future = submit()
+    finally:
+        await model.gate.advance()
+    return await asyncio.wrap_future(future)
+
+
+async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
+    model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+    rank = int((body.get("lora_config") or {}).get("rank") or 0)
+    if rank < 1:
+        raise InvalidArgumentError("lora_config.rank: required, >= 1 (LoRA training only)")
+    work = start_model(gw, caller, model_id, body["base_model"], rank)
+    return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
+
+
+async def start_model(
+    gw: Gateway, caller: Caller, model_id: str, base_model: str, rank: int, first_seq: int = 1
+) -> Result:
+    gw.models.starting(model_id)
+    try:
+        session = await asyncio.to_thread(
+            caller.client.training_session,
+            base_model=gw.settings.base_models.get(base_model, base_model),
+            lora_rank=rank,
+            name="tinker",
+            session=SessionConfig(),
+            wait_timeout=gw.settings.session_start_timeout_s,
+            timeout=gw.settings.call_timeout_s,
+        )
+    except BaseException:
+        gw.models.failed(model_id)
+        raise
+    gate = SeqGate(first=first_seq, wait_s=gw.settings.order_wait_s)
+    gw.models.add(TrainingModel(model_id, caller.tenant_id, base_model, rank, session, gate))
+    return Result({"model_id": model_id, "type": "create_model"})
+
+
+async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
+    request = wire.parse_forward_backward(body)
+    model = await gw.models.get(request.model_id, caller)
+
+    def submit() -> Future:
+        options = wire.loss_options(request.loss_fn, dict(request.loss_fn_config))
+        data = wire.session_data(request)
+        call = (
+            model.session.forward_async
+            if request.forward_only
+            else (model.session.forward_backward_async)
+        )
+        return call(data, request.loss_fn, **options)
+
+    async def work() -> Result:
+        output = await ordered(model, request.seq_id, submit)
+        return Result(wire.forward_backward_output(output))
+
+    return _future(gw, caller, work(), model)
+
+
+async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
+    model = await gw.models.get(body["model_id"], caller)
+    params = body.get("adam_params")
+    if params is None:
+        raise InvalidArgumentError("optimizer_params: only AdamW (adam_params) is served")
+    adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+
+    async def work() -> Result:
+        out = await ordered(model, body.get("seq_id"), lambda: model.session.optim_step_async(adam))
+        return Result({"metrics": {"grad_norm:mean": out.grad_norm, "step:max": float(out.step)}})
+
+    return _future(gw, caller, work(), model)
+
+
+async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """save_state: weights + optimizer state as ``tinker://<job>/weights/<name>``."""
+    model = await gw.models.get(body["model_id"], caller)
+    path = TinkerPath(model.job_id, STATE_KIND, body.get("path") or f"step-{model.gate.next}")
+
+    async def work() -> Result:
+        await ordered(model, body.get("seq_id"), lambda: model.session.save_state_async(path.name))
+        return Result({"path": str(path), "type": "save_weights"})
+
+    return _future(gw, caller, work(), model)
+
+
+async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """Into a model (model_id + seq_id), or into a new one (session_id + model_seq_id: a
+    training client created from a saved state, model id ``<session>:train:<n>``)."""
+    path = TinkerPath.parse(body["path"])
+    if path.kind != STATE_KIND:
+        raise InvalidArgumentError(f"path: {body['path']!r} is sampler weights; load a state")
+    if body.get("model_id"):
+        model = await gw.models.get(body["model_id"], caller)
+        work = _load_into(model, body.get("seq_id"), path)
+        return _future(gw, caller, work, model)
+    model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
+    work = _load_new(gw, caller, model_id, body.get("base_model"), path)
+    return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
+
+
+async def _load_into(model: TrainingModel, seq: int | None, path: TinkerPath) -> Result:
+    await ordered(model, seq, lambda: model.session.load_state_async(path.trainer_state))
+    return Result({"path": str(path), "model_id": model.model_id, "type": "load_weights"})
+
+
+async def _load_new(
+    gw: Gateway, caller: Caller, model_id: str, base_model: str | None, path: TinkerPath
+) -> Result:
+    source = await asyncio.to_thread(gw.job_model, caller, path.job_id)
+    await start_model(gw, caller, model_id, base_model or source.base_model, source.lora.rank)
+    model = await gw.models.get(model_id, caller)
+    await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+    return Result({"path": str(path), "model_id": model_id, "type": "load_weights"})
+
+
+async def save_weights_for_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """Serve the current weights to sample: named -> a sampler path, else a sampling session."""
+    model = await gw.models.get(body["model_id"], caller)
+    name = body.get("path")
+
+    async def work() -> Result:
+        await ordered(model, body.get("seq_id"), model.session.save_weights_for_sampler_async)
+        if name:
+            path = TinkerPath(model.job_id, SAMPLER_KIND, name)
+            return Result({"path": str(path), "type": "save_weights_for_sampler"})
+        sampler = gw.models.new_sampler(model)
+        return Result({"sampling_session_id": sampler, "type": "save_weights_for_sampler"})
+
+    return _future(gw, caller, work(), model)
+
+
+async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """Sample on the trainer session's rollout engine (the weights last served to sample)."""
+    if not body.get("sampling_session_id"):
+        raise InvalidArgumentError(
+            "sampling_session_id: sample from a sampling client of a training client's weights"
+        )
+    model = gw.models.sampler(body["sampling_session_id"], caller)
+    if body.get("prompt_logprobs") or body.get("topk_prompt_logprobs"):
+        raise InvalidArgumentError("prompt_logprobs: not served by this gateway yet")
+    num_samples = int(body.get("num_samples", 1))
+    params = body.get("sampling_params") or {}
+    sampling = SamplingParams(
+        temperature=params.get("temperature", 1.0),
+        top_p=params.get("top_p", 1.0),
+        **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
+    )
+    prompt = wire.prompt_tokens(body["prompt"])
+    stops = wire.stop_token_ids(params.get("stop"))
+    future = model.session.sample_async(
+        prompt,
+        num_samples=num_samples,
+        sampling=sampling,
+        stop_token_ids=stops,
+        seed=int(params.get("seed") or 0),
+    )
+
+    async def work() -> Result:
+        return Result(wire.sample_response(await asyncio.wrap_future(future)))
+
+    request_id = gw.futures.start(work(), tenant=caller.tenant_id)
+    ids = [f"{request_id}:{i}" for i in range(num_samples)]
+    return {"request_id": request_id, "sample_sequence_ids": ids}
+
+
+def _future(gw: Gateway, caller: Caller, work: Any, model: TrainingModel) -> dict:
+    request_id = gw.futures.start(work, tenant=caller.tenant_id)
+    return {"request_id": request_id, "model_id": model.model_id}

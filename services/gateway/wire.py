@@ -1,0 +1,141 @@
+"""Tinker's wire formats <-> the trainer session's messages.
+
+The protobuf schema is the one the ``tinker`` SDK ships (``tinker.proto.tinker_public_pb2``),
+imported rather than copied, so the gateway reads and writes exactly what the pinned SDK does:
+forward_backward requests and their outputs, and sample results, are protobuf; everything
+else is JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as tinker_pb
+
+from opentinker.errors import InvalidArgumentError
+from opentinker.training_session import Datum, ForwardOutput, SampleOutput
+
+# Tinker loss names the trainer implements, and the loss_fn_config keys each one takes.
+SUPPORTED_LOSSES: dict[str, frozenset[str]] = {
+    "cross_entropy": frozenset(),
+    "importance_sampling": frozenset(),
+    "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+}
+# loss_fn_inputs name -> our Datum field (target_tokens is the datum's targets).
+_INPUT_FIELDS = {"weights": "weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}
+_NUMPY_DTYPES = {tinker_pb.DTYPE_FLOAT32: np.float32, tinker_pb.DTYPE_INT64: np.int64}
+# Our metric names without a reduction get the one the SDK should fold chunks with.
+_REDUCTIONS = {"clip_fraction": "mean"}
+_STOP_REASONS = {"stop": tinker_pb.STOP_REASON_STOP, "length": tinker_pb.STOP_REASON_LENGTH}
+
+
+def parse_forward_backward(body: bytes) -> tinker_pb.ForwardBackwardRequest:
+    request = tinker_pb.ForwardBackwardRequest()
+    try:
+        request.ParseFromString(body)
+    except Exception as err:  # protobuf's DecodeError
+        raise InvalidArgumentError(f"body: not a ForwardBackwardRequest protobuf ({err})") from err
+    return request
+
+
+def loss_options(loss_fn: str, config: Mapping[str, float]) -> dict[str, float]:
+    """The trainer's loss options for a Tinker loss; InvalidArgumentError names what is wrong."""
+    if loss_fn not in SUPPORTED_LOSSES:
+        raise InvalidArgumentError(
+            f"loss_fn: {loss_fn!r} is not supported here; use one of {sorted(SUPPORTED_LOSSES)}"
+        )
+    unknown = set(config) - SUPPORTED_LOSSES[loss_fn]
+    if unknown:
+        raise InvalidArgumentError(f"loss_fn_config: {sorted(unknown)} unknown for {loss_fn}")
+    return {k: float(v) for k, v in config.items()}
+
+
+def session_data(request: tinker_pb.ForwardBackwardRequest) -> list[Datum]:
+    return [_datum(i, d) for i, d in enumerate(request.data)]
+
+
+def _datum(index: int, datum: tinker_pb.Datum) -> Datum:
+    tokens: list[int] = []
+    for chunk in datum.model_input:
+        if chunk.WhichOneof("chunk") != "encoded_text":
+            raise InvalidArgumentError(f"data[{index}].model_input: only token chunks are served")
+        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+    inputs = {name: _tensor(index, name, t) for name, t in datum.loss_fn_inputs.items()}
+    if "target_tokens" not in inputs:
+        raise InvalidArgumentError(f"data[{index}].loss_fn_inputs: target_tokens is required")
+    values = {
+        field: [float(v) for v in inputs[name]]
+        for name, field in _INPUT_FIELDS.items()
+        if name in inputs
+    }
+    return Datum(
+        input_tokens=tokens, target_tokens=[int(t) for t in inputs["target_tokens"]], **values
+    )
+
+
+def _tensor(index: int, name: str, tensor: tinker_pb.Tensor) -> list[Any]:
+    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if dtype is None or tensor.HasField("sparse_csr"):
+        raise InvalidArgumentError(
+            f"data[{index}].loss_fn_inputs[{name!r}]: only dense float32/int64 tensors are served"
+        )
+    return np.frombuffer(tensor.dense, dtype=dtype).tolist()
+
+
+def forward_backward_output(output: ForwardOutput) -> bytes:
+    """The SDK's ForwardBackwardOutput: one ArrayRecord with each datum's target logprobs."""
+    proto = tinker_pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    record = proto.loss_fn_outputs.add(num_datums=len(output.logprobs))
+    arrays = [np.asarray(lp, dtype=np.float32) for lp in output.logprobs]
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+    logprobs = record.fields["logprobs"]
+    logprobs.dtype = tinker_pb.DTYPE_FLOAT32
+    logprobs.data = b"".join(a.tobytes() for a in arrays)
+    logprobs.offsets = offsets.tobytes()
+    for name, value in sdk_metrics(output.metrics).items():
+        proto.metrics[name] = value
+    return proto.SerializeToString()
+
+
+def sdk_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Metric names as the SDK folds them: ``name:reduction`` (sum unless known otherwise)."""
+    return {
+        name if ":" in name else f"{name}:{_REDUCTIONS.get(name, 'sum')}": float(value)
+        for name, value in metrics.items()
+    }
+
+
+def sample_response(output: SampleOutput) -> bytes:
+    proto = tinker_pb.SampleResponse()
+    for seq in output.sequences:
+        proto.sequences.add(
+            stop_reason=_STOP_REASONS.get(seq.stop_reason, tinker_pb.STOP_REASON_LENGTH),
+            tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
+            logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
+        )
+    return proto.SerializeToString()
+
+
+def prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:
+    """Token ids of a JSON ModelInput ({"chunks": [{"type": "encoded_text", "tokens": [...]}]})."""
+    tokens: list[int] = []
+    for i, chunk in enumerate(prompt.get("chunks", [])):
+        if chunk.get("type", "encoded_text") != "encoded_text":
+            raise InvalidArgumentError(f"prompt.chunks[{i}]: only token chunks are served")
+        tokens.extend(int(t) for t in chunk.get("tokens", []))
+    if not tokens:
+        raise InvalidArgumentError("prompt: no tokens")
+    return tokens
+
+
+def stop_token_ids(stop: str | Sequence[Any] | None) -> list[int]:
+    """Stop tokens of SamplingParams.stop; stop strings need a tokenizer the gateway lacks."""
+    if stop is None:
+        return []
+    if isinstance(stop, str) or any(not isinstance(s, int) for s in stop):
+        raise InvalidArgumentError(
+            "sampling_params.stop: only token ids are served; encode stop strings to ids"
+        )
+    return [int(s) for s in stop]

@@ -1,0 +1,122 @@
+"""The gateway's translation of Tinker's wire format (the tinker SDK's own encoders and
+decoders on the other side) and its seq_id ordering."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_proto_response
+
+from opentinker.errors import FailedPreconditionError, InvalidArgumentError
+from opentinker.services.gateway import wire
+from opentinker.services.gateway.futures import error_body
+from opentinker.services.gateway.models import TinkerPath
+from opentinker.services.gateway.ordering import SeqGate
+from opentinker.training_session import ForwardOutput, SampledSequence, SampleOutput
+
+pytestmark = pytest.mark.unit
+
+
+def sdk_request(loss_fn: str = "importance_sampling", **config: float) -> bytes:
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([3, 4, 5]),
+        loss_fn_inputs={
+            "target_tokens": np.array([4, 5, 6], dtype=np.int64),
+            "logprobs": np.array([-1.0, -0.5, -0.25], dtype=np.float32),
+            "advantages": np.array([0.0, 1.0, 1.0], dtype=np.float32),
+        },
+    )
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(
+            data=[datum], loss_fn=loss_fn, loss_fn_config=config or None
+        ),
+        model_id="s:train:0",
+        seq_id=3,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def test_an_sdk_forward_backward_request_becomes_session_data() -> None:
+    request = wire.parse_forward_backward(sdk_request())
+    [datum] = wire.session_data(request)
+    assert (request.model_id, request.seq_id, request.loss_fn) == (
+        "s:train:0",
+        3,
+        "importance_sampling",
+    )
+    assert datum.input_tokens == [3, 4, 5] and datum.target_tokens == [4, 5, 6]
+    assert datum.sampling_logprobs == [-1.0, -0.5, -0.25]
+    assert datum.advantages == [0.0, 1.0, 1.0] and datum.weights is None
+
+
+def test_losses_are_checked_with_their_options() -> None:
+    assert wire.loss_options("ppo", {"clip_low_threshold": 0.7}) == {"clip_low_threshold": 0.7}
+    with pytest.raises(InvalidArgumentError, match="'dro' is not supported"):
+        wire.loss_options("dro", {})
+    with pytest.raises(InvalidArgumentError, match="loss_fn_config"):
+        wire.loss_options("cross_entropy", {"clip_low_threshold": 0.7})
+
+
+def test_outputs_decode_with_the_sdks_own_decoders() -> None:
+    output = ForwardOutput(
+        loss=1.5, logprobs=[[-0.5, -1.0], [-0.25]], metrics={"loss:sum": 1.5, "tokens": 3.0}
+    )
+    decoded = deserialize_proto_response(
+        wire.forward_backward_output(output), types.ForwardBackwardOutput
+    )
+    assert [o["logprobs"].tolist() for o in decoded.loss_fn_outputs] == [[-0.5, -1.0], [-0.25]]
+    # Every metric carries the reduction the SDK folds chunks with.
+    assert decoded.metrics == {"loss:sum": 1.5, "tokens:sum": 3.0}
+
+    sample = SampleOutput([SampledSequence([7, 2], [-0.5, -0.125], "stop")], policy_version=1)
+    [seq] = deserialize_proto_response(wire.sample_response(sample), types.SampleResponse).sequences
+    assert (seq.tokens, seq.logprobs, seq.stop_reason) == ([7, 2], [-0.5, -0.125], "stop")
+
+
+def test_prompts_and_stops() -> None:
+    prompt = types.ModelInput.from_ints([1, 2, 3]).model_dump(mode="json")
+    assert wire.prompt_tokens(prompt) == [1, 2, 3]
+    assert wire.stop_token_ids([5, 6]) == [5, 6] and wire.stop_token_ids(None) == []
+    with pytest.raises(InvalidArgumentError, match="stop"):
+        wire.stop_token_ids(["</s>"])
+
+
+def test_tinker_paths_name_a_session_jobs_state() -> None:
+    path = TinkerPath.parse("tinker://job-1/weights/after")
+    assert (
+        path.trainer_state == "job-1/states/after" and str(path) == "tinker://job-1/weights/after"
+    )
+    with pytest.raises(InvalidArgumentError, match="tinker://"):
+        TinkerPath.parse("/tmp/job-1/states/after")
+
+
+def test_errors_say_who_is_to_blame() -> None:
+    assert error_body(InvalidArgumentError("loss_fn: no")) == {
+        "error": "loss_fn: no",
+        "category": "user",
+    }
+    assert error_body(RuntimeError("boom"))["category"] == "server"
+
+
+def test_the_seq_gate_lets_calls_through_in_order() -> None:
+    async def scenario() -> list[int]:
+        gate, order = SeqGate(wait_s=5), []
+
+        async def call(seq: int) -> None:
+            await gate.wait_turn(seq)
+            order.append(seq)
+            await gate.advance()
+
+        await asyncio.gather(call(3), call(1), call(2))  # arrive out of order
+        with pytest.raises(FailedPreconditionError, match="already used"):
+            await gate.wait_turn(2)
+        late = SeqGate(wait_s=0.05)
+        with pytest.raises(FailedPreconditionError, match="never came"):
+            await late.wait_turn(2)
+        return order
+
+    assert asyncio.run(scenario()) == [1, 2, 3]

@@ -1,0 +1,133 @@
+"""The official ``tinker`` SDK, unchanged, against the gateway in front of a real mesh
+(Redis, scheduler, envhub, worker; each training client is a trainer session job)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+import opentinker
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+BASE = "opentinker/tiny-letter"  # the Tinker name the gateway maps to the local model dir
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(mesh, letter_model_dir: Path):
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,  # a free one
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+    )
+    with running_gateway(settings) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def service(gateway, mesh, monkeypatch_module):
+    monkeypatch_module.setenv("TINKER_TELEMETRY", "0")
+    return tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def sft_datum(tokens: list[int]) -> types.Datum:
+    """Tokens[:-1] in, tokens[1:] out, every target weighted 1."""
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:], dtype=np.int64),
+            "weights": np.ones(len(tokens) - 1, dtype=np.float32),
+        },
+    )
+
+
+def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
+    caps = service.get_server_capabilities()
+    assert [m.model_name for m in caps.supported_models] == [BASE]
+    trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+    assert trainer.get_info().lora_rank == 4
+
+    # cross_entropy: the loss of one fixed sequence falls as we step on it.
+    data = [sft_datum([5, 9, 13, 17, 21, 25, 29]), sft_datum([6, 10, 14, 18, 22])]
+    adam = types.AdamParams(learning_rate=1e-1)
+    losses = []
+    for _ in range(5):
+        fwd = trainer.forward_backward(data, "cross_entropy")
+        trainer.optim_step(adam).result()
+        losses.append(fwd.result().metrics["loss:sum"])
+    assert losses[-1] < 0.7 * losses[0], losses
+    # One datum's output: the logprob of each of its targets.
+    out = trainer.forward(data, "cross_entropy").result()
+    assert len(out.loss_fn_outputs) == 2 and out.loss_fn_outputs[0]["logprobs"].shape == [6]
+
+    # Sampling from the trained weights, with the sampler's logprobs.
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    assert sampler.get_base_model() == BASE
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
+    result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
+    assert len(result.sequences) == 2
+    for seq in result.sequences:
+        assert 1 <= len(seq.tokens) <= 5 and len(seq.logprobs) == len(seq.tokens)
+        assert all(lp <= 0 and math.isfinite(lp) for lp in seq.logprobs)
+
+    # importance_sampling with those samples: a finite loss, and a step after it.
+    seq = result.sequences[0]
+    tokens = [5, 9, 13, *seq.tokens]
+    n = len(tokens) - 1
+    is_datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:], dtype=np.int64),
+            "logprobs": np.array([0.0, 0.0, *seq.logprobs], dtype=np.float32)[:n],
+            "advantages": np.array([0.0, 0.0, *[1.0] * len(seq.tokens)], dtype=np.float32)[:n],
+        },
+    )
+    is_out = trainer.forward_backward([is_datum], "importance_sampling").result()
+    assert math.isfinite(is_out.metrics["loss:sum"])
+    trainer.optim_step(adam).result()
+
+    # An unsupported loss fails its own future; the client goes on.
+    with pytest.raises(tinker.RequestFailedError, match="dro"):
+        trainer.forward_backward(data, "dro").result()
+    before = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+    # save_state, then a new client from it continues from the same weights.
+    path = trainer.save_state("after-steps").result().path
+    assert path.startswith("tinker://") and path.endswith("/weights/after-steps")
+    resumed = service.create_training_client_from_state(path).result()
+    again = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert again == pytest.approx(before, rel=1e-4)
+    resumed.forward_backward(data, "cross_entropy").result()
+    resumed.optim_step(adam).result()
+
+    # Closing the service client ends both session jobs, successfully.
+    service.close("success").result()
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+        jobs = [j for j in client.list_jobs() if j.name == "tinker"]
+    assert len(jobs) == 2 and all(j.state == "SUCCEEDED" for j in jobs), jobs
+
+
+def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> None:
+    service = tinker.ServiceClient(base_url=gateway, api_key="tml-otk_not_a_key")  # lazy
+    with pytest.raises(tinker.AuthenticationError, match="X-API-Key|credential|key"):
+        service.create_lora_training_client(base_model=BASE, rank=4)
