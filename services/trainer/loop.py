@@ -33,6 +33,7 @@ from .rollout_client import WeightsAck
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
+from .step_reports import BackgroundStepReports
 from .training import rl_update
 from .validation import EvalRollout, Validation
 from .weight_sync import verified_sync
@@ -136,6 +137,7 @@ class RlLoop:
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
         self.update_config = UpdateConfig.from_rl(self.rl)
+        self.reports = BackgroundStepReports(reporter.report_step)
         # Built before a resume loads a checkpoint: a full fine-tune's reference is the base.
         self.reference = ReferencePolicy.from_policy(policy) if self.rl.kl_coef > 0 else None
         self.critic = (
@@ -168,6 +170,7 @@ class RlLoop:
 
     async def _fail(self, reason: str) -> Outcome:
         self.log.error("job_failed", reason=reason, step=self.step)
+        await self.reports.cancel()
         await self.rollout.close(
             reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
         )
@@ -204,6 +207,9 @@ class RlLoop:
                     reward=self._window_mean(-REWARD_WINDOW),
                 )
                 break
+        if await self.reports.flush():  # the last step's report answered stop
+            self.log.info("job_cancelled", step=self.step)
+            return Outcome.CANCELLED
         checkpoint = await self._save()
         final = {
             "reward_mean_last10": self._window_mean(-REWARD_WINDOW),
@@ -217,7 +223,8 @@ class RlLoop:
         return Outcome.SUCCEEDED
 
     async def _one_step(self) -> bool:
-        """Collect, train, sync, report one step; True when the scheduler says stop."""
+        """Collect, train, sync, report one step; True when the scheduler has said stop (to
+        this step's report or an earlier one: reports are answered in the background)."""
         started = time.monotonic()
         batch = await self.rollout.collect(
             batch_index=self.step,
@@ -266,7 +273,8 @@ class RlLoop:
             loss=round(stats.loss, 5),
             time_step_s=round(time_step, 3),
         )
-        return await self.reporter.report_step(self.step, self.policy_version, metrics)
+        await self.reports.put(self.step, self.policy_version, metrics)  # sent in the background
+        return self.reports.stop_requested
 
     def _set_learning_rate(self) -> float:
         """The LR of this step's update from the schedule (a function of the step alone, so a
