@@ -36,3 +36,10 @@ def test_trainer_memory_measures_both_paths() -> None:
     assert "old MiB" in text and "new MiB" in text
     rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["16"]]
     assert rows and rows[0][2].isdigit() and rows[0][3].isdigit()  # both measured, no error
+
+
+def test_vs_inprocess_measures_the_mesh_and_one_process() -> None:
+    text = run_bench("vs_inprocess.py", "--quick", "--staleness", "0,1")
+    assert "mesh, staleness 0" in text and "mesh, staleness 1" in text and "in-process" in text
+    assert "ratio mesh, staleness 1 / in-process (s/step):" in text
+    assert "step split (mesh, staleness 1" in text
