@@ -232,7 +232,6 @@ class RlLoop:
         this step's report or an earlier one: reports are answered in the background)."""
         started = time.monotonic()
         batch, played_by = await self.batches.next_batch(self.step, self.policy_version)
-        lag = self.policy_version - played_by
         episodes = usable_episodes(
             batch,
             self.rl,
@@ -260,12 +259,16 @@ class RlLoop:
             batch,
             episodes,
             stats,
-            StepTimes(train_s=time_train, sync_s=time_sync, step_s=time_step),
+            StepTimes(
+                train_s=time_train,
+                sync_s=time_sync,
+                step_s=time_step,
+                wait_s=train_started - started,
+            ),
             probe_diff=probe_diff,
             lr=lr,
+            off_policy_lag=self.policy_version - 1 - played_by,
         )
-        metrics["off_policy_lag"] = float(lag)  # versions between sampling and training
-        metrics["time_rollout_wait_s"] = train_started - started  # waiting for the batch
         metrics.update(await self._validate())
         reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
