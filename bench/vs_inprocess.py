@@ -60,10 +60,7 @@ class Run:
 
 def mesh_run(spec: JobSpec, root: Path, staleness: int) -> Run:
     """The demo job through a fresh single-node mesh."""
-    if staleness:
-        spec = spec.model_copy(
-            update={"rl": spec.rl.model_copy(update={"max_staleness": staleness})}
-        )
+    spec = spec.model_copy(update={"rl": spec.rl.model_copy(update={"max_staleness": staleness})})
     run = Run(f"mesh, staleness {staleness}")
     steps: list[JobEvent] = []
     started = time.monotonic()
