@@ -250,6 +250,9 @@ class RlLoop:
             critic=self.critic,
         )
         time_train = time.monotonic() - train_started
+        ahead_started = time.monotonic()
+        await self.batches.wait_ahead()
+        time_wait = train_started - started + time.monotonic() - ahead_started
         self.policy_version += 1
         self.step += 1
         time_sync, probe_diff = await self._sync_weights()
@@ -263,7 +266,7 @@ class RlLoop:
                 train_s=time_train,
                 sync_s=time_sync,
                 step_s=time_step,
-                wait_s=train_started - started,
+                wait_s=time_wait,
             ),
             probe_diff=probe_diff,
             lr=lr,

@@ -27,6 +27,8 @@ class BatchSource(Protocol):
 
     async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch: ...
 
+    async def receive_ahead(self, *, timeout_s: float) -> None: ...
+
 
 class BatchPipeline:
     """Requests the training batches of steps ``step .. step + max_staleness`` (never past the
@@ -52,6 +54,13 @@ class BatchPipeline:
                 self._requested[index] = policy_version
         batch = await self._rollout.receive_batch(batch_index=step, timeout_s=self._timeout_s)
         return batch, self._requested.pop(step)
+
+    async def wait_ahead(self) -> None:
+        """Wait for the batches requested ahead. Before a weight update: the rollout applies
+        it only after them anyway, so waiting here loses no overlap and the wait is measured
+        as waiting for the rollout, not as weight sync."""
+        if self._requested:
+            await self._rollout.receive_ahead(timeout_s=self._timeout_s)
 
 
 def usable_episodes(

@@ -119,6 +119,12 @@ class GrpcRolloutSession:
         self._requested.append(batch_index)
         self._batch_timeout_s = timeout_s
 
+    async def receive_ahead(self, *, timeout_s: float) -> None:
+        """Wait until every requested training batch has arrived (kept for receive_batch)."""
+        while len(self._arrived) < len(self._requested):
+            reply = await self._receive("batch", timeout_s, keep_training=False)
+            self._arrived.append(reply.batch)
+
     async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch:
         """The oldest requested training batch (which must be ``batch_index``)."""
         if not self._requested:
