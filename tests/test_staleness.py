@@ -15,6 +15,7 @@ import pytest
 import torch
 from identity_service import Identities
 from test_trainer_loop import job_spec, mesh, run_loop
+from test_trainer_resume import run_attempt
 
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.trainer.loop import Outcome
@@ -72,6 +73,27 @@ def test_staleness_zero_is_strictly_on_policy(
             outcome, _, _ = await run_loop(m, spec, tmp_path)
             assert outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
             assert [s.metrics["off_policy_lag"] for s in m.scheduler.of("step")] == [0.0] * 3
+
+    asyncio.run(scenario())
+
+
+def test_staleness_one_resumes_from_a_checkpoint(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = job_spec(tiny_model_dir, steps=6, checkpoint_every=2, max_staleness=1)
+
+    async def scenario() -> None:
+        async with mesh(identities, stop_at=3, job_id="job-r") as m:
+            first = await run_attempt(m, spec, tmp_path / "a1", tmp_path / "ckpt")
+            assert first.outcome is Outcome.CANCELLED  # type: ignore[attr-defined]
+        async with mesh(identities, job_id="job-r") as m:
+            second = await run_attempt(m, spec, tmp_path / "a2", tmp_path / "ckpt")
+            assert second.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")  # type: ignore[attr-defined]
+            steps = m.scheduler.of("step")
+            assert [s.step for s in steps] == [3, 4, 5, 6]  # from the step-2 checkpoint
+            assert [s.policy_version for s in steps] == [3, 4, 5, 6]
+            # the first batch after the resume is played by the resumed version itself
+            assert [s.metrics["off_policy_lag"] for s in steps] == [0.0, 1.0, 1.0, 1.0]
 
     asyncio.run(scenario())
 
