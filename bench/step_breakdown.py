@@ -9,7 +9,12 @@ Baseline measured in the same run: the same episodes' environment work done in-p
 (calling the game directly), so "env RPC overhead" is what going through EnvHub over gRPC
 adds on top of the game logic itself.
 
-    .venv/bin/python bench/step_breakdown.py [--steps 30] [--prompts 16] [--samples 8]
+    .venv/bin/python bench/step_breakdown.py [--steps 30] [--prompts 16] [--samples 8] \
+        [--staleness 0]
+
+With --staleness 1 generation and env work overlap training: their rows then say how long they
+took on the rollout, "rollout_wait" how long the trainer waited for its batch, and the shares
+add up to more than 100%.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--finetune", choices=["full", "lora"], default="full")
+    parser.add_argument("--staleness", type=int, default=0, help="RlConfig.max_staleness")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-bench-"))
@@ -59,6 +65,7 @@ def main() -> None:
             samples_per_prompt=args.samples,
             learning_rate=1e-4,
             sampling=SamplingParams(max_new_tokens=2),
+            max_staleness=args.staleness,
         ),
     )
     steps = []
@@ -68,7 +75,14 @@ def main() -> None:
     ):
         job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
     steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)
-    keys = ["time_generate_s", "time_env_s", "time_train_s", "time_weight_sync_s", "time_mesh_s"]
+    keys = [
+        "time_generate_s",
+        "time_env_s",
+        "time_rollout_wait_s",
+        "time_train_s",
+        "time_weight_sync_s",
+        "time_mesh_s",
+    ]
     mean = {k: statistics.fmean(s.metrics.get(k, 0.0) for s in steps) for k in keys}
     step_s = statistics.fmean(s.metrics["time_step_s"] for s in steps)
     episodes = args.prompts * args.samples
@@ -79,7 +93,7 @@ def main() -> None:
     out = sys.stdout
     out.write(
         f"job {job.job_id} {job.state}: {len(steps)} steps measured, "
-        f"{episodes} episodes/step, {args.finetune} fine-tuning\n"
+        f"{episodes} episodes/step, {args.finetune} fine-tuning, max_staleness {args.staleness}\n"
     )
     out.write(f"{'part':<28}{'s/step':>10}{'share':>9}\n")
     for key in keys:

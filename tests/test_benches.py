@@ -41,3 +41,10 @@ def test_trainer_memory_measures_both_paths() -> None:
 def test_gateway_overhead_measures_the_sdk_through_the_gateway_and_grpc() -> None:
     text = run_bench("gateway_overhead.py", "--calls", "2")
     assert "forward_backward" in text and "sample" in text and "overhead" in text
+
+
+def test_vs_inprocess_measures_the_mesh_and_one_process() -> None:
+    text = run_bench("vs_inprocess.py", "--quick", "--staleness", "0,1")
+    assert "mesh, staleness 0" in text and "mesh, staleness 1" in text and "in-process" in text
+    assert "ratio mesh, staleness 1 / in-process (s/step):" in text
+    assert "step split (mesh, staleness 1" in text

@@ -46,8 +46,15 @@ PPO = {
 
 
 def spec_with_dropout(model_dir: Path, **rl: object) -> JobSpec:
+    # Strictly on-policy (max_staleness 0): with staleness 1 the batch after a resume is played
+    # by the resumed version, where the uninterrupted run played it with the version before.
     spec = job_spec(
-        model_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, prompts_per_step=4, **rl
+        model_dir,
+        steps=STEPS,
+        checkpoint_every=CHECKPOINT_EVERY,
+        prompts_per_step=4,
+        max_staleness=0,
+        **rl,
     )
     lora = LoraConfig(rank=4, dropout=0.2)
     return spec.model_copy(

@@ -52,6 +52,13 @@ class RlConfig(_Strict):
         {}, description='Merged over env_options for validation, e.g. {"split": "validation"}.'
     )
     val_first_episode: int = Field(0, ge=0, description="Picks another fixed validation set.")
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="Policy versions a training batch may lag: 0 = strictly on-policy; 1 = the "
+        "rollout generates the next batch while the trainer trains on this one.",
+    )
 
     loss_normalization: Literal["sequence", "token", "constant"] = Field(
         "sequence",
@@ -152,7 +159,7 @@ _RL_ALGORITHM_NUMBERS = (
 )
 _RL_NUMBERS += _RL_ALGORITHM_NUMBERS
 # proto3 `optional` RlConfig fields: taken from the wire when present (0 is a real value).
-_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda")
+_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda", "max_staleness")
 _LOSS_TO_PB = {
     "grpo": common_pb2.LOSS_KIND_GRPO,
     "ppo": common_pb2.LOSS_KIND_PPO,

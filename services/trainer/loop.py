@@ -1,5 +1,8 @@
 """The managed RL loop: collect -> advantages -> loss -> step -> sync weights -> report.
 
+With ``max_staleness`` >= 1 the rollout already plays the next batch(es) while the trainer
+trains (pipeline.py); progress reports go out in the background (step_reports.py).
+
 Knows nothing of gRPC: it drives a ``RolloutSession`` and a ``ProgressReporter`` (small
 Protocols, implemented over gRPC in rollout_client.py and reporter.py). Model work runs in a
 worker thread so the process's gRPC server stays responsive during a step.
@@ -19,21 +22,23 @@ from typing import Protocol
 import structlog
 import torch
 
-from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.errors import OpenTinkerError
 from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
-from .batch import CollectedBatch, Episode
+from .batch import CollectedBatch
 from .batch_work import UpdateConfig
 from .critic import Critic
-from .errors import CheckpointError, WeightSyncError
+from .errors import CheckpointError
+from .pipeline import BatchPipeline, BatchSource, usable_episodes
 from .policy import Policy
 from .reference import ReferencePolicy
 from .rollout_client import WeightsAck
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
+from .step_reports import BackgroundStepReports
 from .training import rl_update
 from .validation import EvalRollout, Validation
 from .weight_sync import verified_sync
@@ -43,7 +48,7 @@ log = structlog.get_logger()
 REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and final metrics
 
 
-class RolloutSession(EvalRollout, Protocol):
+class RolloutSession(EvalRollout, BatchSource, Protocol):
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
 
     async def sync_weights(
@@ -138,6 +143,8 @@ class RlLoop:
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
         self.update_config = UpdateConfig.from_rl(self.rl)
+        self.reports = BackgroundStepReports(reporter.report_step)
+        self.batches = BatchPipeline(rollout, self.rl, timeout_s=settings.collect_timeout_s)
         # Built before a resume loads a checkpoint: a full fine-tune's reference is the base.
         self.reference = ReferencePolicy.from_policy(policy) if self.rl.kl_coef > 0 else None
         self.critic = (
@@ -170,6 +177,7 @@ class RlLoop:
 
     async def _fail(self, reason: str) -> Outcome:
         self.log.error("job_failed", reason=reason, step=self.step)
+        await self.reports.cancel()
         await self.rollout.close(
             reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
         )
@@ -206,6 +214,9 @@ class RlLoop:
                     reward=self._window_mean(-REWARD_WINDOW),
                 )
                 break
+        if await self.reports.flush():  # the last step's report answered stop
+            self.log.info("job_cancelled", step=self.step)
+            return Outcome.CANCELLED
         checkpoint = await self._save()
         final = {
             "reward_mean_last10": self._window_mean(-REWARD_WINDOW),
@@ -219,15 +230,17 @@ class RlLoop:
         return Outcome.SUCCEEDED
 
     async def _one_step(self) -> bool:
-        """Collect, train, sync, report one step; True when the scheduler says stop."""
+        """Collect, train, sync, report one step; True when the scheduler has said stop (to
+        this step's report or an earlier one: reports are answered in the background)."""
         started = time.monotonic()
-        batch = await self.rollout.collect(
-            batch_index=self.step,
-            num_groups=self.rl.prompts_per_step,
-            group_size=self.rl.samples_per_prompt,
-            timeout_s=self.settings.collect_timeout_s,
+        batch, played_by = await self.batches.next_batch(self.step, self.policy_version)
+        episodes = usable_episodes(
+            batch,
+            self.rl,
+            step=self.step,
+            played_by=played_by,
+            policy_version=self.policy_version,
         )
-        episodes = self._usable_episodes(batch)
         train_started = time.monotonic()
         lr = self._set_learning_rate()
         stats = await asyncio.to_thread(
@@ -239,6 +252,9 @@ class RlLoop:
             critic=self.critic,
         )
         time_train = time.monotonic() - train_started
+        ahead_started = time.monotonic()
+        await self.batches.wait_ahead()
+        time_wait = train_started - started + time.monotonic() - ahead_started
         self.policy_version += 1
         self.step += 1
         time_sync, probe_diff = await self._sync_weights()
@@ -248,9 +264,15 @@ class RlLoop:
             batch,
             episodes,
             stats,
-            StepTimes(train_s=time_train, sync_s=time_sync, step_s=time_step),
+            StepTimes(
+                train_s=time_train,
+                sync_s=time_sync,
+                step_s=time_step,
+                wait_s=time_wait,
+            ),
             probe_diff=probe_diff,
             lr=lr,
+            off_policy_lag=self.policy_version - 1 - played_by,
         )
         metrics.update(await self._validate())
         if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
@@ -271,7 +293,8 @@ class RlLoop:
             loss=round(stats.loss, 5),
             time_step_s=round(time_step, 3),
         )
-        return await self.reporter.report_step(self.step, self.policy_version, metrics)
+        await self.reports.put(self.step, self.policy_version, metrics)  # sent in the background
+        return self.reports.stop_requested
 
     def _set_learning_rate(self) -> float:
         """The LR of this step's update from the schedule (a function of the step alone, so a
@@ -286,31 +309,6 @@ class RlLoop:
         for group in self.policy.optimizer.param_groups:
             group["lr"] = lr
         return lr
-
-    def _usable_episodes(self, batch: CollectedBatch) -> list[Episode]:
-        """Check on-policy versions; drop ENV_ERROR episodes (the job fails if none is left)."""
-        expected = self.rl.prompts_per_step * self.rl.samples_per_prompt
-        if len(batch.episodes) != expected:
-            raise WeightSyncError(
-                f"rollout returned {len(batch.episodes)} trajectories, expected {expected}"
-            )
-        stale = [
-            e.policy_version for e in batch.episodes if e.policy_version != self.policy_version
-        ]
-        if stale:
-            raise WeightSyncError(
-                f"off-policy trajectories: {len(stale)} of {len(batch.episodes)} were generated by "
-                f"policy "
-                f"version {stale[0]}, but the rollout had confirmed version {self.policy_version}"
-            )
-        usable = [e for e in batch.episodes if not e.env_error]
-        if not usable:
-            detail = batch.episodes[0].finish_detail or "no detail given"
-            raise EnvironmentError_(
-                f"every episode of env {self.rl.env_name!r} failed at step {self.step + 1} "
-                f"(first error: {detail}); check the environment server"
-            )
-        return usable
 
     async def _sync_weights(self) -> tuple[float, float]:
         """Send the trainable weights as ``policy_version`` and verify the rollout serves them.

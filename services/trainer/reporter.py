@@ -2,8 +2,9 @@
 
 The job's processes outlive a scheduler restart (the worker keeps them running), so a report
 that finds the scheduler UNAVAILABLE — restarting, or its Redis is — is retried with backoff
-for up to ``retry_for_s`` before the job gives up. Reports are sent one at a time and the loop
-waits for each, so steps arrive in order and none is skipped; training pauses meanwhile. Only
+for up to ``retry_for_s`` before the job gives up. Reports are sent one at a time, so steps
+arrive in order and none is skipped; the RL loop sends its step reports from a background task
+(step_reports.py), so training goes on meanwhile. Only
 UNAVAILABLE is retried: the scheduler did not take the report, so a retry cannot count it twice
 (a report lost with its answer on a dropped connection may, rarely, show twice in the events).
 """

@@ -1,13 +1,17 @@
 """The trainer's side of the RolloutService.Rollout stream, behind plain async methods.
 
-One request, one awaited answer: open -> opened, weights -> applied, collect -> batch,
-close -> closed. Every wait has a deadline; heartbeats from the rollout are skipped; a
-RolloutFailed, an ended stream or a gRPC error raises RolloutError at once, naming the rollout.
+One request, one answer, in order: open -> opened, weights -> applied, collect -> batch,
+close -> closed. Training batches may be requested ahead (``request_batch``; the RL loop's
+bounded staleness): the rollout serves its stream in order, so their batches come back before
+the answers to anything sent after them, and are kept until ``receive_batch`` asks. Every wait
+has a deadline; heartbeats from the rollout are skipped; a RolloutFailed, an ended stream or a
+gRPC error raises RolloutError at once, naming the rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +48,9 @@ class GrpcRolloutSession:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._seq = 0
         self._seed = 0  # the session's seed: evaluation rows name their env seeds
+        self._requested: deque[int] = deque()  # training batches asked for, not yet received
+        self._arrived: deque[rollout_pb2.TrajectoryBatch] = deque()  # ..of which here already
+        self._batch_timeout_s = 0.0  # the deadline of a requested batch
 
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str:
         """Open the session for ``spec``'s model and env (an RL or an inference job);
@@ -92,11 +99,41 @@ class GrpcRolloutSession:
         self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
     ) -> CollectedBatch:
         """Ask for num_groups x group_size episodes and wait for the batch."""
+        await self.request_batch(
+            batch_index=batch_index,
+            num_groups=num_groups,
+            group_size=group_size,
+            timeout_s=timeout_s,
+        )
+        return await self.receive_batch(batch_index=batch_index, timeout_s=timeout_s)
+
+    async def request_batch(
+        self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
+    ) -> None:
+        """Ask for a training batch now; the rollout plays it with the weights it serves once
+        the requests before it are done (weights sent later apply after it)."""
         request = rollout_pb2.CollectTrajectories(
             batch_index=batch_index, num_groups=num_groups, group_size=group_size
         )
         await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
-        batch = (await self._receive("batch", timeout_s)).batch
+        self._requested.append(batch_index)
+        self._batch_timeout_s = timeout_s
+
+    async def receive_ahead(self, *, timeout_s: float) -> None:
+        """Wait until every requested training batch has arrived (kept for receive_batch)."""
+        while len(self._arrived) < len(self._requested):
+            reply = await self._receive("batch", timeout_s, keep_training=False)
+            self._arrived.append(reply.batch)
+
+    async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch:
+        """The oldest requested training batch (which must be ``batch_index``)."""
+        if not self._requested:
+            raise RolloutError(f"batch {batch_index} was never requested from {self._address}")
+        if self._arrived:
+            batch = self._arrived.popleft()
+        else:
+            batch = (await self._receive("batch", timeout_s, keep_training=False)).batch
+        self._requested.popleft()
         if batch.batch_index != batch_index:
             raise RolloutError(
                 f"rollout at {self._address} answered batch {batch.batch_index}, "
@@ -176,10 +213,16 @@ class GrpcRolloutSession:
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
             raise await self._stream_error(err, f"sending {kind!r}") from err
 
-    async def _receive(self, expected: str, timeout_s: float) -> rollout_pb2.RolloutResponse:
+    async def _receive(
+        self, expected: str, timeout_s: float, *, keep_training: bool = True
+    ) -> rollout_pb2.RolloutResponse:
+        """The next reply of kind ``expected``. With ``keep_training``, the batches of training
+        collects requested earlier (they arrive first) are kept for receive_batch, and their
+        deadline adds to this wait's."""
         assert self._call is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        ahead = keep_training and len(self._arrived) < len(self._requested)
+        deadline = loop.time() + timeout_s + (self._batch_timeout_s if ahead else 0.0)
         while True:
             try:
                 reply = await asyncio.wait_for(self._call.read(), max(deadline - loop.time(), 0.0))
@@ -195,6 +238,9 @@ class GrpcRolloutSession:
                     f"for {expected!r}"
                 )
             kind = reply.WhichOneof("payload")
+            if kind == "batch" and keep_training and len(self._arrived) < len(self._requested):
+                self._arrived.append(reply.batch)
+                continue
             if kind == expected:
                 return reply
             if kind == "heartbeat":

@@ -13,11 +13,13 @@ from .training import TrainStats
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Seconds one step spent training, syncing weights, and in all."""
+    """Seconds one step spent training, syncing weights, and in all; ``wait_s``: waiting for
+    its batch (with max_staleness >= 1 the batch was mostly played while the last step trained)."""
 
     train_s: float
     sync_s: float
     step_s: float
+    wait_s: float = 0.0
 
 
 def step_metrics(
@@ -28,11 +30,16 @@ def step_metrics(
     *,
     probe_diff: float,
     lr: float = 0.0,
+    off_policy_lag: int = 0,
 ) -> dict[str, float]:
     """Every figure one step reports (names are part of the event stream's contract)."""
     rewards = [e.reward for e in episodes]
     reward_mean = sum(rewards) / len(rewards)
-    mesh_s = times.step_s - batch.generate_seconds - batch.env_seconds - times.train_s
+    # Generation and env work the trainer waited for (all of it when strictly on-policy; with
+    # overlap, only what training did not hide); the rest of the step beyond training and the
+    # weight sync is what the mesh itself cost.
+    rollout_s = min(times.wait_s, batch.generate_seconds + batch.env_seconds)
+    mesh_s = times.step_s - rollout_s - times.train_s
     return {
         "reward_mean": reward_mean,
         "reward_std": math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)),
@@ -63,6 +70,9 @@ def step_metrics(
         "time_train_s": times.train_s,
         "time_weight_sync_s": times.sync_s,
         "time_step_s": times.step_s,
+        "time_rollout_wait_s": times.wait_s,
+        # Policy versions between the one that played the batch and the one trained on it.
+        "off_policy_lag": float(off_policy_lag),
         # What the mesh itself cost: gRPC, (de)serialization, packing, waiting.
         "time_mesh_s": max(0.0, mesh_s - times.sync_s),
         # Per-job env statistics: episodes, reward sum/mean, turns, win/loss/draw rates.

@@ -1,0 +1,181 @@
+"""The demo task through the full mesh against the same GRPO in one process, in one run.
+
+The demo's job (services/launcher/demo.py: tiny random-init Qwen2, env ``letter`` with 8
+letters, 16 prompts x 8 samples, lr 1e-4, full fine-tuning, one token per answer) runs first
+through the real single-node mesh (Redis, scheduler, EnvHub, worker -> trainer + rollout, each
+its own process), once per ``--staleness`` value, then in one process: the trainer's own
+``rl_update`` with the same UpdateConfig, sampling by ``model.generate`` and the letter game's
+reward computed directly. Each run stops when the 10-step mean reward reaches ``--target``.
+
+Seconds to target count from the start of training (the mesh: the first step's start, i.e. its
+event time minus its step time; in-process: the first sample), so process start-up and model
+load are not in it; the mesh's whole wall-clock (submit -> success) is printed beside it.
+
+    .venv/bin/python bench/vs_inprocess.py [--staleness 0,1] [--target 0.95] [--max-steps 1500]
+    .venv/bin/python bench/vs_inprocess.py --quick      # 3 steps each: the figures, not a race
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import string
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from learn_letters_inprocess import sample_group_batch  # bench/ is sys.path[0]
+
+import opentinker
+from opentinker.jobs import JobEvent
+from opentinker.services.launcher.demo import demo_spec
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.training import rl_update
+from opentinker.spec import JobSpec
+
+WINDOW = 10  # the loop's reward window (stop_at_reward is a 10-step mean)
+
+
+@dataclass
+class Run:
+    """One way of training: its steps, whether and when it reached the target."""
+
+    name: str
+    steps: int = 0
+    seconds_to_target: float | None = None
+    train_seconds: float = 0.0  # start of training -> last step
+    wall_seconds: float = 0.0  # everything, start-up included
+    step_times: dict[str, float] | None = None  # mean time_* metrics (mesh only)
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.train_seconds / self.steps if self.steps else 0.0
+
+
+def mesh_run(spec: JobSpec, root: Path, staleness: int) -> Run:
+    """The demo job through a fresh single-node mesh."""
+    spec = spec.model_copy(update={"rl": spec.rl.model_copy(update={"max_staleness": staleness})})
+    run = Run(f"mesh, staleness {staleness}")
+    steps: list[JobEvent] = []
+    started = time.monotonic()
+    settings = MeshSettings(run_root=root / f"mesh-s{staleness}", warm_spares=0)
+    with (
+        LocalMesh(settings) as mesh,
+        opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
+    ):
+        client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
+    run.wall_seconds = time.monotonic() - started
+    if not steps:
+        return run
+    start = steps[0].time_unix_s - steps[0].metrics.get("time_step_s", 0.0)
+    rewards = [s.metrics["reward_mean"] for s in steps]
+    run.steps = len(steps)
+    run.train_seconds = steps[-1].time_unix_s - start
+    reached = first_reaching(rewards, spec.rl.stop_at_reward or 1.0)
+    if reached is not None:
+        run.seconds_to_target = steps[reached].time_unix_s - start
+    timed = steps[2:] or steps  # the first steps include warm-up
+    keys = sorted(k for k in timed[0].metrics if k.startswith("time_"))
+    run.step_times = {k: sum(s.metrics.get(k, 0.0) for s in timed) / len(timed) for k in keys}
+    return run
+
+
+def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
+    """The same GRPO in this process: sample with model.generate, reward directly."""
+    assert spec.rl is not None
+    rl = spec.rl
+    torch.manual_seed(rl.seed)
+    rng = random.Random(rl.seed)
+    alphabet = string.ascii_uppercase[: int(rl.env_options["num_letters"])]
+    policy = Policy(spec.model, learning_rate=rl.learning_rate)
+    config = UpdateConfig.from_rl(rl)
+    run = Run("in-process")
+    rewards: list[float] = []
+    started = time.monotonic()
+    while run.steps < rl.steps:
+        letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
+        episodes, _ = sample_group_batch(
+            policy,
+            letters,
+            rl.samples_per_prompt,
+            rl.sampling.max_new_tokens,
+            rl.sampling.temperature,
+            True,
+            alphabet,
+        )
+        rl_update(policy, episodes, config)
+        rewards.append(sum(e.reward for e in episodes) / len(episodes))
+        run.steps += 1
+        if first_reaching(rewards, rl.stop_at_reward or 1.0) is not None:
+            run.seconds_to_target = time.monotonic() - started
+            break
+    run.train_seconds = run.wall_seconds = time.monotonic() - started
+    return run
+
+
+def first_reaching(rewards: list[float], target: float) -> int | None:
+    """Index of the first step whose 10-step mean reward is >= target (after 10 steps)."""
+    for i in range(WINDOW - 1, len(rewards)):
+        if sum(rewards[i - WINDOW + 1 : i + 1]) / WINDOW >= target:
+            return i
+    return None
+
+
+def report(runs: list[Run], target: float) -> None:
+    out = sys.stdout
+    out.write(f"\ndemo task to a {WINDOW}-step mean reward of {target}\n")
+    out.write(f"{'run':<20}{'steps':>7}{'s/step':>9}{'s to target':>13}{'wall s':>9}\n")
+    for r in runs:
+        to_target = (
+            f"{r.seconds_to_target:.1f}" if r.seconds_to_target is not None else "not reached"
+        )
+        out.write(
+            f"{r.name:<20}{r.steps:>7}{r.seconds_per_step:>9.4f}{to_target:>13}"
+            f"{r.wall_seconds:>9.1f}\n"
+        )
+    base = runs[-1]
+    for r in runs[:-1]:
+        if r.seconds_to_target and base.seconds_to_target:
+            ratio = r.seconds_to_target / base.seconds_to_target
+            out.write(f"ratio {r.name} / in-process (seconds to target): {ratio:.2f}x\n")
+        else:
+            out.write(f"ratio {r.name} / in-process (seconds to target): n/a (not reached)\n")
+        if base.seconds_per_step:
+            out.write(
+                f"ratio {r.name} / in-process (s/step): "
+                f"{r.seconds_per_step / base.seconds_per_step:.2f}x\n"
+            )
+    for r in runs[:-1]:
+        if r.step_times:
+            split = "  ".join(
+                f"{k.removeprefix('time_').removesuffix('_s')} {v:.4f}"
+                for k, v in r.step_times.items()
+            )
+            out.write(f"step split ({r.name}, mean s): {split}\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--staleness", default="0,1", help="mesh runs, comma-separated")
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--max-steps", type=int, default=1500)
+    parser.add_argument("--quick", action="store_true", help="3 steps per run (a smoke test)")
+    args = parser.parse_args()
+    max_steps = 3 if args.quick else args.max_steps
+
+    root = Path(tempfile.mkdtemp(prefix="opentinker-vs-inprocess-"))
+    model_dir = ensure_tiny_model(root / "tiny-qwen2")
+    spec = demo_spec(model_dir, threshold=args.target, max_steps=max_steps)
+    runs = [mesh_run(spec, root, int(s)) for s in args.staleness.split(",")]
+    runs.append(inprocess_run(spec, model_dir))
+    report(runs, args.target)
+
+
+if __name__ == "__main__":
+    main()
