@@ -141,6 +141,7 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     seen = points(browser, "chart-0")
     wait_for(lambda: points(browser, "chart-0") >= seen + 2, timeout=120, what="live steps")
     assert browser.find_element(By.ID, "job-state").text == "RUNNING"
+    assert browser.find_element(By.ID, "job-attempt").text == "1"  # one lease so far
     browser.save_screenshot(str(shots / "2-job-live-charts.png"))
 
     # Workers, devices and leases: the user sees the lease of their job; bob sees the device

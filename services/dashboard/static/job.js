@@ -75,6 +75,7 @@
     });
   }
 
+  let allocations = 0;  // ALLOCATING events seen: one per attempt (the stream starts at the first)
   const source = new EventSource("/jobs/" + encodeURIComponent(jobId) + "/events");
   source.addEventListener("job", (message) => {
     const ev = JSON.parse(message.data);
@@ -87,6 +88,11 @@
       state.textContent = ev.state;
       state.className = "state " + ev.state;
       document.getElementById("job-reason").textContent = ev.reason;
+      if (ev.state === "ALLOCATING") {  // the scheduler starts a new attempt with each lease
+        allocations += 1;
+        const attempt = document.getElementById("job-attempt");
+        attempt.textContent = Math.max(Number(attempt.dataset.rendered), allocations);
+      }
       addLine(ev.state + (ev.reason ? " — " + ev.reason : ""));
     } else if (ev.kind === "log") {
       addLine(ev.message);
