@@ -19,6 +19,7 @@ from opentinker.inference_rows import ENV_ERROR, summarize
 from opentinker.spec import InferenceConfig, JobSpec
 
 from .loop import Outcome
+from .reporter import report_failure_logged
 from .settings import TrainerSettings
 from .validation import EvalRollout
 
@@ -76,11 +77,9 @@ class InferenceJob:
                 reason="inference finished", timeout_s=self.settings.close_timeout_s
             )
         if outcome is Outcome.FAILED:
-            self.log.error("job_failed", reason=reason, episodes_done=len(self.rows))
-            try:
-                await self.reporter.report_failure(reason)
-            except OpenTinkerError as err:
-                self.log.error("failure_not_reported", error=str(err))
+            await report_failure_logged(
+                self.reporter, reason, self.log, episodes_done=len(self.rows)
+            )
         return outcome
 
     async def _play(self) -> Outcome:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Protocol
 
 import structlog
-import torch
 
 from opentinker.errors import OpenTinkerError
 from opentinker.services.common.env_stats import TruncationWatch
@@ -34,32 +33,22 @@ from .errors import CheckpointError
 from .pipeline import BatchPipeline, BatchSource, usable_episodes
 from .policy import Policy
 from .reference import ReferencePolicy
-from .rollout_client import WeightsAck
+from .reporter import report_failure_logged
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
 from .training import rl_update
 from .validation import EvalRollout, Validation
-from .weight_sync import verified_sync
+from .weight_sync import WeightReceiver, verified_sync
 
 log = structlog.get_logger()
 
 REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and final metrics
 
 
-class RolloutSession(EvalRollout, BatchSource, Protocol):
+class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
-
-    async def sync_weights(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        *,
-        policy_version: int,
-        is_adapter: bool,
-        probe_token_ids: list[int],
-        timeout_s: float,
-    ) -> WeightsAck: ...
 
     async def collect(
         self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
@@ -176,15 +165,11 @@ class RlLoop:
         return outcome
 
     async def _fail(self, reason: str) -> Outcome:
-        self.log.error("job_failed", reason=reason, step=self.step)
         await self.reports.cancel()
         await self.rollout.close(
             reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
         )
-        try:
-            await self.reporter.report_failure(reason)
-        except OpenTinkerError as err:
-            self.log.error("failure_not_reported", error=str(err))
+        await report_failure_logged(self.reporter, reason, self.log, step=self.step)
         return Outcome.FAILED
 
     async def _train(self) -> Outcome:

@@ -21,7 +21,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import UnavailableError
+from opentinker.errors import OpenTinkerError, UnavailableError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -106,3 +106,15 @@ class SchedulerReporter:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff_max_s)
+
+
+async def report_failure_logged(
+    reporter: Any, reason: str, job_log: Any, *, event: str = "job_failed", **context: Any
+) -> None:
+    """Log why the job failed and report it to the scheduler. A report that cannot be made is
+    logged, not raised: the process exits failed either way and the worker reports its exit."""
+    job_log.error(event, reason=reason, **context)
+    try:
+        await reporter.report_failure(reason)
+    except OpenTinkerError as err:
+        job_log.error("failure_not_reported", error=str(err))

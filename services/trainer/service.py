@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import ConfigError, OpenTinkerError
+from opentinker.errors import ConfigError
 from opentinker.services.common.auth import (
     JOBS,
     USERS,
@@ -29,7 +29,7 @@ from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
-from .reporter import SchedulerReporter
+from .reporter import SchedulerReporter, report_failure_logged
 from .rollout_client import GrpcRolloutSession
 from .session.run import run_session
 from .session.servicer import SessionServicer
@@ -240,9 +240,5 @@ async def _infer(
 
 
 async def _report_failure(reporter: SchedulerReporter, reason: str, job_log) -> int:
-    job_log.error("job_failed", reason=reason)
-    try:
-        await reporter.report_failure(reason)
-    except OpenTinkerError as err:
-        job_log.error("failure_not_reported", error=str(err))
+    await report_failure_logged(reporter, reason, job_log)
     return 1

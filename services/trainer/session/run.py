@@ -25,7 +25,7 @@ from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, to_proto
 
 from ..policy import Policy
-from ..reporter import SchedulerReporter
+from ..reporter import SchedulerReporter, report_failure_logged
 from ..settings import TrainerSettings
 from .auth import SessionAuthenticator
 from .sampler import SessionSampler
@@ -143,9 +143,5 @@ async def _serve_until_ended(
 
 
 async def _fail(reporter: SchedulerReporter, reason: str, job_log) -> int:
-    job_log.error("session_failed", reason=reason)
-    try:
-        await reporter.report_failure(reason)
-    except OpenTinkerError as err:
-        job_log.error("failure_not_reported", error=str(err))
+    await report_failure_logged(reporter, reason, job_log, event="session_failed")
     return 1

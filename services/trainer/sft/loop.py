@@ -24,6 +24,7 @@ from .. import checkpoints
 from ..errors import CheckpointError
 from ..loop import Outcome, ProgressReporter, TrainerStatus
 from ..policy import Policy
+from ..reporter import report_failure_logged
 from ..settings import TrainerSettings
 from .batches import SftBatch, make_batches
 from .data import Example, read_conversations, render_all, split_validation
@@ -133,11 +134,7 @@ class SftLoop:
             )
 
     async def _fail(self, reason: str) -> Outcome:
-        self.log.error("job_failed", reason=reason, step=self.step)
-        try:
-            await self.reporter.report_failure(reason)
-        except OpenTinkerError as err:
-            self.log.error("failure_not_reported", error=str(err))
+        await report_failure_logged(self.reporter, reason, self.log, step=self.step)
         return Outcome.FAILED
 
     async def _train(self) -> Outcome:
