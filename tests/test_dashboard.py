@@ -75,10 +75,17 @@ def letter_job(model: Path, *, name: str, steps: int) -> JobSpec:
 
 
 def wait_for(condition, *, timeout: float, what: str):
+    """Polls ``condition`` until truthy; an element that went stale or is not there yet (the
+    page was navigating, as after the cancel form's redirect) only means: look again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if value := condition():
-            return value
+        try:
+            if value := condition():
+                return value
+        except (StaleElementReferenceException, NoSuchElementException):
+            pass
         time.sleep(0.25)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
