@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[server,dev,textworld]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[server,dev,textworld,adapters]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -35,8 +35,22 @@ from opentinker.sinks import (
 from opentinker.spec import parse_job_spec
 
 console = Console()
-SERVICES = ("scheduler", "envhub", "worker", "trainer", "rollout", "dashboard", "tinker-gateway")
-_SERVICE_MODULES = {"tinker-gateway": "gateway"}
+SERVICES = (
+    "scheduler",
+    "envhub",
+    "worker",
+    "trainer",
+    "rollout",
+    "dashboard",
+    "tinker-gateway",
+    "openenv-adapter",
+    "verifiers-adapter",
+)
+_SERVICE_MODULES = {
+    "tinker-gateway": "gateway",
+    "openenv-adapter": "envhub.adapters.openenv_adapter",
+    "verifiers-adapter": "envhub.adapters.verifiers_adapter",
+}
 
 
 def _address(args: argparse.Namespace) -> str:

@@ -19,6 +19,7 @@ from opentinker.errors import (
     NotFoundError,
     OpenTinkerError,
     ResourceExhaustedError,
+    UnavailableError,
 )
 from opentinker.game import AbstractGame, Tool
 
@@ -32,6 +33,7 @@ _STATUS_OF: dict[type[OpenTinkerError], grpc.StatusCode] = {
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
     EnvironmentError_: grpc.StatusCode.INTERNAL,
+    UnavailableError: grpc.StatusCode.UNAVAILABLE,  # a backend the game wraps is unreachable
 }
 
 

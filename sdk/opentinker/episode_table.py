@@ -4,7 +4,9 @@
   retried Reset never fails.
 - ``step`` of an unknown (never reset, closed, reaped or failed) episode is ``NotFoundError``; a
   step after ``done`` is ``FailedPreconditionError``.
-- An exception inside the game, or a malformed ``StepResult`` (non-finite reward, non-str
+- A game may raise a typed ``OpenTinkerError`` (e.g. ``UnavailableError`` when a backend it
+  wraps is unreachable) to choose the status code itself; it passes through unchanged.
+- Any other exception inside the game, or a malformed ``StepResult`` (non-finite reward, non-str
   observation), is ``EnvironmentError_`` naming the environment and the exception, and drops
   the episode. Bad reset options (``ValueError``/``TypeError`` from ``reset``) are
   ``InvalidArgumentError``.
@@ -34,6 +36,7 @@ from opentinker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    OpenTinkerError,
     ResourceExhaustedError,
 )
 from opentinker.game import AbstractGame, StepResult, first_user_message
@@ -99,6 +102,9 @@ class EpisodeTable:
         game = self._call("build a game", self._factory)
         try:
             observation = game.reset(seed=seed, **options)
+        except OpenTinkerError:
+            close_quietly(game)
+            raise
         except (ValueError, TypeError) as exc:
             close_quietly(game)
             raise InvalidArgumentError(
@@ -194,6 +200,8 @@ class EpisodeTable:
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         try:
             return fn()
+        except OpenTinkerError:  # the game chose its status code
+            raise
         except Exception as exc:
             raise self._game_error(what, exc) from exc
 

@@ -1,0 +1,189 @@
+"""One episode on an OpenEnv server: its WebSocket session API (``/ws``), and its ``/schema``.
+
+OpenEnv's HTTP ``/reset`` and ``/step`` are stateless (a fresh env per call), so every episode
+holds one WebSocket: the server gives each connection its own environment instance. Messages
+are ``{"type": "reset"|"step"|"close", "data": {...}}``; replies are ``{"type":
+"observation", "data": {"observation": {...}, "reward": float|null, "done": bool}}`` or
+``{"type": "error", "data": {"message": ..., "code": ...}}``.
+
+Errors, as our typed errors (hence gRPC status codes):
+- unreachable server, dropped connection, reply timeout: ``UnavailableError`` (UNAVAILABLE);
+- ``CAPACITY_REACHED``: ``ResourceExhaustedError``;
+- ``VALIDATION_ERROR`` (the action or reset options did not validate):
+  ``InvalidArgumentError``;
+- any other error code, or a reply that is not what the protocol says: ``EnvironmentError_``
+  (INTERNAL) naming the server and what is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from opentinker.errors import (
+    EnvironmentError_,
+    InvalidArgumentError,
+    OpenTinkerError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+_ERROR_TYPES: dict[str, type[OpenTinkerError]] = {
+    "CAPACITY_REACHED": ResourceExhaustedError,
+    "VALIDATION_ERROR": InvalidArgumentError,
+}
+
+
+@dataclass(frozen=True)
+class OpenEnvReply:
+    """One observation reply: the observation's own fields (reward/done/metadata excluded by
+    the server), the reward (None = the env gave none) and whether the episode ended."""
+
+    observation: dict[str, Any]
+    reward: float | None
+    done: bool
+
+
+def ws_url_of(base_url: str) -> str:
+    """``http://h:p[/prefix]`` -> ``ws://h:p[/prefix]/ws`` (https -> wss)."""
+    base = base_url.rstrip("/")
+    for http, ws in (("https://", "wss://"), ("http://", "ws://")):
+        if base.startswith(http):
+            return ws + base[len(http) :] + "/ws"
+    if base.startswith(("ws://", "wss://")):
+        return base if base.endswith("/ws") else base + "/ws"
+    raise InvalidArgumentError(
+        f"OpenEnv url {base_url!r} must start with http://, https://, ws:// or wss://",
+        reason="BAD_URL",
+    )
+
+
+def fetch_schema(base_url: str, *, timeout_s: float) -> dict[str, Any]:
+    """The server's ``GET /schema``: ``{"action": {...}, "observation": {...}, ...}``."""
+    url = base_url.rstrip("/") + "/schema"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - our url
+            body = response.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise UnavailableError(
+            f"OpenEnv server {base_url} is unreachable ({url}): {exc}",
+            reason="OPENENV_UNREACHABLE",
+        ) from exc
+    try:
+        schema = json.loads(body)
+    except ValueError as exc:
+        raise _bad_reply(base_url, f"/schema is not JSON ({exc})") from exc
+    if not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
+        raise _bad_reply(base_url, "/schema has no 'action' JSON schema object")
+    return schema
+
+
+class OpenEnvSession:
+    """One WebSocket session (one env instance on the server) for one episode."""
+
+    def __init__(self, base_url: str, *, timeout_s: float) -> None:
+        self.base_url = base_url
+        self._timeout_s = timeout_s
+        self._ws: ClientConnection | None = None
+
+    def reset(self, options: dict[str, Any]) -> OpenEnvReply:
+        """Open the session (once) and reset its env with ``options`` (seed included)."""
+        if self._ws is None:
+            self._ws = self._connect()
+        return self._observation(self._exchange({"type": "reset", "data": options}))
+
+    def step(self, action: dict[str, Any]) -> OpenEnvReply:
+        return self._observation(self._exchange({"type": "step", "data": action}))
+
+    def close(self) -> None:
+        """Tell the server the episode is over, then drop the connection; never raises."""
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        with contextlib.suppress(ConnectionClosed, OSError):
+            ws.send(json.dumps({"type": "close", "data": {}}))
+        ws.close()
+
+    def _connect(self) -> ClientConnection:
+        url = ws_url_of(self.base_url)
+        try:
+            return connect(url, open_timeout=self._timeout_s, max_size=None)
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+            raise UnavailableError(
+                f"OpenEnv server {self.base_url} is unreachable ({url}): {exc}",
+                reason="OPENENV_UNREACHABLE",
+            ) from exc
+
+    def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one message, return the reply's ``data``; error replies raise typed errors."""
+        if self._ws is None:
+            raise EnvironmentError_("OpenEnv session used before reset", reason="NOT_RESET")
+        try:
+            self._ws.send(json.dumps(message))
+            raw = self._ws.recv(timeout=self._timeout_s)
+        except TimeoutError as exc:
+            raise UnavailableError(
+                f"OpenEnv server {self.base_url} did not answer {message['type']} within "
+                f"{self._timeout_s:g} s",
+                reason="OPENENV_TIMEOUT",
+            ) from exc
+        except (ConnectionClosed, OSError) as exc:
+            raise UnavailableError(
+                f"OpenEnv server {self.base_url} dropped the session during "
+                f"{message['type']}: {exc}",
+                reason="OPENENV_DISCONNECTED",
+            ) from exc
+        return self._data_of(raw, what=message["type"])
+
+    def _data_of(self, raw: str | bytes, *, what: str) -> dict[str, Any]:
+        try:
+            reply = json.loads(raw)
+        except ValueError as exc:
+            raise _bad_reply(self.base_url, f"its {what} reply is not JSON ({exc})") from exc
+        if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
+            raise _bad_reply(self.base_url, f"its {what} reply has no 'data' object: {raw!r:.200}")
+        if reply.get("type") == "error":
+            data = reply["data"]
+            code = str(data.get("code", "")) or "UNKNOWN"
+            detail = data.get("errors") or ""
+            error_type = _ERROR_TYPES.get(code, EnvironmentError_)
+            raise error_type(
+                f"OpenEnv server {self.base_url} refused {what} ({code}): "
+                f"{data.get('message', '')} {detail}".strip(),
+                reason=f"OPENENV_{code}",
+            )
+        if reply.get("type") != "observation":
+            raise _bad_reply(
+                self.base_url, f"its {what} reply has type {reply.get('type')!r}, not observation"
+            )
+        return reply["data"]
+
+    def _observation(self, data: dict[str, Any]) -> OpenEnvReply:
+        observation, reward, done = data.get("observation"), data.get("reward"), data.get("done")
+        if not isinstance(observation, dict):
+            raise _bad_reply(self.base_url, "its reply's 'observation' is not an object")
+        if reward is not None and (
+            isinstance(reward, bool)
+            or not isinstance(reward, (int, float))
+            or not math.isfinite(reward)
+        ):
+            raise _bad_reply(self.base_url, f"its reward is {reward!r}, not a finite number")
+        if not isinstance(done, bool):
+            raise _bad_reply(self.base_url, f"its 'done' is {done!r}, not true/false")
+        return OpenEnvReply(
+            observation=observation, reward=None if reward is None else float(reward), done=done
+        )
+
+
+def _bad_reply(base_url: str, problem: str) -> EnvironmentError_:
+    return EnvironmentError_(
+        f"OpenEnv server {base_url} replied badly: {problem}", reason="OPENENV_BAD_REPLY"
+    )
