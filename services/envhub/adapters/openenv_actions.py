@@ -120,16 +120,23 @@ def tools_of(list_tools_observation: dict[str, Any]) -> tuple[Tool, ...]:
 def observation_text(observation: dict[str, Any]) -> str:
     """An observation as the model's next message.
 
-    A single text field (or an MCP call's ``result``) is shown as it is; an MCP call's error as
-    ``error: ...``; anything else as compact JSON of the visible fields.
+    An MCP call's ``result`` is shown in a ``<tool_response>`` block (its error as ``error:
+    ...``); an observation with one text field shows that text, then each other set field as a
+    ``name: value`` line; anything else is compact JSON of its fields.
     """
     if "tool_name" in observation and ("result" in observation or "error" in observation):
         return _tool_result_text(observation)
-    visible = {k: v for k, v in observation.items() if k not in _HIDDEN_OBSERVATION_FIELDS}
-    texts = [v for v in visible.values() if isinstance(v, str)]
-    if len(texts) == 1 and all(isinstance(v, str) or v in (None, 0) for v in visible.values()):
-        return texts[0]
-    return json.dumps(visible, sort_keys=True, separators=(",", ":"), default=str)
+    visible = {
+        k: v
+        for k, v in observation.items()
+        if k not in _HIDDEN_OBSERVATION_FIELDS and v is not None
+    }
+    texts = [k for k, v in visible.items() if isinstance(v, str)]
+    if len(texts) != 1:
+        return json.dumps(visible, sort_keys=True, separators=(",", ":"), default=str)
+    lines = [visible[texts[0]]]
+    lines += [f"{k}: {json.dumps(v, default=str)}" for k, v in visible.items() if k != texts[0]]
+    return "\n".join(lines)
 
 
 def _tool_result_text(observation: dict[str, Any]) -> str:
