@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from opentinker.errors import OpenTinkerError
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.adapters.openenv_game import OpenEnvGame, discover
 from opentinker.services.envhub.adapters.serve_args import add_serving_args, serve_from_args
@@ -25,13 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     log = configure_logging("openenv-adapter", level=args.log_level)
     name = args.name or "openenv"
-    target = discover(
-        args.url,
-        name=name,
-        max_turns=args.max_turns,
-        timeout_s=args.timeout_s,
-        system_prompt=args.system_prompt,
-    )
+    try:
+        target = discover(
+            args.url,
+            name=name,
+            max_turns=args.max_turns,
+            timeout_s=args.timeout_s,
+            system_prompt=args.system_prompt,
+        )
+    except OpenTinkerError as err:
+        log.error("openenv_unusable", url=args.url, error=err.message)
+        return 2
     log.info(
         "openenv_discovered",
         url=args.url,

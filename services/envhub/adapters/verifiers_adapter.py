@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from opentinker.errors import OpenTinkerError
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.adapters.serve_args import add_serving_args, serve_from_args
 from opentinker.services.envhub.adapters.verifiers_game import (
@@ -34,7 +35,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     log = configure_logging("verifiers-adapter", level=args.log_level)
-    env = load_environment(args.env, args.env_args)
+    try:
+        env = load_environment(args.env, args.env_args)
+    except OpenTinkerError as err:
+        log.error("verifiers_env_unusable", env=args.env, error=err.message)
+        return 2
     name = args.name or env.env_id or args.env.partition(":")[0].rsplit(".", 1)[-1]
     log.info("verifiers_loaded", env=args.env, name=name, kind=type(env).__name__)
     source = VerifiersSource(env=env, name=name, timeout_s=args.timeout_s)
