@@ -1,6 +1,8 @@
 """The policy the trainer owns: tokenizer, model (LoRA via peft, or all parameters), AdamW.
 
-Loaded through ``from_pretrained`` like any Hugging Face checkpoint, in float32. The rollout
+Loaded through ``from_pretrained`` like any Hugging Face checkpoint, in the dtype its device
+calls for (``placement.dtype_for_device``: float32 on CPU, bfloat16 on CUDA), the same rule
+the rollout's engine follows, so both serve the same numbers. The rollout
 builds the same model the same way (same base, same peft ``LoraConfig``), so the names of
 ``trainable_state()`` are the names it loads.
 """
@@ -23,6 +25,7 @@ from transformers import (
 
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
@@ -61,7 +64,8 @@ def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None
 
 
 class Policy:
-    """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in float32."""
+    """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in the dtype the
+    device calls for (``dtype_for_device``)."""
 
     def __init__(
         self,
@@ -77,14 +81,15 @@ class Policy:
         LoRA weights are drawn, so a policy is the same whether its base was preloaded or not."""
         self.spec = model_spec
         self.device = torch.device(device)
+        self.dtype = dtype_for_device(device)
         if preloaded is None:
             preloaded = PreloadedModel(
                 model_spec.base_model,
                 AutoTokenizer.from_pretrained(model_spec.base_model),
-                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32),
+                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=self.dtype),
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
-        base = preloaded.model
+        base = preloaded.model.to(dtype=self.dtype)  # a spare preloads float32
         if seed is not None:
             torch.manual_seed(seed)
         if model_spec.gradient_checkpointing:
@@ -252,7 +257,7 @@ class Policy:
             unexpected = list(loaded.unexpected_keys)
             missing = [k for k in loaded.missing_keys if "lora_" in k]
         else:
-            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=self.dtype)
             loaded = self.model.load_state_dict(saved.state_dict(), strict=False)
             unexpected, missing = list(loaded.unexpected_keys), list(loaded.missing_keys)
         if unexpected or missing:
