@@ -98,6 +98,9 @@ class Policy:
         load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
         _, self._head = causal_lm_parts(self.model)
+        # Sharded over ranks (distributed.py): hidden states come through the root module's
+        # forward, which gathers the root's sharded parameters (embeddings, norm, head).
+        self.hidden_through_root = False
         # Positions per logits chunk; None: as many as fit LOGIT_CHUNK_ELEMENTS (logprobs.py).
         self.logit_chunk_positions: int | None = None
         self.optimizer = torch.optim.AdamW(
@@ -173,6 +176,15 @@ class Policy:
     def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
         gradient), what the output head reads; a value head can read the same ones."""
+        if self.hidden_through_root:
+            out = self.model(
+                input_ids=batch.tokens_B_L.to(self.device),
+                attention_mask=batch.attention_mask_B_L.to(self.device),
+                output_hidden_states=True,
+                logits_to_keep=1,  # the head runs in chunks afterwards (logprobs.py)
+                use_cache=False,
+            )
+            return out.hidden_states[-1]
         return hidden_states(
             self.model,
             batch.tokens_B_L.to(self.device),
@@ -227,6 +239,8 @@ class Policy:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(grad_norm, "full_tensor"):  # sharded (distributed.py): a DTensor
+            grad_norm = grad_norm.full_tensor()
         return float(grad_norm)
 
     def save_checkpoint(self, out_dir: Path, *, trainer_state: dict | None = None) -> Path:
