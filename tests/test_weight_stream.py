@@ -4,10 +4,22 @@ update (weights.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
+from identity_helpers import user_key
+from structlog.testing import capture_logs
 
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.modeling.weights import ChangedTensors, WeightStream, pack_weights
+from opentinker.services.rollout.service import create_server as create_rollout
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.weight_sync import verified_sync
+from opentinker.spec import JobSpec, ModelSpec, to_proto
 
 
 def sample_tensors() -> dict[str, torch.Tensor]:
@@ -77,3 +89,41 @@ def test_only_tensors_changed_since_the_acknowledged_update_travel() -> None:
     tracker.acknowledge(stamps)
     tracker.forget()  # a new rollout
     assert set(tracker.changed(state)[0]) == set(state)
+
+
+@pytest.mark.integration
+def test_a_second_sync_sends_only_the_changed_tensor_and_the_probe_passes(tmp_path) -> None:
+    """Trainer policy -> real in-process rollout server over gRPC: the first update carries
+    every tensor, the next only the one written since; the rollout's probe proves it serves
+    the trainer's weights both times (float32 on CPU: tolerance 1e-3)."""
+
+    async def main() -> tuple[list[int], list[float]]:
+        model_dir = ensure_tiny_model(tmp_path / "tiny-qwen2")
+        spec = ModelSpec(base_model=str(model_dir), finetune="full")
+        policy = Policy(spec, learning_rate=1e-3, seed=0)
+        key = user_key()
+        server, port = await create_rollout(RolloutSettings(credential=key, device="cpu"))
+        address = f"127.0.0.1:{port}"
+        sent, diffs = [], []
+        try:
+            async with aio_channel(address, credential=key) as channel:
+                rollout = GrpcRolloutSession(channel, address=address)
+                model = to_proto(JobSpec(kind="session", model=spec)).model
+                await rollout.open_sampling_only(job_id="j", model=model, seed=0, timeout_s=60)
+                for version in (1, 2):
+                    with torch.no_grad():
+                        policy.model.get_decoder().norm.weight.mul_(1.5)  # one tensor changes
+                    with capture_logs() as logs:
+                        result = await verified_sync(
+                            rollout, policy, version=version, tolerance=None, timeout_s=60
+                        )
+                    sent += [e["tensors"] for e in logs if e["event"] == "weights_applied"]
+                    diffs.append(result.probe_diff)
+        finally:
+            await server.stop(grace=0.5)
+        return sent, diffs
+
+    sent, diffs = asyncio.run(main())
+    trainable = 26  # the tiny Qwen2's parameters (tied head): all travel the first time
+    assert sent == [trainable, 1]
+    assert all(diff <= 1e-3 for diff in diffs), diffs
