@@ -146,6 +146,8 @@ async def run_job(
             return await _report_failure(reporter, str(err), job_log)
         settings = settings.model_copy(update={"device": placement.device})
         job_log.info("placement", device=placement.device, dtype=str(placement.dtype))
+        if placement.num_devices > 1:  # distributed.py has the FSDP2 step; not wired here yet
+            job_log.warning("one_rank_of_many", leased_devices=placement.num_devices)
         if spec.kind != "sft" and not rollout_address:
             reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
             return await _report_failure(reporter, reason, job_log)
