@@ -13,6 +13,7 @@ from pathlib import Path
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
+from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
 
 from .engine import preloaded_engine_factory
@@ -42,6 +43,10 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
         credential=launch.job_token if launch else None,  # else OPENTINKER_ROLLOUT_CREDENTIAL
     )
     log = configure_logging("rollout", level=settings.log_level)
+    if launch is not None:  # the trainer reads the same lease by the same rule (placement.py)
+        placement = placement_here(launch.device_ids, override=settings.device)
+        settings = settings.model_copy(update={"device": placement.device})
+        log.info("placement", device=placement.device, dtype=str(placement.dtype))
     job = launch.job if launch else None
     factory = None
     if preload is not None:

@@ -23,6 +23,7 @@ from transformers import (
 )
 
 from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -115,7 +116,7 @@ class TransformersEngine:
         """
         transformers.utils.logging.disable_progress_bar()
         target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+        dtype = dtype_for_device(str(target))  # the trainer's rule: the two agree
         has_own_tokenizer = adapter_dir is not None and any(
             (Path(adapter_dir) / name).exists() for name in _TOKENIZER_FILES
         )

@@ -33,7 +33,7 @@ from opentinker.services.common.auth import (
     rules_for,
 )
 from opentinker.services.common.grpc_server import abort_with, create_aio_server, mark_serving
-from opentinker.services.modeling.weights import WeightAssembler
+from opentinker.services.modeling.weights import WeightStream
 
 from .config import config_from_proto, sampling_from_proto
 from .session import EngineFactory, RolloutSession, default_engine_factory
@@ -120,6 +120,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                     await task
 
 
+# Weight chunks (each up to weights.DEFAULT_CHUNK_BYTES) read ahead of the one being applied.
+WEIGHT_CHUNKS_AHEAD = 2
+
+
 class _RolloutStream:
     """State of one Rollout stream: requests in, responses out (None ends the stream)."""
 
@@ -127,16 +131,23 @@ class _RolloutStream:
         self.session = session
         self.out: asyncio.Queue[rollout_pb2.RolloutResponse | None] = asyncio.Queue()
         self._work: asyncio.Queue[rollout_pb2.RolloutRequest | None] = asyncio.Queue()
-        self._assembler = WeightAssembler()
+        self._weights_stream = WeightStream()
+        # Weight chunks queued but not applied yet: bounded, so a fast sender waits (gRPC flow
+        # control) instead of the whole model piling up here in protobuf form.
+        self._weight_slots = asyncio.Semaphore(WEIGHT_CHUNKS_AHEAD)
 
     async def read(self, requests: AsyncIterator[rollout_pb2.RolloutRequest]) -> None:
-        """Answer heartbeats now; queue everything else for the worker, in order."""
+        """Answer heartbeats now; queue everything else for the worker, in order (at most
+        WEIGHT_CHUNKS_AHEAD weight chunks)."""
         try:
             async for request in requests:
-                if request.WhichOneof("payload") == "heartbeat":
+                kind = request.WhichOneof("payload")
+                if kind == "heartbeat":
                     self.out.put_nowait(_heartbeat())
-                else:
-                    self._work.put_nowait(request)
+                    continue
+                if kind == "weights":
+                    await self._weight_slots.acquire()  # released once handled
+                self._work.put_nowait(request)
         finally:
             self._work.put_nowait(None)  # the trainer half-closed (or left): finish, then end
 
@@ -144,6 +155,8 @@ class _RolloutStream:
         while (request := await self._work.get()) is not None:
             try:
                 response = await self._handle(request)
+                if request.WhichOneof("payload") == "weights":
+                    self._weight_slots.release()
             except OpenTinkerError as err:
                 code = _code_of(err)
                 log.warning("rollout_failed", code=code, reason=err.message)
@@ -195,15 +208,27 @@ class _RolloutStream:
         return _failed(f"unknown or empty RolloutRequest payload {kind!r}", "INVALID_ARGUMENT")
 
     async def _weights(self, chunk: rollout_pb2.WeightChunk) -> rollout_pb2.RolloutResponse | None:
+        """Apply the tensors each chunk completes at once (streamed, in place: the served
+        weights are mixed until the last chunk, and nothing else runs on this stream
+        meanwhile); the last chunk sets the version and answers with the probe."""
         self.session.require_open("a weight chunk")
         try:
-            tensors = self._assembler.add(chunk)
+            tensors = self._weights_stream.add(chunk)
         except (ValueError, RuntimeError) as err:  # torch raises RuntimeError on a bad reshape
+            self._weights_stream = WeightStream()
             return _failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
-        if tensors is None:
+        if not chunk.last:
+            try:
+                if tensors:
+                    await self.session.load_weights(tensors)
+            except OpenTinkerError:
+                self._weights_stream = WeightStream()
+                raise
             return None  # more chunks of this update to come
+        count = self._weights_stream.tensors_received
+        self._weights_stream = WeightStream()
         result = await self.session.apply_weights(
-            tensors, chunk.policy_version, chunk.probe_token_ids
+            tensors, chunk.policy_version, chunk.probe_token_ids, tensors_in_update=count
         )
         return rollout_pb2.RolloutResponse(
             applied=rollout_pb2.WeightsApplied(

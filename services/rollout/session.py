@@ -63,6 +63,7 @@ class RolloutSession:
         self.config: RolloutConfig | None = None
         self.engine: GenerationEngine | None = None
         self._loop: AgentLoop | None = None
+        self._loading_seconds = 0.0  # applying the chunks of the update in progress
 
     async def open(self, config: RolloutConfig) -> GenerationEngine:
         """Check the environment is reachable, then load the model (policy version 0)."""
@@ -106,25 +107,45 @@ class RolloutSession:
         )
         return engine
 
+    async def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy part of a weight update into the served weights; the version stays until
+        ``apply_weights`` ends the update."""
+        engine = self.require_open("a weight update")
+        await self._copy_in(engine, tensors, engine.policy_version)
+
     async def apply_weights(
         self,
         tensors: Mapping[str, torch.Tensor],
         policy_version: int,
         probe_token_ids: Sequence[int],
+        *,
+        tensors_in_update: int | None = None,
     ) -> WeightsResult:
-        """Load a complete weight update, then prove it: logprobs of the probe ids."""
+        """Load the last part of a weight update (all of it, when not streamed), serve
+        ``policy_version``, then prove it: logprobs of the probe ids. Tensors not named keep
+        their values (the trainer sends only what changed)."""
         engine = self.require_open("a weight update")
-        started = time.monotonic()
-        try:
-            await asyncio.to_thread(engine.apply_weights, tensors, policy_version)
-        except WeightUpdateError as err:
-            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
-        seconds = time.monotonic() - started
+        await self._copy_in(engine, tensors, policy_version)
+        seconds, self._loading_seconds = self._loading_seconds, 0.0
         probe = await asyncio.to_thread(engine.logprobs_of, list(probe_token_ids))
         log.info(
-            "weights_applied", policy_version=policy_version, tensors=len(tensors), seconds=seconds
+            "weights_applied",
+            policy_version=policy_version,
+            tensors=tensors_in_update if tensors_in_update is not None else len(tensors),
+            seconds=seconds,
         )
         return WeightsResult(policy_version, probe, seconds)
+
+    async def _copy_in(
+        self, engine: GenerationEngine, tensors: Mapping[str, torch.Tensor], version: int
+    ) -> None:
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(engine.apply_weights, tensors, version)
+        except WeightUpdateError as err:
+            self._loading_seconds = 0.0
+            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
+        self._loading_seconds += time.monotonic() - started
 
     async def collect(self, batch_index: int, num_groups: int, group_size: int) -> TrajectoryBatch:
         """Play num_groups * group_size episodes; the episodes of a group share a reset seed."""
@@ -239,6 +260,7 @@ class RolloutSession:
                 max_batch_size=self.settings.max_batch_size,
             )
         return self._engine_factory(config.model)
+
     async def sample(
         self,
         prompt: Sequence[int],

@@ -1,6 +1,8 @@
 """The policy the trainer owns: tokenizer, model (LoRA via peft, or all parameters), AdamW.
 
-Loaded through ``from_pretrained`` like any Hugging Face checkpoint, in float32. The rollout
+Loaded through ``from_pretrained`` like any Hugging Face checkpoint, in the dtype its device
+calls for (``placement.dtype_for_device``: float32 on CPU, bfloat16 on CUDA), the same rule
+the rollout's engine follows, so both serve the same numbers. The rollout
 builds the same model the same way (same base, same peft ``LoraConfig``), so the names of
 ``trainable_state()`` are the names it loads.
 """
@@ -23,6 +25,7 @@ from transformers import (
 
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.spec import ModelSpec
 
@@ -61,7 +64,8 @@ def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None
 
 
 class Policy:
-    """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in float32."""
+    """A causal LM with its tokenizer and optimizer, on CPU (or ``device``), in the dtype the
+    device calls for (``dtype_for_device``)."""
 
     def __init__(
         self,
@@ -77,14 +81,15 @@ class Policy:
         LoRA weights are drawn, so a policy is the same whether its base was preloaded or not."""
         self.spec = model_spec
         self.device = torch.device(device)
+        self.dtype = dtype_for_device(device)
         if preloaded is None:
             preloaded = PreloadedModel(
                 model_spec.base_model,
                 AutoTokenizer.from_pretrained(model_spec.base_model),
-                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32),
+                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=self.dtype),
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
-        base = preloaded.model
+        base = preloaded.model.to(dtype=self.dtype)  # a spare preloads float32
         if seed is not None:
             torch.manual_seed(seed)
         if model_spec.gradient_checkpointing:
@@ -93,6 +98,9 @@ class Policy:
         load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
         _, self._head = causal_lm_parts(self.model)
+        # Sharded over ranks (distributed.py): hidden states come through the root module's
+        # forward, which gathers the root's sharded parameters (embeddings, norm, head).
+        self.hidden_through_root = False
         # Positions per logits chunk; None: as many as fit LOGIT_CHUNK_ELEMENTS (logprobs.py).
         self.logit_chunk_positions: int | None = None
         self.optimizer = torch.optim.AdamW(
@@ -168,6 +176,15 @@ class Policy:
     def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
         gradient), what the output head reads; a value head can read the same ones."""
+        if self.hidden_through_root:
+            out = self.model(
+                input_ids=batch.tokens_B_L.to(self.device),
+                attention_mask=batch.attention_mask_B_L.to(self.device),
+                output_hidden_states=True,
+                logits_to_keep=1,  # the head runs in chunks afterwards (logprobs.py)
+                use_cache=False,
+            )
+            return out.hidden_states[-1]
         return hidden_states(
             self.model,
             batch.tokens_B_L.to(self.device),
@@ -222,6 +239,8 @@ class Policy:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if hasattr(grad_norm, "full_tensor"):  # sharded (distributed.py): a DTensor
+            grad_norm = grad_norm.full_tensor()
         return float(grad_norm)
 
     def save_checkpoint(self, out_dir: Path, *, trainer_state: dict | None = None) -> Path:
@@ -252,7 +271,7 @@ class Policy:
             unexpected = list(loaded.unexpected_keys)
             missing = [k for k in loaded.missing_keys if "lora_" in k]
         else:
-            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=self.dtype)
             loaded = self.model.load_state_dict(saved.state_dict(), strict=False)
             unexpected, missing = list(loaded.unexpected_keys), list(loaded.missing_keys)
         if unexpected or missing:

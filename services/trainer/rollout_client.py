@@ -22,7 +22,7 @@ import torch
 from opentinker.common.v1 import common_pb2
 from opentinker.inference_rows import episode_row, wire_row
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from opentinker.services.modeling.weights import pack_weights
+from opentinker.services.modeling.weights import ChangedTensors, pack_weights
 from opentinker.services.rollout.seeds import eval_episode_seed
 from opentinker.spec import JobSpec, to_proto
 
@@ -51,6 +51,7 @@ class GrpcRolloutSession:
         self._requested: deque[int] = deque()  # training batches asked for, not yet received
         self._arrived: deque[rollout_pb2.TrajectoryBatch] = deque()  # ..of which here already
         self._batch_timeout_s = 0.0  # the deadline of a requested batch
+        self._sent = ChangedTensors()  # what the rollout of this stream already serves
 
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str:
         """Open the session for ``spec``'s model and env (an RL or an inference job);
@@ -58,6 +59,7 @@ class GrpcRolloutSession:
         request = open_request(job_id, spec)
         self._seed = request.seed
         self._call = self._stub.Rollout()
+        self._sent.forget()  # a new stream may reach a new rollout
         await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
         reply = await self._receive("opened", timeout_s)
         return reply.opened.engine
@@ -68,6 +70,7 @@ class GrpcRolloutSession:
         """Open for a training session: the rollout loads ``model`` and only samples
         (SampleTokens) and takes weight updates, with no environment; returns the engine."""
         self._call = self._stub.Rollout()
+        self._sent.forget()  # a new stream may reach a new rollout
         request = rollout_pb2.OpenRollout(job_id=job_id, model=model, seed=seed, sampling_only=True)
         await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
         return (await self._receive("opened", timeout_s)).opened.engine
@@ -81,9 +84,12 @@ class GrpcRolloutSession:
         probe_token_ids: list[int],
         timeout_s: float,
     ) -> WeightsAck:
-        """Send one weight update in chunks and wait until the rollout has applied it."""
+        """Send one weight update in chunks and wait until the rollout has applied it. Only the
+        tensors changed since the last acknowledged update travel (all of them the first time
+        on this stream); the rollout keeps the others."""
+        changed, stamps = self._sent.changed(tensors)
         for chunk in pack_weights(
-            tensors,
+            changed,
             policy_version=policy_version,
             is_adapter=is_adapter,
             probe_token_ids=probe_token_ids,
@@ -91,6 +97,8 @@ class GrpcRolloutSession:
             await self._send(rollout_pb2.RolloutRequest(weights=chunk), timeout_s)
         reply = await self._receive("applied", timeout_s)
         applied = reply.applied
+        if applied.policy_version == policy_version:
+            self._sent.acknowledge(stamps)
         return WeightsAck(
             applied.policy_version, list(applied.probe_logprobs), applied.apply_seconds
         )

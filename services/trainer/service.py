@@ -22,6 +22,7 @@ from opentinker.services.common.auth import (
 )
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
 from opentinker.services.common.launch import LaunchConfig, write_atomic
+from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
 from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
@@ -139,6 +140,14 @@ async def run_job(
             spec = from_proto(job.spec)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
+        try:  # the rollout reads the same lease by the same rule: both agree (placement.py)
+            placement = placement_here(launch.device_ids, override=settings.device)
+        except ConfigError as err:
+            return await _report_failure(reporter, str(err), job_log)
+        settings = settings.model_copy(update={"device": placement.device})
+        job_log.info("placement", device=placement.device, dtype=str(placement.dtype))
+        if placement.num_devices > 1:  # distributed.py has the FSDP2 step; not wired here yet
+            job_log.warning("one_rank_of_many", leased_devices=placement.num_devices)
         if spec.kind != "sft" and not rollout_address:
             reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
             return await _report_failure(reporter, reason, job_log)

@@ -13,11 +13,16 @@ class TrainerSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535, description="TrainerService port; 0 = any free port")
-    device: str = "cpu"
+    device: str = Field(
+        "",
+        description='"cpu", "cuda", "cuda:1"; empty = from the job\'s lease (placement.py: '
+        "cuda:0 in bfloat16 for a CUDA lease, cpu in float32 otherwise)",
+    )
     log_level: str = "INFO"
     # Largest |logprob difference| on the probe sequence still counted as the same weights.
-    # 1e-3 fits float32 on both sides; bfloat16 serving (vLLM on GPU) needs ~5e-2.
-    probe_tolerance: float = Field(1e-3, gt=0)
+    # None: the documented tolerance for the trainer/rollout dtype pair
+    # (placement.PROBE_TOLERANCE: 1e-3 for float32 on both sides, 5e-2 with bfloat16).
+    probe_tolerance: float | None = Field(None, gt=0)
     open_timeout_s: float = Field(
         300.0, gt=0, description="rollout loads its model before answering"
     )

@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from opentinker.services.modeling.placement import probe_tolerance
+
 from .errors import WeightSyncError
 from .policy import Policy
 from .rollout_client import WeightsAck
@@ -55,11 +57,15 @@ async def verified_sync(
     policy: Policy,
     *,
     version: int,
-    tolerance: float,
+    tolerance: float | None,
     timeout_s: float,
 ) -> SyncResult:
     """Send ``policy``'s trainable weights as ``version`` and check the rollout serves them;
-    raises WeightSyncError naming what differs."""
+    raises WeightSyncError naming what differs. ``tolerance`` None: the documented one for
+    the policy's dtype on both sides (the rollout picks its dtype by the same rule from the
+    same lease, placement.py)."""
+    if tolerance is None:
+        tolerance = probe_tolerance(policy.dtype, policy.dtype)
     ids = policy.probe_token_ids
     ack = await rollout.sync_weights(
         policy.trainable_state(),

@@ -34,7 +34,7 @@ class Sample:
 class SessionSampler:
     """Sampling through the job's rollout over ``channel`` (its job token attached)."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, address: str, tolerance: float) -> None:
+    def __init__(self, channel: grpc.aio.Channel, *, address: str, tolerance: float | None) -> None:
         self._stream = GrpcRolloutSession(channel, address=address)
         self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         self._address = address

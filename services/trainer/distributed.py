@@ -1,0 +1,116 @@
+"""Data-parallel training over the N devices of a lease with torch.distributed FSDP2
+(``fully_shard``): no collective of our own.
+
+Each rank holds a shard of every parameter and of AdamW's state. One decoder layer is one FSDP
+unit (gathered for its forward/backward, then freed); the rest (embeddings, final norm and the
+output head, tied on Qwen2) is the root unit. The policy's body and head are called apart
+(chunked logprobs, logprobs.py), so a sharded policy computes its hidden states through the
+root module's own forward (``Policy.hidden_through_root``): that is what gathers the root's
+parameters and keeps them until the backward.
+
+A minibatch is split into contiguous row ranges, one per rank; each rank's loss carries the
+weights of the whole minibatch (training.backward_minibatch), so the sum of the ranks'
+gradients is the minibatch's gradient: FSDP's reduce-scatter sums (divide factor 1) instead of
+averaging. Every rank must run the same number of forward passes (one micro-batch each:
+``micro_batch_tokens`` 0), since each is a collective.
+
+Ranks are started by torchrun or torch.multiprocessing; ``init_rank`` reads the usual
+RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from .batch import Episode
+from .batch_work import UpdateConfig, prepare
+from .logprobs import causal_lm_parts
+from .policy import Policy
+from .training import backward_minibatch
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in the job: rank 0 talks to the scheduler and the rollout."""
+
+    rank: int
+    world_size: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def init_rank(device: str) -> Rank:
+    """Join the job's process group (env:// rendezvous set by torchrun or the caller)."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    rank = dist.get_rank()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    return Rank(rank, dist.get_world_size())
+
+
+def shard_policy(policy: Policy) -> None:
+    """Shard ``policy``'s model over the process group with FSDP2 and rebuild its AdamW over
+    the sharded parameters (same hyperparameters)."""
+    body, _ = causal_lm_parts(policy.model)
+    for layer in body.layers:
+        fully_shard(layer)
+    fully_shard(policy.model)
+    for unit in policy.model.modules():  # the root and every layer: each has its own setting
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)  # sum: each rank's loss weighs the whole batch
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    policy.hidden_through_root = True
+    group = policy.optimizer.param_groups[0]
+    policy.optimizer = torch.optim.AdamW(
+        policy.trainable_parameters(), lr=group["lr"], weight_decay=group["weight_decay"]
+    )
+
+
+def rank_rows(rows: Sequence[int], rank: Rank) -> list[int]:
+    """The contiguous range of ``rows`` this rank computes: sizes differ by at most one.
+    ValueError when there are fewer rows than ranks (a rank without rows would skip a
+    collective and hang the others)."""
+    if len(rows) < rank.world_size:
+        raise ValueError(
+            f"{len(rows)} sequences cannot be split over {rank.world_size} ranks; "
+            f"use a batch of at least {rank.world_size} sequences"
+        )
+    base, extra = divmod(len(rows), rank.world_size)
+    start = rank.rank * base + min(rank.rank, extra)
+    return list(rows[start : start + base + (1 if rank.rank < extra else 0)])
+
+
+def data_parallel_step(
+    policy: Policy, episodes: list[Episode], config: UpdateConfig, rank: Rank
+) -> float:
+    """One optimizer step on the whole of ``episodes`` (every rank passes the same list), each
+    rank computing its rows; returns the global gradient norm before clipping."""
+    if config.micro_batch_tokens or config.minibatch_size or config.ppo_epochs != 1:
+        raise ValueError(
+            "data-parallel steps take the whole batch in one micro-batch per rank: "
+            "micro_batch_tokens 0, minibatch_size 0, ppo_epochs 1"
+        )
+    work = prepare(policy, episodes, config, reference=None, critic=None)
+    minibatch = list(range(len(episodes)))
+    backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), config)
+    limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+    return policy.optimizer_step(limit)
+
+
+def full_state(policy: Policy) -> dict[str, torch.Tensor]:
+    """Every rank's shards gathered into whole CPU tensors on rank 0 (other ranks get an empty
+    dict): what a checkpoint or a weight sync sends. A collective: every rank calls it."""
+    return get_model_state_dict(
+        policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
