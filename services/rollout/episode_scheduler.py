@@ -32,7 +32,7 @@ Ep = TypeVar("Ep")
 # Wait for latecomers at most this fraction of the mean engine call so far ...
 WAIT_FRACTION = 0.5
 # ... and this long before the first call has been timed (seconds).
-FIRST_WAIT_S = 0.1
+FIRST_WAIT_S = 0.5
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,8 +80,11 @@ class GrpcRolloutSession:
         is_adapter: bool,
         probe_token_ids: list[int],
         timeout_s: float,
+        after_send: Callable[[], Awaitable[None]] | None = None,
     ) -> WeightsAck:
-        """Send one weight update in chunks and wait until the rollout has applied it."""
+        """Send one weight update in chunks and wait until the rollout has applied it.
+        after_send: awaited once the last chunk is written, before the wait (to send requests
+        that the rollout must serve with these weights)."""
         for chunk in pack_weights(
             tensors,
             policy_version=policy_version,
@@ -89,6 +92,8 @@ class GrpcRolloutSession:
             probe_token_ids=probe_token_ids,
         ):
             await self._send(rollout_pb2.RolloutRequest(weights=chunk), timeout_s)
+        if after_send is not None:
+            await after_send()
         reply = await self._receive("applied", timeout_s)
         applied = reply.applied
         return WeightsAck(
@@ -118,12 +123,6 @@ class GrpcRolloutSession:
         await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
         self._requested.append(batch_index)
         self._batch_timeout_s = timeout_s
-
-    async def receive_ahead(self, *, timeout_s: float) -> None:
-        """Wait until every requested training batch has arrived (kept for receive_batch)."""
-        while len(self._arrived) < len(self._requested):
-            reply = await self._receive("batch", timeout_s, keep_training=False)
-            self._arrived.append(reply.batch)
 
     async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch:
         """The oldest requested training batch (which must be ``batch_index``)."""
