@@ -4,7 +4,10 @@ Each episode moves through PENDING (reset; the prompt is tokenized with the chat
 -> GENERATING (model tokens: loss mask 1, logprobs kept) -> INTERACTING (the env steps with
 this turn's text; a next observation is appended as ids of a new user turn: loss mask 0,
 logprob 0) -> GENERATING ... -> TERMINATED, when the env says done or the turn or token
-budget ends. All episodes that are GENERATING in a round are sampled in one engine call.
+budget ends. With ``scheduling="async"`` (the default) every episode goes back to generation
+as soon as its env replied and each engine call samples the episodes ready then (see
+``episode_scheduler``); with ``"lockstep"`` all GENERATING episodes of a round are sampled in
+one engine call, then all their envs step.
 The turn budget is the job's max_turns, else the env's own (``turn_limit``). An env's tools
 are rendered into the prompt by the chat template; each turn of an env with tools is sent as
 its raw text together with the tool calls parsed from it (``tool_calls``).
@@ -27,7 +30,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import structlog
 
@@ -37,6 +40,7 @@ from opentinker.spec import SamplingParams
 from .chat_format import ChatFormat
 from .engine import GenerationEngine
 from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
+from .episode_scheduler import EpisodeScheduler, EpisodeSteps
 from .seeds import derive_seed
 from .tool_calls import ToolCalls, parse_tool_calls
 from .types import (
@@ -96,6 +100,10 @@ class LoopConfig:
     max_link_restarts: restarts of one episode after the link to the envs (EnvHub) was lost.
     max_observation_chars: the longest observation (characters) accepted from the env.
     greedy: argmax decoding (evaluation); ``sampling.temperature`` is then not used.
+    scheduling: "async" = each episode generates again as soon as its env replied, engine
+    calls re-batched from the ready episodes; "lockstep" = rounds of all episodes.
+    batch_wait_s: (async) the longest a ready episode waits for others to join an engine
+    call; None = half the run's mean engine call (``episode_scheduler``).
     """
 
     sampling: SamplingParams
@@ -106,6 +114,8 @@ class LoopConfig:
     max_link_restarts: int = 5
     max_observation_chars: int = 16384
     greedy: bool = False
+    scheduling: Literal["async", "lockstep"] = "async"
+    batch_wait_s: float | None = None
 
 
 # Turns per episode when neither the job nor the env sets a limit (the env still ends an
@@ -200,6 +210,30 @@ class AgentLoop:
         episodes = [_Episode(request, request.session) for request in requests]
         stats = RolloutStats()
         policy_version = self.engine.policy_version
+        if self.config.scheduling == "async":
+            await self._play_async(episodes, seed, stats)
+        else:
+            await self._play_lockstep(episodes, seed, stats)
+        stats.env_retries += sum(ep.retries for ep in episodes)
+        return [self._trajectory(ep, policy_version) for ep in episodes], stats
+
+    async def _play_async(self, episodes: list[_Episode], seed: int, stats: RolloutStats) -> None:
+        """Every episode at its own pace; the time not spent generating counts as env time."""
+        started = time.monotonic()
+        steps = EpisodeSteps(
+            start=self._reset,
+            generate=lambda batch, call_seed: self._generate(batch, call_seed, stats),
+            interact=self._interact,
+            generating=lambda ep: ep.state is EpisodeState.GENERATING,
+            close=self._close,
+        )
+        scheduler = EpisodeScheduler(steps, seed=seed, batch_wait_s=self.config.batch_wait_s)
+        await scheduler.play(episodes)
+        stats.env_seconds += time.monotonic() - started - stats.generate_seconds
+
+    async def _play_lockstep(
+        self, episodes: list[_Episode], seed: int, stats: RolloutStats
+    ) -> None:
         started = time.monotonic()
         await asyncio.gather(*(self._reset(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
@@ -215,8 +249,6 @@ class AgentLoop:
         started = time.monotonic()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
-        stats.env_retries += sum(ep.retries for ep in episodes)
-        return [self._trajectory(ep, policy_version) for ep in episodes], stats
 
     async def _reset(self, ep: _Episode) -> None:
         try:

@@ -96,6 +96,8 @@ class RolloutSession:
                 env_options=config.env_options,
                 max_episode_retries=self.settings.max_episode_retries,
                 max_observation_chars=self.settings.max_observation_chars,
+                scheduling=self.settings.agent_loop,
+                batch_wait_s=self.settings.batch_wait_s,
             ),
             env,
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -33,6 +35,17 @@ class RolloutSettings(BaseSettings):
     )
     max_observation_chars: int = Field(
         16384, ge=1, description="a longer env observation ends its episode with ENV_ERROR"
+    )
+    agent_loop: Literal["async", "lockstep"] = Field(
+        "async",
+        description="async: each episode generates again as soon as its env replied (engine "
+        "calls re-batched from the ready episodes); lockstep: all generate, then all env steps",
+    )
+    batch_wait_s: float | None = Field(
+        None,
+        ge=0,
+        description="(async) the longest ready episodes wait for others to join an engine "
+        "call; unset = half the batch's mean engine call",
     )
     log_level: str = "INFO"
     # Sent to EnvHub on every call, and the only credential the rollout admits: the job token

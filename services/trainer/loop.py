@@ -237,12 +237,14 @@ class RlLoop:
             critic=self.critic,
         )
         time_train = time.monotonic() - train_started
-        ahead_started = time.monotonic()
-        await self.batches.wait_ahead()
-        time_wait = train_started - started + time.monotonic() - ahead_started
         self.policy_version += 1
         self.step += 1
+        sync_started = time.monotonic()
         time_sync, probe_diff = await self._sync_weights()
+        # The rollout applies the weights once it finished the batches requested ahead: the
+        # rest of the sync's wall time is waiting for the rollout.
+        sync_wait = max(time.monotonic() - sync_started - time_sync, 0.0)
+        time_wait = train_started - started + sync_wait
         time_step = time.monotonic() - started
 
         metrics = step_metrics(
@@ -296,9 +298,11 @@ class RlLoop:
         return lr
 
     async def _sync_weights(self) -> tuple[float, float]:
-        """Send the trainable weights as ``policy_version`` and verify the rollout serves them.
+        """Send the trainable weights as ``policy_version`` and verify the rollout serves them;
+        the batches this version plays are requested right behind the weights, so the rollout
+        goes from applying them to playing without waiting for the trainer.
 
-        Returns (seconds spent applying and probing on both sides, max |Δlogprob| of the probe).
+        Returns (seconds spent applying and probing, max |Δlogprob| of the probe).
         """
         result = await verified_sync(
             self.rollout,
@@ -306,8 +310,13 @@ class RlLoop:
             version=self.policy_version,
             tolerance=self.settings.probe_tolerance,
             timeout_s=self.settings.weight_sync_timeout_s,
+            after_send=self._request_next_batches,
         )
         return result.seconds, result.probe_diff
+
+    async def _request_next_batches(self) -> None:
+        if self.step < self.rl.steps:
+            await self.batches.request_ahead(self.step, self.policy_version)
 
     async def _validate(self, *, final: bool = False) -> dict[str, float]:
         """val/* metrics of the policy after this step when a validation is due (every

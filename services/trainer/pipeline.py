@@ -27,8 +27,6 @@ class BatchSource(Protocol):
 
     async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch: ...
 
-    async def receive_ahead(self, *, timeout_s: float) -> None: ...
-
 
 class BatchPipeline:
     """Requests the training batches of steps ``step .. step + max_staleness`` (never past the
@@ -42,6 +40,14 @@ class BatchPipeline:
 
     async def next_batch(self, step: int, policy_version: int) -> tuple[CollectedBatch, int]:
         """Batch ``step`` (requesting the ones ahead first) and the version that played it."""
+        await self.request_ahead(step, policy_version)
+        batch = await self._rollout.receive_batch(batch_index=step, timeout_s=self._timeout_s)
+        return batch, self._requested.pop(step)
+
+    async def request_ahead(self, step: int, policy_version: int) -> None:
+        """Request batches ``step .. step + max_staleness`` not yet requested, as played by
+        ``policy_version``. Called right after sending the weights of ``policy_version``: the
+        rollout then starts the next batch as soon as it applied them, with no round trip."""
         last = min(step + self._rl.max_staleness, self._rl.steps - 1)
         for index in range(step, last + 1):
             if index not in self._requested:
@@ -52,15 +58,6 @@ class BatchPipeline:
                     timeout_s=self._timeout_s,
                 )
                 self._requested[index] = policy_version
-        batch = await self._rollout.receive_batch(batch_index=step, timeout_s=self._timeout_s)
-        return batch, self._requested.pop(step)
-
-    async def wait_ahead(self) -> None:
-        """Wait for the batches requested ahead. Before a weight update: the rollout applies
-        it only after them anyway, so waiting here loses no overlap and the wait is measured
-        as waiting for the rollout, not as weight sync."""
-        if self._requested:
-            await self._rollout.receive_ahead(timeout_s=self._timeout_s)
 
 
 def usable_episodes(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,10 +83,13 @@ class GrpcRolloutSession:
         is_adapter: bool,
         probe_token_ids: list[int],
         timeout_s: float,
+        after_send: Callable[[], Awaitable[None]] | None = None,
     ) -> WeightsAck:
         """Send one weight update in chunks and wait until the rollout has applied it. Only the
         tensors changed since the last acknowledged update travel (all of them the first time
-        on this stream); the rollout keeps the others."""
+        on this stream); the rollout keeps the others. after_send: awaited once the last chunk
+        is written, before the wait (to send requests that the rollout must serve with these
+        weights)."""
         changed, stamps = self._sent.changed(tensors)
         for chunk in pack_weights(
             changed,
@@ -95,6 +98,8 @@ class GrpcRolloutSession:
             probe_token_ids=probe_token_ids,
         ):
             await self._send(rollout_pb2.RolloutRequest(weights=chunk), timeout_s)
+        if after_send is not None:
+            await after_send()
         reply = await self._receive("applied", timeout_s)
         applied = reply.applied
         if applied.policy_version == policy_version:
@@ -126,12 +131,6 @@ class GrpcRolloutSession:
         await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
         self._requested.append(batch_index)
         self._batch_timeout_s = timeout_s
-
-    async def receive_ahead(self, *, timeout_s: float) -> None:
-        """Wait until every requested training batch has arrived (kept for receive_batch)."""
-        while len(self._arrived) < len(self._requested):
-            reply = await self._receive("batch", timeout_s, keep_training=False)
-            self._arrived.append(reply.batch)
 
     async def receive_batch(self, *, batch_index: int, timeout_s: float) -> CollectedBatch:
         """The oldest requested training batch (which must be ``batch_index``)."""

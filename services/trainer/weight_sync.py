@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +29,7 @@ class WeightReceiver(Protocol):
         is_adapter: bool,
         probe_token_ids: list[int],
         timeout_s: float,
+        after_send: Callable[[], Awaitable[None]] | None = None,
     ) -> WeightsAck: ...
 
 
@@ -59,24 +60,39 @@ async def verified_sync(
     version: int,
     tolerance: float | None,
     timeout_s: float,
+    after_send: Callable[[], Awaitable[None]] | None = None,
 ) -> SyncResult:
     """Send ``policy``'s trainable weights as ``version`` and check the rollout serves them;
     raises WeightSyncError naming what differs. ``tolerance`` None: the documented one for
     the policy's dtype on both sides (the rollout picks its dtype by the same rule from the
-    same lease, placement.py)."""
+    same lease, placement.py). The trainer's own probe runs while the rollout applies.
+    after_send: awaited once the weights are written (see ``sync_weights``)."""
     if tolerance is None:
         tolerance = probe_tolerance(policy.dtype, policy.dtype)
     ids = policy.probe_token_ids
-    ack = await rollout.sync_weights(
-        policy.trainable_state(),
-        policy_version=version,
-        is_adapter=policy.is_lora,
-        probe_token_ids=ids,
-        timeout_s=timeout_s,
-    )
-    probe_started = time.monotonic()
-    expected = await asyncio.to_thread(policy.probe_logprobs, ids)
-    probe_seconds = time.monotonic() - probe_started
+    probe: asyncio.Task[tuple[list[float], float]] | None = None
+
+    async def sent() -> None:
+        nonlocal probe
+        probe = asyncio.create_task(asyncio.to_thread(_timed_probe, policy, ids))
+        if after_send is not None:
+            await after_send()
+
+    try:
+        ack = await rollout.sync_weights(
+            policy.trainable_state(),
+            policy_version=version,
+            is_adapter=policy.is_lora,
+            probe_token_ids=ids,
+            timeout_s=timeout_s,
+            after_send=sent,
+        )
+    except BaseException:
+        if probe is not None:
+            probe.cancel()
+        raise
+    assert probe is not None, "sync_weights awaits after_send before it returns"
+    expected, probe_seconds = await probe
     if ack.policy_version != version:
         raise WeightSyncError(
             f"rollout applied policy version {ack.policy_version}, the trainer sent {version}"
@@ -89,3 +105,10 @@ async def verified_sync(
             f"rollout loads the same base model and LoRA config and applies every tensor"
         )
     return SyncResult(ack.apply_seconds + probe_seconds, diff)
+
+
+def _timed_probe(policy: Policy, ids: list[int]) -> tuple[list[float], float]:
+    """The trainer's probe logprobs and the seconds they took."""
+    started = time.monotonic()
+    expected = policy.probe_logprobs(ids)
+    return expected, time.monotonic() - started
