@@ -29,11 +29,12 @@ from opentinker.spec import SamplingParams
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 T = TypeVar("T")
-LossName = Literal["cross_entropy", "importance_sampling", "ppo"]
+LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
 _LOSS_PB = {
     "cross_entropy": trainer_pb2.SESSION_LOSS_CROSS_ENTROPY,
     "importance_sampling": trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING,
     "ppo": trainer_pb2.SESSION_LOSS_PPO,
+    "cispo": trainer_pb2.SESSION_LOSS_CISPO,
 }
 
 

@@ -22,6 +22,7 @@ SUPPORTED_LOSSES: dict[str, frozenset[str]] = {
     "cross_entropy": frozenset(),
     "importance_sampling": frozenset(),
     "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
 }
 # loss_fn_inputs name -> our Datum field (target_tokens is the datum's targets).
 _INPUT_FIELDS = {"weights": "weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}

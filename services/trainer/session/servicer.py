@@ -26,6 +26,7 @@ _LOSS_NAMES = {
     trainer_pb2.SESSION_LOSS_CROSS_ENTROPY: "cross_entropy",
     trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING: "importance_sampling",
     trainer_pb2.SESSION_LOSS_PPO: "ppo",
+    trainer_pb2.SESSION_LOSS_CISPO: "cispo",
 }
 
 
@@ -212,7 +213,7 @@ def _loss(pb: trainer_pb2.LossConfig) -> LossSpec:
     name = _LOSS_NAMES.get(pb.loss)
     if name is None:
         raise InvalidArgumentError(
-            "loss.loss: choose cross_entropy, importance_sampling or ppo", reason="BAD_LOSS"
+            "loss.loss: choose cross_entropy, importance_sampling, ppo or cispo", reason="BAD_LOSS"
         )
     return LossSpec(
         name=name,  # type: ignore[arg-type]  # one of the LossName literals

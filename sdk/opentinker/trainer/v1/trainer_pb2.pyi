@@ -14,10 +14,12 @@ class SessionLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_LOSS_CROSS_ENTROPY: _ClassVar[SessionLoss]
     SESSION_LOSS_IMPORTANCE_SAMPLING: _ClassVar[SessionLoss]
     SESSION_LOSS_PPO: _ClassVar[SessionLoss]
+    SESSION_LOSS_CISPO: _ClassVar[SessionLoss]
 SESSION_LOSS_UNSPECIFIED: SessionLoss
 SESSION_LOSS_CROSS_ENTROPY: SessionLoss
 SESSION_LOSS_IMPORTANCE_SAMPLING: SessionLoss
 SESSION_LOSS_PPO: SessionLoss
+SESSION_LOSS_CISPO: SessionLoss
 
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
