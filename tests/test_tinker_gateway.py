@@ -4,50 +4,17 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tinker
 from tinker import types
+from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
 
 import opentinker
-from opentinker.services.gateway.in_thread import running_gateway
-from opentinker.services.gateway.settings import GatewaySettings
-from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-BASE = "opentinker/tiny-letter"  # the Tinker name the gateway maps to the local model dir
-
-
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def gateway(mesh, letter_model_dir: Path):
-    settings = GatewaySettings(
-        scheduler_address=mesh.scheduler_address,
-        port=0,  # a free one
-        base_models={BASE: str(letter_model_dir)},
-        long_poll_s=2.0,
-    )
-    with running_gateway(settings) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def service(gateway, mesh, monkeypatch_module):
-    monkeypatch_module.setenv("TINKER_TELEMETRY", "0")
-    return tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+__all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here
 
 
 def sft_datum(tokens: list[int]) -> types.Datum:
@@ -63,7 +30,7 @@ def sft_datum(tokens: list[int]) -> types.Datum:
 
 def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     caps = service.get_server_capabilities()
-    assert [m.model_name for m in caps.supported_models] == [BASE]
+    assert [m.model_name for m in caps.supported_models] == [BASE, QWEN]
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
     assert trainer.get_info().lora_rank == 4
 
