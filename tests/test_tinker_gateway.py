@@ -48,6 +48,9 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     assert len(out.loss_fn_outputs) == 2 and out.loss_fn_outputs[0]["logprobs"].shape == [6]
 
     # Sampling from the trained weights, with the sampler's logprobs.
+    sampler_name = "trained"
+    sampler_path = trainer.save_weights_for_sampler(sampler_name).result().path
+    assert sampler_path.endswith(f"/sampler_weights/{sampler_name}")
     sampler = trainer.save_weights_and_get_sampling_client().result()
     assert sampler.get_base_model() == BASE
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
@@ -86,6 +89,28 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     assert again == pytest.approx(before, rel=1e-4)
     resumed.forward_backward(data, "cross_entropy").result()
     resumed.optim_step(adam).result()
+
+    # Training runs (the two session jobs) and their checkpoints; deleting one.
+    rest = service.create_rest_client()
+    run_id = path.removeprefix("tinker://").split("/")[0]
+    listed = rest.list_training_runs().result()
+    assert run_id in {r.training_run_id for r in listed.training_runs}
+    assert listed.cursor.total_count == 2
+    run = rest.get_training_run(run_id).result()
+    assert (run.base_model, run.lora_rank) == (BASE, 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == path
+    checkpoints = rest.list_checkpoints(run_id).result().checkpoints
+    assert {(c.checkpoint_type, c.checkpoint_id) for c in checkpoints} == {
+        ("training", "weights/after-steps"),
+        ("sampler", f"sampler_weights/{sampler_name}"),
+    }
+    assert all(c.size_bytes for c in checkpoints if c.checkpoint_type == "training")
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert [c.checkpoint_type for c in rest.list_checkpoints(run_id).result().checkpoints] == [
+        "sampler"
+    ]
+    with pytest.raises(tinker.NotFoundError, match="no saved session state"):
+        service.create_training_client_from_state(path).result()
 
     # Closing the service client ends both session jobs, successfully.
     service.close("success").result()

@@ -37,6 +37,7 @@ def gateway(mesh, letter_model_dir: Path, monkeypatch_module):
         port=0,  # a free one
         base_models={BASE: str(letter_model_dir), QWEN: str(letter_model_dir)},
         long_poll_s=2.0,
+        checkpoint_root=mesh.checkpoint_root,
     )
     with running_gateway(settings) as url:
         yield url

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,9 +28,11 @@ from opentinker.errors import (
     UnavailableError,
 )
 
+from . import runs
 from . import training_routes as training
 from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
+from .sessions import SessionGoneError
 from .settings import GatewaySettings
 from .state import Gateway
 from .tenancy import Caller
@@ -41,6 +42,7 @@ PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
 # HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
 _STATUS = {
+    SessionGoneError: 410,  # before NotFoundError: it is one
     PermissionDeniedError: 403,  # before AuthenticationError: it is one
     AuthenticationError: 401,
     NotFoundError: 404,
@@ -64,9 +66,13 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
                     return JSONResponse(answer)  # a retry of a call already taken
                 body = await request.body() if raw else await _json(request)
-                if request.path_params:
-                    body = {**body, **request.path_params}
+                if not raw:
+                    body = {**request.query_params, **body, **request.path_params}
+                    if isinstance(body.get("model_id"), str):
+                        gw.sessions.touch(body["model_id"])
                 answer = await handler(gw, caller, body)
+                if answer is None:
+                    answer = {}
                 if key and isinstance(answer, dict) and _starts_work(answer):
                     gw.remember(caller.tenant_id, key, answer)
                 return answer if isinstance(answer, Response) else JSONResponse(answer)
@@ -89,7 +95,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/get_server_capabilities", capabilities, method="GET"),
         route("/api/v1/create_session", create_session),
         route("/api/v1/sessions/{session_id}/finish", finish_session),
-        route("/api/v1/session_heartbeat", lambda gw, c, b: _answer({"type": "session_heartbeat"})),
+        route("/api/v1/session_heartbeat", session_heartbeat),
         route("/api/v1/create_sampling_session", create_sampling_session),
         route("/api/v1/get_info", get_info),
         route("/api/v1/samplers/{sampling_session_id}", get_sampler, method="GET"),
@@ -101,11 +107,26 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/load_weights", training.load_weights),
         route("/api/v1/save_weights_for_sampler", training.save_weights_for_sampler),
         route("/api/v1/asample", training.asample),
+        route("/api/v1/training_runs", runs.list_training_runs, method="GET"),
+        route("/api/v1/training_runs/{training_run_id}", runs.get_training_run, method="GET"),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints",
+            runs.list_checkpoints,
+            method="GET",
+        ),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}",
+            runs.delete_checkpoint,
+            method="DELETE",
+        ),
+        route("/api/v1/checkpoints", runs.list_user_checkpoints, method="GET"),
     ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_close_expired_sessions(gw))
         yield
+        reaper.cancel()
         await asyncio.to_thread(gw.close)  # close the trainer sessions still open
 
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -152,18 +173,41 @@ async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def create_session(gw: Gateway, caller: Caller, body: dict) -> dict:
-    return {"type": "create_session", "session_id": f"ses-{uuid.uuid4().hex[:16]}"}
+    return {"type": "create_session", "session_id": gw.sessions.create(caller.tenant_id)}
+
+
+async def session_heartbeat(gw: Gateway, caller: Caller, body: dict) -> dict:
+    gw.sessions.beat(body["session_id"], caller.tenant_id)
+    return {"type": "session_heartbeat"}
 
 
 async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
     """The SDK's ServiceClient.close(): close the session's training models (their jobs
     succeed, reason "closed", and free their devices)."""
-    prefix = f"{body['session_id']}:train:"
+    gw.sessions.finish(body["session_id"])
+    await _close_session(gw, body["session_id"], caller.tenant_id)
+    return {}
+
+
+async def _close_session(gw: Gateway, session_id: str, tenant_id: str | None) -> None:
+    """Close the session's models (of ``tenant_id``; None: whoever's)."""
+    prefix = f"{session_id}:"
     for model in gw.models.all():
-        if model.model_id.startswith(prefix) and model.tenant_id == caller.tenant_id:
+        if model.model_id.startswith(prefix) and tenant_id in (None, model.tenant_id):
             gw.models.remove(model)
             await asyncio.to_thread(model.session.close)
-    return {}
+
+
+async def _close_expired_sessions(gw: Gateway) -> None:
+    """Every few seconds: close the models of sessions whose client went silent."""
+    while True:
+        await asyncio.sleep(min(5.0, gw.settings.session_expiry_s / 4))
+        for session_id in gw.sessions.expired():
+            log.info("session_expired", session_id=session_id)
+            try:
+                await _close_session(gw, session_id, None)
+            except Exception:  # one failed close must not stop the reaper
+                log.exception("session_close_failed", session_id=session_id)
 
 
 async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> dict:

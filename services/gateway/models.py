@@ -28,6 +28,7 @@ class TrainingModel:
     session: TrainingSession
     gate: SeqGate
     samplers: int = field(default=0)  # sampling sessions made from it
+    sampler_names: dict[str, float] = field(default_factory=dict)  # named sampler saves: unix s
 
     @property
     def job_id(self) -> str:
@@ -91,6 +92,9 @@ class Models:
         if model is None or model.tenant_id != caller.tenant_id:
             raise NotFoundError(f"model_id: no training model {model_id!r} of yours")
         return model
+
+    def live_job(self, job_id: str) -> TrainingModel | None:
+        return self._by_job.get(job_id)
 
     def by_job(self, job_id: str, caller: Caller) -> TrainingModel:
         model = self._by_job.get(job_id)

@@ -5,6 +5,7 @@ and its result (or error) waits in the FutureStore for retrieve_future."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -18,6 +19,7 @@ from . import wire
 from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
+from .runs import check_saved_state
 from .state import Gateway
 from .tenancy import Caller
 
@@ -119,6 +121,7 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
     path = TinkerPath.parse(body["path"])
     if path.kind != STATE_KIND:
         raise InvalidArgumentError(f"path: {body['path']!r} is sampler weights; load a state")
+    await asyncio.to_thread(check_saved_state, gw, caller, path)
     if body.get("model_id"):
         model = await gw.models.get(body["model_id"], caller)
         work = _load_into(model, body.get("seq_id"), path)
@@ -139,7 +142,12 @@ async def _load_new(
     source = await asyncio.to_thread(gw.job_model, caller, path.job_id)
     await start_model(gw, caller, model_id, base_model or source.base_model, source.lora.rank)
     model = await gw.models.get(model_id, caller)
-    await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+    try:
+        await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+    except BaseException:  # no half-made client: end its session, free its device
+        gw.models.remove(model)
+        await asyncio.to_thread(model.session.close)
+        raise
     return Result({"path": str(path), "model_id": model_id, "type": "load_weights"})
 
 
@@ -152,6 +160,7 @@ async def save_weights_for_sampler(gw: Gateway, caller: Caller, body: dict) -> d
         await ordered(model, body.get("seq_id"), model.session.save_weights_for_sampler_async)
         if name:
             path = TinkerPath(model.job_id, SAMPLER_KIND, name)
+            model.sampler_names[name] = time.time()
             return Result({"path": str(path), "type": "save_weights_for_sampler"})
         sampler = gw.models.new_sampler(model)
         return Result({"sampling_session_id": sampler, "type": "save_weights_for_sampler"})
