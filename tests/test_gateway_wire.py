@@ -4,6 +4,7 @@ decoders on the other side) and its seq_id ordering."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from opentinker.services.gateway import wire
 from opentinker.services.gateway.futures import error_body
 from opentinker.services.gateway.models import TinkerPath
 from opentinker.services.gateway.ordering import SeqGate
+from opentinker.services.gateway.sessions import SessionGoneError, Sessions
 from opentinker.training_session import ForwardOutput, SampledSequence, SampleOutput
 
 pytestmark = pytest.mark.unit
@@ -120,3 +122,19 @@ def test_the_seq_gate_lets_calls_through_in_order() -> None:
         return order
 
     assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+def test_sessions_expire_when_silent_but_not_while_a_call_runs() -> None:
+    sessions = Sessions(expiry_s=0.05)
+    quiet, busy = sessions.create("acme"), sessions.create("acme")
+    with sessions.active(f"{busy}:train:1"):  # a call on one of its models
+        time.sleep(0.1)
+        assert sessions.expired() == [quiet]
+    assert sessions.expired() == []  # the call just ended: a sign of life
+    time.sleep(0.1)
+    assert sessions.expired() == [busy]
+    with pytest.raises(SessionGoneError, match="ended"):
+        sessions.beat(busy, "acme")
+    live = sessions.create("acme")
+    with pytest.raises(SessionGoneError):
+        sessions.beat(live, "another-tenant")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import math
+import time
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -12,6 +14,8 @@ from tinker import types
 from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
 
 import opentinker
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here
@@ -123,3 +127,34 @@ def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> Non
     service = tinker.ServiceClient(base_url=gateway, api_key="tml-otk_not_a_key")  # lazy
     with pytest.raises(tinker.AuthenticationError, match="X-API-Key|credential|key"):
         service.create_lora_training_client(base_model=BASE, rank=4)
+
+
+def test_a_base_model_samples_and_a_silent_session_expires(mesh, letter_model_dir) -> None:
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+        session_expiry_s=4.0,  # the SDK beats every 10 s: its session expires between beats
+    )
+    with running_gateway(settings) as url:
+        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{mesh.api_key}")
+        sampler = service.create_sampling_client(base_model=BASE)  # no saved weights
+        params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+        result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
+        assert [len(s.tokens) == len(s.logprobs) >= 1 for s in result.sequences] == [True] * 2
+
+        # Silent past session_expiry_s: the gateway closes the sampler's session job.
+        with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+            [job] = [j for j in client.list_jobs() if j.name == "tinker" and not j.done]
+            deadline = time.monotonic() + 30
+            while not client.get_job(job.job_id).done and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert client.get_job(job.job_id).state == "SUCCEEDED"
+        # ... and answers a late heartbeat 410 Gone (which stops the SDK's heartbeat loop).
+        headers = {"X-API-Key": f"tml-{mesh.api_key}"}
+        session = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers).json()
+        time.sleep(6)
+        beat = {"session_id": session["session_id"]}
+        late = httpx.post(f"{url}/api/v1/session_heartbeat", json=beat, headers=headers)
+        assert late.status_code == 410, late.text

@@ -68,9 +68,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 body = await request.body() if raw else await _json(request)
                 if not raw:
                     body = {**request.query_params, **body, **request.path_params}
-                    if isinstance(body.get("model_id"), str):
-                        gw.sessions.touch(body["model_id"])
-                answer = await handler(gw, caller, body)
+                with gw.sessions.active(_session_of(body)):
+                    answer = await handler(gw, caller, body)
                 if answer is None:
                     answer = {}
                 if key and isinstance(answer, dict) and _starts_work(answer):
@@ -211,12 +210,14 @@ async def _close_expired_sessions(gw: Gateway) -> None:
 
 
 async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """A sampling client of saved sampler weights (tinker://<job>/sampler_weights/<name>)."""
+    """A sampling client of saved sampler weights (tinker://<job>/sampler_weights/<name>), or
+    of a bare base model (training.base_sampler)."""
     if not body.get("model_path"):
-        raise InvalidArgumentError(
-            "model_path: sampling a bare base model is not served; save a training client's "
-            "weights for the sampler and sample from those"
-        )
+        if not body.get("base_model"):
+            raise InvalidArgumentError("base_model: required to sample without a model_path")
+        model = await training.base_sampler(gw, caller, body["session_id"], body["base_model"])
+        sampler = gw.models.new_sampler(model)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler}
     path = TinkerPath.parse(body["model_path"])
     if path.kind != SAMPLER_KIND:
         raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
@@ -249,6 +250,14 @@ async def retrieve_future(gw: Gateway, caller: Caller, body: dict) -> Response |
     if isinstance(result.body, bytes):
         return Response(result.body, media_type=PROTOBUF)
     return result.body
+
+
+def _session_of(body: Any) -> str | None:
+    """The session a call names (directly, or through one of its models)."""
+    if not isinstance(body, dict):
+        return None
+    name = body.get("session_id") or body.get("model_id")
+    return name if isinstance(name, str) else None
 
 
 def _starts_work(answer: dict) -> bool:

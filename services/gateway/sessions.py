@@ -5,8 +5,10 @@ answers its later heartbeats 410 Gone, which stops the SDK's heartbeat loop."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from opentinker.errors import NotFoundError
@@ -20,6 +22,7 @@ class SessionGoneError(NotFoundError):
 class _Session:
     tenant_id: str
     seen_at: float
+    busy: int = 0  # calls of it in progress: it does not expire meanwhile
 
 
 class Sessions:
@@ -39,10 +42,19 @@ class Sessions:
             raise SessionGoneError(f"session_id: session {session_id!r} has ended (or never was)")
         session.seen_at = time.monotonic()
 
-    def touch(self, model_id: str) -> None:
-        """A call on a model of a session (``<session>:train:<n>``) keeps the session alive."""
-        session = self._live.get(model_id.split(":", 1)[0])
-        if session is not None:
+    @contextlib.contextmanager
+    def active(self, name: str | None) -> Iterator[None]:
+        """A call naming a session or one of its models (``<session>:train:<n>``) keeps the
+        session alive while it runs and counts as a sign of life."""
+        session = self._live.get(name.split(":", 1)[0]) if name else None
+        if session is None:
+            yield
+            return
+        session.busy += 1
+        try:
+            yield
+        finally:
+            session.busy -= 1
             session.seen_at = time.monotonic()
 
     def finish(self, session_id: str) -> None:
@@ -51,7 +63,7 @@ class Sessions:
     def expired(self) -> list[str]:
         """Sessions silent for longer than ``expiry_s``; they are forgotten as they are named."""
         horizon = time.monotonic() - self.expiry_s
-        gone = [sid for sid, s in self._live.items() if s.seen_at < horizon]
+        gone = [sid for sid, s in self._live.items() if s.seen_at < horizon and not s.busy]
         for session_id in gone:
             del self._live[session_id]
         return gone

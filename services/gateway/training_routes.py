@@ -5,12 +5,13 @@ and its result (or error) waits in the FutureStore for retrieve_future."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from opentinker.errors import InvalidArgumentError
+from opentinker.errors import InvalidArgumentError, NotFoundError
 from opentinker.session_config import SessionConfig
 from opentinker.spec import SamplingParams
 from opentinker.training_session import AdamParams
@@ -44,6 +45,19 @@ async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
         raise InvalidArgumentError("lora_config.rank: required, >= 1 (LoRA training only)")
     work = start_model(gw, caller, model_id, body["base_model"], rank)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
+
+
+async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model: str):
+    """A Tinker session's sampler of a bare base model: a rank-1 LoRA session job (its LoRA
+    starts at zero, so it samples as the base model) serving its weights on the same rollout
+    engine as every other sampler; one per session and base model, closed with the session."""
+    model_id = f"{session_id}:base:{base_model}"
+    with contextlib.suppress(NotFoundError):
+        return await gw.models.get(model_id, caller)
+    await start_model(gw, caller, model_id, base_model, rank=1)
+    model = await gw.models.get(model_id, caller)
+    await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
+    return model
 
 
 async def start_model(
