@@ -79,6 +79,19 @@ def test_outputs_decode_with_the_sdks_own_decoders() -> None:
     assert (seq.tokens, seq.logprobs, seq.stop_reason) == ([7, 2], [-0.5, -0.125], "stop")
 
 
+def test_prompt_logprobs_reach_the_sdk_with_none_where_unscored() -> None:
+    sample = SampleOutput([SampledSequence([7], [-0.5], "length")], policy_version=1)
+    scored = wire.prompt_logprobs([-1.0, -2.0, -3.0], last_n=2)  # a 4-token prompt
+    decoded = deserialize_proto_response(
+        wire.sample_response(sample, prompt_logprobs=scored), types.SampleResponse
+    )
+    # first token: never scored; last_n=2 keeps the last two of [-1, -2, -3]
+    assert decoded.prompt_logprobs == [None, None, -2.0, -3.0]
+    assert wire.prompt_logprobs([-1.0], last_n=None) == pytest.approx(
+        [float("nan"), -1.0], nan_ok=True
+    )
+
+
 def test_prompts_and_stops() -> None:
     prompt = types.ModelInput.from_ints([1, 2, 3]).model_dump(mode="json")
     assert wire.prompt_tokens(prompt) == [1, 2, 3]

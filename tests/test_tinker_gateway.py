@@ -63,6 +63,13 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     for seq in result.sequences:
         assert 1 <= len(seq.tokens) <= 5 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 and math.isfinite(lp) for lp in seq.logprobs)
+    # Prompt logprobs under the sampler's weights: those the trainer has now.
+    scored = [5, 9, 13, 17, 21]
+    prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(scored)).result()
+    trainer_lp = trainer.forward([sft_datum(scored)], "cross_entropy").result()
+    assert prompt_lp[0] is None and len(prompt_lp) == 5
+    expected = trainer_lp.loss_fn_outputs[0]["logprobs"].tolist()
+    assert prompt_lp[1:] == pytest.approx(expected, abs=2e-3)
 
     # importance_sampling with those samples: a finite loss, and a step after it.
     seq = result.sequences[0]

@@ -189,8 +189,10 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
             "sampling_session_id: sample from a sampling client of a training client's weights"
         )
     model = gw.models.sampler(body["sampling_session_id"], caller)
-    if body.get("prompt_logprobs") or body.get("topk_prompt_logprobs"):
-        raise InvalidArgumentError("prompt_logprobs: not served by this gateway yet")
+    if body.get("topk_prompt_logprobs"):
+        raise InvalidArgumentError("topk_prompt_logprobs: not served (prompt_logprobs is)")
+    with_prompt = bool(body.get("prompt_logprobs"))
+    last_n = body.get("prompt_logprobs_last_n")
     num_samples = int(body.get("num_samples", 1))
     params = body.get("sampling_params") or {}
     sampling = SamplingParams(
@@ -206,10 +208,13 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         sampling=sampling,
         stop_token_ids=stops,
         seed=int(params.get("seed") or 0),
+        include_prompt_logprobs=with_prompt,
     )
 
     async def work() -> Result:
-        return Result(wire.sample_response(await asyncio.wrap_future(future)))
+        output = await asyncio.wrap_future(future)
+        scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
+        return Result(wire.sample_response(output, prompt_logprobs=scored))
 
     request_id = gw.futures.start(work(), tenant=caller.tenant_id)
     ids = [f"{request_id}:{i}" for i in range(num_samples)]

@@ -138,7 +138,14 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 )
                 for s in samples
             ]
-            return trainer_pb2.SampleResponse(sequences=sequences, policy_version=version)
+            prompt_logprobs = (
+                await self._s.prompt_logprobs(list(request.prompt_tokens))
+                if request.include_prompt_logprobs
+                else []
+            )
+            return trainer_pb2.SampleResponse(
+                sequences=sequences, policy_version=version, prompt_logprobs=prompt_logprobs
+            )
 
         return await self._run(request.call, context, body)
 
