@@ -9,6 +9,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+import safetensors.torch
 import tinker
 from tinker import types
 from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
@@ -116,6 +117,19 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
         ("sampler", f"sampler_weights/{sampler_name}"),
     }
     assert all(c.size_bytes for c in checkpoints if c.checkpoint_type == "training")
+
+    # Download: external weights, then one signed URL (no key needed) per file.
+    export = trainer.save_weights_external("export").result().path
+    assert export == f"tinker://{run_id}/external_weights/export"
+    urls = rest.get_external_weights_urls(export).result().urls
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(urls)
+    assert "optimizer.pt" not in urls
+    adapter = httpx.get(urls["adapter_model.safetensors"]).content
+    assert set(safetensors.torch.load(adapter)) and len(adapter) > 1000
+    forged = urls["adapter_config.json"][:-4] + "0000"
+    assert httpx.get(forged).status_code == 403
+    rest.delete_checkpoint_from_tinker_path(export).result()
+
     rest.delete_checkpoint_from_tinker_path(path).result()
     assert [c.checkpoint_type for c in rest.list_checkpoints(run_id).result().checkpoints] == [
         "sampler"

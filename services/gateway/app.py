@@ -28,7 +28,7 @@ from opentinker.errors import (
     UnavailableError,
 )
 
-from . import runs
+from . import downloads, runs
 from . import training_routes as training
 from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
@@ -68,6 +68,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 body = await request.body() if raw else await _json(request)
                 if not raw:
                     body = {**request.query_params, **body, **request.path_params}
+                    body.setdefault("base_url", str(request.base_url))
                 with gw.sessions.active(_session_of(body)):
                     answer = await handler(gw, caller, body)
                 if answer is None:
@@ -113,6 +114,14 @@ def create_app(settings: GatewaySettings) -> Starlette:
             runs.list_checkpoints,
             method="GET",
         ),
+        route("/api/v1/save_weights_external", downloads.save_weights_external),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
+            "/external_weights_urls",
+            downloads.external_weights_urls,
+            method="GET",
+        ),
+        Route("/api/v1/files/{token}", downloads.serve_file, methods=["GET"]),  # signed URLs
         route(
             "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}",
             runs.delete_checkpoint,

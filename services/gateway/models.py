@@ -16,7 +16,8 @@ from opentinker.training_session import TrainingSession
 from .ordering import SeqGate
 from .tenancy import Caller
 
-STATE_KIND, SAMPLER_KIND = "weights", "sampler_weights"
+STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND = "weights", "sampler_weights", "external_weights"
+EXTERNAL_PREFIX = "ext."  # the trainer's state name of external weights: ext.<name>
 
 
 @dataclass
@@ -50,7 +51,7 @@ class TinkerPath:
             raise InvalidArgumentError(
                 f"path: {path!r} is not tinker://<training run>/<weights|sampler_weights>/<name>"
             )
-        if parts[1] not in (STATE_KIND, SAMPLER_KIND):
+        if parts[1] not in (STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND):
             raise InvalidArgumentError(f"path: {path!r}: unknown checkpoint kind {parts[1]!r}")
         return cls(*parts)
 
@@ -58,9 +59,14 @@ class TinkerPath:
         return f"tinker://{self.job_id}/{self.kind}/{self.name}"
 
     @property
+    def trainer_name(self) -> str:
+        """The trainer's state name (external weights are states too, named ext.<name>)."""
+        return f"{EXTERNAL_PREFIX}{self.name}" if self.kind == EXTERNAL_KIND else self.name
+
+    @property
     def trainer_state(self) -> str:
         """The trainer's LoadState path (relative to its checkpoint root)."""
-        return f"{self.job_id}/states/{self.name}"
+        return f"{self.job_id}/states/{self.trainer_name}"
 
 
 class Models:

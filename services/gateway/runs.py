@@ -18,7 +18,7 @@ from pathlib import Path
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from opentinker.jobs import JobInfo
 
-from .models import SAMPLER_KIND, STATE_KIND, TinkerPath
+from .models import EXTERNAL_KIND, EXTERNAL_PREFIX, SAMPLER_KIND, STATE_KIND, TinkerPath
 from .state import Gateway
 from .tenancy import Caller
 
@@ -55,10 +55,11 @@ async def list_user_checkpoints(gw: Gateway, caller: Caller, body: dict) -> dict
 
 
 async def delete_checkpoint(gw: Gateway, caller: Caller, body: dict) -> None:
-    """Delete a training checkpoint (its state folder) of one of the caller's runs."""
+    """Delete a training or external-weights checkpoint (its state folder) of one of the
+    caller's runs."""
     run, checkpoint = body["training_run_id"], body["checkpoint_id"]
     path = TinkerPath.parse(f"tinker://{run}/{checkpoint}")
-    if path.kind != STATE_KIND:
+    if path.kind == SAMPLER_KIND:
         raise InvalidArgumentError(
             f"checkpoint_id: {checkpoint!r} names served sampler weights, not a saved state; "
             "they end with their training run"
@@ -75,7 +76,7 @@ def check_saved_state(gw: Gateway, caller: Caller, path: TinkerPath) -> None:
 
 
 def saved_state(gw: Gateway, caller: Caller, path: TinkerPath) -> Path:
-    folder = _states(gw, path.job_id) / path.name
+    folder = _states(gw, path.job_id) / path.trainer_name
     if not _owned(folder, caller):
         raise NotFoundError(f"path: no saved session state of yours at {str(path)!r}")
     return folder
@@ -121,7 +122,9 @@ def _checkpoints(gw: Gateway, caller: Caller, job: JobInfo) -> list[dict]:
     states = _states(gw, job.job_id)
     for folder in sorted(states.iterdir()) if states.is_dir() else []:
         if _owned(folder, caller):
-            path = TinkerPath(job.job_id, STATE_KIND, folder.name)
+            external = folder.name.startswith(EXTERNAL_PREFIX)
+            name = folder.name.removeprefix(EXTERNAL_PREFIX)
+            path = TinkerPath(job.job_id, EXTERNAL_KIND if external else STATE_KIND, name)
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             found.append(_checkpoint(path, (folder / SESSION_FILE).stat().st_mtime, size))
     live = gw.models.live_job(job.job_id)
@@ -131,7 +134,7 @@ def _checkpoints(gw: Gateway, caller: Caller, job: JobInfo) -> list[dict]:
 
 
 def _checkpoint(path: TinkerPath, saved_at: float, size: int | None) -> dict:
-    kind = "training" if path.kind == STATE_KIND else "sampler"
+    kind = {STATE_KIND: "training", SAMPLER_KIND: "sampler", EXTERNAL_KIND: "external"}[path.kind]
     return {
         "checkpoint_id": f"{path.kind}/{path.name}",
         "checkpoint_type": kind,

@@ -134,7 +134,9 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
     training client created from a saved state, model id ``<session>:train:<n>``)."""
     path = TinkerPath.parse(body["path"])
     if path.kind != STATE_KIND:
-        raise InvalidArgumentError(f"path: {body['path']!r} is sampler weights; load a state")
+        raise InvalidArgumentError(
+            f"path: {body['path']!r} is not a saved state (tinker://<run>/weights/<name>)"
+        )
     await asyncio.to_thread(check_saved_state, gw, caller, path)
     if body.get("model_id"):
         model = await gw.models.get(body["model_id"], caller)
