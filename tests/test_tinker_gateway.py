@@ -36,6 +36,7 @@ def sft_datum(tokens: list[int]) -> types.Datum:
 def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     caps = service.get_server_capabilities()
     assert [m.model_name for m in caps.supported_models] == [BASE, QWEN]
+    assert caps.supported_models[0].max_context_length > 0  # from the local config.json
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
     assert trainer.get_info().lora_rank == 4
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -172,12 +174,30 @@ async def client_config(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """The configured base names; each also says what it maps to (``path``: a local directory
+    or hub id, a field the SDK ignores) and, when that directory has a config.json, the
+    model's context length."""
     return {
         "supported_models": [
-            {"model_name": name, "trainable": True, "sampleable": True}
-            for name in gw.settings.base_models
+            {
+                "model_name": name,
+                "path": local,
+                "trainable": True,
+                "sampleable": True,
+                "max_context_length": _context_length(local),
+            }
+            for name, local in gw.settings.base_models.items()
         ]
     }
+
+
+def _context_length(local: str) -> int | None:
+    try:
+        config = json.loads((Path(local) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    length = config.get("max_position_embeddings")
+    return int(length) if isinstance(length, int) else None
 
 
 async def create_session(gw: Gateway, caller: Caller, body: dict) -> dict:
