@@ -168,7 +168,7 @@ def test_a_base_model_samples_and_a_silent_session_expires(mesh, letter_model_di
 
         # Silent past session_expiry_s: the gateway closes the sampler's session job.
         with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
-            [job] = [j for j in client.list_jobs() if j.name == "tinker" and not j.done]
+            [job] = [j for j in client.list_jobs() if j.name == "tinker-base-sampler"]
             deadline = time.monotonic() + 30
             while not client.get_job(job.job_id).done and time.monotonic() < deadline:
                 time.sleep(0.5)

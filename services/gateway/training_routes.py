@@ -20,9 +20,11 @@ from . import wire
 from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
-from .runs import check_saved_state
+from .runs import RUN_NAME, check_saved_state
 from .state import Gateway
 from .tenancy import Caller
+
+BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
 
 
 async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Future]) -> Any:
@@ -54,14 +56,20 @@ async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model:
     model_id = f"{session_id}:base:{base_model}"
     with contextlib.suppress(NotFoundError):
         return await gw.models.get(model_id, caller)
-    await start_model(gw, caller, model_id, base_model, rank=1)
+    await start_model(gw, caller, model_id, base_model, rank=1, job_name=BASE_SAMPLER_NAME)
     model = await gw.models.get(model_id, caller)
     await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
     return model
 
 
 async def start_model(
-    gw: Gateway, caller: Caller, model_id: str, base_model: str, rank: int, first_seq: int = 1
+    gw: Gateway,
+    caller: Caller,
+    model_id: str,
+    base_model: str,
+    rank: int,
+    first_seq: int = 1,
+    job_name: str = RUN_NAME,
 ) -> Result:
     gw.models.starting(model_id)
     try:
@@ -69,7 +77,7 @@ async def start_model(
             caller.client.training_session,
             base_model=gw.settings.base_models.get(base_model, base_model),
             lora_rank=rank,
-            name="tinker",
+            name=job_name,
             session=SessionConfig(),
             wait_timeout=gw.settings.session_start_timeout_s,
             timeout=gw.settings.call_timeout_s,
