@@ -4,6 +4,7 @@ decoders on the other side) and its seq_id ordering."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError
-from opentinker.services.gateway import wire
+from opentinker.services.gateway import runs, wire
 from opentinker.services.gateway.futures import error_body
 from opentinker.services.gateway.models import TinkerPath
 from opentinker.services.gateway.ordering import SeqGate
@@ -151,3 +152,13 @@ def test_sessions_expire_when_silent_but_not_while_a_call_runs() -> None:
     live = sessions.create("acme")
     with pytest.raises(SessionGoneError):
         sessions.beat(live, "another-tenant")
+
+
+def test_states_past_their_ttl_are_deleted(tmp_path) -> None:
+    old, fresh, kept = (tmp_path / "job-1" / "states" / n for n in ("old", "fresh", "kept"))
+    for folder, expires_at in ((old, time.time() - 1), (fresh, time.time() + 600), (kept, None)):
+        folder.mkdir(parents=True)
+        if expires_at is not None:
+            (folder / runs.TTL_FILE).write_text(json.dumps({"expires_at": expires_at}))
+    assert runs.delete_expired(tmp_path) == [old]
+    assert not old.exists() and fresh.is_dir() and kept.is_dir()

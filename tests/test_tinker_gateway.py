@@ -120,8 +120,13 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     assert all(c.size_bytes for c in checkpoints if c.checkpoint_type == "training")
 
     # Download: external weights, then one signed URL (no key needed) per file.
-    export = trainer.save_weights_external("export").result().path
+    export = trainer.save_weights_external("export", ttl_seconds=3600).result().path
     assert export == f"tinker://{run_id}/external_weights/export"
+    [listed_export] = [
+        c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == export
+    ]
+    assert listed_export.checkpoint_type == "external" and listed_export.expires_at is not None
+    rest.set_checkpoint_ttl_from_tinker_path(export, None).result()  # kept after all
     urls = rest.get_external_weights_urls(export).result().urls
     assert {"adapter_model.safetensors", "adapter_config.json"} <= set(urls)
     assert "optimizer.pt" not in urls

@@ -118,6 +118,11 @@ def create_app(settings: GatewaySettings) -> Starlette:
         ),
         route("/api/v1/save_weights_external", downloads.save_weights_external),
         route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}/ttl",
+            runs.set_checkpoint_ttl,
+            method="PUT",
+        ),
+        route(
             "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
             "/external_weights_urls",
             downloads.external_weights_urls,
@@ -227,9 +232,13 @@ async def _close_session(gw: Gateway, session_id: str, tenant_id: str | None) ->
 
 
 async def _close_expired_sessions(gw: Gateway) -> None:
-    """Every few seconds: close the models of sessions whose client went silent."""
+    """Every few seconds: close the models of sessions whose client went silent, and delete
+    the checkpoints whose TTL has passed."""
     while True:
         await asyncio.sleep(min(5.0, gw.settings.session_expiry_s / 4))
+        if gw.settings.checkpoint_root is not None:
+            for folder in await asyncio.to_thread(runs.delete_expired, gw.settings.checkpoint_root):
+                log.info("checkpoint_expired", folder=str(folder))
         for session_id in gw.sessions.expired():
             log.info("session_expired", session_id=session_id)
             try:

@@ -25,7 +25,7 @@ from opentinker.errors import InvalidArgumentError
 
 from .futures import Result
 from .models import EXTERNAL_KIND, TinkerPath
-from .runs import saved_state
+from .runs import saved_state, set_ttl
 from .state import Gateway
 from .tenancy import Caller
 from .training_routes import _future, ordered
@@ -44,6 +44,8 @@ async def save_weights_external(gw: Gateway, caller: Caller, body: dict) -> dict
     async def work() -> Result:
         save = lambda: model.session.save_state_async(path.trainer_name)  # noqa: E731
         await ordered(model, body.get("seq_id"), save)
+        if body.get("ttl_seconds") is not None:
+            await asyncio.to_thread(set_ttl, gw, caller, path, body["ttl_seconds"])
         return Result({"path": str(path), "type": "save_weights_external"})
 
     return _future(gw, caller, work(), model)

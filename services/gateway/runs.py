@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .state import Gateway
 from .tenancy import Caller
 
 SESSION_FILE = "session.json"  # what the trainer writes beside a saved state (state.py)
+TTL_FILE = "tinker_ttl.json"  # {"expires_at": unix s}: the gateway deletes the state after it
 RUN_NAME = "tinker"  # the name of the session jobs the gateway starts
 
 
@@ -52,6 +54,40 @@ async def list_user_checkpoints(gw: Gateway, caller: Caller, body: dict) -> dict
     every.sort(key=lambda c: c["time"], reverse=True)
     cursor = {"offset": offset, "limit": limit, "total_count": len(every)}
     return {"checkpoints": every[offset : offset + limit], "cursor": cursor}
+
+
+async def set_checkpoint_ttl(gw: Gateway, caller: Caller, body: dict) -> None:
+    """PUT .../ttl {"ttl_seconds": n | null}: the checkpoint is deleted n seconds from now
+    (null: kept)."""
+    path = TinkerPath.parse(f"tinker://{body['training_run_id']}/{body['checkpoint_id']}")
+    await asyncio.to_thread(_run, caller, path.job_id)
+    await asyncio.to_thread(set_ttl, gw, caller, path, body.get("ttl_seconds"))
+
+
+def set_ttl(gw: Gateway, caller: Caller, path: TinkerPath, ttl_seconds: float | None) -> None:
+    if path.kind == SAMPLER_KIND:
+        return  # served weights end with their run
+    ttl_file = saved_state(gw, caller, path) / TTL_FILE
+    if ttl_seconds is None:
+        ttl_file.unlink(missing_ok=True)
+    elif float(ttl_seconds) < 0:
+        raise InvalidArgumentError(f"ttl_seconds: {ttl_seconds} is negative")
+    else:
+        ttl_file.write_text(json.dumps({"expires_at": time.time() + float(ttl_seconds)}))
+
+
+def delete_expired(root: Path) -> list[Path]:
+    """Delete the saved states whose TTL has passed; the folders deleted."""
+    now, gone = time.time(), []
+    for ttl_file in root.glob(f"*/states/*/{TTL_FILE}"):
+        try:
+            expires_at = float(json.loads(ttl_file.read_text())["expires_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if expires_at <= now:
+            shutil.rmtree(ttl_file.parent, ignore_errors=True)
+            gone.append(ttl_file.parent)
+    return gone
 
 
 async def delete_checkpoint(gw: Gateway, caller: Caller, body: dict) -> None:
@@ -126,14 +162,17 @@ def _checkpoints(gw: Gateway, caller: Caller, job: JobInfo) -> list[dict]:
             name = folder.name.removeprefix(EXTERNAL_PREFIX)
             path = TinkerPath(job.job_id, EXTERNAL_KIND if external else STATE_KIND, name)
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            found.append(_checkpoint(path, (folder / SESSION_FILE).stat().st_mtime, size))
+            saved_at = (folder / SESSION_FILE).stat().st_mtime
+            found.append(_checkpoint(path, saved_at, size, _expires_at(folder)))
     live = gw.models.live_job(job.job_id)
     for name, saved_at in (live.sampler_names if live else {}).items():
-        found.append(_checkpoint(TinkerPath(job.job_id, SAMPLER_KIND, name), saved_at, None))
+        found.append(_checkpoint(TinkerPath(job.job_id, SAMPLER_KIND, name), saved_at))
     return sorted(found, key=lambda c: c["time"], reverse=True)
 
 
-def _checkpoint(path: TinkerPath, saved_at: float, size: int | None) -> dict:
+def _checkpoint(
+    path: TinkerPath, saved_at: float, size: int | None = None, expires_at: float | None = None
+) -> dict:
     kind = {STATE_KIND: "training", SAMPLER_KIND: "sampler", EXTERNAL_KIND: "external"}[path.kind]
     return {
         "checkpoint_id": f"{path.kind}/{path.name}",
@@ -141,7 +180,15 @@ def _checkpoint(path: TinkerPath, saved_at: float, size: int | None) -> dict:
         "time": _iso(saved_at),
         "tinker_path": str(path),
         "size_bytes": size,
+        "expires_at": None if expires_at is None else _iso(expires_at),
     }
+
+
+def _expires_at(folder: Path) -> float | None:
+    try:
+        return float(json.loads((folder / TTL_FILE).read_text())["expires_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _states(gw: Gateway, run_id: str) -> Path:

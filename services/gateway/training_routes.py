@@ -20,7 +20,7 @@ from . import wire
 from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
-from .runs import RUN_NAME, check_saved_state
+from .runs import RUN_NAME, check_saved_state, set_ttl
 from .state import Gateway
 from .tenancy import Caller
 
@@ -132,6 +132,8 @@ async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
 
     async def work() -> Result:
         await ordered(model, body.get("seq_id"), lambda: model.session.save_state_async(path.name))
+        if body.get("ttl_seconds") is not None and gw.settings.checkpoint_root is not None:
+            await asyncio.to_thread(set_ttl, gw, caller, path, body["ttl_seconds"])
         return Result({"path": str(path), "type": "save_weights"})
 
     return _future(gw, caller, work(), model)
