@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -33,7 +36,7 @@ def sft_datum(tokens: list[int]) -> types.Datum:
     )
 
 
-def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
+def test_train_sample_and_continue_from_a_saved_state(service, mesh, gateway, tmp_path) -> None:
     caps = service.get_server_capabilities()
     assert [m.model_name for m in caps.supported_models] == [BASE, QWEN]
     assert caps.supported_models[0].max_context_length > 0  # from the local config.json
@@ -142,12 +145,21 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     ]
     with pytest.raises(tinker.NotFoundError, match="no saved session state"):
         service.create_training_client_from_state(path).result()
+    keep = trainer.save_state("to-download").result().path
 
     # Closing the service client ends both session jobs, successfully.
     service.close("success").result()
     with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
         jobs = [j for j in client.list_jobs() if j.name == "tinker"]
     assert len(jobs) == 2 and all(j.state == "SUCCEEDED" for j in jobs), jobs
+
+    # The SDK's own CLI downloads a training checkpoint (via a temporary external export).
+    env = {**os.environ, "TINKER_BASE_URL": gateway, "TINKER_API_KEY": f"tml-{mesh.api_key}"}
+    out = tmp_path / "downloaded"
+    cli = [sys.executable, "-m", "tinker.cli", "checkpoint", "download", keep, "-o", str(out)]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(out.rglob("adapter_model.safetensors")), list(out.rglob("*"))
 
 
 def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> None:
