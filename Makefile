@@ -15,7 +15,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) torch==2.13.0
-	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[server,dev,textworld,adapters]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[server,dev,textworld,adapters,cookbook]'
+	$(BIN)/pip install -q --no-deps tinker-cookbook==0.6.1  # its tml-renderers pin is not on the index
 	touch $@
 
 install: $(VENV)/.installed

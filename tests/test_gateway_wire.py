@@ -4,6 +4,8 @@ decoders on the other side) and its seq_id ordering."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import numpy as np
 import pytest
@@ -12,10 +14,11 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError
-from opentinker.services.gateway import wire
+from opentinker.services.gateway import runs, wire
 from opentinker.services.gateway.futures import error_body
 from opentinker.services.gateway.models import TinkerPath
 from opentinker.services.gateway.ordering import SeqGate
+from opentinker.services.gateway.sessions import SessionGoneError, Sessions
 from opentinker.training_session import ForwardOutput, SampledSequence, SampleOutput
 
 pytestmark = pytest.mark.unit
@@ -77,6 +80,19 @@ def test_outputs_decode_with_the_sdks_own_decoders() -> None:
     assert (seq.tokens, seq.logprobs, seq.stop_reason) == ([7, 2], [-0.5, -0.125], "stop")
 
 
+def test_prompt_logprobs_reach_the_sdk_with_none_where_unscored() -> None:
+    sample = SampleOutput([SampledSequence([7], [-0.5], "length")], policy_version=1)
+    scored = wire.prompt_logprobs([-1.0, -2.0, -3.0], last_n=2)  # a 4-token prompt
+    decoded = deserialize_proto_response(
+        wire.sample_response(sample, prompt_logprobs=scored), types.SampleResponse
+    )
+    # first token: never scored; last_n=2 keeps the last two of [-1, -2, -3]
+    assert decoded.prompt_logprobs == [None, None, -2.0, -3.0]
+    assert wire.prompt_logprobs([-1.0], last_n=None) == pytest.approx(
+        [float("nan"), -1.0], nan_ok=True
+    )
+
+
 def test_prompts_and_stops() -> None:
     prompt = types.ModelInput.from_ints([1, 2, 3]).model_dump(mode="json")
     assert wire.prompt_tokens(prompt) == [1, 2, 3]
@@ -120,3 +136,29 @@ def test_the_seq_gate_lets_calls_through_in_order() -> None:
         return order
 
     assert asyncio.run(scenario()) == [1, 2, 3]
+
+
+def test_sessions_expire_when_silent_but_not_while_a_call_runs() -> None:
+    sessions = Sessions(expiry_s=0.05)
+    quiet, busy = sessions.create("acme"), sessions.create("acme")
+    with sessions.active(f"{busy}:train:1"):  # a call on one of its models
+        time.sleep(0.1)
+        assert sessions.expired() == [quiet]
+    assert sessions.expired() == []  # the call just ended: a sign of life
+    time.sleep(0.1)
+    assert sessions.expired() == [busy]
+    with pytest.raises(SessionGoneError, match="ended"):
+        sessions.beat(busy, "acme")
+    live = sessions.create("acme")
+    with pytest.raises(SessionGoneError):
+        sessions.beat(live, "another-tenant")
+
+
+def test_states_past_their_ttl_are_deleted(tmp_path) -> None:
+    old, fresh, kept = (tmp_path / "job-1" / "states" / n for n in ("old", "fresh", "kept"))
+    for folder, expires_at in ((old, time.time() - 1), (fresh, time.time() + 600), (kept, None)):
+        folder.mkdir(parents=True)
+        if expires_at is not None:
+            (folder / runs.TTL_FILE).write_text(json.dumps({"expires_at": expires_at}))
+    assert runs.delete_expired(tmp_path) == [old]
+    assert not old.exists() and fresh.is_dir() and kept.is_dir()

@@ -235,3 +235,21 @@ def test_a_model_whose_forward_rescales_logits_is_refused_at_start(tmp_path: Pat
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ConfigError, match="CohereForCausalLM.*not supported"):
         Policy(ModelSpec(base_model=str(tmp_path), finetune="full"), learning_rate=1e-3)
+
+
+def test_given_targets_are_scored_instead_of_the_next_tokens(tiny_model_dir: Path) -> None:
+    """Tinker's target_tokens may be any token (e.g. 0 on prompt positions): position t then
+    holds log p(target t | tokens 0..t), the same column of the same distribution."""
+    policy = Policy(ModelSpec(base_model=str(tiny_model_dir), finetune="full"), learning_rate=1e-3)
+    batch = padded_batch(policy.pad_id)
+    targets_B_T = torch.zeros_like(batch.tokens_B_L[:, 1:])
+    targets_B_T[:, 1::2] = 7  # column 0 on even positions, 7 on odd ones
+    with torch.no_grad():
+        got_B_T, _ = policy.token_logprobs_and_entropy(batch, targets_B_T=targets_B_T)
+        logits = policy.model(
+            input_ids=batch.tokens_B_L, attention_mask=batch.attention_mask_B_L
+        ).logits
+    full_B_T_V = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    want_B_T = full_B_T_V.gather(-1, targets_B_T.unsqueeze(-1)).squeeze(-1)
+    mask = batch.attention_mask_B_L[:, 1:].bool()
+    assert torch.allclose(got_B_T[mask], want_B_T[mask], atol=1e-5)

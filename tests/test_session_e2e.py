@@ -77,7 +77,7 @@ def test_idle_session_ends_frees_its_device_and_is_hidden_from_other_tenants(
 
     # Clear errors for the owner: the bad datum and field named; a seq used twice refused.
     with pytest.raises(opentinker.InvalidArgumentError, match=r"data\[0\]: target_tokens"):
-        session.forward_backward([Datum(input_tokens=[1, 2], target_tokens=[7, 7])])
+        session.forward_backward([Datum(input_tokens=[1, 2], target_tokens=[7])])
     with pytest.raises(opentinker.FailedPreconditionError, match="forward_backward first"):
         session.optim_step(AdamParams(learning_rate=1e-3))
     owner = Connection(session.endpoint, api_key=mesh.api_key, timeout=10)

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from opentinker.services.trainer.losses.cispo import cispo_loss
 from opentinker.services.trainer.losses.cross_entropy import weighted_nll_sum
 from opentinker.services.trainer.losses.importance_sampling import importance_sampling_loss
 from opentinker.services.trainer.losses.ppo_token import ppo_token_loss
@@ -59,3 +60,24 @@ def test_ppo_refuses_thresholds_that_exclude_one() -> None:
     x = torch.zeros(1, 1)
     with pytest.raises(ValueError, match="clip_low"):
         ppo_token_loss(x, x, x, x, clip_low=1.1, clip_high=1.2)
+
+
+def test_cispo_weighs_every_tokens_gradient_by_its_clipped_ratio() -> None:
+    # ratios: 0.5/0.25 = 2 (clipped to 1.2), 0.5/0.5 = 1, 0.1/0.5 = 0.2 (clipped to 0.8);
+    # the last position is masked out.
+    logprobs = torch.tensor(
+        [[math.log(0.5), math.log(0.5), math.log(0.1), 0.0]], requires_grad=True
+    )
+    sampling = torch.tensor([[math.log(0.25), math.log(0.5), math.log(0.5), -9.0]])
+    advantages = torch.tensor([[1.0, -2.0, 1.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    loss, stats = cispo_loss(logprobs, sampling, advantages, mask, clip_low=0.8, clip_high=1.2)
+    # -(1.2*1*ln0.5 + 1*(-2)*ln0.5 + 0.8*1*ln0.1) = -(-0.8*ln0.5 + 0.8*ln0.1)
+    #   = 0.8*ln0.5 - 0.8*ln0.1 = 0.8*ln5
+    assert loss.item() == pytest.approx(0.8 * math.log(5), rel=1e-5)
+    assert stats.clip_fraction == pytest.approx(2 / 3)  # 2 of the 3 masked-in tokens
+    loss.backward()
+    # d/dlp: -(w * A) per token, clipped tokens keep their gradient (unlike ppo): [-1.2, 2, -0.8, 0]
+    assert logprobs.grad[0].tolist() == pytest.approx([-1.2, 2.0, -0.8, 0.0])
+    with pytest.raises(ValueError, match="clip_low"):
+        cispo_loss(logprobs, sampling, advantages, mask, clip_low=1.1, clip_high=1.2)

@@ -178,7 +178,7 @@ def test_calls_run_in_seq_order_and_a_repeated_seq_is_refused() -> None:
 @pytest.mark.parametrize(
     ("data", "loss", "message"),
     [
-        ([D1, Datum([1, 2], [9, 9])], "cross_entropy", r"data\[1\]: target_tokens must be"),
+        ([D1, Datum([1, 2], [9])], "cross_entropy", r"data\[1\]: target_tokens has 1 ids"),
         ([Datum([1, 2], [2, 3], weights=[1.0])], "cross_entropy", r"data\[0\]: weights has 1"),
         ([D1], "ppo", r"data\[0\]: loss 'ppo' needs sampling_logprobs"),
         ([Datum([1, 999], [999, 3])], "cross_entropy", "outside the vocabulary"),

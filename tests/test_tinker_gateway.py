@@ -4,50 +4,25 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
+import os
+import subprocess
+import sys
+import time
 
+import httpx
 import numpy as np
 import pytest
+import safetensors.torch
 import tinker
 from tinker import types
+from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
 
 import opentinker
 from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
-from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-BASE = "opentinker/tiny-letter"  # the Tinker name the gateway maps to the local model dir
-
-
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def gateway(mesh, letter_model_dir: Path):
-    settings = GatewaySettings(
-        scheduler_address=mesh.scheduler_address,
-        port=0,  # a free one
-        base_models={BASE: str(letter_model_dir)},
-        long_poll_s=2.0,
-    )
-    with running_gateway(settings) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def service(gateway, mesh, monkeypatch_module):
-    monkeypatch_module.setenv("TINKER_TELEMETRY", "0")
-    return tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+__all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here
 
 
 def sft_datum(tokens: list[int]) -> types.Datum:
@@ -61,9 +36,10 @@ def sft_datum(tokens: list[int]) -> types.Datum:
     )
 
 
-def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
+def test_train_sample_and_continue_from_a_saved_state(service, mesh, gateway, tmp_path) -> None:
     caps = service.get_server_capabilities()
-    assert [m.model_name for m in caps.supported_models] == [BASE]
+    assert [m.model_name for m in caps.supported_models] == [BASE, QWEN]
+    assert caps.supported_models[0].max_context_length > 0  # from the local config.json
     trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
     assert trainer.get_info().lora_rank == 4
 
@@ -81,6 +57,9 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     assert len(out.loss_fn_outputs) == 2 and out.loss_fn_outputs[0]["logprobs"].shape == [6]
 
     # Sampling from the trained weights, with the sampler's logprobs.
+    sampler_name = "trained"
+    sampler_path = trainer.save_weights_for_sampler(sampler_name).result().path
+    assert sampler_path.endswith(f"/sampler_weights/{sampler_name}")
     sampler = trainer.save_weights_and_get_sampling_client().result()
     assert sampler.get_base_model() == BASE
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
@@ -89,6 +68,13 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     for seq in result.sequences:
         assert 1 <= len(seq.tokens) <= 5 and len(seq.logprobs) == len(seq.tokens)
         assert all(lp <= 0 and math.isfinite(lp) for lp in seq.logprobs)
+    # Prompt logprobs under the sampler's weights: those the trainer has now.
+    scored = [5, 9, 13, 17, 21]
+    prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(scored)).result()
+    trainer_lp = trainer.forward([sft_datum(scored)], "cross_entropy").result()
+    assert prompt_lp[0] is None and len(prompt_lp) == 5
+    expected = trainer_lp.loss_fn_outputs[0]["logprobs"].tolist()
+    assert prompt_lp[1:] == pytest.approx(expected, abs=2e-3)
 
     # importance_sampling with those samples: a finite loss, and a step after it.
     seq = result.sequences[0]
@@ -120,14 +106,94 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh) -> None:
     resumed.forward_backward(data, "cross_entropy").result()
     resumed.optim_step(adam).result()
 
+    # Training runs (the two session jobs) and their checkpoints; deleting one.
+    rest = service.create_rest_client()
+    run_id = path.removeprefix("tinker://").split("/")[0]
+    listed = rest.list_training_runs().result()
+    assert run_id in {r.training_run_id for r in listed.training_runs}
+    assert listed.cursor.total_count == 2
+    run = rest.get_training_run(run_id).result()
+    assert (run.base_model, run.lora_rank) == (BASE, 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == path
+    checkpoints = rest.list_checkpoints(run_id).result().checkpoints
+    assert {(c.checkpoint_type, c.checkpoint_id) for c in checkpoints} == {
+        ("training", "weights/after-steps"),
+        ("sampler", f"sampler_weights/{sampler_name}"),
+    }
+    assert all(c.size_bytes for c in checkpoints if c.checkpoint_type == "training")
+
+    # Download: external weights, then one signed URL (no key needed) per file.
+    export = trainer.save_weights_external("export", ttl_seconds=3600).result().path
+    assert export == f"tinker://{run_id}/external_weights/export"
+    [listed_export] = [
+        c for c in rest.list_checkpoints(run_id).result().checkpoints if c.tinker_path == export
+    ]
+    assert listed_export.checkpoint_type == "external" and listed_export.expires_at is not None
+    rest.set_checkpoint_ttl_from_tinker_path(export, None).result()  # kept after all
+    urls = rest.get_external_weights_urls(export).result().urls
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(urls)
+    assert "optimizer.pt" not in urls
+    adapter = httpx.get(urls["adapter_model.safetensors"]).content
+    assert set(safetensors.torch.load(adapter)) and len(adapter) > 1000
+    forged = urls["adapter_config.json"][:-4] + "0000"
+    assert httpx.get(forged).status_code == 403
+    rest.delete_checkpoint_from_tinker_path(export).result()
+
+    rest.delete_checkpoint_from_tinker_path(path).result()
+    assert [c.checkpoint_type for c in rest.list_checkpoints(run_id).result().checkpoints] == [
+        "sampler"
+    ]
+    with pytest.raises(tinker.NotFoundError, match="no saved session state"):
+        service.create_training_client_from_state(path).result()
+    keep = trainer.save_state("to-download").result().path
+
     # Closing the service client ends both session jobs, successfully.
     service.close("success").result()
     with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
         jobs = [j for j in client.list_jobs() if j.name == "tinker"]
     assert len(jobs) == 2 and all(j.state == "SUCCEEDED" for j in jobs), jobs
 
+    # The SDK's own CLI downloads a training checkpoint (via a temporary external export).
+    env = {**os.environ, "TINKER_BASE_URL": gateway, "TINKER_API_KEY": f"tml-{mesh.api_key}"}
+    out = tmp_path / "downloaded"
+    cli = [sys.executable, "-m", "tinker.cli", "checkpoint", "download", keep, "-o", str(out)]
+    done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(out.rglob("adapter_model.safetensors")), list(out.rglob("*"))
+
 
 def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> None:
     service = tinker.ServiceClient(base_url=gateway, api_key="tml-otk_not_a_key")  # lazy
     with pytest.raises(tinker.AuthenticationError, match="X-API-Key|credential|key"):
         service.create_lora_training_client(base_model=BASE, rank=4)
+
+
+def test_a_base_model_samples_and_a_silent_session_expires(mesh, letter_model_dir) -> None:
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+        session_expiry_s=4.0,  # the SDK beats every 10 s: its session expires between beats
+    )
+    with running_gateway(settings) as url:
+        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{mesh.api_key}")
+        sampler = service.create_sampling_client(base_model=BASE)  # no saved weights
+        params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+        result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
+        assert [len(s.tokens) == len(s.logprobs) >= 1 for s in result.sequences] == [True] * 2
+
+        # Silent past session_expiry_s: the gateway closes the sampler's session job.
+        with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+            [job] = [j for j in client.list_jobs() if j.name == "tinker-base-sampler"]
+            deadline = time.monotonic() + 30
+            while not client.get_job(job.job_id).done and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert client.get_job(job.job_id).state == "SUCCEEDED"
+        # ... and answers a late heartbeat 410 Gone (which stops the SDK's heartbeat loop).
+        headers = {"X-API-Key": f"tml-{mesh.api_key}"}
+        session = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers).json()
+        time.sleep(6)
+        beat = {"session_id": session["session_id"]}
+        late = httpx.post(f"{url}/api/v1/session_heartbeat", json=beat, headers=headers)
+        assert late.status_code == 410, late.text

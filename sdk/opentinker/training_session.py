@@ -29,11 +29,12 @@ from opentinker.spec import SamplingParams
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 T = TypeVar("T")
-LossName = Literal["cross_entropy", "importance_sampling", "ppo"]
+LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
 _LOSS_PB = {
     "cross_entropy": trainer_pb2.SESSION_LOSS_CROSS_ENTROPY,
     "importance_sampling": trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING,
     "ppo": trainer_pb2.SESSION_LOSS_PPO,
+    "cispo": trainer_pb2.SESSION_LOSS_CISPO,
 }
 
 
@@ -126,6 +127,8 @@ class SampledSequence:
 class SampleOutput:
     sequences: list[SampledSequence]
     policy_version: int
+    # include_prompt_logprobs: logprob of prompt[i+1] given prompt[:i+1] (len(prompt) - 1)
+    prompt_logprobs: list[float] = field(default_factory=list)
 
 
 class TrainingSession:
@@ -213,9 +216,11 @@ class TrainingSession:
         sampling: SamplingParams | None = None,
         stop_token_ids: Sequence[int] = (),
         seed: int = 0,
+        include_prompt_logprobs: bool = False,
     ) -> Future[SampleOutput]:
         """``num_samples`` completions with the weights of the last save_weights_for_sampler
-        (a completion ends after a stop token or eos, which it keeps)."""
+        (a completion ends after a stop token or eos, which it keeps); with
+        ``include_prompt_logprobs`` also the prompt's logprobs under those weights."""
         s = sampling or SamplingParams()
         pb = common_pb2.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
@@ -229,6 +234,7 @@ class TrainingSession:
                 sampling=pb,
                 stop_token_ids=list(stop_token_ids),
                 seed=seed,
+                include_prompt_logprobs=include_prompt_logprobs,
             ),
             _sample_output,
         )
@@ -336,4 +342,5 @@ def _sample_output(r: trainer_pb2.SampleResponse) -> SampleOutput:
             SampledSequence(list(s.tokens), list(s.logprobs), s.stop_reason) for s in r.sequences
         ],
         policy_version=r.policy_version,
+        prompt_logprobs=list(r.prompt_logprobs),
     )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -29,9 +30,11 @@ from opentinker.errors import (
     UnavailableError,
 )
 
+from . import downloads, runs
 from . import training_routes as training
 from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
+from .sessions import SessionGoneError
 from .settings import GatewaySettings
 from .state import Gateway
 from .tenancy import Caller
@@ -41,6 +44,7 @@ PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
 # HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
 _STATUS = {
+    SessionGoneError: 410,  # before NotFoundError: it is one
     PermissionDeniedError: 403,  # before AuthenticationError: it is one
     AuthenticationError: 401,
     NotFoundError: 404,
@@ -64,9 +68,13 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
                     return JSONResponse(answer)  # a retry of a call already taken
                 body = await request.body() if raw else await _json(request)
-                if request.path_params:
-                    body = {**body, **request.path_params}
-                answer = await handler(gw, caller, body)
+                if not raw:
+                    body = {**request.query_params, **body, **request.path_params}
+                    body.setdefault("base_url", str(request.base_url))
+                with gw.sessions.active(_session_of(body)):
+                    answer = await handler(gw, caller, body)
+                if answer is None:
+                    answer = {}
                 if key and isinstance(answer, dict) and _starts_work(answer):
                     gw.remember(caller.tenant_id, key, answer)
                 return answer if isinstance(answer, Response) else JSONResponse(answer)
@@ -89,7 +97,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/get_server_capabilities", capabilities, method="GET"),
         route("/api/v1/create_session", create_session),
         route("/api/v1/sessions/{session_id}/finish", finish_session),
-        route("/api/v1/session_heartbeat", lambda gw, c, b: _answer({"type": "session_heartbeat"})),
+        route("/api/v1/session_heartbeat", session_heartbeat),
         route("/api/v1/create_sampling_session", create_sampling_session),
         route("/api/v1/get_info", get_info),
         route("/api/v1/samplers/{sampling_session_id}", get_sampler, method="GET"),
@@ -101,11 +109,39 @@ def create_app(settings: GatewaySettings) -> Starlette:
         route("/api/v1/load_weights", training.load_weights),
         route("/api/v1/save_weights_for_sampler", training.save_weights_for_sampler),
         route("/api/v1/asample", training.asample),
+        route("/api/v1/training_runs", runs.list_training_runs, method="GET"),
+        route("/api/v1/training_runs/{training_run_id}", runs.get_training_run, method="GET"),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints",
+            runs.list_checkpoints,
+            method="GET",
+        ),
+        route("/api/v1/save_weights_external", downloads.save_weights_external),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}/ttl",
+            runs.set_checkpoint_ttl,
+            method="PUT",
+        ),
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
+            "/external_weights_urls",
+            downloads.external_weights_urls,
+            method="GET",
+        ),
+        Route("/api/v1/files/{token}", downloads.serve_file, methods=["GET"]),  # signed URLs
+        route(
+            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}",
+            runs.delete_checkpoint,
+            method="DELETE",
+        ),
+        route("/api/v1/checkpoints", runs.list_user_checkpoints, method="GET"),
     ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_close_expired_sessions(gw))
         yield
+        reaper.cancel()
         await asyncio.to_thread(gw.close)  # close the trainer sessions still open
 
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -143,36 +179,83 @@ async def client_config(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
+    """The configured base names; each also says what it maps to (``path``: a local directory
+    or hub id, a field the SDK ignores) and, when that directory has a config.json, the
+    model's context length."""
     return {
         "supported_models": [
-            {"model_name": name, "trainable": True, "sampleable": True}
-            for name in gw.settings.base_models
+            {
+                "model_name": name,
+                "path": local,
+                "trainable": True,
+                "sampleable": True,
+                "max_context_length": _context_length(local),
+            }
+            for name, local in gw.settings.base_models.items()
         ]
     }
 
 
+def _context_length(local: str) -> int | None:
+    try:
+        config = json.loads((Path(local) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    length = config.get("max_position_embeddings")
+    return int(length) if isinstance(length, int) else None
+
+
 async def create_session(gw: Gateway, caller: Caller, body: dict) -> dict:
-    return {"type": "create_session", "session_id": f"ses-{uuid.uuid4().hex[:16]}"}
+    return {"type": "create_session", "session_id": gw.sessions.create(caller.tenant_id)}
+
+
+async def session_heartbeat(gw: Gateway, caller: Caller, body: dict) -> dict:
+    gw.sessions.beat(body["session_id"], caller.tenant_id)
+    return {"type": "session_heartbeat"}
 
 
 async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
     """The SDK's ServiceClient.close(): close the session's training models (their jobs
     succeed, reason "closed", and free their devices)."""
-    prefix = f"{body['session_id']}:train:"
-    for model in gw.models.all():
-        if model.model_id.startswith(prefix) and model.tenant_id == caller.tenant_id:
-            gw.models.remove(model)
-            await asyncio.to_thread(model.session.close)
+    gw.sessions.finish(body["session_id"])
+    await _close_session(gw, body["session_id"], caller.tenant_id)
     return {}
 
 
+async def _close_session(gw: Gateway, session_id: str, tenant_id: str | None) -> None:
+    """Close the session's models (of ``tenant_id``; None: whoever's)."""
+    prefix = f"{session_id}:"
+    for model in gw.models.all():
+        if model.model_id.startswith(prefix) and tenant_id in (None, model.tenant_id):
+            gw.models.remove(model)
+            await asyncio.to_thread(model.session.close)
+
+
+async def _close_expired_sessions(gw: Gateway) -> None:
+    """Every few seconds: close the models of sessions whose client went silent, and delete
+    the checkpoints whose TTL has passed."""
+    while True:
+        await asyncio.sleep(min(5.0, gw.settings.session_expiry_s / 4))
+        if gw.settings.checkpoint_root is not None:
+            for folder in await asyncio.to_thread(runs.delete_expired, gw.settings.checkpoint_root):
+                log.info("checkpoint_expired", folder=str(folder))
+        for session_id in gw.sessions.expired():
+            log.info("session_expired", session_id=session_id)
+            try:
+                await _close_session(gw, session_id, None)
+            except Exception:  # one failed close must not stop the reaper
+                log.exception("session_close_failed", session_id=session_id)
+
+
 async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """A sampling client of saved sampler weights (tinker://<job>/sampler_weights/<name>)."""
+    """A sampling client of saved sampler weights (tinker://<job>/sampler_weights/<name>), or
+    of a bare base model (training.base_sampler)."""
     if not body.get("model_path"):
-        raise InvalidArgumentError(
-            "model_path: sampling a bare base model is not served; save a training client's "
-            "weights for the sampler and sample from those"
-        )
+        if not body.get("base_model"):
+            raise InvalidArgumentError("base_model: required to sample without a model_path")
+        model = await training.base_sampler(gw, caller, body["session_id"], body["base_model"])
+        sampler = gw.models.new_sampler(model)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler}
     path = TinkerPath.parse(body["model_path"])
     if path.kind != SAMPLER_KIND:
         raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
@@ -205,6 +288,14 @@ async def retrieve_future(gw: Gateway, caller: Caller, body: dict) -> Response |
     if isinstance(result.body, bytes):
         return Response(result.body, media_type=PROTOBUF)
     return result.body
+
+
+def _session_of(body: Any) -> str | None:
+    """The session a call names (directly, or through one of its models)."""
+    if not isinstance(body, dict):
+        return None
+    name = body.get("session_id") or body.get("model_id")
+    return name if isinstance(name, str) else None
 
 
 def _starts_work(answer: dict) -> bool:

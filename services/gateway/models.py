@@ -16,7 +16,8 @@ from opentinker.training_session import TrainingSession
 from .ordering import SeqGate
 from .tenancy import Caller
 
-STATE_KIND, SAMPLER_KIND = "weights", "sampler_weights"
+STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND = "weights", "sampler_weights", "external_weights"
+EXTERNAL_PREFIX = "ext."  # the trainer's state name of external weights: ext.<name>
 
 
 @dataclass
@@ -28,6 +29,7 @@ class TrainingModel:
     session: TrainingSession
     gate: SeqGate
     samplers: int = field(default=0)  # sampling sessions made from it
+    sampler_names: dict[str, float] = field(default_factory=dict)  # named sampler saves: unix s
 
     @property
     def job_id(self) -> str:
@@ -49,7 +51,7 @@ class TinkerPath:
             raise InvalidArgumentError(
                 f"path: {path!r} is not tinker://<training run>/<weights|sampler_weights>/<name>"
             )
-        if parts[1] not in (STATE_KIND, SAMPLER_KIND):
+        if parts[1] not in (STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND):
             raise InvalidArgumentError(f"path: {path!r}: unknown checkpoint kind {parts[1]!r}")
         return cls(*parts)
 
@@ -57,9 +59,14 @@ class TinkerPath:
         return f"tinker://{self.job_id}/{self.kind}/{self.name}"
 
     @property
+    def trainer_name(self) -> str:
+        """The trainer's state name (external weights are states too, named ext.<name>)."""
+        return f"{EXTERNAL_PREFIX}{self.name}" if self.kind == EXTERNAL_KIND else self.name
+
+    @property
     def trainer_state(self) -> str:
         """The trainer's LoadState path (relative to its checkpoint root)."""
-        return f"{self.job_id}/states/{self.name}"
+        return f"{self.job_id}/states/{self.trainer_name}"
 
 
 class Models:
@@ -91,6 +98,9 @@ class Models:
         if model is None or model.tenant_id != caller.tenant_id:
             raise NotFoundError(f"model_id: no training model {model_id!r} of yours")
         return model
+
+    def live_job(self, job_id: str) -> TrainingModel | None:
+        return self._by_job.get(job_id)
 
     def by_job(self, job_id: str, caller: Caller) -> TrainingModel:
         model = self._by_job.get(job_id)

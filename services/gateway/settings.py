@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -24,5 +26,11 @@ class GatewaySettings(BaseSettings):
         600.0, gt=0, description="create_model waits this for a device and the model load."
     )
     call_timeout_s: float = Field(600.0, gt=0, description="Deadline of one trainer call.")
+    session_expiry_s: float = Field(
+        120.0, gt=0, description="A session silent this long (no heartbeat) is closed."
+    )
+    # The workers' shared checkpoint root (OPENTINKER_CHECKPOINT_ROOT): training checkpoints
+    # are listed, deleted and downloaded from here. None: those calls are refused.
+    checkpoint_root: Path | None = None
     key_cache_s: float = Field(30.0, ge=0, description="A checked API key is trusted this long.")
     log_level: str = "INFO"

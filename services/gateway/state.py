@@ -12,6 +12,7 @@ from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 from .futures import FutureStore
 from .models import Models
+from .sessions import Sessions
 from .settings import GatewaySettings
 from .tenancy import Caller, Tenancy
 
@@ -26,6 +27,7 @@ class Gateway:
         )
         self.models = Models(order_wait_s=settings.order_wait_s)
         self.futures = FutureStore(long_poll_s=settings.long_poll_s)
+        self.sessions = Sessions(expiry_s=settings.session_expiry_s)
         self.answered: OrderedDict[tuple[str, str], dict] = OrderedDict()
 
     def remember(self, tenant: str, key: str, answer: dict) -> None:

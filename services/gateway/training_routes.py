@@ -5,11 +5,13 @@ and its result (or error) waits in the FutureStore for retrieve_future."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from opentinker.errors import InvalidArgumentError
+from opentinker.errors import InvalidArgumentError, NotFoundError
 from opentinker.session_config import SessionConfig
 from opentinker.spec import SamplingParams
 from opentinker.training_session import AdamParams
@@ -18,8 +20,11 @@ from . import wire
 from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
+from .runs import RUN_NAME, check_saved_state, set_ttl
 from .state import Gateway
 from .tenancy import Caller
+
+BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
 
 
 async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Future]) -> Any:
@@ -44,8 +49,27 @@ async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
 
 
+async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model: str):
+    """A Tinker session's sampler of a bare base model: a rank-1 LoRA session job (its LoRA
+    starts at zero, so it samples as the base model) serving its weights on the same rollout
+    engine as every other sampler; one per session and base model, closed with the session."""
+    model_id = f"{session_id}:base:{base_model}"
+    with contextlib.suppress(NotFoundError):
+        return await gw.models.get(model_id, caller)
+    await start_model(gw, caller, model_id, base_model, rank=1, job_name=BASE_SAMPLER_NAME)
+    model = await gw.models.get(model_id, caller)
+    await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
+    return model
+
+
 async def start_model(
-    gw: Gateway, caller: Caller, model_id: str, base_model: str, rank: int, first_seq: int = 1
+    gw: Gateway,
+    caller: Caller,
+    model_id: str,
+    base_model: str,
+    rank: int,
+    first_seq: int = 1,
+    job_name: str = RUN_NAME,
 ) -> Result:
     gw.models.starting(model_id)
     try:
@@ -53,7 +77,7 @@ async def start_model(
             caller.client.training_session,
             base_model=gw.settings.base_models.get(base_model, base_model),
             lora_rank=rank,
-            name="tinker",
+            name=job_name,
             session=SessionConfig(),
             wait_timeout=gw.settings.session_start_timeout_s,
             timeout=gw.settings.call_timeout_s,
@@ -108,6 +132,8 @@ async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
 
     async def work() -> Result:
         await ordered(model, body.get("seq_id"), lambda: model.session.save_state_async(path.name))
+        if body.get("ttl_seconds") is not None and gw.settings.checkpoint_root is not None:
+            await asyncio.to_thread(set_ttl, gw, caller, path, body["ttl_seconds"])
         return Result({"path": str(path), "type": "save_weights"})
 
     return _future(gw, caller, work(), model)
@@ -118,7 +144,10 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
     training client created from a saved state, model id ``<session>:train:<n>``)."""
     path = TinkerPath.parse(body["path"])
     if path.kind != STATE_KIND:
-        raise InvalidArgumentError(f"path: {body['path']!r} is sampler weights; load a state")
+        raise InvalidArgumentError(
+            f"path: {body['path']!r} is not a saved state (tinker://<run>/weights/<name>)"
+        )
+    await asyncio.to_thread(check_saved_state, gw, caller, path)
     if body.get("model_id"):
         model = await gw.models.get(body["model_id"], caller)
         work = _load_into(model, body.get("seq_id"), path)
@@ -139,7 +168,12 @@ async def _load_new(
     source = await asyncio.to_thread(gw.job_model, caller, path.job_id)
     await start_model(gw, caller, model_id, base_model or source.base_model, source.lora.rank)
     model = await gw.models.get(model_id, caller)
-    await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+    try:
+        await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+    except BaseException:  # no half-made client: end its session, free its device
+        gw.models.remove(model)
+        await asyncio.to_thread(model.session.close)
+        raise
     return Result({"path": str(path), "model_id": model_id, "type": "load_weights"})
 
 
@@ -152,6 +186,7 @@ async def save_weights_for_sampler(gw: Gateway, caller: Caller, body: dict) -> d
         await ordered(model, body.get("seq_id"), model.session.save_weights_for_sampler_async)
         if name:
             path = TinkerPath(model.job_id, SAMPLER_KIND, name)
+            model.sampler_names[name] = time.time()
             return Result({"path": str(path), "type": "save_weights_for_sampler"})
         sampler = gw.models.new_sampler(model)
         return Result({"sampling_session_id": sampler, "type": "save_weights_for_sampler"})
@@ -166,8 +201,10 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
             "sampling_session_id: sample from a sampling client of a training client's weights"
         )
     model = gw.models.sampler(body["sampling_session_id"], caller)
-    if body.get("prompt_logprobs") or body.get("topk_prompt_logprobs"):
-        raise InvalidArgumentError("prompt_logprobs: not served by this gateway yet")
+    if body.get("topk_prompt_logprobs"):
+        raise InvalidArgumentError("topk_prompt_logprobs: not served (prompt_logprobs is)")
+    with_prompt = bool(body.get("prompt_logprobs"))
+    last_n = body.get("prompt_logprobs_last_n")
     num_samples = int(body.get("num_samples", 1))
     params = body.get("sampling_params") or {}
     sampling = SamplingParams(
@@ -183,10 +220,13 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         sampling=sampling,
         stop_token_ids=stops,
         seed=int(params.get("seed") or 0),
+        include_prompt_logprobs=with_prompt,
     )
 
     async def work() -> Result:
-        return Result(wire.sample_response(await asyncio.wrap_future(future)))
+        output = await asyncio.wrap_future(future)
+        scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
+        return Result(wire.sample_response(output, prompt_logprobs=scored))
 
     request_id = gw.futures.start(work(), tenant=caller.tenant_id)
     ids = [f"{request_id}:{i}" for i in range(num_samples)]

@@ -22,6 +22,7 @@ SUPPORTED_LOSSES: dict[str, frozenset[str]] = {
     "cross_entropy": frozenset(),
     "importance_sampling": frozenset(),
     "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
 }
 # loss_fn_inputs name -> our Datum field (target_tokens is the datum's targets).
 _INPUT_FIELDS = {"weights": "weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}
@@ -107,8 +108,20 @@ def sdk_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-def sample_response(output: SampleOutput) -> bytes:
+def prompt_logprobs(scored: Sequence[float], last_n: int | None) -> list[float]:
+    """Tinker's prompt logprobs: one per prompt token, NaN (None to the SDK) for the first and,
+    with ``last_n``, for all but the last ``last_n`` tokens."""
+    values = [float("nan"), *scored]
+    if last_n:
+        keep = len(values) - int(last_n)
+        values = [float("nan")] * keep + values[keep:]
+    return values
+
+
+def sample_response(output: SampleOutput, *, prompt_logprobs: list[float] | None = None) -> bytes:
     proto = tinker_pb.SampleResponse()
+    if prompt_logprobs is not None:
+        proto.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for seq in output.sequences:
         proto.sequences.add(
             stop_reason=_STOP_REASONS.get(seq.stop_reason, tinker_pb.STOP_REASON_LENGTH),

@@ -78,7 +78,11 @@ def run_up(
     with (
         LocalMesh(settings) as mesh,
         running_gateway(
-            GatewaySettings(scheduler_address=mesh.scheduler_address, port=gateway_port)
+            GatewaySettings(
+                scheduler_address=mesh.scheduler_address,
+                port=gateway_port,
+                checkpoint_root=mesh.checkpoint_root,
+            )
         ) as gateway_url,
     ):
         console.print(

@@ -139,6 +139,11 @@ class LocalMesh:
         proc.wait_http(self.dashboard_url + "healthz", timeout_s=self.settings.startup_timeout_s)
         return proc
 
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where the worker's jobs keep their checkpoints (and sessions their saved states)."""
+        return self.run_root / "jobs" / "checkpoints"
+
     def start_worker(self) -> ServiceProcess:
         """Start a worker agent (again, e.g. after one died: its jobs resume on this one)."""
         return self._start(
@@ -150,6 +155,7 @@ class LocalMesh:
                 "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
                 "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
                 "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),
+                "OPENTINKER_CHECKPOINT_ROOT": str(self.checkpoint_root),
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
                 "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
             },

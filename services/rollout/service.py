@@ -94,6 +94,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             policy_version=version,
         )
 
+    async def ScoreTokens(  # noqa: N802 - the gRPC method name
+        self, request: rollout_pb2.ScoreTokensRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.ScoreTokensResponse:
+        try:
+            if self._session is None:
+                raise FailedPreconditionError(
+                    "ScoreTokens needs an open Rollout stream (OpenRollout first)"
+                )
+            logprobs, version = await self._session.score(list(request.token_ids))
+        except OpenTinkerError as err:
+            await abort_with(context, err)
+        return rollout_pb2.ScoreTokensResponse(logprobs=logprobs, policy_version=version)
+
     async def Rollout(  # noqa: N802 - the gRPC method name
         self,
         request_iterator: AsyncIterator[rollout_pb2.RolloutRequest],
@@ -290,7 +303,7 @@ def _batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
 
 ACCESS_RULES = rules_for(
     rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"],
-    {"Rollout": JOBS | USERS, "SampleTokens": JOBS | USERS},
+    {"Rollout": JOBS | USERS, "SampleTokens": JOBS | USERS, "ScoreTokens": JOBS | USERS},
 )
 
 

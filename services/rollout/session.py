@@ -285,6 +285,14 @@ class RolloutSession:
         )
         return samples, engine.policy_version
 
+    async def score(self, token_ids: Sequence[int]) -> tuple[list[float], int]:
+        """logprob(ids[i+1] | ids[:i+1]) under the engine's weights, and their version."""
+        engine = self.require_open("ScoreTokens")
+        if len(token_ids) < 2:
+            raise InvalidArgumentError("token_ids: at least 2 ids to score (the first has none)")
+        logprobs = await asyncio.to_thread(engine.logprobs_of, list(token_ids))
+        return logprobs, engine.policy_version
+
     def _envhub(self, config: RolloutConfig) -> EnvHubLink:
         """A link to EnvHub for the job's env that rides out EnvHub restarts (see envhub_link)."""
         return EnvHubLink(

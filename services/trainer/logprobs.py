@@ -179,10 +179,12 @@ def logprobs_from_hidden(
     temperature: float = 1.0,
     chunk_positions: int | None = None,
     softcap: float | None = None,
+    targets_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token logprobs ``[B, T]`` and entropies ``[B, T]``, both differentiable.
 
-    ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) under
+    ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) (or of ``targets_B_T[t]``
+    when given: any token, as Tinker's target_tokens) under
     softmax(head(hidden) / temperature). The ``B * T`` positions are cut into chunks of
     ``chunk_positions`` (default: ``chunk_positions_for(V)``); the backward pass recomputes
     one chunk's logits at a time.
@@ -191,7 +193,7 @@ def logprobs_from_hidden(
         raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
     size, length, width = hidden_B_L_H.shape
     hidden_N_H = hidden_B_L_H[:, :-1].reshape(-1, width)
-    targets_N = tokens_B_L[:, 1:].reshape(-1)
+    targets_N = (tokens_B_L[:, 1:] if targets_B_T is None else targets_B_T).reshape(-1)
     chunk = chunk_positions or chunk_positions_for(_vocab_size(head))
     params = tuple(head.parameters())
     logprobs, entropies = [], []

@@ -192,7 +192,12 @@ class Policy:
         )
 
     def logprobs_from_hidden(
-        self, batch: SequenceBatch, hidden_B_L_H: torch.Tensor, *, temperature: float = 1.0
+        self,
+        batch: SequenceBatch,
+        hidden_B_L_H: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        targets_B_T: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``token_logprobs_and_entropy`` from hidden states already computed for ``batch``."""
         return logprobs_from_hidden(
@@ -202,10 +207,15 @@ class Policy:
             temperature=temperature,
             chunk_positions=self.logit_chunk_positions,
             softcap=logit_softcap(self.model),
+            targets_B_T=None if targets_B_T is None else targets_B_T.to(self.device),
         )
 
     def token_logprobs_and_entropy(
-        self, batch: SequenceBatch, *, temperature: float = 1.0
+        self,
+        batch: SequenceBatch,
+        *,
+        temperature: float = 1.0,
+        targets_B_T: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logprobs ``[B, T]`` (with gradient) and entropies ``[B, T]`` (detached).
 
@@ -213,10 +223,13 @@ class Policy:
         the distribution the rollout sampled from; entropy is of that distribution at t.
         Values at padded positions are meaningless: multiply by ``batch.loss_mask_B_T``.
         Computed in chunks of positions (see logprobs.py): the logits of the whole batch are
-        never held, in the forward or the backward pass.
+        never held, in the forward or the backward pass. ``targets_B_T``: the token each
+        position's logprob is of, when not the next one (Tinker's target_tokens).
         """
         hidden_B_L_H = self.hidden_states(batch)
-        return self.logprobs_from_hidden(batch, hidden_B_L_H, temperature=temperature)
+        return self.logprobs_from_hidden(
+            batch, hidden_B_L_H, temperature=temperature, targets_B_T=targets_B_T
+        )
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -1,9 +1,10 @@
 """Session data: validated Datums and their collation into one padded batch.
 
 A Datum is Tinker's: ``input_tokens`` (T ids) and per-position tensors of length T, where
-position t concerns ``target_tokens[t]``, the token after ``input_tokens[0..t]``. Targets must
-be the inputs shifted by one, so the batch is the ``T + 1`` ids ``input_tokens +
-[target_tokens[-1]]`` and the policy's next-token logprobs line up with the targets.
+position t concerns ``target_tokens[t]``, scored as the token after ``input_tokens[0..t]``
+(usually the inputs shifted by one; any token is allowed, as in Tinker, e.g. 0 on prompt
+positions that carry no loss). The batch is the ``T + 1`` ids ``input_tokens +
+[target_tokens[-1]]``; ``targets_B_T`` holds the targets the logprobs are taken of.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from opentinker.errors import InvalidArgumentError, ResourceExhaustedError
 
 from ..batch import SequenceBatch
 
-LossName = Literal["cross_entropy", "importance_sampling", "ppo"]
+LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class DatumBatch:
     advantages_B_T: torch.Tensor
     mask_B_T: torch.Tensor
     lengths: list[int]
+    targets_B_T: torch.Tensor
 
 
 def collate_data(
@@ -64,11 +66,13 @@ def collate_data(
     size, width = len(data), max(len(d.input_tokens) for d in data)
     tokens_B_L = torch.full((size, width + 1), pad_id, dtype=torch.long)
     attention_B_L = torch.zeros((size, width + 1), dtype=torch.long)
+    targets_B_T = torch.full((size, width), pad_id, dtype=torch.long)
     per_token = {name: torch.zeros((size, width)) for name in ("w", "q", "a", "m")}
     for b, d in enumerate(data):
         n = len(d.input_tokens)
         tokens_B_L[b, : n + 1] = torch.tensor([*d.input_tokens, d.target_tokens[-1]])
         attention_B_L[b, : n + 1] = 1
+        targets_B_T[b, :n] = torch.tensor(d.target_tokens)
         per_token["w"][b, :n] = torch.tensor(d.weights) if d.weights else 1.0
         if d.sampling_logprobs:
             per_token["q"][b, :n] = torch.tensor(d.sampling_logprobs)
@@ -83,6 +87,7 @@ def collate_data(
         advantages_B_T=per_token["a"],
         mask_B_T=per_token["m"],
         lengths=[len(d.input_tokens) for d in data],
+        targets_B_T=targets_B_T,
     )
 
 
@@ -96,12 +101,7 @@ def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
         raise bad("input_tokens is empty")
     if len(d.target_tokens) != n:
         raise bad(f"target_tokens has {len(d.target_tokens)} ids, input_tokens {n}")
-    if d.target_tokens[:-1] != d.input_tokens[1:]:
-        raise bad(
-            "target_tokens must be input_tokens shifted by one (target_tokens[t] == "
-            "input_tokens[t+1]); build them as seq[1:] and seq[:-1] of one sequence"
-        )
-    outside = [t for t in (*d.input_tokens, d.target_tokens[-1]) if not 0 <= t < vocab_size]
+    outside = [t for t in (*d.input_tokens, *d.target_tokens) if not 0 <= t < vocab_size]
     if outside:
         raise bad(f"token ids outside the vocabulary 0..{vocab_size - 1}: {outside[:3]}")
     for name in ("weights", "sampling_logprobs", "advantages"):

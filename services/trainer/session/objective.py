@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..losses.cispo import cispo_loss
 from ..losses.cross_entropy import weighted_nll_sum
 from ..losses.importance_sampling import importance_sampling_loss
 from ..losses.ppo_token import ppo_token_loss
@@ -17,7 +18,7 @@ DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
 
 @dataclass(frozen=True)
 class LossSpec:
-    """Which loss and, for ppo, the bounds of the probability ratio."""
+    """Which loss and, for ppo and cispo, the bounds of the probability ratio."""
 
     name: LossName
     clip_low: float = DEFAULT_CLIP_LOW
@@ -36,7 +37,7 @@ class LossResult:
 
 def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
     """Logprobs of the targets under ``policy`` (temperature 1) and the loss ``spec`` names."""
-    logprobs_B_T, _ = policy.token_logprobs_and_entropy(data.batch)
+    logprobs_B_T, _ = policy.token_logprobs_and_entropy(data.batch, targets_B_T=data.targets_B_T)
     metrics: dict[str, float] = {"tokens": float(data.mask_B_T.sum())}
     if spec.name == "cross_entropy":
         loss = weighted_nll_sum(logprobs_B_T, data.weights_B_T)
@@ -46,7 +47,8 @@ def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
             logprobs_B_T, data.sampling_logprobs_B_T, data.advantages_B_T, data.mask_B_T
         )
     else:
-        loss, stats = ppo_token_loss(
+        clipped_loss = ppo_token_loss if spec.name == "ppo" else cispo_loss
+        loss, stats = clipped_loss(
             logprobs_B_T,
             data.sampling_logprobs_B_T,
             data.advantages_B_T,

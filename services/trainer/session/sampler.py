@@ -83,5 +83,14 @@ class SessionSampler:
         samples = [Sample(list(s.token_ids), list(s.logprobs), s.stopped) for s in reply.samples]
         return samples, reply.policy_version
 
+    async def score(self, tokens: Sequence[int], *, timeout_s: float) -> list[float]:
+        """logprob(tokens[i+1] | tokens[:i+1]) under the served weights."""
+        request = rollout_pb2.ScoreTokensRequest(token_ids=list(tokens))
+        try:
+            reply = await self._stub.ScoreTokens(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from err
+        return list(reply.logprobs)
+
     async def close(self, *, reason: str, timeout_s: float) -> None:
         await self._stream.close(reason=reason, timeout_s=timeout_s)

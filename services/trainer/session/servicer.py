@@ -26,6 +26,7 @@ _LOSS_NAMES = {
     trainer_pb2.SESSION_LOSS_CROSS_ENTROPY: "cross_entropy",
     trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING: "importance_sampling",
     trainer_pb2.SESSION_LOSS_PPO: "ppo",
+    trainer_pb2.SESSION_LOSS_CISPO: "cispo",
 }
 
 
@@ -137,7 +138,14 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 )
                 for s in samples
             ]
-            return trainer_pb2.SampleResponse(sequences=sequences, policy_version=version)
+            prompt_logprobs = (
+                await self._s.prompt_logprobs(list(request.prompt_tokens))
+                if request.include_prompt_logprobs
+                else []
+            )
+            return trainer_pb2.SampleResponse(
+                sequences=sequences, policy_version=version, prompt_logprobs=prompt_logprobs
+            )
 
         return await self._run(request.call, context, body)
 
@@ -212,7 +220,7 @@ def _loss(pb: trainer_pb2.LossConfig) -> LossSpec:
     name = _LOSS_NAMES.get(pb.loss)
     if name is None:
         raise InvalidArgumentError(
-            "loss.loss: choose cross_entropy, importance_sampling or ppo", reason="BAD_LOSS"
+            "loss.loss: choose cross_entropy, importance_sampling, ppo or cispo", reason="BAD_LOSS"
         )
     return LossSpec(
         name=name,  # type: ignore[arg-type]  # one of the LossName literals

@@ -214,6 +214,12 @@ class TrainingSession:
         self._since_step["tokens_generated"] += sum(len(s.tokens) for s in samples)
         return samples, version
 
+    async def prompt_logprobs(self, prompt: Sequence[int]) -> list[float]:
+        """The prompt scored by the sampler's weights (empty for a 1-token prompt)."""
+        if len(prompt) < 2:
+            return []
+        return await self.sampler.score(prompt, timeout_s=self.settings.collect_timeout_s)
+
     async def save_state(self, name: str) -> Path:
         owner = state.SavedSession(
             tenant_id=self.tenant_id, job_id=self.job_id, model=self.policy.spec, step=self.step

@@ -21,6 +21,20 @@ FINISH_REASON_MAX_TURNS: FinishReason
 FINISH_REASON_MAX_TOKENS: FinishReason
 FINISH_REASON_ENV_ERROR: FinishReason
 
+class ScoreTokensRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ScoreTokensResponse(_message.Message):
+    __slots__ = ("logprobs", "policy_version")
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    policy_version: int
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
 class SampleTokensRequest(_message.Message):
     __slots__ = ("prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]

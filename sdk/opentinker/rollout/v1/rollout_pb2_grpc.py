@@ -44,6 +44,11 @@ class RolloutServiceStub:
                 request_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.SerializeToString,
                 response_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.FromString,
                 _registered_method=True)
+        self.ScoreTokens = channel.unary_unary(
+                '/opentinker.rollout.v1.RolloutService/ScoreTokens',
+                request_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+                response_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServiceServicer:
@@ -65,6 +70,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreTokens(self, request, context):
+        """Logprobs of a token sequence under the open stream's engine and weights (a training
+        session's prompt logprobs, Tinker's compute_logprobs). Needs the job's token.
+        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT for fewer than 2 tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +91,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.SampleTokens,
                     request_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.FromString,
                     response_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.SerializeToString,
+            ),
+            'ScoreTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreTokens,
+                    request_deserializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensRequest.FromString,
+                    response_serializer=opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +152,33 @@ class RolloutService:
             '/opentinker.rollout.v1.RolloutService/SampleTokens',
             opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensRequest.SerializeToString,
             opentinker_dot_rollout_dot_v1_dot_rollout__pb2.SampleTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/opentinker.rollout.v1.RolloutService/ScoreTokens',
+            opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+            opentinker_dot_rollout_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,10 +14,12 @@ class SessionLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_LOSS_CROSS_ENTROPY: _ClassVar[SessionLoss]
     SESSION_LOSS_IMPORTANCE_SAMPLING: _ClassVar[SessionLoss]
     SESSION_LOSS_PPO: _ClassVar[SessionLoss]
+    SESSION_LOSS_CISPO: _ClassVar[SessionLoss]
 SESSION_LOSS_UNSPECIFIED: SessionLoss
 SESSION_LOSS_CROSS_ENTROPY: SessionLoss
 SESSION_LOSS_IMPORTANCE_SAMPLING: SessionLoss
 SESSION_LOSS_PPO: SessionLoss
+SESSION_LOSS_CISPO: SessionLoss
 
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
@@ -182,20 +184,22 @@ class OptimStepResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., grad_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed")
+    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "include_prompt_logprobs")
     CALL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     call: SessionCall
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_samples: int
     sampling: _common_pb2.SamplingParams
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     seed: int
-    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ...) -> None: ...
+    include_prompt_logprobs: bool
+    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., include_prompt_logprobs: _Optional[bool] = ...) -> None: ...
 
 class SampledSequence(_message.Message):
     __slots__ = ("tokens", "logprobs", "stop_reason")
@@ -208,12 +212,14 @@ class SampledSequence(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("sequences", "policy_version")
+    __slots__ = ("sequences", "policy_version", "prompt_logprobs")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
     policy_version: int
-    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., policy_version: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SaveWeightsForSamplerRequest(_message.Message):
     __slots__ = ("call",)

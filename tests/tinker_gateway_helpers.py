@@ -1,0 +1,48 @@
+"""Fixtures for tests that drive the gateway with the real ``tinker`` SDK: a real mesh
+(Redis, scheduler, envhub, worker) and a gateway in front of it, one of each per test module.
+Import the fixtures into a test module: ``from tinker_gateway_helpers import gateway, ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tinker
+
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+
+BASE = "opentinker/tiny-letter"  # a Tinker name the gateway maps to the local model dir
+QWEN = "Qwen/Qwen3-8B"  # the cookbook's name (its renderer), mapped to the same tiny model
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def gateway(mesh, letter_model_dir: Path, monkeypatch_module):
+    monkeypatch_module.setenv("TINKER_TELEMETRY", "0")
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,  # a free one
+        base_models={BASE: str(letter_model_dir), QWEN: str(letter_model_dir)},
+        long_poll_s=2.0,
+        checkpoint_root=mesh.checkpoint_root,
+    )
+    with running_gateway(settings) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def service(gateway, mesh):
+    return tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
