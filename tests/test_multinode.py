@@ -11,12 +11,14 @@ import socket
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 import redis.asyncio as aioredis
 from async_guard import run
 from ledger_helpers import assert_no_double_lease
 from test_scheduler_service import (
     ALLOCATING,
+    FAILED,
     QUEUED,
     RUNNING,
     ScriptedWorker,
@@ -185,3 +187,41 @@ def test_a_job_spans_two_workers_meets_in_one_gloo_group_and_is_requeued_whole(
 
     run(main)
     assert_no_double_lease(redis_url, big_job_ids[0], attempts=2)  # one lease per worker
+
+
+def test_a_failed_part_ends_the_whole_attempt(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            a = LoopbackWorker(mesh.worker_stub, "wa", ["wa/cpu:0"], "127.0.0.2", (29500, 4))
+            b = LoopbackWorker(mesh.worker_stub, "wb", ["wb/cpu:0"], "127.0.0.1", (29500, 4))
+            await a.connect()
+            await b.connect()
+            job = await submit(mesh.stub, "big", num_devices=2)
+            for worker in (a, b):
+                assert (await worker.next_command()).launch.rendezvous.world_size == 2
+                await worker.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+            await wait_for_state(mesh.stub, job.job_id, RUNNING)
+            exited = scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=1)
+            await b.send(exited=exited)  # rank 1's part failed by itself
+            failed = await wait_for_state(mesh.stub, job.job_id, FAILED)
+            assert "code 1" in failed.reason, failed.reason
+            stop = (await a.next_command()).stop  # rank 0's part must not keep running
+            assert (stop.job_id, stop.attempt) == (job.job_id, 1)
+            ledger = mesh.running.stores.ledger
+            assert await ledger.leases("wa") == [] and await ledger.leases("wb") == []
+            await a.disconnect()
+            await b.disconnect()
+
+    run(main)
+
+
+def test_a_bad_rendezvous_port_range_is_refused_naming_the_field(redis_url: str) -> None:
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            worker = LoopbackWorker(mesh.worker_stub, "wa", ["wa/cpu:0"], "127.0.0.1", (65000, 900))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await worker.connect()
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "register.rendezvous_port_base/count" in err.value.details()
+
+    run(main)

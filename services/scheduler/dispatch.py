@@ -128,13 +128,14 @@ class Dispatcher:
         """Fail a job that needs more devices than the connected workers have together, once
         it has waited ``unschedulable_after_s`` (more workers may still be joining)."""
         total = sum(len(s.devices) for s in self._sessions.values())
+        largest = max((len(s.devices) for s in self._sessions.values()), default=0)
         needed = devices_needed(job)
         waited_s = time.time() - job.updated_unix_s
         if not total or needed <= total or waited_s < self.unschedulable_after_s:
             return False
         reason = (
             f"unschedulable: the job needs {needed} devices; the connected workers have "
-            f"{total} together (waited {waited_s:.0f} s)"
+            f"{total} together, the largest {largest} (waited {waited_s:.0f} s)"
         )
         with contextlib.suppress(OpenTinkerError):  # moved on meanwhile
             await self._states.change(job.job_id, FAILED, reason)
