@@ -16,7 +16,12 @@ import structlog
 from opentinker.services.scheduler.errors import IdentityNotFoundError, JobNotFoundError
 from opentinker.services.scheduler.identity import IdentityStore
 from opentinker.services.scheduler.job_store import JobStore
-from opentinker.services.scheduler.lease_ledger import Lease, LeaseEvent, LeaseLedger
+from opentinker.services.scheduler.lease_ledger import (
+    GroupLease,
+    Lease,
+    LeaseEvent,
+    LeaseLedger,
+)
 from opentinker.services.scheduler.usage import Usage, UsageStore
 
 log = structlog.get_logger(__name__)
@@ -71,6 +76,14 @@ class AccountedLedger:
 
     async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
         return await self._inner.acquire(worker_id, job_id, n)
+
+    async def acquire_group(
+        self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
+    ) -> GroupLease | None:
+        return await self._inner.acquire_group(job_id, parts, ports)
+
+    async def group_of(self, lease_id: str) -> list[str]:
+        return await self._inner.group_of(lease_id)
 
     async def renew(self, worker_id: str) -> int:
         return await self._inner.renew(worker_id)

@@ -19,6 +19,7 @@ from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.errors import IllegalTransitionError
 from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.quotas import Quotas
+from opentinker.services.scheduler.spanning import launch_commands, split_across
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import LaunchCommand, WorkerSession
@@ -73,24 +74,68 @@ class Dispatcher:
         return launched
 
     async def _place(self, job: common_pb2.Job) -> bool:
-        """Lease devices for ``job`` on the first worker that has them, and launch it there."""
-        for session in list(self._sessions.values()):
+        """Lease devices for ``job`` on the first worker that has them, and launch it there; a
+        job bigger than every worker spans several (spanning.py)."""
+        sessions = list(self._sessions.values())
+        if devices_needed(job) > max((len(s.devices) for s in sessions), default=0):
+            return await self._place_across(job, sessions)
+        for session in sessions:
             lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
             if lease is not None:
                 return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
         return False
 
+    async def _place_across(self, job: common_pb2.Job, sessions: list[WorkerSession]) -> bool:
+        """Lease the job's devices on several workers at once (all or none) and launch its
+        part on each, with the rendezvous of rank 0's worker."""
+        free = [(s, len(await self._ledger.free_devices(s.worker_id))) for s in sessions]
+        parts = split_across(devices_needed(job), free)
+        if parts is None:
+            return False
+        group = await self._ledger.acquire_group(
+            job.job_id, [(s.worker_id, n) for s, n in parts], parts[0][0].rendezvous_ports
+        )
+        if group is None:  # taken meanwhile: the next round tries again
+            return False
+        members = [s for s, _ in parts]
+        workers = [s.worker_id for s in members]
+        reason = f"leases {[g.lease_id for g in group.leases]} on workers {workers}"
+        try:
+            if not await self._queue.remove(job.job_id):
+                raise IllegalTransitionError(f"job {job.job_id!r} left the queue")
+            job = await self._states.change(
+                job.job_id,
+                ALLOCATING,
+                reason,
+                worker_id=workers[0],
+                worker_ids=workers,
+                next_attempt=True,
+            )
+        except OpenTinkerError:
+            for lease in group.leases:
+                await self._ledger.release(lease.lease_id)
+            return False
+        token = await self._identity.issue_job_token(
+            job.job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
+        )
+        for session, command in launch_commands(job, members, group, token):
+            session.running[(job.job_id, job.attempt)] = command.lease_id
+            session.send(command)
+        log.info("job_launching", job_id=job.job_id, attempt=job.attempt, worker_ids=workers)
+        return True
+
     async def _fail_if_unschedulable(self, job: common_pb2.Job) -> bool:
-        """Fail a job that needs more devices than any connected worker has, once it has
-        waited ``unschedulable_after_s`` (a worker that big may still be joining)."""
+        """Fail a job that needs more devices than the connected workers have together, once
+        it has waited ``unschedulable_after_s`` (more workers may still be joining)."""
+        total = sum(len(s.devices) for s in self._sessions.values())
         largest = max((len(s.devices) for s in self._sessions.values()), default=0)
         needed = devices_needed(job)
         waited_s = time.time() - job.updated_unix_s
-        if not largest or needed <= largest or waited_s < self.unschedulable_after_s:
+        if not total or needed <= total or waited_s < self.unschedulable_after_s:
             return False
         reason = (
-            f"unschedulable: the job needs {needed} devices on one worker; the largest "
-            f"connected worker has {largest} (waited {waited_s:.0f} s)"
+            f"unschedulable: the job needs {needed} devices; the connected workers have "
+            f"{total} together, the largest {largest} (waited {waited_s:.0f} s)"
         )
         with contextlib.suppress(OpenTinkerError):  # moved on meanwhile
             await self._states.change(job.job_id, FAILED, reason)

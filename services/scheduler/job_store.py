@@ -135,11 +135,13 @@ class JobStore(Protocol):
         reason: str = "",
         expect_attempt: int | None = None,
         worker_id: str | None = None,
+        worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
     ) -> common_pb2.Job:
         """Move the job to ``to`` with ``reason``. ``expect_attempt`` guards against stale
-        messages (StaleAttemptError); ``worker_id`` sets the worker; ``next_attempt`` counts one
+        messages (StaleAttemptError); ``worker_id`` sets the worker (and ``worker_ids`` every
+        worker of a multi-worker placement, rank 0 first); ``next_attempt`` counts one
         more launch; ``result`` sets checkpoint_uri and final_metrics. Raises
         IllegalTransitionError for a move the life cycle forbids."""
 
@@ -270,6 +272,7 @@ class RedisJobStore:
         reason: str = "",
         expect_attempt: int | None = None,
         worker_id: str | None = None,
+        worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
     ) -> common_pb2.Job:
@@ -288,8 +291,10 @@ class RedisJobStore:
                     if to != common_pb2.JOB_STATE_RUNNING:  # a session serves only while running
                         job.endpoint = ""
                     job.updated_unix_s = time.time()
-                    if worker_id is not None:
+                    if worker_id is not None:  # a new placement (or none): its workers too
                         job.worker_id = worker_id
+                        del job.worker_ids[:]
+                        job.worker_ids.extend(worker_ids)
                     if next_attempt:
                         job.attempt += 1
                     if result is not None:

@@ -1,7 +1,8 @@
 """Proof from the ledger's history that no job ran twice at once and no device was double-booked.
 
 Replays the acquire/release events: a device taken while another unreleased lease holds it, or
-a job acquiring a second lease while its first is unreleased, is a double lease. (A lapsed
+a job acquiring a second lease while its first is unreleased, is a double lease (except the
+leases of one multi-worker attempt, taken together as one group). (A lapsed
 lease counts as held until the scheduler releases it: its worker may still be running it.)
 """
 
@@ -15,7 +16,7 @@ from opentinker.services.scheduler.lease_ledger import LeaseEvent
 def double_leases(events: Iterable[LeaseEvent]) -> list[str]:
     """What went wrong, one line each; empty when every lease was exclusive."""
     held_devices: dict[str, str] = {}  # device -> lease
-    job_lease: dict[str, str] = {}  # job -> its unreleased lease
+    job_leases: dict[str, set[str]] = {}  # job -> its unreleased leases
     lease_job: dict[str, tuple[str, tuple[str, ...]]] = {}
     problems = []
     for e in events:
@@ -27,18 +28,18 @@ def double_leases(events: Iterable[LeaseEvent]) -> list[str]:
                         f"lease {held_devices[device]} still held it"
                     )
                 held_devices[device] = e.lease_id
-            if e.job_id in job_lease:
+            others = job_leases.get(e.job_id, set()) - set(e.group)
+            if others:
                 problems.append(
                     f"job {e.job_id}: lease {e.lease_id} taken while lease "
-                    f"{job_lease[e.job_id]} was not released (two attempts at once)"
+                    f"{min(others)} was not released (two attempts at once)"
                 )
-            job_lease[e.job_id] = e.lease_id
+            job_leases.setdefault(e.job_id, set()).add(e.lease_id)
             lease_job[e.lease_id] = (e.job_id, e.device_ids)
         elif e.kind == "release" and e.lease_id in lease_job:
             job_id, devices = lease_job.pop(e.lease_id)
             for device in devices:
                 if held_devices.get(device) == e.lease_id:
                     del held_devices[device]
-            if job_lease.get(job_id) == e.lease_id:
-                del job_lease[job_id]
+            job_leases.get(job_id, set()).discard(e.lease_id)
     return problems

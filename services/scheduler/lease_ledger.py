@@ -12,6 +12,8 @@ Redis layout (``prefix`` defaults to ``ot:ledger``)::
     <prefix>:worker:<worker_id>:leases    SET of lease ids
     <prefix>:device:<device_id>           STRING lease id, PX = lease TTL
     <prefix>:lease:<lease_id>             HASH worker_id, job_id, devices ("\\n"-joined), created
+                                          [group ("\\n"-joined lease ids), port: multi-worker]
+    <prefix>:worker:<worker_id>:ports     SET rendezvous ports held by its rank-0 group leases
     <prefix>:leases                       SET of every lease id not yet released
     <prefix>:history                      STREAM acquire/release/revive events (LeaseEvent)
 
@@ -52,6 +54,16 @@ class LeaseEvent:
     worker_id: str
     device_ids: tuple[str, ...]
     at_unix_s: float
+    group: tuple[str, ...] = ()  # acquire of a multi-worker attempt: every lease taken with it
+
+
+@dataclass(frozen=True)
+class GroupLease:
+    """Devices on several workers held for one job: one Lease per worker, rank 0's first, and
+    the rendezvous port held on rank 0's worker until its lease is released."""
+
+    leases: tuple[Lease, ...]
+    port: int
 
 
 HISTORY_MAX_EVENTS = 100_000  # approximately; older history is trimmed
@@ -74,6 +86,15 @@ class LeaseLedger(Protocol):
 
     async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
         """Take ``n`` free devices of the worker at once, or none (returns None)."""
+
+    async def acquire_group(
+        self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
+    ) -> GroupLease | None:
+        """Take ``n`` devices on each ``(worker_id, n)`` (rank 0's first) and a free port of
+        rank 0's ``ports`` = (base, count) range, all at once, or nothing (None)."""
+
+    async def group_of(self, lease_id: str) -> list[str]:
+        """The lease ids acquired together with ``lease_id``; [] for a one-worker lease."""
 
     async def renew(self, worker_id: str) -> int:
         """Extend every live lease of the worker by the TTL; returns how many were renewed."""
@@ -176,6 +197,8 @@ for _, d in ipairs(lease_devices(prefix, lease_id)) do
     redis.call('DEL', prefix .. ':device:' .. d)
   end
 end
+local port = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'port')
+if port then redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':ports', port) end
 redis.call('DEL', prefix .. ':lease:' .. lease_id)
 redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
 redis.call('SREM', prefix .. ':leases', lease_id)
@@ -228,6 +251,54 @@ return 1
 )
 
 
+# Devices on several workers for one job, all or none (multi-worker jobs). ARGV: prefix, job_id,
+# ttl_ms, now, history max, port_base, port_count, then (worker_id, n, lease_id) per part; the
+# first part is rank 0's, whose lease also takes the first free port of its rendezvous range.
+_ACQUIRE_GROUP = """
+local prefix, job_id, ttl_ms, now, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local port_base, port_count = tonumber(ARGV[6]), tonumber(ARGV[7])
+local parts, ids = {}, {}
+for i = 8, #ARGV, 3 do
+  local worker_id, n, lease_id = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local free = {}
+  local offered = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
+  for _, d in ipairs(offered) do
+    if #free < n and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
+      table.insert(free, d)
+    end
+  end
+  if #free < n then return false end
+  table.insert(parts, {worker_id, lease_id, free})
+  table.insert(ids, lease_id)
+end
+local ports_key = prefix .. ':worker:' .. parts[1][1] .. ':ports'
+local port = nil
+for p = port_base, port_base + port_count - 1 do
+  if redis.call('SISMEMBER', ports_key, p) == 0 then port = p; break end
+end
+if port == nil then return false end
+redis.call('SADD', ports_key, port)
+local out = {tostring(port)}
+for i, part in ipairs(parts) do
+  local worker_id, lease_id, free = part[1], part[2], part[3]
+  for _, d in ipairs(free) do
+    redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+  end
+  local key = prefix .. ':lease:' .. lease_id
+  redis.call('HSET', key, 'worker_id', worker_id, 'job_id', job_id, 'created', now,
+             'devices', table.concat(free, '\\n'), 'group', table.concat(ids, '\\n'))
+  if i == 1 then redis.call('HSET', key, 'port', port) end
+  redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
+  redis.call('SADD', prefix .. ':leases', lease_id)
+  redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', maxlen, '*', 'event', 'acquire',
+             'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id,
+             'devices', table.concat(free, '\\n'), 'group', table.concat(ids, '\\n'))
+  table.insert(out, table.concat(free, '\\n'))
+end
+return out
+"""
+
+
 class RedisLeaseLedger:
     """LeaseLedger on one Redis; ``lease_ttl_s`` may be fractional (stored as milliseconds)."""
 
@@ -245,6 +316,7 @@ class RedisLeaseLedger:
         self._is_live = client.register_script(_IS_LIVE)
         self._lapsed = client.register_script(_LAPSED)
         self._revive = client.register_script(_REVIVE)
+        self._acquire_group = client.register_script(_ACQUIRE_GROUP)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -297,6 +369,35 @@ class RedisLeaseLedger:
         if not taken:
             return None
         return Lease(lease_id, worker_id, job_id, tuple(_text(d) for d in taken), now)
+
+    async def acquire_group(
+        self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
+    ) -> GroupLease | None:
+        """Take ``n`` free devices on each ``(worker_id, n)`` of ``parts`` (rank 0's first) and
+        a free port of rank 0's range ``ports`` = (base, count), all at once, or nothing
+        (None). No other acquire can slip in between: one Lua script."""
+        if len(parts) < 2 or any(n < 1 for _, n in parts):
+            raise ValueError(f"a group lease needs >= 2 parts of >= 1 device, got {parts}")
+        ids = [f"lease-{uuid.uuid4().hex[:16]}" for _ in parts]
+        now = time.time()
+        args: list[object] = [self._prefix, job_id, self._ttl_ms, repr(now), HISTORY_MAX_EVENTS]
+        args += [ports[0], ports[1]]
+        for (worker_id, n), lease_id in zip(parts, ids, strict=True):
+            args += [worker_id, n, lease_id]
+        taken = await self._acquire_group(args=args)
+        if not taken:
+            return None
+        leases = tuple(
+            Lease(lease_id, worker_id, job_id, tuple(_text(devices).split("\n")), now)
+            for (worker_id, _), lease_id, devices in zip(parts, ids, taken[1:], strict=True)
+        )
+        return GroupLease(leases, int(_text(taken[0])))
+
+    async def group_of(self, lease_id: str) -> list[str]:
+        """The lease ids acquired together with ``lease_id`` (itself included), [] for a
+        one-worker lease or one already released."""
+        joined = await self._r.hget(self._key("lease", lease_id), "group")
+        return [i for i in _text(joined).split("\n") if i] if joined else []
 
     async def renew(self, worker_id: str) -> int:
         return int(await self._renew(args=[self._prefix, worker_id, self._ttl_ms]))
@@ -358,4 +459,5 @@ def _event(entry_id: bytes | str, fields: dict) -> LeaseEvent:
         worker_id=f.get("worker_id", ""),
         device_ids=tuple(d for d in f.get("devices", "").split("\n") if d),
         at_unix_s=int(_text(entry_id).split("-")[0]) / 1000,
+        group=tuple(i for i in f.get("group", "").split("\n") if i),
     )

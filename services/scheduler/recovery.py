@@ -32,6 +32,7 @@ from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.errors import JobNotFoundError
 from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
 from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
+from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.worker_session import StopCommand, WorkerSession
 
 log = structlog.get_logger(__name__)
@@ -96,7 +97,7 @@ async def _owned(jobs: JobStore, worker_id: str, h: HeldAttempt) -> common_pb2.J
         job = await jobs.get(h.job_id)
     except JobNotFoundError:
         return None
-    if job.state in ACTIVE_STATES and job.attempt == h.attempt and job.worker_id == worker_id:
+    if job.state in ACTIVE_STATES and job.attempt == h.attempt and holds_part(job, worker_id):
         return job
     return None
 

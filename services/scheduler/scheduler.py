@@ -46,6 +46,7 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
+from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
@@ -198,11 +199,11 @@ class Scheduler:
         await self._identity.revoke_job_tokens(job_id)
         await self._queue.remove(job_id)
         await self._events.append(job_id, state_change(CANCELLED, reason))
-        if job.worker_id:
-            session = self._sessions.get(job.worker_id)
+        for worker_id in job.worker_ids or ([job.worker_id] if job.worker_id else []):
+            session = self._sessions.get(worker_id)
             if session is not None:
                 session.send(StopCommand(job_id, reason))
-            await self._release_job_leases(job.worker_id, job_id)
+            await self._release_job_leases(worker_id, job_id)
         log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
         return cancelled
 
@@ -277,7 +278,10 @@ class Scheduler:
 
     async def job_launched(self, session: WorkerSession, job_id: str, attempt: int) -> None:
         job = await self._jobs.get(job_id)
-        if job.state != ALLOCATING or job.attempt != attempt or job.worker_id != session.worker_id:
+        current = job.attempt == attempt and holds_part(job, session.worker_id)
+        if current and job.state == RUNNING and job.worker_ids:
+            return  # another part of a multi-worker attempt was first
+        if job.state != ALLOCATING or not current:
             # Cancelled or re-queued meanwhile: this attempt must not run.
             session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
             return
@@ -306,6 +310,11 @@ class Scheduler:
                     "exit_ignored", job_id=job_id, attempt=attempt, state=state_name(job.state)
                 )
                 return
+            if job.worker_ids:  # a part of a multi-worker attempt
+                if exit_code == 0 and session.worker_id != job.worker_id:
+                    return  # finished its part: rank 0's exit decides the job
+                why = f"its part on worker {session.worker_id} exited (code {exit_code})"
+                await self._end_parts(job, why, except_worker=session.worker_id)
             report = await self._jobs.report(job_id, attempt)
             if exit_code == 0 and report.result is not None:
                 await self._states.change(
@@ -378,8 +387,10 @@ class Scheduler:
         why = why or f"worker {worker_id} lost"
         try:
             job = await self._jobs.get(job_id)
-            if job.state not in ACTIVE_STATES or job.worker_id != worker_id:
+            if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):
                 return
+            if job.worker_ids:  # the attempt is one unit: end every part before re-queueing
+                await self._end_parts(job, f"{why}; the whole attempt is re-queued", worker_id)
             await self._jobs.record_lost(job_id, job.attempt, why)
             if job.attempt >= self.max_attempts:
                 history = await attempt_history(self._jobs, job_id, job.attempt)
@@ -393,6 +404,15 @@ class Scheduler:
         except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
             return
         await self._queue.push_front(job_id)
+
+    async def _end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
+        """Stop every other part of a multi-worker attempt and release all its leases."""
+        for worker_id in job.worker_ids:
+            session = self._sessions.get(worker_id)
+            running = session is not None and (job.job_id, job.attempt) in session.running
+            if session is not None and running and worker_id != except_worker:
+                session.send(StopCommand(job.job_id, reason, attempt=job.attempt))
+            await self._release_job_leases(worker_id, job.job_id)
 
     async def _release_job_leases(self, worker_id: str, job_id: str) -> None:
         for lease in await self._ledger.leases(worker_id):

@@ -30,6 +30,7 @@ from opentinker.services.scheduler.worker_session import (
     CloseCommand,
     DeviceOffer,
     LaunchCommand,
+    Rendezvous,
     StopCommand,
     WorkerCommand,
     WorkerSession,
@@ -255,7 +256,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         held = [
             HeldAttempt(h.job_id, h.attempt, h.lease_id, h.launched, h.exited) for h in reg.held
         ]
-        return await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices, held)
+        ports = (reg.rendezvous_port_base, reg.rendezvous_port_count)
+        if ports != (0, 0) and not (ports[0] > 0 and ports[1] > 0 and sum(ports) <= 65536):
+            await abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "register.rendezvous_port_base/count: a range of TCP ports within 1..65535 "
+                f"(or both 0 for the default), got base {ports[0]} count {ports[1]}",
+            )
+        session = await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices, held)
+        session.rendezvous_host = reg.rendezvous_host or reg.hostname
+        if ports != (0, 0):
+            session.rendezvous_ports = ports
+        return session
 
     async def _read_worker(
         self,
@@ -311,6 +324,7 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
                 lease_id=command.lease_id,
                 device_ids=list(command.device_ids),
                 job_token=command.job_token,
+                rendezvous=_rendezvous(command.rendezvous),
             )
         }
     if isinstance(command, StopCommand):
@@ -319,3 +333,16 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
         )
         return {"stop": stop}
     return {"closing": scheduler_pb2.SchedulerClosing(reason=command.reason)}
+
+
+def _rendezvous(part: Rendezvous | None) -> scheduler_pb2.MultiNodeRendezvous | None:
+    if part is None:
+        return None
+    return scheduler_pb2.MultiNodeRendezvous(
+        master_addr=part.master_addr,
+        master_port=part.master_port,
+        world_size=part.world_size,
+        rank_start=part.rank_start,
+        node_rank=part.node_rank,
+        num_nodes=part.num_nodes,
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import structlog
 
 from opentinker.common.v1 import common_pb2
@@ -28,6 +30,7 @@ class JobStates:
         *,
         expect_attempt: int | None = None,
         worker_id: str | None = None,
+        worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
     ) -> common_pb2.Job:
@@ -40,6 +43,7 @@ class JobStates:
                 reason=reason,
                 expect_attempt=expect_attempt,
                 worker_id=worker_id,
+                worker_ids=worker_ids,
                 next_attempt=next_attempt,
                 result=result,
             )

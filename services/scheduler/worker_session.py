@@ -22,12 +22,28 @@ class DeviceOffer:
     memory_bytes: int = 0
 
 
+DEFAULT_RENDEZVOUS_PORTS = (29500, 64)  # (base, count) when a worker names no range
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """One worker's part of a job spanning workers (scheduler.proto MultiNodeRendezvous)."""
+
+    master_addr: str
+    master_port: int
+    world_size: int
+    rank_start: int
+    node_rank: int
+    num_nodes: int
+
+
 @dataclass(frozen=True)
 class LaunchCommand:
     job: common_pb2.Job  # attempt already counted
     lease_id: str
     device_ids: tuple[str, ...]
     job_token: str  # the attempt's own credential (identity.proto)
+    rendezvous: Rendezvous | None = None  # only for a job spanning workers
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,8 @@ class WorkerSession:
     # (job_id, attempt) -> lease_id of what this worker was told to run
     running: dict[tuple[str, int], str] = field(default_factory=dict)
     renewal: asyncio.Task[None] | None = None  # the lease renewal in flight, if any
+    rendezvous_host: str = ""  # MASTER_ADDR when it holds rank 0 of a multi-worker job
+    rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS  # (base, count)
 
     def send(self, command: WorkerCommand) -> None:
         if not self.lost or isinstance(command, CloseCommand):

@@ -26,6 +26,7 @@ from opentinker.services.common.waiting import wait_event
 from opentinker.services.worker.devices import Device
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
+from opentinker.services.worker.rendezvous import rendezvous_env
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.spares import SparePool
 
@@ -130,6 +131,7 @@ class WorkerAgent:
             settings=self.settings,
             on_launched=lambda: self._launched(key),
             spares=self.spares,
+            extra_env=rendezvous_env(launch),
         )
         task = asyncio.create_task(self._run_and_report(key, run))
         self.held.runs[key] = HeldRun(run, task)
@@ -262,7 +264,13 @@ class _Connection:
         held = self.agent.held.announce()
         await self.send(
             register=scheduler_pb2.RegisterWorker(
-                worker_id=s.worker_id, hostname=s.hostname, devices=devices, held=held
+                worker_id=s.worker_id,
+                hostname=s.hostname,
+                devices=devices,
+                held=held,
+                rendezvous_host=s.rendezvous_host,
+                rendezvous_port_base=s.rendezvous_ports[0],
+                rendezvous_port_count=s.rendezvous_ports[1],
             )
         )
         first = await asyncio.wait_for(self.call.read(), timeout=s.connect_timeout_s)

@@ -48,6 +48,7 @@ class JobRun:
         settings: WorkerSettings,
         on_launched: Callable[[], Awaitable[None]],
         spares: SparePool | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.job = job
         self.lease_id = lease_id
@@ -60,6 +61,7 @@ class JobRun:
         self._stopped = asyncio.Event()
         self._processes: list[ManagedProcess] = []
         self._spares = spares
+        self._extra_env = extra_env or {}  # e.g. a multi-worker job's rendezvous.py variables
         self.log = log.bind(job_id=job.job_id, attempt=job.attempt, lease_id=lease_id)
 
     def stop(self, reason: str) -> None:
@@ -90,6 +92,7 @@ class JobRun:
             **os.environ,
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(self.device_ids),
             "PYTHONUNBUFFERED": "1",
+            **self._extra_env,
         }
         handover = Handover(
             launch=launch_path.resolve(),

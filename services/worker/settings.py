@@ -28,6 +28,11 @@ class WorkerSettings(BaseSettings):
     envhub_address: str = "127.0.0.1:50052"
     worker_id: str = Field(default_factory=_default_worker_id, min_length=1)
     hostname: str = Field(default_factory=socket.gethostname, min_length=1)
+    # Multi-worker jobs whose rank 0 runs here: the address the other workers' ranks reach
+    # this host at (MASTER_ADDR; "" = hostname), and the TCP port range (base, count) kept free
+    # here for their rendezvous (MASTER_PORT). Env: OPENTINKER_RENDEZVOUS_PORTS='[29500, 64]'.
+    rendezvous_host: str = ""
+    rendezvous_ports: tuple[int, int] = (29500, 64)
     run_root: Path = Path("runs")
     # Where every attempt of a job finds its checkpoints (<checkpoint_root>/<job_id>): a folder
     # all workers that may run the job can reach (shared storage with more than one node).
@@ -107,4 +112,12 @@ class WorkerSettings(BaseSettings):
     def _non_empty(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError("needs at least the program to run")
+        return value
+
+    @field_validator("rendezvous_ports")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        base, count = value
+        if base < 1 or count < 1 or base + count > 65536:
+            raise ValueError(f"(base, count) of TCP ports within 1..65535, got {value}")
         return value

@@ -218,16 +218,22 @@ class ConnectWorkerRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[RegisterWorker, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launched: _Optional[_Union[JobLaunched, _Mapping]] = ..., exited: _Optional[_Union[JobExited, _Mapping]] = ..., closing: _Optional[_Union[WorkerClosing, _Mapping]] = ...) -> None: ...
 
 class RegisterWorker(_message.Message):
-    __slots__ = ("worker_id", "hostname", "devices", "held")
+    __slots__ = ("worker_id", "hostname", "devices", "held", "rendezvous_host", "rendezvous_port_base", "rendezvous_port_count")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_HOST_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_BASE_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORT_COUNT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     held: _containers.RepeatedCompositeFieldContainer[HeldAttempt]
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldAttempt, _Mapping]]] = ...) -> None: ...
+    rendezvous_host: str
+    rendezvous_port_base: int
+    rendezvous_port_count: int
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldAttempt, _Mapping]]] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port_base: _Optional[int] = ..., rendezvous_port_count: _Optional[int] = ...) -> None: ...
 
 class HeldAttempt(_message.Message):
     __slots__ = ("job_id", "attempt", "lease_id", "launched", "exited")
@@ -296,16 +302,34 @@ class WorkerRegistered(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class LaunchJob(_message.Message):
-    __slots__ = ("job", "lease_id", "device_ids", "job_token")
+    __slots__ = ("job", "lease_id", "device_ids", "job_token", "rendezvous")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     job: _common_pb2.Job
     lease_id: str
     device_ids: _containers.RepeatedScalarFieldContainer[str]
     job_token: str
-    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ...) -> None: ...
+    rendezvous: MultiNodeRendezvous
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ..., rendezvous: _Optional[_Union[MultiNodeRendezvous, _Mapping]] = ...) -> None: ...
+
+class MultiNodeRendezvous(_message.Message):
+    __slots__ = ("master_addr", "master_port", "world_size", "rank_start", "node_rank", "num_nodes")
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_START_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_FIELD_NUMBER: _ClassVar[int]
+    master_addr: str
+    master_port: int
+    world_size: int
+    rank_start: int
+    node_rank: int
+    num_nodes: int
+    def __init__(self, master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., rank_start: _Optional[int] = ..., node_rank: _Optional[int] = ..., num_nodes: _Optional[int] = ...) -> None: ...
 
 class StopJob(_message.Message):
     __slots__ = ("job_id", "reason", "attempt")
