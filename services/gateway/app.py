@@ -56,41 +56,27 @@ _STATUS = {
 def create_app(settings: GatewaySettings) -> Starlette:
     gw = Gateway(settings)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reaper = asyncio.create_task(_close_expired_sessions(gw))
+        yield
+        reaper.cancel()
+        await asyncio.to_thread(gw.close)  # close the trainer sessions still open
+
+    app = Starlette(routes=_routes(gw), lifespan=lifespan)
+    app.state.gateway = gw
+    return app
+
+
+def _routes(gw: Gateway) -> list[Route]:
+    """Tinker's HTTP API, path by path."""
+
     def route(path: str, handler: Handler, *, raw: bool = False, method: str = "POST") -> Route:
-        """``handler`` behind the key check; a call that starts work (its answer names a
-        request_id) is answered again, not redone, when retried with the same
-        X-Idempotency-Key."""
+        return Route(path, _endpoint(gw, path, handler, raw=raw), methods=[method])
 
-        async def endpoint(request: Request) -> Response:
-            try:
-                caller = await gw.tenancy.caller(request.headers.get("x-api-key"))
-                key = request.headers.get("x-idempotency-key")
-                if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
-                    return JSONResponse(answer)  # a retry of a call already taken
-                body = await request.body() if raw else await _json(request)
-                if not raw:
-                    body = {**request.query_params, **body, **request.path_params}
-                    body.setdefault("base_url", str(request.base_url))
-                with gw.sessions.active(_session_of(body)):
-                    answer = await handler(gw, caller, body)
-                if answer is None:
-                    answer = {}
-                if key and isinstance(answer, dict) and _starts_work(answer):
-                    gw.remember(caller.tenant_id, key, answer)
-                return answer if isinstance(answer, Response) else JSONResponse(answer)
-            except (OpenTinkerError, ValueError, KeyError) as err:
-                return _error(err)
-            except Exception as err:  # a bug of ours: say so, the SDK retries 5xx
-                log.exception("call_failed", path=path)
-                return JSONResponse(error_body(err), status_code=500)
-
-        return Route(path, endpoint, methods=[method])
-
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
-
-    routes = [
-        Route("/api/v1/healthz", healthz, methods=["GET"]),
+    checkpoint = "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
+    return [
+        Route("/api/v1/healthz", _healthz, methods=["GET"]),
         route("/api/v1/client/config", client_config),
         route("/api/v1/client/dynamic_config", lambda gw, c, b: _answer({})),
         route("/api/v1/telemetry", lambda gw, c, b: _answer({"status": "accepted"})),
@@ -117,36 +103,46 @@ def create_app(settings: GatewaySettings) -> Starlette:
             method="GET",
         ),
         route("/api/v1/save_weights_external", downloads.save_weights_external),
-        route(
-            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}/ttl",
-            runs.set_checkpoint_ttl,
-            method="PUT",
-        ),
-        route(
-            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
-            "/external_weights_urls",
-            downloads.external_weights_urls,
-            method="GET",
-        ),
+        route(checkpoint + "/ttl", runs.set_checkpoint_ttl, method="PUT"),
+        route(checkpoint + "/external_weights_urls", downloads.external_weights_urls, method="GET"),
         Route("/api/v1/files/{token}", downloads.serve_file, methods=["GET"]),  # signed URLs
-        route(
-            "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}",
-            runs.delete_checkpoint,
-            method="DELETE",
-        ),
+        route(checkpoint, runs.delete_checkpoint, method="DELETE"),
         route("/api/v1/checkpoints", runs.list_user_checkpoints, method="GET"),
     ]
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(_close_expired_sessions(gw))
-        yield
-        reaper.cancel()
-        await asyncio.to_thread(gw.close)  # close the trainer sessions still open
 
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.gateway = gw
-    return app
+def _endpoint(gw: Gateway, path: str, handler: Handler, *, raw: bool):
+    """``handler`` behind the key check; a call that starts work (its answer names a
+    request_id) is answered again, not redone, when retried with the same X-Idempotency-Key."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            caller = await gw.tenancy.caller(request.headers.get("x-api-key"))
+            key = request.headers.get("x-idempotency-key")
+            if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
+                return JSONResponse(answer)  # a retry of a call already taken
+            body = await request.body() if raw else await _json(request)
+            if not raw:
+                body = {**request.query_params, **body, **request.path_params}
+                body.setdefault("base_url", str(request.base_url))
+            with gw.sessions.active(_session_of(body)):
+                answer = await handler(gw, caller, body)
+            if answer is None:
+                answer = {}
+            if key and isinstance(answer, dict) and _starts_work(answer):
+                gw.remember(caller.tenant_id, key, answer)
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
+        except (OpenTinkerError, ValueError, KeyError) as err:
+            return _error(err)
+        except Exception as err:  # a bug of ours: say so, the SDK retries 5xx
+            log.exception("call_failed", path=path)
+            return JSONResponse(error_body(err), status_code=500)
+
+    return endpoint
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
 
 
 async def _answer(body: dict) -> dict:

@@ -32,6 +32,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from . import lease_scripts
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -123,182 +125,6 @@ class LeaseLedger(Protocol):
         devices is held by another lease; False (and nothing changed) otherwise."""
 
 
-_ACQUIRE = """
-local prefix, worker_id, job_id = ARGV[1], ARGV[2], ARGV[3]
-local n, lease_id, ttl_ms, now = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
-local devices = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
-local free = {}
-for _, d in ipairs(devices) do
-  if #free < n and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
-    table.insert(free, d)
-  end
-end
-if #free < n then return false end
-for _, d in ipairs(free) do
-  redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
-end
-redis.call('HSET', prefix .. ':lease:' .. lease_id, 'worker_id', worker_id, 'job_id', job_id,
-           'devices', table.concat(free, '\\n'), 'created', now)
-redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
-redis.call('SADD', prefix .. ':leases', lease_id)
-redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[8], '*', 'event', 'acquire',
-           'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id,
-           'devices', table.concat(free, '\\n'))
-return free
-"""
-
-# Shared by the scripts below: is every device of the lease still held by it?
-_LIVE_FN = """
-local function lease_devices(prefix, lease_id)
-  local joined = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'devices')
-  local out = {}
-  if not joined then return nil end
-  for d in string.gmatch(joined, '[^\\n]+') do table.insert(out, d) end
-  return out
-end
-local function is_live(prefix, lease_id, devices)
-  for _, d in ipairs(devices) do
-    if redis.call('GET', prefix .. ':device:' .. d) ~= lease_id then return false end
-  end
-  return true
-end
-"""
-
-_RENEW = (
-    _LIVE_FN
-    + """
-local prefix, worker_id, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
-local renewed = 0
-for _, lease_id in ipairs(redis.call('SMEMBERS', prefix .. ':worker:' .. worker_id .. ':leases')) do
-  local devices = lease_devices(prefix, lease_id)
-  if devices and is_live(prefix, lease_id, devices) then
-    for _, d in ipairs(devices) do redis.call('PEXPIRE', prefix .. ':device:' .. d, ttl_ms) end
-    renewed = renewed + 1
-  end
-end
-return renewed
-"""
-)
-
-_RELEASE = (
-    _LIVE_FN
-    + """
-local prefix, lease_id = ARGV[1], ARGV[2]
-local worker_id = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'worker_id')
-if not worker_id then
-  redis.call('SREM', prefix .. ':leases', lease_id)
-  return 0
-end
-redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[3], '*', 'event', 'release',
-           'lease_id', lease_id, 'worker_id', worker_id,
-           'job_id', redis.call('HGET', prefix .. ':lease:' .. lease_id, 'job_id'))
-for _, d in ipairs(lease_devices(prefix, lease_id)) do
-  if redis.call('GET', prefix .. ':device:' .. d) == lease_id then
-    redis.call('DEL', prefix .. ':device:' .. d)
-  end
-end
-local port = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'port')
-if port then redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':ports', port) end
-redis.call('DEL', prefix .. ':lease:' .. lease_id)
-redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
-redis.call('SREM', prefix .. ':leases', lease_id)
-return 1
-"""
-)
-
-_IS_LIVE = (
-    _LIVE_FN
-    + """
-local devices = lease_devices(ARGV[1], ARGV[2])
-if devices and is_live(ARGV[1], ARGV[2], devices) then return 1 end
-return 0
-"""
-)
-
-_LAPSED = (
-    _LIVE_FN
-    + """
-local prefix = ARGV[1]
-local out = {}
-for _, lease_id in ipairs(redis.call('SMEMBERS', prefix .. ':leases')) do
-  local devices = lease_devices(prefix, lease_id)
-  if devices == nil or not is_live(prefix, lease_id, devices) then table.insert(out, lease_id) end
-end
-return out
-"""
-)
-
-
-_REVIVE = (
-    _LIVE_FN
-    + """
-local prefix, lease_id, worker_id, job_id, ttl_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local key = prefix .. ':lease:' .. lease_id
-if redis.call('HGET', key, 'worker_id') ~= worker_id then return 0 end
-if redis.call('HGET', key, 'job_id') ~= job_id then return 0 end
-local devices = lease_devices(prefix, lease_id)
-for _, d in ipairs(devices) do
-  local holder = redis.call('GET', prefix .. ':device:' .. d)
-  if holder and holder ~= lease_id then return 0 end
-end
-for _, d in ipairs(devices) do
-  redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
-end
-redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[6], '*', 'event', 'revive',
-           'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id)
-return 1
-"""
-)
-
-
-# Devices on several workers for one job, all or none (multi-worker jobs). ARGV: prefix, job_id,
-# ttl_ms, now, history max, port_base, port_count, then (worker_id, n, lease_id) per part; the
-# first part is rank 0's, whose lease also takes the first free port of its rendezvous range.
-_ACQUIRE_GROUP = """
-local prefix, job_id, ttl_ms, now, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local port_base, port_count = tonumber(ARGV[6]), tonumber(ARGV[7])
-local parts, ids = {}, {}
-for i = 8, #ARGV, 3 do
-  local worker_id, n, lease_id = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  local free = {}
-  local offered = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
-  for _, d in ipairs(offered) do
-    if #free < n and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
-      table.insert(free, d)
-    end
-  end
-  if #free < n then return false end
-  table.insert(parts, {worker_id, lease_id, free})
-  table.insert(ids, lease_id)
-end
-local ports_key = prefix .. ':worker:' .. parts[1][1] .. ':ports'
-local port = nil
-for p = port_base, port_base + port_count - 1 do
-  if redis.call('SISMEMBER', ports_key, p) == 0 then port = p; break end
-end
-if port == nil then return false end
-redis.call('SADD', ports_key, port)
-local out = {tostring(port)}
-for i, part in ipairs(parts) do
-  local worker_id, lease_id, free = part[1], part[2], part[3]
-  for _, d in ipairs(free) do
-    redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
-  end
-  local key = prefix .. ':lease:' .. lease_id
-  redis.call('HSET', key, 'worker_id', worker_id, 'job_id', job_id, 'created', now,
-             'devices', table.concat(free, '\\n'), 'group', table.concat(ids, '\\n'))
-  if i == 1 then redis.call('HSET', key, 'port', port) end
-  redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
-  redis.call('SADD', prefix .. ':leases', lease_id)
-  redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', maxlen, '*', 'event', 'acquire',
-             'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id,
-             'devices', table.concat(free, '\\n'), 'group', table.concat(ids, '\\n'))
-  table.insert(out, table.concat(free, '\\n'))
-end
-return out
-"""
-
-
 class RedisLeaseLedger:
     """LeaseLedger on one Redis; ``lease_ttl_s`` may be fractional (stored as milliseconds)."""
 
@@ -310,13 +136,13 @@ class RedisLeaseLedger:
         self._r = client
         self._prefix = prefix
         self._ttl_ms = max(1, round(lease_ttl_s * 1000))
-        self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
-        self._is_live = client.register_script(_IS_LIVE)
-        self._lapsed = client.register_script(_LAPSED)
-        self._revive = client.register_script(_REVIVE)
-        self._acquire_group = client.register_script(_ACQUIRE_GROUP)
+        self._acquire = client.register_script(lease_scripts.ACQUIRE)
+        self._renew = client.register_script(lease_scripts.RENEW)
+        self._release = client.register_script(lease_scripts.RELEASE)
+        self._is_live = client.register_script(lease_scripts.IS_LIVE)
+        self._lapsed = client.register_script(lease_scripts.LAPSED)
+        self._revive = client.register_script(lease_scripts.REVIVE)
+        self._acquire_group = client.register_script(lease_scripts.ACQUIRE_GROUP)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))

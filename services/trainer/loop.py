@@ -265,6 +265,11 @@ class RlLoop:
         if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
             self.log.warning("episodes_truncated", step=self.step, message=warning)
             await self.reporter.report_log(warning)
+        await self._publish(metrics, loss=stats.loss)
+        return self.reports.stop_requested
+
+    async def _publish(self, metrics: dict[str, float], *, loss: float) -> None:
+        """Keep the step's figures (reward history, status) and report them in the background."""
         reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
         self.status.step, self.status.policy_version, self.status.last_metrics = (
@@ -277,11 +282,10 @@ class RlLoop:
             step=self.step,
             policy_version=self.policy_version,
             reward_mean=round(reward_mean, 4),
-            loss=round(stats.loss, 5),
-            time_step_s=round(time_step, 3),
+            loss=round(loss, 5),
+            time_step_s=round(metrics["time_step_s"], 3),
         )
         await self.reports.put(self.step, self.policy_version, metrics)  # sent in the background
-        return self.reports.stop_requested
 
     def _set_learning_rate(self) -> float:
         """The LR of this step's update from the schedule (a function of the step alone, so a
