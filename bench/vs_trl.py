@@ -37,54 +37,23 @@ from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.spec import JobSpec
 
 
-def trl_run(spec: JobSpec, model_dir: Path, out_dir: Path, target: float) -> Run:
-    """TRL's GRPOTrainer on the demo task until the 10-step mean reward reaches ``target``."""
-    import transformers  # the bench extra: imported only here
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    assert spec.rl is not None
-    rl = spec.rl
-    alphabet = string.ascii_uppercase[: int(rl.env_options["num_letters"])]
+def letter_prompts(rl, alphabet: str) -> dict[str, list]:
+    """The demo's prompts as TRL's conversational dataset columns (prompt, letter)."""
     rng = random.Random(rl.seed)
     letters = [rng.choice(alphabet) for _ in range(rl.steps * rl.prompts_per_step)]
-    dataset = Dataset.from_dict(
-        {
-            "prompt": [
-                [
-                    {"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": f"Answer with the letter {k}."},
-                ]
-                for k in letters
-            ],
-            "letter": letters,
-        }
-    )
-
-    def letter_rewards(completions: list, letter: list[str], **_: object) -> list[float]:
-        return [
-            letter_reward(c[0]["content"], k, alphabet, 0.0)
-            for c, k in zip(completions, letter, strict=True)
+    prompts = [
+        [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Answer with the letter {k}."},
         ]
+        for k in letters
+    ]
+    return {"prompt": prompts, "letter": letters}
 
-    run = Run("TRL GRPOTrainer")
-    rewards: list[float] = []
-    train_started = [0.0]  # set when training begins
 
-    class StopAtTarget(transformers.TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-            train_started[0] = time.monotonic()
-
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
-            if logs and "reward" in logs:
-                rewards.append(float(logs["reward"]))
-                run.steps = len(rewards)
-                run.train_seconds = time.monotonic() - train_started[0]
-                if first_reaching(rewards, target) is not None:
-                    run.seconds_to_target = run.train_seconds
-                    control.should_training_stop = True
-
-    config = GRPOConfig(
+def grpo_config(config_cls, rl, out_dir: Path):  # noqa: ANN001, ANN201 - trl is optional
+    """TRL's GRPOConfig with our job's batch, group, lr, clipping and sampling (no KL)."""
+    return config_cls(
         output_dir=str(out_dir),
         use_cpu=True,
         bf16=False,
@@ -110,6 +79,43 @@ def trl_run(spec: JobSpec, model_dir: Path, out_dir: Path, target: float) -> Run
         dataloader_num_workers=0,
         log_level="warning",
     )
+
+
+def trl_run(spec: JobSpec, model_dir: Path, out_dir: Path, target: float) -> Run:
+    """TRL's GRPOTrainer on the demo task until the 10-step mean reward reaches ``target``."""
+    import transformers  # the bench extra: imported only here
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    assert spec.rl is not None
+    rl = spec.rl
+    alphabet = string.ascii_uppercase[: int(rl.env_options["num_letters"])]
+    dataset = Dataset.from_dict(letter_prompts(rl, alphabet))
+
+    def letter_rewards(completions: list, letter: list[str], **_: object) -> list[float]:
+        return [
+            letter_reward(c[0]["content"], k, alphabet, 0.0)
+            for c, k in zip(completions, letter, strict=True)
+        ]
+
+    run = Run("TRL GRPOTrainer")
+    rewards: list[float] = []
+    train_started = [0.0]  # set when training begins
+
+    class StopAtTarget(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+            train_started[0] = time.monotonic()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
+                run.steps = len(rewards)
+                run.train_seconds = time.monotonic() - train_started[0]
+                if first_reaching(rewards, target) is not None:
+                    run.seconds_to_target = run.train_seconds
+                    control.should_training_stop = True
+
+    config = grpo_config(GRPOConfig, rl, out_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     trainer = GRPOTrainer(
