@@ -102,16 +102,16 @@ class EpisodeTable:
         game = self._call("build a game", self._factory)
         try:
             observation = game.reset(seed=seed, **options)
-        except OpenTinkerError:
-            close_quietly(game)
-            raise
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:  # ConfigError too: bad options, whoever says so
             close_quietly(game)
             raise InvalidArgumentError(
                 f"environment '{self.env_name}' rejected the reset (seed={seed}, "
                 f"options={options}): {type(exc).__name__}: {exc}",
                 reason="BAD_OPTIONS",
             ) from exc
+        except OpenTinkerError:  # the game chose its status code (e.g. UnavailableError)
+            close_quietly(game)
+            raise
         except Exception as exc:
             close_quietly(game)
             raise self._game_error("reset", exc) from exc
