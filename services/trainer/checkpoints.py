@@ -80,11 +80,18 @@ def step_name(step: int) -> str:
 
 
 def save(
-    policy: Policy, state: TrainerState, folder: Path, *, keep: int, critic: Critic | None = None
+    policy: Policy,
+    state: TrainerState,
+    folder: Path,
+    *,
+    keep: int,
+    critic: Critic | None = None,
+    rng: dict[str, object] | None = None,
 ) -> Path:
     """Write a complete checkpoint of ``policy`` (and ``critic``) at ``state.step`` into
     ``folder`` atomically, then delete all but the last ``keep`` complete ones; returns its
-    absolute path. A complete checkpoint of the same step is replaced."""
+    absolute path. A complete checkpoint of the same step is replaced. ``rng``: the generator
+    states as the step left them (``rng_state()`` taken then); None = as they are now."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / step_name(state.step)
@@ -92,7 +99,7 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_checkpoint(tmp, trainer_state=state.model_dump())
     torch.save(policy.optimizer.state_dict(), tmp / OPTIMIZER)
-    torch.save(_rng_state(), tmp / RNG)
+    torch.save(rng if rng is not None else rng_state(), tmp / RNG)
     if critic is not None:
         torch.save(critic.state_dict(), tmp / CRITIC)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -187,7 +194,7 @@ def remove_partial(folder: Path) -> list[Path]:
     return partial
 
 
-def _rng_state() -> dict[str, object]:
+def rng_state() -> dict[str, object]:
     """Every generator the trainer draws from (dropout: torch; nothing uses numpy)."""
     state: dict[str, object] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -26,7 +26,7 @@ from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
-from .batch import CollectedBatch
+from .batch import CollectedBatch, Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
 from .errors import CheckpointError
@@ -38,7 +38,7 @@ from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
-from .training import rl_update
+from .training import TrainStats, rl_update
 from .validation import EvalRollout, Validation
 from .weight_sync import WeightReceiver, verified_sync
 
@@ -122,6 +122,7 @@ class RlLoop:
         self.run_dir = Path(run_dir)
         self.checkpoint_dir = Path(checkpoint_dir or self.run_dir / "checkpoints").resolve()
         self._checkpoint: tuple[int, Path] | None = None  # (step, path) of the last one saved
+        self._rng_after_update: tuple[int, dict[str, object]] | None = None  # (step, states)
         self.settings = settings
         self.status = status or TrainerStatus(job_id=job_id, finetune=spec.model.finetune)
         self.status.trainable_parameters = policy.num_trainable_parameters()
@@ -228,14 +229,7 @@ class RlLoop:
         )
         train_started = time.monotonic()
         lr = self._set_learning_rate()
-        stats = await asyncio.to_thread(
-            rl_update,
-            self.policy,
-            episodes,
-            self.update_config,
-            reference=self.reference,
-            critic=self.critic,
-        )
+        stats = await asyncio.to_thread(self._update, episodes)
         time_train = time.monotonic() - train_started
         self.policy_version += 1
         self.step += 1
@@ -267,6 +261,16 @@ class RlLoop:
             await self.reporter.report_log(warning)
         await self._publish(metrics, loss=stats.loss)
         return self.reports.stop_requested
+
+    def _update(self, episodes: list[Episode]) -> TrainStats:
+        """One RL update; keeps the generator states as it leaves them, which a checkpoint of
+        this step saves (a rollout engine in the same process, as in tests, reseeds torch's
+        global generator while it samples the next batch, which may run meanwhile)."""
+        stats = rl_update(
+            self.policy, episodes, self.update_config, reference=self.reference, critic=self.critic
+        )
+        self._rng_after_update = (self.step + 1, checkpoints.rng_state())
+        return stats
 
     async def _publish(self, metrics: dict[str, float], *, loss: float) -> None:
         """Keep the step's figures (reward history, status) and report them in the background."""
@@ -329,6 +333,12 @@ class RlLoop:
             return {}
         return await self.validation.run(self.rollout, self.step)
 
+    def _rng_of_this_step(self) -> dict[str, object] | None:
+        """The generator states the update of the current step left (None: none ran here)."""
+        if self._rng_after_update is not None and self._rng_after_update[0] == self.step:
+            return self._rng_after_update[1]
+        return None
+
     async def _save(self) -> Path:
         """Checkpoint the current step (once: a step already saved returns its path)."""
         if self._checkpoint is not None and self._checkpoint[0] == self.step:
@@ -347,6 +357,7 @@ class RlLoop:
             self.checkpoint_dir,
             keep=self.settings.keep_checkpoints,
             critic=self.critic,
+            rng=self._rng_of_this_step(),
         )
         self._checkpoint = (self.step, path)
         self.log.info("checkpoint_saved", path=str(path), step=self.step)
