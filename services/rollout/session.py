@@ -239,6 +239,7 @@ class RolloutSession:
                 max_batch_size=self.settings.max_batch_size,
             )
         return self._engine_factory(config.model)
+
     async def sample(
         self,
         prompt: Sequence[int],

@@ -36,9 +36,7 @@ def policy_forward(
     logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
         batch, hidden_B_L_H, temperature=temperature
     )
-    return ForwardOut(
-        logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None
-    )
+    return ForwardOut(logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None)
 
 
 def model_forward(
