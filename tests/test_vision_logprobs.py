@@ -47,6 +47,7 @@ def test_trainer_recomputes_the_rollouts_logprobs_for_an_image_episode(tiny_vl_d
             sampling,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            decoding={"do_sample": True, "temperature": 0.7, "top_p": 1.0, "top_k": 0},
         )
         ids += turn.token_ids
         logprobs += turn.logprobs

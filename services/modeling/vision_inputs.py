@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor
+from transformers import AutoImageProcessor, AutoModelForCausalLM, AutoModelForImageTextToText
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -35,6 +35,14 @@ def load_image_processor(model_dir: str | Path) -> Any:
     if not (Path(model_dir) / "preprocessor_config.json").exists():
         return None
     return AutoImageProcessor.from_pretrained(str(model_dir))
+
+
+def load_language_model(model_dir: str | Path, *, dtype: torch.dtype) -> Any:
+    """A causal LM, or a vision-language one (image-text-to-text) for a folder with an
+    image processor: both generate text and give logits for ``input_ids``."""
+    if load_image_processor(model_dir) is None:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    return AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=dtype)
 
 
 def pixel_inputs(image_processor: Any, images: Sequence[ImageInput]) -> dict[str, torch.Tensor]:

@@ -25,7 +25,50 @@ from opentinker.services.modeling.vision_inputs import (
 )
 from opentinker.spec import SamplingParams
 
-from .types import Completion
+from .chat_format import ChatFormat, template_tools
+from .types import Completion, ResetResult, StepOutcome, ToolSpec
+
+
+def vision_chat_for(engine: Any, tools: Sequence[ToolSpec]) -> VisionChat | None:
+    """The engine's vision chat format, or None for a text-only model."""
+    image_processor = getattr(engine, "image_processor", None)
+    if image_processor is None:
+        return None
+    return VisionChat(engine.tokenizer, image_processor, template_tools(tools))
+
+
+def prompt_ids_with_images(
+    chat: ChatFormat, vision: VisionChat | None, system_prompt: str, reset: ResetResult
+) -> list[int]:
+    """An episode's first prompt: through the vision format when the model has one (with the
+    reset's images), else the text chat format; ValueError for images a model cannot see."""
+    if vision is None:
+        refuse_images(reset.images)
+        return chat.prompt_ids(system_prompt, reset.observation)
+    return vision.prompt_ids(system_prompt, reset.observation, reset.images)
+
+
+def observation_ids_with_images(
+    chat: ChatFormat, vision: VisionChat | None, outcome: StepOutcome
+) -> list[int]:
+    """The ids of an observation turn (after the assistant's eos), with its images."""
+    if vision is None:
+        refuse_images(outcome.images)
+        return chat.observation_ids(outcome.observation)
+    return vision.observation_ids(outcome.observation, outcome.images)
+
+
+def refuse_images(images: Sequence[ImageInput]) -> None:
+    if images:
+        raise ValueError(
+            f"the env sent {len(images)} images but the model is text-only (its folder has no "
+            "image processor, preprocessor_config.json); use a vision-language model"
+        )
+
+
+def images_of(parts: Sequence[Any]) -> tuple[ImageInput, ...]:
+    """The protocol's ImageParts (environment.proto) as the rollout's images."""
+    return tuple(ImageInput(part.data, part.mime_type) for part in parts)
 
 
 def user_content(text: str, image_count: int) -> str | list[dict[str, str]]:
@@ -90,6 +133,37 @@ class VisionChat:
         return self._expanded(tail, images)
 
 
+def generate_each_with_images(
+    engine: Any,
+    prompts: Sequence[Sequence[int]],
+    images: Sequence[Sequence[ImageInput]],
+    sampling: SamplingParams,
+    seed: int,
+    decoding: dict[str, Any],
+) -> list[Completion]:
+    """A ``TransformersEngine``'s turns for prompts holding images, one prompt at a time
+    (each with its own pixels), deterministic per seed; ``decoding``: generate()'s sampling
+    options (the engine's)."""
+    if engine.image_processor is None:
+        raise ValueError("the model is text-only (no image processor); it cannot see images")
+    devices = [engine.device] if engine.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return [
+            generate_with_images(
+                engine.model,
+                engine.image_processor,
+                prompt,
+                prompt_images,
+                sampling,
+                eos_token_id=engine.eos_token_id,
+                pad_token_id=engine.pad_token_id,
+                decoding=decoding,
+            )
+            for prompt, prompt_images in zip(prompts, images, strict=True)
+        ]
+
+
 @torch.no_grad()
 def generate_with_images(
     model: Any,
@@ -100,9 +174,11 @@ def generate_with_images(
     *,
     eos_token_id: int,
     pad_token_id: int,
+    decoding: dict[str, Any],
 ) -> Completion:
     """Sample one turn from a prompt holding images; its tokens and their sampling logprobs
-    (temperature-scaled log-softmax, as ``TransformersEngine``)."""
+    (temperature-scaled log-softmax, as ``TransformersEngine``). ``decoding``: generate()'s
+    sampling options; without ``do_sample`` (greedy) the logprobs are at temperature 1."""
     device = next(model.parameters()).device
     ids_1_T = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     extra = model_image_inputs(model, image_processor, ids_1_T, images)
@@ -110,10 +186,7 @@ def generate_with_images(
         input_ids=ids_1_T,
         attention_mask=torch.ones_like(ids_1_T),
         **extra,
-        do_sample=True,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=0,
+        **decoding,
         max_new_tokens=sampling.max_new_tokens,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
@@ -122,7 +195,8 @@ def generate_with_images(
     )
     new_N = result.sequences[0, ids_1_T.shape[1] :].cpu()
     logits_N_V = torch.stack(result.logits, dim=1)[0].float().cpu()
-    logprobs_N_V = torch.log_softmax(logits_N_V / sampling.temperature, dim=-1)
+    temperature = sampling.temperature if decoding.get("do_sample") else 1.0
+    logprobs_N_V = torch.log_softmax(logits_N_V / temperature, dim=-1)
     sampled_N = logprobs_N_V.gather(-1, new_N.unsqueeze(-1)).squeeze(-1)
     ids = new_N.tolist()
     length = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opentinker.services.modeling.vision_inputs import ImageInput
+
 
 @dataclass(frozen=True)
 class Episode:
@@ -33,6 +35,9 @@ class Episode:
     # the completion, with ``reward``.
     turn_rewards: tuple[float, ...] = ()
     turn_ends: tuple[int, ...] = ()
+    # The images the episode showed (vision envs), in the order of their placeholder tokens;
+    # the forward recomputes their pixel inputs (``vision_logprobs``).
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def completion_length(self) -> int:
