@@ -13,8 +13,11 @@ from opentinker.services.envhub.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput, load_image_processor
 from opentinker.services.rollout.multimodal import VisionChat, generate_with_images
+from opentinker.services.trainer.batch import Episode, collate
+from opentinker.services.trainer.forward import policy_forward
+from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.vision_logprobs import vision_token_logprobs
-from opentinker.spec import SamplingParams
+from opentinker.spec import ModelSpec, SamplingParams
 
 
 @pytest.fixture(scope="session")
@@ -73,3 +76,51 @@ def test_trainer_recomputes_the_rollouts_logprobs_for_an_image_episode(tiny_vl_d
     assert not torch.allclose(
         swapped[[t - 1 for t in model_positions]].detach(), rollout, atol=1e-4
     )
+
+
+@pytest.mark.integration
+def test_the_policys_batched_forward_matches_the_rollout_on_image_episodes(
+    tiny_vl_dir: Path,
+) -> None:
+    policy = Policy(ModelSpec(base_model=str(tiny_vl_dir), finetune="full"), learning_rate=1e-3)
+    policy.model.eval()
+    tokenizer, processor = policy.tokenizer, policy.image_processor
+    chat = VisionChat(tokenizer, processor)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6)
+    decoding = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    episodes = []
+    for seed in (1, 2, 3):  # three figures, three rows of different lengths in one batch
+        game = GeometryToolsGame()
+        question = game.reset(seed=seed)
+        images = tuple(ImageInput(i.data) for i in game.get_initial_images())
+        prompt = chat.prompt_ids("", question + " " * seed, images)
+        turn = generate_with_images(
+            policy.model,
+            processor,
+            prompt,
+            images,
+            sampling,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            decoding=decoding,
+        )
+        episodes.append(
+            Episode(
+                group_index=0,
+                policy_version=0,
+                token_ids=prompt + turn.token_ids,
+                prompt_length=len(prompt),
+                logprobs=turn.logprobs,
+                loss_mask=[1] * len(turn.token_ids),
+                reward=0.0,
+                env_error=False,
+                images=images,
+            )
+        )
+    batch = collate(episodes, tokenizer.pad_token_id)
+    assert len(batch.images) == 3
+    with torch.no_grad():
+        logprobs_B_T = policy_forward(policy, batch, temperature=1.0).logprobs_B_T.cpu()
+    mask = batch.loss_mask_B_T.bool()
+    assert int(mask.sum()) == sum(len(e.logprobs) for e in episodes)
+    assert torch.allclose(logprobs_B_T[mask], batch.old_logprobs_B_T[mask], atol=1e-4)

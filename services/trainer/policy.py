@@ -24,6 +24,7 @@ from transformers import (
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.preload import PreloadedModel
+from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
@@ -34,6 +35,7 @@ from .logprobs import (
     logprobs_from_hidden,
     token_logprobs_and_entropy,
 )
+from .vision_logprobs import vision_hidden_states
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.
@@ -81,9 +83,10 @@ class Policy:
             preloaded = PreloadedModel(
                 model_spec.base_model,
                 AutoTokenizer.from_pretrained(model_spec.base_model),
-                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=torch.float32),
+                load_language_model(model_spec.base_model, dtype=torch.float32),
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
+        self.image_processor = load_image_processor(model_spec.base_model)  # None: text only
         base = preloaded.model
         if seed is not None:
             torch.manual_seed(seed)
@@ -168,6 +171,14 @@ class Policy:
     def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
         gradient), what the output head reads; a value head can read the same ones."""
+        if batch.images:
+            return vision_hidden_states(
+                self.model,
+                self.image_processor,
+                batch.tokens_B_L.to(self.device),
+                batch.attention_mask_B_L.to(self.device),
+                batch.images,
+            )
         return hidden_states(
             self.model,
             batch.tokens_B_L.to(self.device),

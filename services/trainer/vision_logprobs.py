@@ -12,6 +12,23 @@ import torch
 from opentinker.services.modeling.vision_inputs import ImageInput, model_image_inputs
 
 
+def vision_hidden_states(
+    model: Any,
+    image_processor: Any,
+    tokens_B_L: torch.Tensor,
+    attention_B_L: torch.Tensor,
+    images: Sequence[ImageInput],
+) -> torch.Tensor:
+    """The final hidden states ``[B, L, H]`` of a vision-language model (Qwen2-VL: its
+    ``model``, vision tower and language model) for rows holding images, what its head reads."""
+    if image_processor is None:
+        raise ValueError("the batch holds images but the policy is text-only (no image processor)")
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    extra = model_image_inputs(inner, image_processor, tokens_B_L, images)
+    out = inner.model(input_ids=tokens_B_L, attention_mask=attention_B_L, use_cache=False, **extra)
+    return out.last_hidden_state
+
+
 def vision_token_logprobs(
     model: Any,
     image_processor: Any,
