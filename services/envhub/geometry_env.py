@@ -2,7 +2,9 @@
 
 Each episode shows one figure (``geometry_figures``: a rectangle, square or right triangle with
 its lengths written on it) as an image, with a question whose answer is an integer. The final
-answer goes in ``\\boxed{}``: reward 1.0 when it equals the answer, else 0.0.
+answer goes in ``\\boxed{}``: reward 1.0 when it equals the answer, else 0.0 — or, with the
+reset option ``number_reward`` (0-1, default 0), that much partial credit for a last reply that
+holds any number at all (a shaping signal for models that cannot answer yet).
 
 - ``geometry``: single-turn; the first reply is graded.
 - ``geometry_tools``: multi-turn with a ``calculator`` tool
@@ -32,6 +34,7 @@ CALCULATOR_TOOL = Tool(
         "required": ["expression"],
     },
 )
+_NUMBER = re.compile(r"\d")
 _BOXED = re.compile(r"\\boxed\{\s*(-?\d+(?:\.\d+)?)\s*\}")
 _TOOL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL)
 _OPERATORS: dict[type, Any] = {
@@ -85,7 +88,10 @@ class GeometryGame(AbstractGame):
     def get_initial_images(self) -> tuple[Image, ...]:
         return (Image(self.problem.png, "image/png"),)
 
-    def reset(self, *, seed: int = 0, **options: str) -> str:
+    def reset(self, *, seed: int = 0, number_reward: str = "0", **options: str) -> str:
+        self.number_reward = float(number_reward)
+        if not 0.0 <= self.number_reward <= 1.0:
+            raise ValueError(f"number_reward must be 0-1, got {number_reward}")
         self.turn_limit = self._turn_limit(options)
         self.turns = 0
         self.problem: GeometryProblem = geometry_problem(seed)
@@ -93,7 +99,7 @@ class GeometryGame(AbstractGame):
 
     def _turn_limit(self, options: dict[str, str]) -> int:
         if options:
-            raise TypeError(f"unknown options {sorted(options)}; {self.name} takes none")
+            raise TypeError(f"unknown options {sorted(options)}; {self.name} takes number_reward")
         return 1
 
     def step(self, action: str) -> StepResult:
@@ -103,7 +109,9 @@ class GeometryGame(AbstractGame):
             correct = answer is not None and abs(answer - self.problem.answer) < 1e-6
             info = {"answer": str(self.problem.answer), "kind": self.problem.kind}
             info["ended_by"] = "answer" if answer is not None else "turn_limit"
-            return StepResult(observation="", reward=float(correct), done=True, info=info)
+            partial = self.number_reward if _NUMBER.search(action) else 0.0
+            reward = 1.0 if correct else partial
+            return StepResult(observation="", reward=reward, done=True, info=info)
         return StepResult(observation=self._tool_results(action), reward=0.0, done=False)
 
     def _tool_results(self, action: str) -> str:
@@ -127,7 +135,9 @@ class GeometryToolsGame(GeometryGame):
     def _turn_limit(self, options: dict[str, str]) -> int:
         unknown = sorted(set(options) - {"max_turns"})
         if unknown:
-            raise TypeError(f"unknown options {unknown}; {self.name} takes max_turns")
+            raise TypeError(
+                f"unknown options {unknown}; {self.name} takes max_turns, number_reward"
+            )
         limit = int(options.get("max_turns", self.max_turns))
         if not 1 <= limit <= 10:
             raise ValueError(f"max_turns must be 1-10, got {limit}")

@@ -164,6 +164,12 @@ def generate_each_with_images(
         ]
 
 
+def vision_token_ids(config: Any) -> list[int]:
+    """The ids of the vision markup tokens (image/video placeholders, vision start/end)."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return [getattr(config, name) for name in names if getattr(config, name, None) is not None]
+
+
 @torch.no_grad()
 def generate_with_images(
     model: Any,
@@ -187,6 +193,9 @@ def generate_with_images(
         attention_mask=torch.ones_like(ids_1_T),
         **extra,
         **decoding,
+        # Never sampled: a generated image placeholder would stand for no image (the forward
+        # then fails: more image tokens than image features). The logprobs stay the raw ones.
+        suppress_tokens=vision_token_ids(model.config),
         max_new_tokens=sampling.max_new_tokens,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
