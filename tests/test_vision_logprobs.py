@@ -16,6 +16,7 @@ from opentinker.services.rollout.multimodal import VisionChat, generate_with_ima
 from opentinker.services.trainer.batch import Episode, collate
 from opentinker.services.trainer.forward import policy_forward
 from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reference import ReferencePolicy
 from opentinker.services.trainer.vision_logprobs import vision_token_logprobs
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -124,3 +125,6 @@ def test_the_policys_batched_forward_matches_the_rollout_on_image_episodes(
     mask = batch.loss_mask_B_T.bool()
     assert int(mask.sum()) == sum(len(e.logprobs) for e in episodes)
     assert torch.allclose(logprobs_B_T[mask], batch.old_logprobs_B_T[mask], atol=1e-4)
+    # The KL term's frozen reference sees the same pixels (before any update: equal).
+    reference_B_T = ReferencePolicy.from_policy(policy).logprobs(batch, temperature=1.0).cpu()
+    assert torch.allclose(reference_B_T[mask], logprobs_B_T[mask], atol=1e-5)
