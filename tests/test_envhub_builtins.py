@@ -71,6 +71,8 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
                     "math",
                     "gomoku",
                     "code_math",
+                    "geometry",
+                    "geometry_tools",
                 }
 
                 bandit = await open_env(stub, "bandit")

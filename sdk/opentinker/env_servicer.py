@@ -21,7 +21,7 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from opentinker.game import AbstractGame, Tool
+from opentinker.game import AbstractGame, Image, Tool
 
 SERVICE_NAME = environment_pb2.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
 
@@ -59,10 +59,15 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             system_prompt, observation = self._table.reset(
                 request.episode_id, request.seed, dict(request.options)
             )
+            images = self._table.initial_images(request.episode_id)
         except OpenTinkerError as err:
             log.warning("reset_failed", env=self._table.env_name, error=err.message)
             _abort(context, err)
-        return environment_pb2.ResetResponse(system_prompt=system_prompt, observation=observation)
+        return environment_pb2.ResetResponse(
+            system_prompt=system_prompt,
+            observation=observation,
+            observation_images=image_parts_of(images),
+        )
 
     def Step(self, request, context):  # noqa: N802
         try:
@@ -75,6 +80,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             reward=float(result.reward),
             done=result.done,
             info=result.info,
+            observation_images=image_parts_of(result.images),
         )
 
     def CloseEpisode(self, request, context):  # noqa: N802
@@ -94,7 +100,13 @@ def spec_of(game: AbstractGame, env_name: str) -> environment_pb2.EnvironmentSpe
         system_prompt=system_prompt if isinstance(system_prompt, str) else "",
         max_turns=game.max_turns,
         tools=[tool_spec_of(tool) for tool in game.tools],
+        uses_images=game.uses_images,
     )
+
+
+def image_parts_of(images: tuple[Image, ...]) -> list[environment_pb2.ImagePart]:
+    """A game's images as the protocol's ImageParts (the limits are checked by EnvHub)."""
+    return [environment_pb2.ImagePart(data=i.data, mime_type=i.mime_type) for i in images]
 
 
 def tool_spec_of(tool: Tool) -> environment_pb2.ToolSpec:

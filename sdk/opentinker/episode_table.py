@@ -39,7 +39,7 @@ from opentinker.errors import (
     OpenTinkerError,
     ResourceExhaustedError,
 )
-from opentinker.game import AbstractGame, StepResult, first_user_message
+from opentinker.game import AbstractGame, Image, StepResult, first_user_message
 
 GameFactory = Callable[[], AbstractGame]
 DEFAULT_MAX_OBSERVATION_CHARS = 16384
@@ -136,6 +136,17 @@ class EpisodeTable:
         if replaced is not None:  # a concurrent Reset of the same id got there first
             close_quietly(replaced.game)
         return system_prompt, first_message
+
+    def initial_images(self, episode_id: str) -> tuple[Image, ...]:
+        """The images of a just-reset episode's first user message (its game's hook)."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None:
+            return ()
+        images = self._call("get_initial_images", episode.game.get_initial_images)
+        if not all(isinstance(image, Image) for image in images):
+            raise self._bad_reply("its initial images are not all opentinker.game.Image")
+        return tuple(images)
 
     def step(self, episode_id: str, action: str) -> StepResult:
         """Apply an action; a game failure or malformed result drops the episode."""

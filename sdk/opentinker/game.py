@@ -39,12 +39,26 @@ class StepResult:
     reward: this step's reward; must be a finite number.
     done: the episode is over.
     info: free-form string facts for logs and metrics (e.g. ``{"target": "K"}``).
+    images: images shown before ``observation`` in the next user message (vision envs).
     """
 
     observation: str
     reward: float
     done: bool
     info: dict[str, str] = field(default_factory=dict)
+    images: tuple[Image, ...] = ()
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image for a vision-language model: the encoded file and its MIME type.
+
+    data: PNG/JPEG/WebP bytes (EnvHub refuses more than 1 MiB by default).
+    mime_type: ``image/png``, ``image/jpeg`` or ``image/webp``.
+    """
+
+    data: bytes
+    mime_type: str = "image/png"
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,7 @@ class AbstractGame(abc.ABC):
     max_turns: the game's own turn limit; a job that sets no max_turns plays up to this many
         turns (0 = none declared: the rollout allows 16). End episodes yourself (done) by it.
     tools: the tools the model may call (``Tool``); none by default.
+    uses_images: observations carry images (``get_initial_images``, ``StepResult.images``).
 
     Call order per episode: ``reset(seed=..., **options)``, then ``get_system_prompt()`` and
     ``get_initial_user_message()``, then ``step(action)`` until done. The first user message of
@@ -81,6 +96,7 @@ class AbstractGame(abc.ABC):
     description: ClassVar[str] = ""
     max_turns: ClassVar[int] = 0
     tools: ClassVar[tuple[Tool, ...]] = ()
+    uses_images: ClassVar[bool] = False
 
     @abc.abstractmethod
     def get_system_prompt(self) -> str:
@@ -89,6 +105,10 @@ class AbstractGame(abc.ABC):
     def get_initial_user_message(self) -> str:
         """Text put before the ``reset`` observation in the first user message; may be empty."""
         return ""
+
+    def get_initial_images(self) -> tuple[Image, ...]:
+        """Images shown before the text of the first user message (vision envs); none here."""
+        return ()
 
     @abc.abstractmethod
     def reset(self, *args: Any, **kwargs: Any) -> str:

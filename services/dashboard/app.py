@@ -159,8 +159,9 @@ class Pages:
         job_id = request.path_params["job_id"]
         try:
             job = await run_in_threadpool(
-                signed.client.cancel, job_id, reason=f"cancelled from the dashboard by "
-                f"{signed.user_id}"
+                signed.client.cancel,
+                job_id,
+                reason=f"cancelled from the dashboard by {signed.user_id}",
             )
         except NotFoundError as err:
             return self._render(request, "error.html", signed, message=err.message, status=404)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
 from opentinker.services.envhub.bandit_env import BanditGame
 from opentinker.services.envhub.code_math_env import CodeMathGame
+from opentinker.services.envhub.geometry_env import GeometryGame, GeometryToolsGame
 from opentinker.services.envhub.gomoku_env import GomokuGame
 from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.envhub.math_env import MathGame
@@ -19,10 +20,20 @@ BUILTIN_GAMES: dict[str, GameFactory] = {
     "gomoku": GomokuGame,
     "code_math": CodeMathGame,
     "textworld": HouseholdGame,
+    "geometry": GeometryGame,
+    "geometry_tools": GeometryToolsGame,
 }
 # Hosted unless the settings say otherwise. Not ``textworld``: it needs the optional
 # ``textworld`` package, and builds each new game on first use (seconds).
-DEFAULT_BUILTIN_ENVS: tuple[str, ...] = ("letter", "bandit", "math", "gomoku", "code_math")
+DEFAULT_BUILTIN_ENVS: tuple[str, ...] = (
+    "letter",
+    "bandit",
+    "math",
+    "gomoku",
+    "code_math",
+    "geometry",
+    "geometry_tools",
+)
 
 
 def start_builtin_envs(

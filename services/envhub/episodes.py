@@ -27,6 +27,11 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.envhub.image_limits import (
+    DEFAULT_IMAGE_LIMITS,
+    ImageLimits,
+    image_problem,
+)
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import Instance, Registry
 
@@ -80,6 +85,7 @@ class EpisodeRouter:
         call_timeout_s: float,
         max_observation_chars: int,
         tenant: str,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         """``tenant``: whose episodes these are; routed to its own env of that name, else to a
         shared one (Registry.routable)."""
@@ -89,6 +95,7 @@ class EpisodeRouter:
         self.env_name = env_name
         self._timeout_s = call_timeout_s
         self._max_observation_chars = max_observation_chars
+        self._image_limits = image_limits
         self._episodes: dict[str, _Episode] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._log = log.bind(env=env_name, job_id=job_id)
@@ -131,7 +138,7 @@ class EpisodeRouter:
             stub = self._channels.stub(episode.instance.address)
             call = stub.Reset(request, timeout=self._timeout_s)
             reply = await self._call(episode, request.episode_id, "Reset", call)
-            await self._check_observation(episode, request.episode_id, "Reset", reply.observation)
+            await self._check_observation(episode, request.episode_id, "Reset", reply)
             return reply
 
     async def step(self, request: environment_pb2.StepRequest) -> environment_pb2.StepResponse:
@@ -146,23 +153,31 @@ class EpisodeRouter:
                 await self._fail_and_close(episode, request.episode_id)
                 what = f"Step replied with a non-finite reward ({reply.reward})"
                 raise self._failure(instance, request.episode_id, "INTERNAL", what)
-            await self._check_observation(episode, request.episode_id, "Step", reply.observation)
+            await self._check_observation(episode, request.episode_id, "Step", reply)
             return reply
 
     async def _check_observation(
-        self, episode: _Episode, episode_id: str, method: str, observation: str
+        self,
+        episode: _Episode,
+        episode_id: str,
+        method: str,
+        reply: environment_pb2.ResetResponse | environment_pb2.StepResponse,
     ) -> None:
-        """An observation over the limit ends the episode (closed on its instance)."""
-        if len(observation) <= self._max_observation_chars:
+        """An observation over the limits (text or images) ends the episode (closed on its
+        instance)."""
+        chars = len(reply.observation)
+        problem = image_problem(list(reply.observation_images), self._image_limits)
+        if chars > self._max_observation_chars:
+            problem = (
+                f"an observation of {chars} characters, more than max_observation_chars "
+                f"({self._max_observation_chars})"
+            )
+        if problem is None:
             return
         instance = episode.instance
         assert instance is not None
         await self._fail_and_close(episode, episode_id)
-        what = (
-            f"{method} replied with an observation of {len(observation)} characters, more "
-            f"than max_observation_chars ({self._max_observation_chars})"
-        )
-        raise self._failure(instance, episode_id, "INTERNAL", what)
+        raise self._failure(instance, episode_id, "INTERNAL", f"{method} replied with {problem}")
 
     async def close_episode(self, episode_id: str) -> None:
         """Free an episode on its instance (best effort); harmless for an unknown one."""

@@ -19,6 +19,7 @@ from opentinker.errors import (
 from opentinker.services.common.auth import JOBS, USERS, current_principal, rules_for
 from opentinker.services.common.grpc_server import abort, abort_with
 from opentinker.services.envhub.episodes import EnvChannels, EpisodeRouter
+from opentinker.services.envhub.image_limits import ImageLimits
 from opentinker.services.envhub.registry import Instance, Registry, page
 from opentinker.services.envhub.settings import EnvHubSettings
 
@@ -152,6 +153,10 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             job_id=first.open.job_id,
             call_timeout_s=self._settings.env_call_timeout_s,
             max_observation_chars=self._settings.max_observation_chars,
+            image_limits=ImageLimits(
+                max_images=self._settings.max_observation_images,
+                max_image_bytes=self._settings.max_image_bytes,
+            ),
             tenant=caller.tenant_id,  # routing is by the caller's own tenant, admins too
         )
         try:

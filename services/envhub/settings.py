@@ -22,6 +22,12 @@ class EnvHubSettings(BaseSettings):
     max_observation_chars: int = Field(
         16384, ge=1, description="A longer env observation fails its episode (EpisodeFailed)."
     )
+    max_observation_images: int = Field(
+        4, ge=0, description="More images in one env observation fail its episode."
+    )
+    max_image_bytes: int = Field(
+        1 << 20, ge=1, description="A larger image (encoded bytes) fails its episode."
+    )
     health_check_interval_s: float = Field(
         2.0, ge=0, description="Seconds between gRPC health checks of env instances; 0 = none."
     )

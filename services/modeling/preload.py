@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import structlog
 import torch
 from transformers import (
-    AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from opentinker.services.common.spare import model_key
+from opentinker.services.modeling.vision_inputs import load_language_model
 
 log = structlog.get_logger(__name__)
 
@@ -37,7 +37,7 @@ def load_base(base_model: str) -> PreloadedModel:
     """Read ``base_model`` through ``from_pretrained`` onto the CPU (CUDA is not touched, so
     the process can still be given its devices at hand-over)."""
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model = load_language_model(base_model, dtype=torch.float32)
     model.eval()
     return PreloadedModel(model_key(base_model), tokenizer, model)
 

@@ -35,12 +35,14 @@ from typing import Literal, Protocol
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.services.modeling.vision_inputs import ImageInput
 from opentinker.spec import SamplingParams
 
 from .chat_format import ChatFormat
 from .engine import GenerationEngine
 from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
 from .episode_scheduler import EpisodeScheduler, EpisodeSteps
+from .multimodal import observation_ids_with_images, prompt_ids_with_images, vision_chat_for
 from .seeds import derive_seed
 from .tool_calls import ToolCalls, parse_tool_calls
 from .types import (
@@ -158,12 +160,14 @@ class _Episode:
     retries: int = 0  # restarts after env failures (bounded by max_episode_retries)
     restarts: int = 0  # every restart, also those after the link to the envs was lost
     messages: list[ChatMessage] = field(default_factory=list)
+    images: list[ImageInput] = field(default_factory=list)  # shown so far (vision envs)
 
     def start_over(self, session: EnvSession, *, env_failure: bool) -> None:
         """Forget everything played so far; the episode is PENDING on a new session."""
         self.session = session
         self.state = EpisodeState.PENDING
         self.token_ids, self.logprobs, self.loss_mask, self.messages = [], [], [], []
+        self.images = []
         self.turn_rewards, self.turn_ends = [], []
         self.prompt_length = self.turn_start = self.num_turns = 0
         self.reward = 0.0
@@ -194,6 +198,7 @@ class AgentLoop:
         self.env = env or EnvSpec()
         self.max_turns = turn_limit(config.max_turns, self.env.max_turns)
         self.chat = ChatFormat(engine.tokenizer, self.env.tools)
+        self.vision = vision_chat_for(engine, self.env.tools)  # None: a text-only model
         self._tool_names = frozenset(t.name for t in self.env.tools)
         if self.env.tools and not self.chat.renders_tools():
             log.warning(
@@ -264,7 +269,12 @@ class AgentLoop:
         if system_prompt:
             ep.messages.append(ChatMessage("system", system_prompt))
         ep.messages.append(ChatMessage("user", reset.observation))
-        prompt = self.chat.prompt_ids(system_prompt, reset.observation)
+        try:
+            prompt = prompt_ids_with_images(self.chat, self.vision, system_prompt, reset)
+        except ValueError as err:
+            ep.finish(FinishReason.ENV_ERROR, f"bad reset reply: {err}")
+            return
+        ep.images.extend(reset.images)
         ep.token_ids = list(prompt)
         ep.prompt_length = len(prompt)
         if len(prompt) >= self.config.max_episode_tokens:
@@ -292,6 +302,8 @@ class AgentLoop:
             call = functools.partial(self.engine.generate, prompts, sampling, seed, greedy=True)
         else:
             call = functools.partial(self.engine.generate, prompts, sampling, seed)
+        if any(ep.images for ep in active):  # only then: text engines need not take images
+            call = functools.partial(call, images=[ep.images for ep in active])
         completions: list[Completion] = await asyncio.to_thread(call)
         stats.generate_seconds += time.monotonic() - started
         for ep, completion, limit in zip(active, completions, limits, strict=True):
@@ -326,7 +338,12 @@ class AgentLoop:
             return
         # Close the assistant turn with exactly one eos (the model's own, when it stopped).
         closing = [] if turn and turn[-1] == self.chat.eos_token_id else [self.chat.eos_token_id]
-        observation = [*closing, *self.chat.observation_ids(outcome.observation)]
+        try:
+            turn_ids = observation_ids_with_images(self.chat, self.vision, outcome)
+        except ValueError as err:
+            ep.finish(FinishReason.ENV_ERROR, f"bad reply to step {ep.num_turns}: {err}")
+            return
+        observation = [*closing, *turn_ids]
         if len(ep.token_ids) + len(observation) >= self.config.max_episode_tokens:
             ep.finish(
                 FinishReason.MAX_TOKENS,
@@ -336,6 +353,7 @@ class AgentLoop:
             return
         ep.append(observation, [0.0] * len(observation), mask=0)
         ep.messages.append(ChatMessage("user", outcome.observation))
+        ep.images.extend(outcome.images)
         ep.state = EpisodeState.GENERATING
 
     async def _step(self, ep: _Episode, action: str) -> StepOutcome:
@@ -422,4 +440,5 @@ class AgentLoop:
             messages=ep.messages,
             turn_rewards=ep.turn_rewards,
             turn_ends=ep.turn_ends,
+            images=ep.images,
         )

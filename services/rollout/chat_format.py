@@ -22,6 +22,21 @@ _PROBE_USER = "u"
 _PROBE_ASSISTANT = "a"
 
 
+def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """An env's tools as transformers' chat templates take them (the OpenAI "function" shape)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": t.parameters or {"type": "object", "properties": {}},
+            },
+        }
+        for t in tools
+    ]
+
+
 class ChatFormat:
     """Prompt and observation-turn token ids for one tokenizer's chat template."""
 
@@ -31,18 +46,7 @@ class ChatFormat:
             raise ValueError("the tokenizer has no eos token to close assistant turns with")
         self.tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
-        # As transformers' chat templates take them (the OpenAI "function" tool shape).
-        self._tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters or {"type": "object", "properties": {}},
-                },
-            }
-            for t in tools
-        ]
+        self._tools = template_tools(tools)
         self.tool_call_style = style_of(getattr(tokenizer, "chat_template", None))
         closed = self._render(self._probe_conversation(), add_generation_prompt=False)
         if self.eos_token_id not in closed:

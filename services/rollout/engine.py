@@ -15,7 +15,6 @@ import peft
 import torch
 import transformers
 from transformers import (
-    AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
     PreTrainedModel,
@@ -25,8 +24,14 @@ from transformers import (
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
+from opentinker.services.modeling.vision_inputs import (
+    ImageInput,
+    load_image_processor,
+    load_language_model,
+)
 from opentinker.spec import ModelSpec, SamplingParams
 
+from .multimodal import generate_each_with_images
 from .types import Completion
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -91,6 +96,8 @@ class TransformersEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
         )
         self.device = next(model.parameters()).device
+        # A vision-language model's image processor (set by ``load``); None = text only.
+        self.image_processor: object | None = None
         # A checkpoint's own sampling defaults (top_k, repetition_penalty, ...) would change the
         # distribution we sample from without the logprobs knowing; start from a clean config.
         self.model.generation_config = GenerationConfig(
@@ -129,7 +136,7 @@ class TransformersEngine:
         if preloaded is not None:  # float32 on CPU; bfloat16 on CUDA, as from_pretrained gives
             model = preloaded.model.to(dtype=dtype)
         else:
-            model = AutoModelForCausalLM.from_pretrained(spec.base_model, dtype=dtype)
+            model = load_language_model(spec.base_model, dtype=dtype)
         if adapter_dir is not None:
             if spec.finetune == "lora":
                 raise ValueError("adapter_dir is for serving a trained adapter, not LoRA training")
@@ -151,7 +158,9 @@ class TransformersEngine:
             )
             load_init_adapter(model, spec, target)  # the trainer's starting adapter, as it loads it
         model.eval()
-        return cls(model, tokenizer, max_batch_size=max_batch_size)
+        engine = cls(model, tokenizer, max_batch_size=max_batch_size)
+        engine.image_processor = load_image_processor(spec.base_model)
+        return engine
 
     @torch.no_grad()
     def generate(
@@ -161,7 +170,12 @@ class TransformersEngine:
         seed: int,
         *,
         greedy: bool = False,
+        images: Sequence[Sequence[ImageInput]] | None = None,
     ) -> list[Completion]:
+        """images: per prompt, the images its placeholder tokens stand for (vision models)."""
+        if images is not None and any(images):
+            decoding = _decoding(sampling, greedy=greedy)
+            return generate_each_with_images(self, prompts, images, sampling, seed, decoding)
         if greedy:  # argmax = temperature 1 with only the top token kept
             sampling = sampling.model_copy(update={"temperature": 1.0})
         devices = [self.device] if self.device.type == "cuda" else []

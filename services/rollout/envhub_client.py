@@ -33,6 +33,7 @@ from opentinker.services.common.grpc_server import aio_channel
 
 from .env_replies import EnvLinkLostError
 from .envhub_errors import stream_error
+from .multimodal import images_of
 from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
 
@@ -383,7 +384,11 @@ class EnvHubEpisode:
             ),
         )
         assert isinstance(reply, environment_pb2.ResetResponse)
-        return ResetResult(system_prompt=reply.system_prompt, observation=reply.observation)
+        return ResetResult(
+            system_prompt=reply.system_prompt,
+            observation=reply.observation,
+            images=images_of(reply.observation_images),
+        )
 
     async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
         request = environment_pb2.StepRequest(episode_id=self.episode_id, action=action)
@@ -400,6 +405,7 @@ class EnvHubEpisode:
             reward=reply.reward,
             done=reply.done,
             info=dict(reply.info),
+            images=images_of(reply.observation_images),
         )
 
     async def close(self) -> None:

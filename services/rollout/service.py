@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
+from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import (
     EnvironmentError_,
     FailedPreconditionError,
@@ -288,6 +289,7 @@ def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
         env_retries=t.env_retries,
         turn_rewards=t.turn_rewards,
         turn_ends=t.turn_ends,
+        images=[environment_pb2.ImagePart(data=i.data, mime_type=i.mime_type) for i in t.images],
     )
 
 

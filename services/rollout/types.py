@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentinker.services.modeling.vision_inputs import ImageInput
+
 
 class FinishReason(enum.Enum):
     """Why an episode ended (mirrors rollout.v1.FinishReason)."""
@@ -64,6 +66,7 @@ class ResetResult:
 
     system_prompt: str
     observation: str  # the first user message
+    images: tuple[ImageInput, ...] = ()  # shown before its text (vision-language envs)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class StepOutcome:
     reward: float
     done: bool
     info: dict[str, str] = field(default_factory=dict)
+    images: tuple[ImageInput, ...] = ()  # shown before the next observation's text
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Trajectory:
     messages: list[ChatMessage] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turn_ends: list[int] = field(default_factory=list)
+    # Every image shown, in the order of their placeholder tokens in token_ids (vision envs).
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from opentinker.services.modeling.vision_inputs import ImageInput
+
 
 @dataclass(frozen=True)
 class Episode:
@@ -33,6 +35,9 @@ class Episode:
     # the completion, with ``reward``.
     turn_rewards: tuple[float, ...] = ()
     turn_ends: tuple[int, ...] = ()
+    # The images the episode showed (vision envs), in the order of their placeholder tokens;
+    # the forward recomputes their pixel inputs (``vision_logprobs``).
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def completion_length(self) -> int:
@@ -64,12 +69,15 @@ class SequenceBatch:
     Next-token targets (``T = L - 1`` positions, position t predicts token t+1):
     loss_mask_B_T: 1 where token t+1 is a model-generated completion token to train on.
     old_logprobs_B_T: the sampling logprob of token t+1 (0 where loss_mask is 0).
+    images: every row's images, row by row, in the order of their placeholder tokens (vision
+    episodes; the forward recomputes their pixel inputs).
     """
 
     tokens_B_L: torch.Tensor
     attention_mask_B_L: torch.Tensor
     loss_mask_B_T: torch.Tensor
     old_logprobs_B_T: torch.Tensor
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def num_sequences(self) -> int:
@@ -107,4 +115,7 @@ def collate(episodes: list[Episode], pad_id: int) -> SequenceBatch:
             ep.loss_mask, dtype=torch.float32
         )
         old_B_T[b, start : start + completion] = torch.tensor(ep.logprobs, dtype=torch.float32)
-    return SequenceBatch(tokens_B_L, attention_B_L, loss_mask_B_T, old_B_T * loss_mask_B_T)
+    images = tuple(image for ep in episodes for image in ep.images)
+    return SequenceBatch(
+        tokens_B_L, attention_B_L, loss_mask_B_T, old_B_T * loss_mask_B_T, images=images
+    )

@@ -8,6 +8,7 @@ when the entropy bonus needs the entropy's gradient or the critic needs the hidd
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -15,6 +16,7 @@ from transformers import PreTrainedModel
 from .batch import SequenceBatch
 from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 from .policy import Policy
+from .vision_logprobs import vision_hidden_states
 
 
 @dataclass(frozen=True)
@@ -36,17 +38,27 @@ def policy_forward(
     logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
         batch, hidden_B_L_H, temperature=temperature
     )
-    return ForwardOut(
-        logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None
-    )
+    return ForwardOut(logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None)
 
 
 def model_forward(
-    model: PreTrainedModel, batch: SequenceBatch, *, temperature: float, device: torch.device
+    model: PreTrainedModel,
+    batch: SequenceBatch,
+    *,
+    temperature: float,
+    device: torch.device,
+    image_processor: Any = None,
 ) -> ForwardOut:
-    """Logprobs and entropy of any causal LM (e.g. a frozen reference copy)."""
+    """Logprobs and entropy of any causal LM (e.g. a frozen reference copy); a batch with
+    images needs the vision-language model's ``image_processor``."""
     tokens_B_L = batch.tokens_B_L.to(device)
-    hidden_B_L_H = hidden_states(model, tokens_B_L, batch.attention_mask_B_L.to(device))
+    attention_B_L = batch.attention_mask_B_L.to(device)
+    if batch.images:
+        hidden_B_L_H = vision_hidden_states(
+            model, image_processor, tokens_B_L, attention_B_L, batch.images
+        )
+    else:
+        hidden_B_L_H = hidden_states(model, tokens_B_L, attention_B_L)
     _, head = causal_lm_parts(model)
     logprobs_B_T, entropy_B_T = logprobs_from_hidden(
         head, hidden_B_L_H, tokens_B_L, temperature=temperature, softcap=logit_softcap(model)

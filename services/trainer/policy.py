@@ -27,6 +27,7 @@ from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import PreloadedModel
+from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
 from opentinker.spec import ModelSpec
 
 from .batch import SequenceBatch
@@ -37,6 +38,7 @@ from .logprobs import (
     logprobs_from_hidden,
     token_logprobs_and_entropy,
 )
+from .vision_logprobs import vision_hidden_states
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.
@@ -86,9 +88,10 @@ class Policy:
             preloaded = PreloadedModel(
                 model_spec.base_model,
                 AutoTokenizer.from_pretrained(model_spec.base_model),
-                AutoModelForCausalLM.from_pretrained(model_spec.base_model, dtype=self.dtype),
+                load_language_model(model_spec.base_model, dtype=self.dtype),
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
+        self.image_processor = load_image_processor(model_spec.base_model)  # None: text only
         base = preloaded.model.to(dtype=self.dtype)  # a spare preloads float32
         if seed is not None:
             torch.manual_seed(seed)
@@ -176,6 +179,14 @@ class Policy:
     def hidden_states(self, batch: SequenceBatch) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` of the model's body for ``batch`` (with
         gradient), what the output head reads; a value head can read the same ones."""
+        if batch.images:
+            return vision_hidden_states(
+                self.model,
+                self.image_processor,
+                batch.tokens_B_L.to(self.device),
+                batch.attention_mask_B_L.to(self.device),
+                batch.images,
+            )
         if self.hidden_through_root:
             out = self.model(
                 input_ids=batch.tokens_B_L.to(self.device),

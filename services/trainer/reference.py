@@ -39,7 +39,11 @@ class ReferencePolicy:
     def logprobs(self, batch: SequenceBatch, *, temperature: float) -> torch.Tensor:
         if self.frozen is not None:
             return model_forward(
-                self.frozen, batch, temperature=temperature, device=self.policy.device
+                self.frozen,
+                batch,
+                temperature=temperature,
+                device=self.policy.device,
+                image_processor=self.policy.image_processor,
             ).logprobs_B_T
         with self.policy.model.disable_adapter():  # type: ignore[operator]
             logprobs_B_T, _ = self.policy.token_logprobs_and_entropy(batch, temperature=temperature)

@@ -72,6 +72,7 @@ class SchedulerReporter:
         """One result row of an inference job; True when the scheduler says stop."""
         pb = common_pb2.ResultRow(json=json.dumps(row, ensure_ascii=False), index=row["index"])
         return await self._report(scheduler_pb2.ReportJobProgressRequest(row=pb))
+
     async def report_session(self, *, endpoint: str = "", ended_reason: str = "") -> bool:
         """A session job: where its TrainerService serves, or why it ended."""
         report = scheduler_pb2.SessionReport(endpoint=endpoint, ended_reason=ended_reason)

@@ -22,6 +22,7 @@ import torch
 from opentinker.common.v1 import common_pb2
 from opentinker.inference_rows import episode_row, wire_row
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.services.modeling.vision_inputs import ImageInput
 from opentinker.services.modeling.weights import ChangedTensors, pack_weights
 from opentinker.services.rollout.seeds import eval_episode_seed
 from opentinker.spec import JobSpec, to_proto
@@ -348,4 +349,5 @@ def _episode(t: rollout_pb2.Trajectory) -> Episode:
         truncated_by=_TRUNCATED_BY.get(t.finish_reason, ""),
         turn_rewards=tuple(t.turn_rewards),
         turn_ends=tuple(t.turn_ends),
+        images=tuple(ImageInput(i.data, i.mime_type) for i in t.images),
     )

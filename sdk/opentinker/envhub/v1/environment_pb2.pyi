@@ -17,18 +17,28 @@ class ToolSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json_schema: _Optional[str] = ...) -> None: ...
 
 class EnvironmentSpec(_message.Message):
-    __slots__ = ("name", "description", "system_prompt", "tools", "max_turns")
+    __slots__ = ("name", "description", "system_prompt", "tools", "max_turns", "uses_images")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    USES_IMAGES_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     system_prompt: str
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
     max_turns: int
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., system_prompt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., max_turns: _Optional[int] = ...) -> None: ...
+    uses_images: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., system_prompt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., max_turns: _Optional[int] = ..., uses_images: _Optional[bool] = ...) -> None: ...
+
+class ImagePart(_message.Message):
+    __slots__ = ("data", "mime_type")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    mime_type: str
+    def __init__(self, data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
 class GetEnvironmentSpecRequest(_message.Message):
     __slots__ = ()
@@ -58,12 +68,14 @@ class ResetRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("system_prompt", "observation")
+    __slots__ = ("system_prompt", "observation", "observation_images")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_IMAGES_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     observation: str
-    def __init__(self, system_prompt: _Optional[str] = ..., observation: _Optional[str] = ...) -> None: ...
+    observation_images: _containers.RepeatedCompositeFieldContainer[ImagePart]
+    def __init__(self, system_prompt: _Optional[str] = ..., observation: _Optional[str] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("episode_id", "action", "tool_calls", "tool_call_errors")
@@ -86,7 +98,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observation", "reward", "done", "info")
+    __slots__ = ("observation", "reward", "done", "info", "observation_images")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,11 +110,13 @@ class StepResponse(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_IMAGES_FIELD_NUMBER: _ClassVar[int]
     observation: str
     reward: float
     done: bool
     info: _containers.ScalarMap[str, str]
-    def __init__(self, observation: _Optional[str] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    observation_images: _containers.RepeatedCompositeFieldContainer[ImagePart]
+    def __init__(self, observation: _Optional[str] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Mapping[str, str]] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ...) -> None: ...
 
 class CloseEpisodeRequest(_message.Message):
     __slots__ = ("episode_id",)

@@ -1,4 +1,5 @@
 from opentinker.common.v1 import common_pb2 as _common_pb2
+from opentinker.envhub.v1 import environment_pb2 as _environment_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -196,7 +197,7 @@ class WeightsApplied(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends")
+    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends", "images")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +221,7 @@ class Trajectory(_message.Message):
     ENV_RETRIES_FIELD_NUMBER: _ClassVar[int]
     TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
     TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     group_index: int
     policy_version: int
@@ -236,7 +238,8 @@ class Trajectory(_message.Message):
     env_retries: int
     turn_rewards: _containers.RepeatedScalarFieldContainer[float]
     turn_ends: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[_environment_pb2.ImagePart]
+    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")

@@ -1,0 +1,97 @@
+"""Images in observations: the geometry env's figures go through a real EnvHub byte for byte,
+and replies past the image limits (count, size, MIME type) fail their episode by name."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+from PIL import Image as PILImage
+from test_envhub import Episodes, envhub, run
+
+from opentinker.game import AbstractGame, Image, StepResult
+from opentinker.services.envhub.geometry_env import calculate
+from opentinker.services.envhub.geometry_figures import geometry_problem
+
+
+class Painter(AbstractGame):
+    """Step action "<count> <bytes> <mime>": replies with that many images of that size."""
+
+    uses_images = True
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        return "paint"
+
+    def step(self, action: str) -> StepResult:
+        count, size, mime = action.split()
+        images = tuple(Image(b"x" * int(size), mime) for _ in range(int(count)))
+        return StepResult(observation="painted", reward=0.0, done=False, images=images)
+
+
+@pytest.mark.integration
+def test_geometry_figure_round_trips_through_envhub() -> None:
+    async def scenario() -> None:
+        async with envhub(builtin_envs=["geometry", "geometry_tools"]) as hub:
+            episodes = Episodes(hub)
+            spec = await episodes.open("geometry")
+            assert spec.uses_images and spec.max_turns == 1
+            await episodes.reset("g", seed=7)
+            reset = (await episodes.recv()).reset.result
+            want = geometry_problem(7)
+            assert reset.observation == want.question
+            assert [(i.data, i.mime_type) for i in reset.observation_images] == [
+                (want.png, "image/png")
+            ]
+            figure = PILImage.open(io.BytesIO(reset.observation_images[0].data))
+            assert figure.size == (112, 112)
+            await episodes.step("g", f"It is \\boxed{{{want.answer}}}.")
+            assert (await episodes.recv()).stepped.result.reward == 1.0
+            tools = Episodes(hub)
+            spec = await tools.open("geometry_tools")
+            assert [t.name for t in spec.tools] == ["calculator"]
+
+    run(scenario())
+
+
+@pytest.mark.integration
+def test_images_past_the_limits_fail_the_episode_naming_the_limit() -> None:
+    async def scenario() -> None:
+        async with envhub(max_observation_images=2, max_image_bytes=100) as hub:
+            handle = await hub.serve(Painter, name="painter")
+            try:
+                cases = {
+                    "2 100 image/png": None,  # at both limits: fine
+                    "3 10 image/png": "3 images, more than max_observation_images (2)",
+                    "1 101 image/png": "image 0 of 101 bytes, more than max_image_bytes (100)",
+                    "1 10 image/gif": "image 0 has mime_type 'image/gif'",
+                    "1 0 image/png": "image 0 is empty",
+                }
+                episodes = Episodes(hub)
+                await episodes.open("painter")
+                for n, (action, problem) in enumerate(cases.items()):
+                    await episodes.reset(f"e{n}")
+                    await episodes.recv()
+                    await episodes.step(f"e{n}", action)
+                    reply = await episodes.recv()
+                    if problem is None:
+                        assert len(reply.stepped.result.observation_images) == 2
+                        continue
+                    assert (reply.failed.episode_id, reply.failed.code) == (f"e{n}", "INTERNAL")
+                    assert f"Step replied with {problem}" in reply.failed.reason
+            finally:
+                await asyncio.to_thread(handle.stop)
+
+    run(scenario())
+
+
+@pytest.mark.unit
+def test_calculator_evaluates_arithmetic_only() -> None:
+    assert calculate("(3 + 4) * 2") == 14  # 7 * 2
+    assert calculate("6*8/2") == 24  # 48 / 2
+    for bad in ("__import__('os')", "2 ** 100", "1/0", "x"):
+        with pytest.raises(ValueError):
+            calculate(bad)
