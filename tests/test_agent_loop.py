@@ -13,10 +13,11 @@ import pytest
 from opentinker.errors import EnvironmentError_
 from opentinker.game import AbstractGame, StepResult, first_user_message
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.chat_format import ChatFormat
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.env_replies import EnvLinkLostError
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import (
     Completion,
     FinishReason,

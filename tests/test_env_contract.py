@@ -109,7 +109,7 @@ def test_a_job_without_max_turns_plays_the_envs_own_turns(engine: TransformersEn
 
 
 def test_turn_limit_is_the_jobs_cap_else_the_envs_else_the_default() -> None:
-    from opentinker.services.rollout.agent_loop import DEFAULT_MAX_TURNS, turn_limit
+    from opentinker.services.rollout.loop_config import DEFAULT_MAX_TURNS, turn_limit
 
     assert turn_limit(3, 4) == 3
     assert turn_limit(None, 4) == 4

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import pytest
 from test_agent_loop import Countdown, GameSession, RecordingEngine, base_engine  # noqa: F401
 
-from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import (
     Completion,
     FinishReason,

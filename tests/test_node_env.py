@@ -28,9 +28,10 @@ from opentinker.errors import EnvironmentError_
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.services.worker.supervisor import with_parent_death_signal
 from opentinker.spec import ModelSpec, SamplingParams

@@ -21,9 +21,10 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.spec import ModelSpec, SamplingParams
 

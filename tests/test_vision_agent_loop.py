@@ -16,8 +16,9 @@ from opentinker.services.envhub.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput
-from opentinker.services.rollout.agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.tool_calls import ToolCalls
 from opentinker.services.rollout.types import FinishReason, ResetResult, StepOutcome, Trajectory
 from opentinker.services.trainer.vision_logprobs import vision_token_logprobs

@@ -188,6 +188,7 @@ class Client:
         except BaseException:
             cancel_unless_done()
             raise
+
         def wait_until_done() -> None:  # the job has ended and released its device
             deadline = time.monotonic() + self.timeout
             while not self.get_job(job.job_id).done and time.monotonic() < deadline:

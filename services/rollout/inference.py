@@ -33,10 +33,11 @@ from opentinker.inference_rows import (
 )
 from opentinker.spec import ModelSpec, SamplingParams
 
-from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from .agent_loop import AgentLoop
 from .engine import GenerationEngine, TransformersEngine
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
+from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
 from .types import Trajectory
 

@@ -22,13 +22,14 @@ from opentinker.errors import (
 )
 from opentinker.spec import ModelSpec, SamplingParams
 
-from .agent_loop import AgentLoop, EpisodeRequest, LoopConfig
+from .agent_loop import AgentLoop
 from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
 from .inference import ADAPTER_CONFIG, load_inference_engine
+from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
 from .token_sampling import SampledTokens, sample_tokens
