@@ -68,15 +68,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # SampleTokens samples with its engine and weights.
         self._session: RolloutSession | None = None
 
+    def _open_session(self, rpc: str) -> RolloutSession:
+        if self._session is None:
+            raise FailedPreconditionError(f"{rpc} needs an open Rollout stream (OpenRollout first)")
+        return self._session
+
     async def SampleTokens(  # noqa: N802 - the gRPC method name
         self, request: rollout_pb2.SampleTokensRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.SampleTokensResponse:
         try:
-            if self._session is None:
-                raise FailedPreconditionError(
-                    "SampleTokens needs an open Rollout stream (OpenRollout first)"
-                )
-            samples, version = await self._session.sample(
+            samples, version = await self._open_session("SampleTokens").sample(
                 list(request.prompt_tokens),
                 num_samples=request.num_samples,
                 sampling=sampling_from_proto(request.sampling),
@@ -99,11 +100,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.ScoreTokensRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.ScoreTokensResponse:
         try:
-            if self._session is None:
-                raise FailedPreconditionError(
-                    "ScoreTokens needs an open Rollout stream (OpenRollout first)"
-                )
-            logprobs, version = await self._session.score(list(request.token_ids))
+            session = self._open_session("ScoreTokens")
+            logprobs, version = await session.score(list(request.token_ids))
         except OpenTinkerError as err:
             await abort_with(context, err)
         return rollout_pb2.ScoreTokensResponse(logprobs=logprobs, policy_version=version)
