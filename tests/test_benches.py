@@ -48,3 +48,11 @@ def test_vs_inprocess_measures_the_mesh_and_one_process() -> None:
     assert "mesh, staleness 0" in text and "mesh, staleness 1" in text and "in-process" in text
     assert "ratio mesh, staleness 1 / in-process (s/step):" in text
     assert "step split (mesh, staleness 1" in text
+
+
+def test_scaling_measures_concurrent_jobs_and_batch_sizes() -> None:
+    sizes = ("--jobs", "2", "--steps", "3", "--batches", "16", "--batch-steps", "3")
+    text = run_bench("scaling.py", *sizes)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:1] == " "}
+    assert "== concurrent jobs" in text and "== batch size" in text
+    assert float(rows["2"][1]) > 0 and float(rows["16"][1]) > 0, text  # both measured a step
