@@ -356,6 +356,40 @@ def test_two_instances_share_the_load() -> None:
 
 
 @pytest.mark.integration
+def test_a_reset_at_capacity_waits_for_a_slot_then_fails_after_the_wait() -> None:
+    """Jobs sharing an env queue for it: a Reset while every slot is held waits until another
+    stream's episode closes; with nothing released it fails RESOURCE_EXHAUSTED after
+    capacity_wait_s, naming the capacity."""
+
+    async def scenario() -> None:
+        async with envhub(capacity_wait_s=1.0) as hub:
+            handle = await hub.serve(LetterGame, name="letters", capacity=2)
+            try:
+                first, second = Episodes(hub), Episodes(hub)
+                await first.open("letters")
+                await second.open("letters")
+                for episode_id in ("a1", "a2"):
+                    await first.reset(episode_id)
+                    assert (await first.recv()).reset.episode_id == episode_id
+                await second.reset("b1")  # both slots held: waits
+                reply = asyncio.ensure_future(second.recv(timeout_s=5))
+                await asyncio.sleep(0.3)
+                assert not reply.done()  # (cancelling a read would end the whole call)
+                await first.send(close_episode=env_pb.CloseEpisodeRequest(episode_id="a1"))
+                assert (await reply).reset.episode_id == "b1"
+                started = time.monotonic()
+                await second.reset("b2")  # full again, and nothing closes now
+                failed = (await second.recv(timeout_s=3)).failed
+                assert (failed.episode_id, failed.code) == ("b2", "RESOURCE_EXHAUSTED")
+                assert "at capacity" in failed.reason
+                assert 0.9 <= time.monotonic() - started < 2.5
+            finally:
+                await asyncio.to_thread(handle.stop, 0)
+
+    run(scenario())
+
+
+@pytest.mark.integration
 def test_a_slow_episode_does_not_block_others_and_game_errors_fail_one_episode() -> None:
     async def scenario() -> None:
         async with envhub() as hub:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -37,6 +38,10 @@ from opentinker.services.envhub.registry import Instance, Registry
 
 log = structlog.get_logger("opentinker.envhub")
 _Reply = TypeVar("_Reply")
+
+
+# How often a Reset waiting for a slot looks again (EpisodeRouter._acquire).
+CAPACITY_POLL_S = 0.05
 
 
 class EnvChannels:
@@ -86,14 +91,17 @@ class EpisodeRouter:
         max_observation_chars: int,
         tenant: str,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        capacity_wait_s: float = 0.0,
     ) -> None:
         """``tenant``: whose episodes these are; routed to its own env of that name, else to a
-        shared one (Registry.routable)."""
+        shared one (Registry.routable). ``capacity_wait_s``: how long a Reset waits for a slot
+        while every instance is at capacity (0 = fail at once)."""
         self._registry = registry
         self._tenant = tenant
         self._channels = channels
         self.env_name = env_name
         self._timeout_s = call_timeout_s
+        self._capacity_wait_s = capacity_wait_s
         self._max_observation_chars = max_observation_chars
         self._image_limits = image_limits
         self._episodes: dict[str, _Episode] = {}
@@ -130,7 +138,7 @@ class EpisodeRouter:
         async with episode.lock:
             if episode.instance is None:
                 try:
-                    episode.instance = self._registry.acquire(self.env_name, tenant=self._tenant)
+                    episode.instance = await self._acquire()
                 except (NotFoundError, ResourceExhaustedError) as err:
                     self._forget(request.episode_id, episode)
                     code = "NOT_FOUND" if isinstance(err, NotFoundError) else "RESOURCE_EXHAUSTED"
@@ -140,6 +148,18 @@ class EpisodeRouter:
             reply = await self._call(episode, request.episode_id, "Reset", call)
             await self._check_observation(episode, request.episode_id, "Reset", reply)
             return reply
+
+    async def _acquire(self) -> Instance:
+        """A slot on an instance; while all are at capacity (episodes of other jobs sharing the
+        env hold them), wait up to ``capacity_wait_s`` for one to be released."""
+        deadline = time.monotonic() + self._capacity_wait_s
+        while True:
+            try:
+                return self._registry.acquire(self.env_name, tenant=self._tenant)
+            except ResourceExhaustedError as err:
+                if err.reason != "ENV_AT_CAPACITY" or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(CAPACITY_POLL_S)
 
     async def step(self, request: environment_pb2.StepRequest) -> environment_pb2.StepResponse:
         # Wait behind earlier calls of this episode (a Reset sent just before, say).
@@ -257,10 +277,12 @@ class EpisodeRouter:
             episode.instance = None
 
     async def _fail_and_close(self, episode: _Episode, episode_id: str) -> None:
+        """Close the episode on its instance, then give its slot back: a Reset waiting for
+        that slot must not reach the env before the env has freed it."""
         instance = episode.instance
-        self._forget(episode_id, episode)
         if instance is not None:
             await self._close_on(instance, episode_id)
+        self._forget(episode_id, episode)
 
     async def _close_on(self, instance: Instance, episode_id: str) -> None:
         try:

@@ -19,6 +19,12 @@ class EnvHubSettings(BaseSettings):
     renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
     registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
+    capacity_wait_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a Reset waits for a slot when every instance of its env is at "
+        "capacity (jobs sharing an env queue for it) before failing RESOURCE_EXHAUSTED.",
+    )
     max_observation_chars: int = Field(
         16384, ge=1, description="A longer env observation fails its episode (EpisodeFailed)."
     )

@@ -23,7 +23,7 @@ from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.worker.devices import Device
+from opentinker.services.worker.devices import Device, cpu_thread_env
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.rendezvous import rendezvous_env
@@ -48,7 +48,8 @@ class WorkerAgent:
         self._lost_since: float | None = None  # monotonic; set while jobs wait for a scheduler
         self._flush_lock = asyncio.Lock()
         self._stopping = False
-        self.spares = SparePool(settings) if settings.warm_spares > 0 else None
+        self._thread_env = cpu_thread_env(devices)  # job processes' share of the CPU
+        self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the scheduler until ``stop`` is set, reconnecting with backoff."""
@@ -131,7 +132,7 @@ class WorkerAgent:
             settings=self.settings,
             on_launched=lambda: self._launched(key),
             spares=self.spares,
-            extra_env=rendezvous_env(launch),
+            extra_env={**self._thread_env, **rendezvous_env(launch)},
         )
         task = asyncio.create_task(self._run_and_report(key, run))
         self.held.runs[key] = HeldRun(run, task)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import structlog
@@ -50,3 +51,15 @@ def cuda_visible_devices(device_ids: list[str] | tuple[str, ...]) -> str:
         if name.startswith("cuda:"):
             indices.append(name.split(":", 1)[1])
     return ",".join(indices)
+
+
+def cpu_thread_env(devices: list[Device]) -> dict[str, str]:
+    """The thread count of every job process when jobs share this machine's CPU: its cores
+    divided among the CPU slots. torch's default (every core in every process) oversubscribes
+    the cores as soon as two jobs run, and their OpenMP threads then spin against each other
+    (bench/scaling.py). Nothing when the worker offers GPUs or the operator set
+    OMP_NUM_THREADS."""
+    cpu_slots = sum(d.kind == "cpu" for d in devices)
+    if not cpu_slots or "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // cpu_slots))}

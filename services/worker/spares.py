@@ -46,8 +46,10 @@ class _Model:
 class SparePool:
     """The worker's warm spares. ``maintain(stop)`` runs beside the agent; ``close()`` ends."""
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, env: dict[str, str] | None = None) -> None:
+        """``env``: extra environment of the spare processes (devices.cpu_thread_env)."""
         self.settings = settings
+        self._env = env or {}
         self.dir = (settings.run_root / "spares").resolve()
         self._models: dict[str, _Model] = {}
         self._numbers = itertools.count(1)
@@ -128,7 +130,8 @@ class SparePool:
             f"spare-{kind}",
             [*command, "--spare", "--preload-model", key],
             log_path=self.dir / f"{kind}-{number}.log",
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},  # CUDA_VISIBLE_DEVICES: at hand-over
+            # CUDA_VISIBLE_DEVICES: at hand-over
+            env={**os.environ, **self._env, "PYTHONUNBUFFERED": "1"},
             cwd=self.dir,
             stdin_pipe=True,
         )
