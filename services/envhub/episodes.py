@@ -280,6 +280,8 @@ class EpisodeRouter:
         """Close the episode on its instance, then give its slot back: a Reset waiting for
         that slot must not reach the env before the env has freed it."""
         instance = episode.instance
+        if self._episodes.get(episode_id) is episode:  # a new Reset of this id starts afresh
+            del self._episodes[episode_id]
         if instance is not None:
             await self._close_on(instance, episode_id)
         self._forget(episode_id, episode)
