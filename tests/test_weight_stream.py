@@ -90,6 +90,19 @@ def test_only_tensors_changed_since_the_acknowledged_update_travel() -> None:
     assert set(tracker.changed(state)[0]) == set(state)
 
 
+def test_a_fresh_tensor_never_passes_for_the_one_it_replaces() -> None:
+    """Gathered copies (full_state on several ranks) are new tensors every time: freeing the
+    old one and allocating the next of the same size may reuse its address, with the version
+    counter at 0 both times. The tracker holds what it stamped, so that cannot happen."""
+    tracker = ChangedTensors()
+    for value in range(20):
+        state = {"w": torch.full((4096,), float(value))}  # a new tensor each time, same shape
+        changed, stamps = tracker.changed(state)
+        assert set(changed) == {"w"}, value  # each holds new values: each must travel
+        tracker.acknowledge(stamps)
+        del state, changed, stamps
+
+
 @pytest.mark.integration
 def test_a_second_sync_sends_only_the_changed_tensor_and_the_probe_passes(tmp_path) -> None:
     """Trainer policy -> real in-process rollout server over gRPC: the first update carries

@@ -154,7 +154,10 @@ def _tensor_of(partial: _Partial) -> torch.Tensor:
     return flat.view(_FROM_PB[partial.dtype]).reshape(partial.shape)
 
 
-Stamps = dict[str, tuple[int, int]]  # name -> (storage address, version counter)
+# name -> (the tensor, its storage address, its version counter). The tensor itself is kept:
+# while it lives its address cannot be handed to a new tensor, so a fresh tensor (a gathered
+# copy, say) always counts as changed instead of passing for the old one by address reuse.
+Stamps = dict[str, tuple[torch.Tensor, int, int]]
 
 
 class ChangedTensors:
@@ -163,7 +166,9 @@ class ChangedTensors:
     torch bumps a tensor's version counter on every in-place write (``optimizer.step``,
     ``load_state_dict``, ``copy_``) and ``detach()`` shares it, so comparing (storage
     address, version) finds what changed without keeping a copy or hashing a byte. A tensor
-    never sent, or replaced by another storage, counts as changed.
+    never sent, or replaced by another storage, counts as changed. The stamped tensors are
+    held (views of the live parameters: no memory of their own) so an address is never
+    reused while it is remembered.
     """
 
     def __init__(self) -> None:
@@ -175,9 +180,9 @@ class ChangedTensors:
         """(the tensors to send, the stamps of all ``tensors`` as they are now). Until
         ``acknowledge(stamps)``, everything counts as changed: an update that failed half
         way left the rollout with weights nobody knows."""
-        stamps = {name: (t.data_ptr(), t._version) for name, t in tensors.items()}
+        stamps = {name: (t, t.data_ptr(), t._version) for name, t in tensors.items()}
         served, self._served = self._served, {}
-        return {n: t for n, t in tensors.items() if served.get(n) != stamps[n]}, stamps
+        return {n: t for n, t in tensors.items() if not _same(served.get(n), stamps[n])}, stamps
 
     def acknowledge(self, stamps: Stamps) -> None:
         """The rollout now serves the tensors as they were when ``changed`` stamped them."""
@@ -186,3 +191,7 @@ class ChangedTensors:
     def forget(self) -> None:
         """A new rollout: the next update sends every tensor."""
         self._served = {}
+
+
+def _same(before: tuple[torch.Tensor, int, int] | None, now: tuple[torch.Tensor, int, int]) -> bool:
+    return before is not None and before[1:] == now[1:]
