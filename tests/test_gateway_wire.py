@@ -108,6 +108,20 @@ def test_tinker_paths_name_a_session_jobs_state() -> None:
     )
     with pytest.raises(InvalidArgumentError, match="tinker://"):
         TinkerPath.parse("/tmp/job-1/states/after")
+    for escape in ("tinker://job-1/weights/..", "tinker://../weights/a", "tinker://j/weights/."):
+        with pytest.raises(InvalidArgumentError, match="only dots"):
+            TinkerPath.parse(escape)  # would name a folder above the run's states
+
+
+def test_a_state_name_of_only_dots_is_refused_before_anything_is_written(tmp_path) -> None:
+    from opentinker.services.trainer.session.state import SavedSession, save_state
+    from opentinker.spec import ModelSpec
+
+    owner = SavedSession(tenant_id="t", job_id="job-1", model=ModelSpec(base_model="m"), step=0)
+    for name in (".", "..", "a/b"):  # ".." would write (and prune) the job's own folder
+        with pytest.raises(InvalidArgumentError, match="not only dots"):
+            save_state(None, root=tmp_path, name=name, owner=owner)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_errors_say_who_is_to_blame() -> None:

@@ -51,6 +51,8 @@ class TinkerPath:
             raise InvalidArgumentError(
                 f"path: {path!r} is not tinker://<training run>/<weights|sampler_weights>/<name>"
             )
+        if any(set(part) <= {"."} or "\\" in part for part in parts):
+            raise InvalidArgumentError(f"path: {path!r}: a part is only dots or has a backslash")
         if parts[1] not in (STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND):
             raise InvalidArgumentError(f"path: {path!r}: unknown checkpoint kind {parts[1]!r}")
         return cls(*parts)

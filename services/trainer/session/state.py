@@ -22,7 +22,7 @@ from ..errors import CheckpointError
 from ..policy import Policy
 
 SESSION_FILE = "session.json"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+NAME_PATTERN = re.compile(r"^(?!\.+$)[A-Za-z0-9_.\-]{1,64}$")  # not "." or ".."
 
 
 class SavedSession(BaseModel):
@@ -41,7 +41,8 @@ def save_state(policy: Policy, *, root: Path, name: str, owner: SavedSession) ->
     its absolute folder, the path LoadState takes. The same name again replaces it."""
     if not NAME_PATTERN.match(name):
         raise InvalidArgumentError(
-            f"name: {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . -", reason="BAD_NAME"
+            f"name: {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . - (not only dots)",
+            reason="BAD_NAME",
         )
     folder = (Path(root) / owner.job_id / "states" / name).resolve()
     folder.mkdir(parents=True, exist_ok=True)
