@@ -116,16 +116,8 @@ def run_inference(
     UnavailableError when EnvHub cannot be reached, OSError/ValueError when the model cannot
     be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
     """
+    _check_budgets(episodes, concurrency, max_turns, max_episode_tokens)
     options = options_with_split(env_options or {}, split)
-    problems = []
-    if episodes < 1:
-        problems.append(f"episodes must be >= 1, got {episodes}")
-    if concurrency < 1:
-        problems.append(f"concurrency must be >= 1, got {concurrency}")
-    if (max_turns is not None and max_turns < 1) or max_episode_tokens < 8:
-        problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
-    if problems:
-        raise ConfigError("; ".join(problems))
     config = LoopConfig(
         sampling=sampling or SamplingParams(),
         max_turns=max_turns,
@@ -147,6 +139,21 @@ def run_inference(
         progress=progress,
     )
     return asyncio.run(run.play(episodes, Path(output), concurrency))
+
+
+def _check_budgets(
+    episodes: int, concurrency: int, max_turns: int | None, max_episode_tokens: int
+) -> None:
+    """ConfigError naming every budget out of range at once."""
+    problems = []
+    if episodes < 1:
+        problems.append(f"episodes must be >= 1, got {episodes}")
+    if concurrency < 1:
+        problems.append(f"concurrency must be >= 1, got {concurrency}")
+    if (max_turns is not None and max_turns < 1) or max_episode_tokens < 8:
+        problems.append("max_turns must be >= 1 and max_episode_tokens >= 8")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 @dataclass
