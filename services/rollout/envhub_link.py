@@ -23,7 +23,8 @@ import structlog
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import NotFoundError, OpenTinkerError, UnavailableError
 
-from .envhub_client import EnvHubClient, EnvHubEpisode
+from .envhub_client import EnvHubClient
+from .envhub_episode import EnvHubEpisode
 from .envhub_errors import ENV_UNAVAILABLE
 from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
