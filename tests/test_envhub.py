@@ -355,6 +355,13 @@ def test_two_instances_share_the_load() -> None:
     run(scenario())
 
 
+def test_envhub_gives_up_on_a_slot_before_the_rollout_gives_up_on_envhub() -> None:
+    from opentinker.services.rollout.settings import RolloutSettings
+
+    rollout_deadline = RolloutSettings.model_fields["env_timeout_s"].default
+    assert EnvHubSettings.model_fields["capacity_wait_s"].default < rollout_deadline
+
+
 @pytest.mark.integration
 def test_a_reset_at_capacity_waits_for_a_slot_then_fails_after_the_wait() -> None:
     """Jobs sharing an env queue for it: a Reset while every slot is held waits until another

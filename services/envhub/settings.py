@@ -19,8 +19,11 @@ class EnvHubSettings(BaseSettings):
     renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
     registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")
+    # Below the rollout's deadline on every EnvHub call (RolloutSettings.env_timeout_s, 15 s):
+    # a rollout that gave up on a waiting Reset restarts the episode, and the abandoned Reset
+    # would otherwise keep waiting (then take a slot nobody uses) while the new one queues too.
     capacity_wait_s: float = Field(
-        60.0,
+        10.0,
         ge=0,
         description="How long a Reset waits for a slot when every instance of its env is at "
         "capacity (jobs sharing an env queue for it) before failing RESOURCE_EXHAUSTED.",
