@@ -15,8 +15,19 @@ from opentinker.services.envhub.geometry_env import calculate
 from opentinker.services.envhub.geometry_figures import geometry_problem
 
 
+def tiny_png() -> bytes:
+    out = io.BytesIO()
+    PILImage.new("RGB", (1, 1)).save(out, "PNG")
+    return out.getvalue()  # 69 bytes
+
+
+TINY_PNG = tiny_png()
+
+
 class Painter(AbstractGame):
-    """Step action "<count> <bytes> <mime>": replies with that many images of that size."""
+    """Step action "<count> <bytes> <mime>": replies with that many images of that size: a
+    1x1 PNG padded to the size when it fits (PNG readers ignore what follows the end chunk),
+    else junk bytes."""
 
     uses_images = True
 
@@ -28,7 +39,9 @@ class Painter(AbstractGame):
 
     def step(self, action: str) -> StepResult:
         count, size, mime = action.split()
-        images = tuple(Image(b"x" * int(size), mime) for _ in range(int(count)))
+        n = int(size)
+        data = TINY_PNG + b"\0" * (n - len(TINY_PNG)) if n >= len(TINY_PNG) else b"x" * n
+        images = tuple(Image(data, mime) for _ in range(int(count)))
         return StepResult(observation="painted", reward=0.0, done=False, images=images)
 
 
@@ -69,6 +82,8 @@ def test_images_past_the_limits_fail_the_episode_naming_the_limit() -> None:
                     "1 101 image/png": "image 0 of 101 bytes, more than max_image_bytes (100)",
                     "1 10 image/gif": "image 0 has mime_type 'image/gif'",
                     "1 0 image/png": "image 0 is empty",
+                    "1 60 image/png": "image 0 is not a readable image/png",  # junk bytes
+                    "1 100 image/jpeg": "image 0 is PNG data labelled 'image/jpeg'",
                 }
                 episodes = Episodes(hub)
                 await episodes.open("painter")
@@ -95,3 +110,16 @@ def test_calculator_evaluates_arithmetic_only() -> None:
     for bad in ("__import__('os')", "2 ** 100", "1/0", "x"):
         with pytest.raises(ValueError):
             calculate(bad)
+
+
+@pytest.mark.unit
+def test_a_small_file_of_too_many_pixels_is_refused_before_anyone_decodes_it() -> None:
+    from opentinker.envhub.v1 import environment_pb2
+    from opentinker.services.envhub.image_limits import DEFAULT_IMAGE_LIMITS, image_problem
+
+    out = io.BytesIO()
+    PILImage.new("1", (4100, 4100)).save(out, "PNG")  # 1-bit black: compresses to a few KiB
+    bomb = environment_pb2.ImagePart(data=out.getvalue(), mime_type="image/png")
+    assert len(bomb.data) < DEFAULT_IMAGE_LIMITS.max_image_bytes  # the byte limit lets it in
+    problem = image_problem([bomb], DEFAULT_IMAGE_LIMITS)
+    assert problem is not None and "4100x4100 pixels" in problem, problem
