@@ -29,6 +29,18 @@ class SampledTokens:
     stopped: bool
 
 
+def check_token_ids(engine: GenerationEngine, ids: Sequence[int], field: str) -> None:
+    """InvalidArgumentError naming ``field`` when an id is outside the engine's vocabulary
+    (the model would fail on it with an index error)."""
+    vocab = len(engine.tokenizer)
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise InvalidArgumentError(
+            f"{field} has ids outside the vocabulary 0..{vocab - 1}: {bad[:3]}",
+            code="INVALID_ARGUMENT",
+        )
+
+
 def sample_tokens(
     engine: GenerationEngine,
     prompt: Sequence[int],
@@ -45,13 +57,7 @@ def sample_tokens(
         raise InvalidArgumentError(
             f"num_samples must be 1..{MAX_SAMPLES}, got {num_samples}", code="INVALID_ARGUMENT"
         )
-    vocab = len(engine.tokenizer)
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise InvalidArgumentError(
-            f"prompt_tokens has ids outside the vocabulary 0..{vocab - 1}: {bad[:3]}",
-            code="INVALID_ARGUMENT",
-        )
+    check_token_ids(engine, prompt, "prompt_tokens")
     eos = engine.tokenizer.eos_token_id
     stops = {*stop_token_ids, *([eos] if eos is not None else [])}
     completions = engine.generate([list(prompt)] * num_samples, sampling, seed)
