@@ -28,7 +28,7 @@ from .models import EXTERNAL_KIND, TinkerPath
 from .runs import saved_state, set_ttl
 from .state import Gateway
 from .tenancy import Caller
-from .training_routes import _future, ordered
+from .training_routes import ordered, start_future
 
 URL_TTL_S = 3600  # a signed URL works this long
 PRIVATE_FILES = {"optimizer.pt", "rng.pt", "trainer_state.json", "manifest.json", "session.json"}
@@ -48,7 +48,7 @@ async def save_weights_external(gw: Gateway, caller: Caller, body: dict) -> dict
             await asyncio.to_thread(set_ttl, gw, caller, path, body["ttl_seconds"])
         return Result({"path": str(path), "type": "save_weights_external"})
 
-    return _future(gw, caller, work(), model)
+    return start_future(gw, caller, work(), model)
 
 
 async def external_weights_urls(gw: Gateway, caller: Caller, body: dict) -> dict:

@@ -108,7 +108,7 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
         output = await ordered(model, request.seq_id, submit)
         return Result(wire.forward_backward_output(output))
 
-    return _future(gw, caller, work(), model)
+    return start_future(gw, caller, work(), model)
 
 
 async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -122,7 +122,7 @@ async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
         out = await ordered(model, body.get("seq_id"), lambda: model.session.optim_step_async(adam))
         return Result({"metrics": {"grad_norm:mean": out.grad_norm, "step:max": float(out.step)}})
 
-    return _future(gw, caller, work(), model)
+    return start_future(gw, caller, work(), model)
 
 
 async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -136,7 +136,7 @@ async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
             await asyncio.to_thread(set_ttl, gw, caller, path, body["ttl_seconds"])
         return Result({"path": str(path), "type": "save_weights"})
 
-    return _future(gw, caller, work(), model)
+    return start_future(gw, caller, work(), model)
 
 
 async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -151,7 +151,7 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
     if body.get("model_id"):
         model = await gw.models.get(body["model_id"], caller)
         work = _load_into(model, body.get("seq_id"), path)
-        return _future(gw, caller, work, model)
+        return start_future(gw, caller, work, model)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
     work = _load_new(gw, caller, model_id, body.get("base_model"), path)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
@@ -191,7 +191,7 @@ async def save_weights_for_sampler(gw: Gateway, caller: Caller, body: dict) -> d
         sampler = gw.models.new_sampler(model)
         return Result({"sampling_session_id": sampler, "type": "save_weights_for_sampler"})
 
-    return _future(gw, caller, work(), model)
+    return start_future(gw, caller, work(), model)
 
 
 async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -233,6 +233,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
     return {"request_id": request_id, "sample_sequence_ids": ids}
 
 
-def _future(gw: Gateway, caller: Caller, work: Any, model: TrainingModel) -> dict:
+def start_future(gw: Gateway, caller: Caller, work: Any, model: TrainingModel) -> dict:
+    """Run ``work`` as a future of the caller; the answer the SDK polls with retrieve_future."""
     request_id = gw.futures.start(work, tenant=caller.tenant_id)
     return {"request_id": request_id, "model_id": model.model_id}
