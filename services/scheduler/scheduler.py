@@ -46,7 +46,7 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
-from opentinker.services.scheduler.spanning import holds_part
+from opentinker.services.scheduler.spanning import end_parts, holds_part, release_job_leases
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
@@ -406,20 +406,9 @@ class Scheduler:
         await self._queue.push_front(job_id)
 
     async def _end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
-        """Stop every other part of a multi-worker attempt and release all its leases."""
-        for worker_id in job.worker_ids:
-            session = self._sessions.get(worker_id)
-            running = session is not None and (job.job_id, job.attempt) in session.running
-            if session is not None and running and worker_id != except_worker:
-                session.send(StopCommand(job.job_id, reason, attempt=job.attempt))
-            await self._release_job_leases(worker_id, job.job_id)
+        await end_parts(job, reason, except_worker, self._sessions, self._ledger)
+        self.wake()
 
     async def _release_job_leases(self, worker_id: str, job_id: str) -> None:
-        for lease in await self._ledger.leases(worker_id):
-            if lease.job_id == job_id:
-                await self._ledger.release(lease.lease_id)
-        session = self._sessions.get(worker_id)
-        if session is not None:
-            for key in [k for k in session.running if k[0] == job_id]:
-                del session.running[key]
+        await release_job_leases(worker_id, job_id, self._sessions, self._ledger)
         self.wake()

@@ -18,11 +18,16 @@ workers are told to stop, then the job is re-queued (or failed) as a whole (sche
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.scheduler.lease_ledger import GroupLease
-from opentinker.services.scheduler.worker_session import LaunchCommand, Rendezvous, WorkerSession
+from opentinker.services.scheduler.lease_ledger import GroupLease, LeaseLedger
+from opentinker.services.scheduler.worker_session import (
+    LaunchCommand,
+    Rendezvous,
+    StopCommand,
+    WorkerSession,
+)
 
 
 def split_across(
@@ -63,3 +68,32 @@ def launch_commands(
 def holds_part(job: common_pb2.Job, worker_id: str) -> bool:
     """Is ``worker_id`` running (a part of) the job's current attempt?"""
     return worker_id == job.worker_id or worker_id in job.worker_ids
+
+
+async def end_parts(
+    job: common_pb2.Job,
+    reason: str,
+    except_worker: str,
+    sessions: Mapping[str, WorkerSession],
+    ledger: LeaseLedger,
+) -> None:
+    """Stop every other part of a multi-worker attempt and release all its leases."""
+    for worker_id in job.worker_ids:
+        session = sessions.get(worker_id)
+        running = session is not None and (job.job_id, job.attempt) in session.running
+        if session is not None and running and worker_id != except_worker:
+            session.send(StopCommand(job.job_id, reason, attempt=job.attempt))
+        await release_job_leases(worker_id, job.job_id, sessions, ledger)
+
+
+async def release_job_leases(
+    worker_id: str, job_id: str, sessions: Mapping[str, WorkerSession], ledger: LeaseLedger
+) -> None:
+    """Release every lease ``job_id`` holds on ``worker_id`` and forget its runs there."""
+    for lease in await ledger.leases(worker_id):
+        if lease.job_id == job_id:
+            await ledger.release(lease.lease_id)
+    session = sessions.get(worker_id)
+    if session is not None:
+        for key in [k for k in session.running if k[0] == job_id]:
+            del session.running[key]
