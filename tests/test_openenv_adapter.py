@@ -27,6 +27,7 @@ from opentinker.env_server import EnvServerHandle, serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as pb
+from opentinker.services.envhub.adapters import openenv_session
 from opentinker.services.envhub.adapters.openenv_actions import ActionFormat, observation_text
 from opentinker.services.envhub.adapters.openenv_game import (
     OpenEnvGame,
@@ -299,3 +300,24 @@ def test_the_cli_serves_and_registers(tmp_path: Path) -> None:
     with (tmp_path / "adapter.log").open("w") as log, openenv_server("echo") as url:
         names = asyncio.run(scenario(url, log))
     assert names == ["echo-cli"], (tmp_path / "adapter.log").read_text()[-2000:]
+
+
+def test_an_oversized_reply_is_refused_without_reading_it_whole(monkeypatch) -> None:
+    monkeypatch.setattr(openenv_session, "MAX_REPLY_BYTES", 64 * 1024)
+    huge = json.dumps({"type": "observation", "data": {"observation": {"x": "y" * 100_000}}})
+    with malformed_server(huge) as url:
+        target = OpenEnvTarget(
+            url=url,
+            name="chatty",
+            action_format=ActionFormat.of({}),
+            system_prompt="",
+            max_turns=0,
+            timeout_s=5,
+        )
+        env = Adapted(target)
+        try:
+            err = rpc_error(env.reset, "e")
+        finally:
+            env.close()
+    assert err.code() == grpc.StatusCode.INTERNAL
+    assert "reset reply is larger than 65536 bytes" in err.details()

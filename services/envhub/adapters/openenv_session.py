@@ -8,6 +8,8 @@ are ``{"type": "reset"|"step"|"close", "data": {...}}``; replies are ``{"type":
 
 Errors, as our typed errors (hence gRPC status codes):
 - unreachable server, dropped connection, reply timeout: ``UnavailableError`` (UNAVAILABLE);
+- a reply larger than ``MAX_REPLY_BYTES``: ``EnvironmentError_`` (INTERNAL) naming the limit
+  (the connection is dropped before the reply is read whole, so it cannot exhaust memory);
 - ``CAPACITY_REACHED``: ``ResourceExhaustedError``;
 - ``VALIDATION_ERROR`` (the action or reset options did not validate):
   ``InvalidArgumentError``;
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection, connect
 
 from opentinker.errors import (
@@ -35,6 +38,8 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+
+MAX_REPLY_BYTES = 16 * 1024 * 1024  # far above any observation the rollout accepts (16 K chars)
 
 _ERROR_TYPES: dict[str, type[OpenTinkerError]] = {
     "CAPACITY_REACHED": ResourceExhaustedError,
@@ -115,7 +120,7 @@ class OpenEnvSession:
     def _connect(self) -> ClientConnection:
         url = ws_url_of(self.base_url)
         try:
-            return connect(url, open_timeout=self._timeout_s, max_size=None)
+            return connect(url, open_timeout=self._timeout_s, max_size=MAX_REPLY_BYTES)
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
             raise UnavailableError(
                 f"OpenEnv server {self.base_url} is unreachable ({url}): {exc}",
@@ -136,6 +141,11 @@ class OpenEnvSession:
                 reason="OPENENV_TIMEOUT",
             ) from exc
         except (ConnectionClosed, OSError) as exc:
+            if _too_big(exc):
+                raise _bad_reply(
+                    self.base_url,
+                    f"its {message['type']} reply is larger than {MAX_REPLY_BYTES} bytes",
+                ) from exc
             raise UnavailableError(
                 f"OpenEnv server {self.base_url} dropped the session during "
                 f"{message['type']}: {exc}",
@@ -181,6 +191,12 @@ class OpenEnvSession:
         return OpenEnvReply(
             observation=observation, reward=None if reward is None else float(reward), done=done
         )
+
+
+def _too_big(exc: BaseException) -> bool:
+    """We closed the connection because a reply went over ``max_size``."""
+    sent = getattr(exc, "sent", None)
+    return sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG
 
 
 def _bad_reply(base_url: str, problem: str) -> EnvironmentError_:
