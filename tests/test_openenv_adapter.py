@@ -176,6 +176,23 @@ def malformed_server(reply: str) -> Iterator[str]:
             server.shutdown()
 
 
+def reset_error(url: str) -> grpc.RpcError:
+    """The error of resetting one episode of the OpenEnv server at ``url``, adapted."""
+    target = OpenEnvTarget(
+        url=url,
+        name="odd",
+        action_format=ActionFormat.of({}),
+        system_prompt="",
+        max_turns=0,
+        timeout_s=5,
+    )
+    env = Adapted(target)
+    try:
+        return rpc_error(env.reset, "e")
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize(
     ("reply", "problem"),
     [
@@ -195,19 +212,7 @@ def malformed_server(reply: str) -> Iterator[str]:
 )
 def test_malformed_replies_are_internal_errors_naming_the_problem(reply: str, problem: str) -> None:
     with malformed_server(reply) as url:
-        target = OpenEnvTarget(
-            url=url,
-            name="odd",
-            action_format=ActionFormat.of({}),
-            system_prompt="",
-            max_turns=0,
-            timeout_s=5,
-        )
-        env = Adapted(target)
-        try:
-            err = rpc_error(env.reset, "e")
-        finally:
-            env.close()
+        err = reset_error(url)
     assert err.code() == grpc.StatusCode.INTERNAL
     assert f"OpenEnv server {url} replied badly" in err.details() and problem in err.details()
 
@@ -306,18 +311,6 @@ def test_an_oversized_reply_is_refused_without_reading_it_whole(monkeypatch) -> 
     monkeypatch.setattr(openenv_session, "MAX_REPLY_BYTES", 64 * 1024)
     huge = json.dumps({"type": "observation", "data": {"observation": {"x": "y" * 100_000}}})
     with malformed_server(huge) as url:
-        target = OpenEnvTarget(
-            url=url,
-            name="chatty",
-            action_format=ActionFormat.of({}),
-            system_prompt="",
-            max_turns=0,
-            timeout_s=5,
-        )
-        env = Adapted(target)
-        try:
-            err = rpc_error(env.reset, "e")
-        finally:
-            env.close()
+        err = reset_error(url)
     assert err.code() == grpc.StatusCode.INTERNAL
     assert "reset reply is larger than 65536 bytes" in err.details()
