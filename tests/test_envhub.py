@@ -612,3 +612,10 @@ def test_a_non_finite_reward_from_any_env_server_fails_the_episode() -> None:
             await server.stop(0)
 
     run(scenario())
+
+
+def test_the_env_adapters_give_up_before_the_rollout_gives_up_on_envhub() -> None:
+    from opentinker.services.envhub.adapters.serve_args import ADAPTER_TIMEOUT_S
+    from opentinker.services.rollout.settings import RolloutSettings
+
+    assert RolloutSettings.model_fields["env_timeout_s"].default > ADAPTER_TIMEOUT_S

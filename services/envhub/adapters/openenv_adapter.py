@@ -9,14 +9,20 @@ import sys
 from opentinker.errors import OpenTinkerError
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.adapters.openenv_game import OpenEnvGame, discover
-from opentinker.services.envhub.adapters.serve_args import add_serving_args, serve_from_args
+from opentinker.services.envhub.adapters.serve_args import (
+    ADAPTER_TIMEOUT_S,
+    add_serving_args,
+    serve_from_args,
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="opentinker serve openenv-adapter", description=__doc__)
     parser.add_argument("--url", required=True, help="the OpenEnv server's base URL")
     parser.add_argument("--max-turns", type=int, default=0, help="turn limit to declare; 0 = none")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="per OpenEnv reply")
+    parser.add_argument(
+        "--timeout-s", type=float, default=ADAPTER_TIMEOUT_S, help="per OpenEnv reply"
+    )
     parser.add_argument("--system-prompt", default="", help="what the model is told first")
     add_serving_args(parser)
     return parser.parse_args(argv)

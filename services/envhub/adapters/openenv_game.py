@@ -28,6 +28,7 @@ from opentinker.services.envhub.adapters.openenv_session import (
     OpenEnvSession,
     fetch_schema,
 )
+from opentinker.services.envhub.adapters.serve_args import ADAPTER_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,12 @@ class OpenEnvTarget:
 
 
 def discover(
-    url: str, *, name: str, max_turns: int = 0, timeout_s: float = 60.0, system_prompt: str = ""
+    url: str,
+    *,
+    name: str,
+    max_turns: int = 0,
+    timeout_s: float = ADAPTER_TIMEOUT_S,
+    system_prompt: str = "",
 ) -> OpenEnvTarget:
     """Read the server's action schema (and, for an MCP server, its tools) once."""
     action_format = ActionFormat.of(fetch_schema(url, timeout_s=timeout_s)["action"])

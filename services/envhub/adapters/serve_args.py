@@ -7,6 +7,12 @@ from typing import Any
 
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
 
+# How long an adapter waits for the env behind it (an OpenEnv reply, a verifiers turn) by
+# default: below the rollout's 15 s deadline on EnvHub calls (RolloutSettings.env_timeout_s).
+# Waiting longer gains nothing (the rollout has given up and restarted the episode elsewhere)
+# and keeps a server thread, and the episode, held by a call nobody reads.
+ADAPTER_TIMEOUT_S = 10.0
+
 
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="the environment name to register")

@@ -10,7 +10,11 @@ import sys
 
 from opentinker.errors import OpenTinkerError
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.envhub.adapters.serve_args import add_serving_args, serve_from_args
+from opentinker.services.envhub.adapters.serve_args import (
+    ADAPTER_TIMEOUT_S,
+    add_serving_args,
+    serve_from_args,
+)
 from opentinker.services.envhub.adapters.verifiers_game import (
     VerifiersGame,
     VerifiersSource,
@@ -24,7 +28,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--env-args", type=json.loads, default={}, help="keyword arguments, a JSON object"
     )
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="per turn of the env")
+    parser.add_argument(
+        "--timeout-s", type=float, default=ADAPTER_TIMEOUT_S, help="per turn of the env"
+    )
     add_serving_args(parser)
     args = parser.parse_args(argv)
     if not isinstance(args.env_args, dict):

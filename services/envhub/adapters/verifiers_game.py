@@ -28,6 +28,7 @@ import verifiers as vf
 
 from opentinker.errors import EnvironmentError_, InvalidArgumentError
 from opentinker.game import AbstractGame, StepResult, Tool
+from opentinker.services.envhub.adapters.serve_args import ADAPTER_TIMEOUT_S
 from opentinker.services.envhub.adapters.verifiers_bridge import (
     DoneEvent,
     FailedEvent,
@@ -44,7 +45,7 @@ class VerifiersSource:
 
     env: vf.Environment
     name: str
-    timeout_s: float = 300.0
+    timeout_s: float = ADAPTER_TIMEOUT_S
 
 
 def load_environment(spec: str, env_args: dict[str, Any] | None = None) -> vf.Environment:
