@@ -1,28 +1,90 @@
-"""Job processes share the CPU by the worker's slots (devices.cpu_thread_env)."""
+"""Job processes share the CPU by the jobs the worker runs now (services/common/cpu_share.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from pathlib import Path
 
 import pytest
+import torch
 
-from opentinker.services.worker.devices import Device, cpu_thread_env
+from opentinker.services.common.cpu_share import (
+    SHARE_FILE_ENV,
+    ThreadShareFile,
+    ThreadShareReader,
+    follow_worker_share,
+)
+from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
 
 
 def cpus(n: int) -> list[Device]:
     return [Device(f"h/cpu:{i}", "cpu") for i in range(n)]
 
 
-def test_the_cores_are_divided_among_the_cpu_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cores_are_divided_among_the_jobs_running_now(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    assert cpu_thread_env(cpus(4)) == {"OMP_NUM_THREADS": "4"}  # 16 cores / 4 slots
-    assert cpu_thread_env(cpus(1)) == {"OMP_NUM_THREADS": "16"}
-    assert cpu_thread_env(cpus(32)) == {"OMP_NUM_THREADS": "1"}  # never 0
+    share = cpu_share_of(cpus(4), tmp_path / "share")
+    assert share is not None
+    assert [share.threads_for(jobs) for jobs in (0, 1, 2, 4, 32)] == [16, 16, 8, 4, 1]
+    # Before a process first reads the share it starts with the cores divided among the slots.
+    assert cpu_thread_env(cpus(4), share) == {
+        "OMP_NUM_THREADS": "4",  # 16 cores / 4 slots
+        SHARE_FILE_ENV: str((tmp_path / "share").resolve()),
+    }
 
 
-def test_gpus_and_an_operators_setting_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpus_and_an_operators_setting_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert cpu_thread_env([Device("h/cuda:0", "cuda")]) == {}
+    gpu = [Device("h/cuda:0", "cuda")]
+    assert cpu_share_of(gpu, tmp_path / "s") is None
+    assert cpu_thread_env(gpu, None) == {}
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert cpu_thread_env(cpus(2)) == {}
+    assert cpu_share_of(cpus(2), tmp_path / "s") is None
+
+
+def test_the_reader_sees_every_publish_even_two_within_one_clock_tick(tmp_path: Path) -> None:
+    share = ThreadShareFile(tmp_path / "share", cores=8)
+    reader = ThreadShareReader(share.path)
+    assert reader.threads() is None  # nothing published yet: keep what you have
+    for jobs, threads in ((1, 8), (2, 4), (4, 2), (1, 8)):  # back to back, microseconds apart
+        share.publish(jobs)
+        assert reader.threads() == threads
+    share.path.write_text("garbage\n")
+    assert reader.threads() is None
+
+
+def test_compute_threads_follow_the_share_between_tasks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through asyncio.to_thread, as the trainer and rollout run their compute."""
+    share = ThreadShareFile(tmp_path / "share", cores=2)
+    monkeypatch.setenv(SHARE_FILE_ENV, str(share.path))
+    before = torch.get_num_threads()
+
+    async def main() -> list[int]:
+        assert follow_worker_share()
+        seen = []
+        for jobs in (1, 2, 1):
+            share.publish(jobs)
+            seen.append(await asyncio.to_thread(torch.get_num_threads))
+        return seen
+
+    try:
+        assert asyncio.run(main()) == [2, 1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_without_a_worker_share_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SHARE_FILE_ENV, raising=False)
+
+    async def main() -> bool:
+        return follow_worker_share()
+
+    assert not asyncio.run(main())

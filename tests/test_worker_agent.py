@@ -242,6 +242,9 @@ def test_cancel_stops_both_processes(redis_url: str, tmp_path: Path) -> None:
             await wait_until(lambda: (run_dir / "trainer.pid").exists())
             processes = pids(run_dir)
             assert all(alive(pid) for pid in processes)
+            if "OMP_NUM_THREADS" not in os.environ:  # the CPU share counts the running job
+                share = mesh.run_root / ".cpu-threads-agent-1"
+                assert share.read_text() == f"{os.cpu_count()}\n"
             await mesh.stub.CancelJob(
                 scheduler_pb2.CancelJobRequest(job_id=job.job_id, reason="user stop"),
                 timeout=RPC_TIMEOUT_S,

@@ -10,6 +10,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from opentinker.services.common.cpu_share import follow_worker_share
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
@@ -35,6 +36,7 @@ def parse_args() -> argparse.Namespace:
 
 
 async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
+    follow_worker_share()  # compute threads by the jobs the worker runs now
     launch = LaunchConfig.read(args.launch) if args.launch else None
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
     settings = RolloutSettings.with_overrides(

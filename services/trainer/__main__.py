@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from opentinker.services.common.cpu_share import follow_worker_share
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
@@ -28,6 +29,7 @@ async def _main(
     settings: TrainerSettings,
     preload: Preload | None,
 ) -> int:
+    follow_worker_share()  # compute threads by the jobs the worker runs now
     task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)

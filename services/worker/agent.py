@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
+from pathlib import Path
 
 import grpc
 import structlog
@@ -23,7 +25,7 @@ from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.worker.devices import Device, cpu_thread_env
+from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.rendezvous import rendezvous_env
@@ -48,7 +50,10 @@ class WorkerAgent:
         self._lost_since: float | None = None  # monotonic; set while jobs wait for a scheduler
         self._flush_lock = asyncio.Lock()
         self._stopping = False
-        self._thread_env = cpu_thread_env(devices)  # job processes' share of the CPU
+        # Job processes' share of the CPU: cores // jobs running now, re-published on each
+        # launch and exit (cpu_share.py).
+        self._cpu_share = cpu_share_of(devices, _share_path(settings))
+        self._thread_env = cpu_thread_env(devices, self._cpu_share)
         self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -136,6 +141,19 @@ class WorkerAgent:
         )
         task = asyncio.create_task(self._run_and_report(key, run))
         self.held.runs[key] = HeldRun(run, task)
+        self._share_cpu()
+
+    def _share_cpu(self) -> None:
+        if self._cpu_share is None:
+            return
+        try:
+            threads = self._cpu_share.publish(len(self.held.runs))
+        except OSError as err:  # the jobs keep the threads they have; nothing else depends on it
+            self.log.warning(
+                "cpu_share_not_written", path=str(self._cpu_share.path), error=str(err)
+            )
+            return
+        self.log.info("cpu_share", running_jobs=len(self.held.runs), threads_per_process=threads)
 
     async def _launched(self, key: tuple[str, int]) -> None:
         held = self.held.runs.get(key)
@@ -154,6 +172,7 @@ class WorkerAgent:
             run.log.exception("job_run_failed")
             outcome = Exit(-1, f"worker could not run the job: {err!r}")
         held = self.held.runs.pop(key)
+        self._share_cpu()
         run.log.info("job_exited", exit_code=outcome.exit_code, reason=outcome.reason)
         if held.orphaned or self._stopping:
             return  # the scheduler re-queues the job itself
@@ -328,6 +347,12 @@ class _Connection:
         self.call.cancel()
         with contextlib.suppress(Exception):  # bounded: a stuck channel must not hold us
             await asyncio.wait_for(self.channel.close(), self.settings.connect_timeout_s)
+
+
+def _share_path(settings: WorkerSettings) -> Path:
+    """One share file per worker (several may run on one machine, e.g. in tests)."""
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.worker_id)
+    return settings.run_root / f".cpu-threads-{safe_id}"
 
 
 def _describe(err: BaseException) -> str:

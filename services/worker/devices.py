@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import structlog
 
+from opentinker.services.common.cpu_share import SHARE_FILE_ENV, ThreadShareFile
 from opentinker.services.worker.settings import WorkerSettings
 
 log = structlog.get_logger(__name__)
@@ -53,13 +55,24 @@ def cuda_visible_devices(device_ids: list[str] | tuple[str, ...]) -> str:
     return ",".join(indices)
 
 
-def cpu_thread_env(devices: list[Device]) -> dict[str, str]:
-    """The thread count of every job process when jobs share this machine's CPU: its cores
-    divided among the CPU slots. torch's default (every core in every process) oversubscribes
-    the cores as soon as two jobs run, and their OpenMP threads then spin against each other
-    (bench/scaling.py). Nothing when the worker offers GPUs or the operator set
-    OMP_NUM_THREADS."""
+def cpu_share_of(devices: list[Device], path: Path) -> ThreadShareFile | None:
+    """How job processes share this machine's CPU: the cores divided among the jobs running
+    now, published at ``path`` (cpu_share.py). torch's default (every core in every process)
+    oversubscribes the cores as soon as two jobs run, and their OpenMP threads then spin
+    against each other (bench/scaling.py); a fixed split by slots starves a job running alone.
+    None when the worker offers GPUs or the operator set OMP_NUM_THREADS."""
+    if not any(d.kind == "cpu" for d in devices) or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return ThreadShareFile(path.resolve(), cores=os.cpu_count() or 1)
+
+
+def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:
+    """The environment of every job process: where the share is, and the threads a process
+    starts with until it first reads it (the cores divided among the CPU slots)."""
     cpu_slots = sum(d.kind == "cpu" for d in devices)
-    if not cpu_slots or "OMP_NUM_THREADS" in os.environ:
+    if share is None or not cpu_slots:
         return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // cpu_slots))}
+    return {
+        "OMP_NUM_THREADS": str(share.threads_for(cpu_slots)),
+        SHARE_FILE_ENV: str(share.path),
+    }
