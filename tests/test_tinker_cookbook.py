@@ -81,9 +81,18 @@ def test_sl_loop_runs_unchanged_and_its_loss_falls(gateway, offline_cookbook, tm
     assert "tinker://" in checkpoints and '"final"' in checkpoints
 
 
-def test_rl_loop_runs_unchanged_with_cispo(gateway, offline_cookbook, tmp_path) -> None:
-    # The recipe's gsm8k grader wants \boxed{...}, which a tiny model never writes: reward
-    # the letter the question asks for instead (the one thing here that is not the recipe's).
+def test_rl_loop_runs_unchanged_with_its_default_loss(gateway, offline_cookbook, tmp_path) -> None:
+    """rl_loop with its default loss, stable_reinforce (sampling records named by provenance).
+
+    The one thing here that is not the recipe's: its gsm8k grader wants a ``\\boxed{}`` answer,
+    and the only models offline are random-init tiny ones that never write one, so every
+    reward would be 0, every batch skipped (all advantages zero) and no step taken. Warm-starting
+    the policy through the recipe's own resume path did not help: 40 supervised LoRA steps
+    (through the gateway, on the recipe's prompt answered ``\\boxed{A..D}``) took the summed
+    loss from 896 to 377 over 76 target tokens (~5 nats a token) and 0 of 8 temperature-1
+    samples then held a ``\\boxed{}``. So the reward is swapped for the letter the question
+    asks for (the tiny model is nudged to answer with letters)."""
+
     def reward(response: str, answer: str) -> float:
         return 1.0 if "A" in response else 0.0
 
@@ -99,12 +108,12 @@ def test_rl_loop_runs_unchanged_with_cispo(gateway, offline_cookbook, tmp_path) 
             lora_rank=4,
             save_every=0,
             max_tokens=6,
-            loss_fn="cispo",
             max_steps=3,
         )
+        assert config.loss_fn == "stable_reinforce"  # the recipe's default, unchanged
         rl_loop.main(config)
     rows = _metrics(tmp_path / "rl")
     assert len(rows) == 3, rows
     assert all(0.0 <= row["reward/total"] <= 1.0 for row in rows)
     stepped = [row for row in rows if "optim/grad_norm:mean" in row or "grad_norm:mean" in row]
-    assert stepped, rows  # at least one batch had mixed rewards and took a cispo step
+    assert stepped, rows  # at least one batch had mixed rewards and took a stable_reinforce step

@@ -29,12 +29,16 @@ from opentinker.spec import SamplingParams
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 T = TypeVar("T")
-LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
+LossName = Literal[
+    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce"
+]
 _LOSS_PB = {
     "cross_entropy": trainer_pb2.SESSION_LOSS_CROSS_ENTROPY,
     "importance_sampling": trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING,
     "ppo": trainer_pb2.SESSION_LOSS_PPO,
     "cispo": trainer_pb2.SESSION_LOSS_CISPO,
+    "gspo": trainer_pb2.SESSION_LOSS_GSPO,
+    "stable_reinforce": trainer_pb2.SESSION_LOSS_STABLE_REINFORCE,
 }
 
 
@@ -49,6 +53,7 @@ class Datum:
     weights: list[float] | None = None  # cross_entropy (None = all 1)
     sampling_logprobs: list[float] | None = None  # importance_sampling / ppo
     advantages: list[float] | None = None  # importance_sampling / ppo
+    sequence_ratio_mask: list[float] | None = None  # gspo: positions of the sequence ratio
 
     @classmethod
     def from_sequence(
@@ -86,6 +91,7 @@ class Datum:
             weights=self.weights or [],
             sampling_logprobs=self.sampling_logprobs or [],
             advantages=self.advantages or [],
+            sequence_ratio_mask=self.sequence_ratio_mask or [],
         )
 
 
@@ -324,7 +330,7 @@ def wait_until_serving(
 def _loss(name: str, config: dict[str, float]) -> trainer_pb2.LossConfig:
     if name not in _LOSS_PB:
         raise ValueError(f"loss_fn must be one of {sorted(_LOSS_PB)}, got {name!r}")
-    unknown = set(config) - {"clip_low_threshold", "clip_high_threshold"}
+    unknown = set(config) - {"clip_low_threshold", "clip_high_threshold", "kl_coeff"}
     if unknown:
         raise ValueError(f"unknown loss option(s) {sorted(unknown)}")
     return trainer_pb2.LossConfig(loss=_LOSS_PB[name], **config)

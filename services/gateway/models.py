@@ -14,6 +14,7 @@ from opentinker.errors import InvalidArgumentError, NotFoundError
 from opentinker.training_session import TrainingSession
 
 from .ordering import SeqGate
+from .stability import StabilityRecords
 from .tenancy import Caller
 
 STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND = "weights", "sampler_weights", "external_weights"
@@ -30,6 +31,7 @@ class TrainingModel:
     gate: SeqGate
     samplers: int = field(default=0)  # sampling sessions made from it
     sampler_names: dict[str, float] = field(default_factory=dict)  # named sampler saves: unix s
+    stability: StabilityRecords = field(default_factory=StabilityRecords)  # stable_reinforce
 
     @property
     def job_id(self) -> str:

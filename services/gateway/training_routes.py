@@ -21,6 +21,7 @@ from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
 from .runs import RUN_NAME, check_saved_state, set_ttl
+from .stability import SampledRecord, with_recorded_logprobs
 from .state import Gateway
 from .tenancy import Caller
 
@@ -95,8 +96,10 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
     model = await gw.models.get(request.model_id, caller)
 
     def submit() -> Future:
-        options = wire.loss_options(request.loss_fn, dict(request.loss_fn_config))
+        options = wire.loss_options(request.loss_fn, wire.loss_config(request))
         data = wire.session_data(request)
+        if request.loss_fn == "stable_reinforce":
+            data = with_recorded_logprobs(request, data, model.stability)
         call = (
             model.session.forward_async
             if request.forward_only
@@ -223,13 +226,19 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         include_prompt_logprobs=with_prompt,
     )
 
+    ids: list[str] = []
+
     async def work() -> Result:
         output = await asyncio.wrap_future(future)
+        if body.get("record_stability_info"):
+            for sequence_id, seq in zip(ids, output.sequences, strict=True):
+                record = SampledRecord(prompt, list(seq.tokens), list(seq.logprobs))
+                model.stability.record(sequence_id, record)
         scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
         return Result(wire.sample_response(output, prompt_logprobs=scored))
 
     request_id = gw.futures.start(work(), tenant=caller.tenant_id)
-    ids = [f"{request_id}:{i}" for i in range(num_samples)]
+    ids.extend(f"{request_id}:{i}" for i in range(num_samples))
     return {"request_id": request_id, "sample_sequence_ids": ids}
 
 

@@ -23,12 +23,19 @@ SUPPORTED_LOSSES: dict[str, frozenset[str]] = {
     "importance_sampling": frozenset(),
     "ppo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "gspo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "stable_reinforce": frozenset({"kl_coeff"}),
 }
 # loss_fn_inputs name -> our Datum field (target_tokens is the datum's targets).
-_INPUT_FIELDS = {"weights": "weights", "logprobs": "sampling_logprobs", "advantages": "advantages"}
+_INPUT_FIELDS = {
+    "weights": "weights",
+    "logprobs": "sampling_logprobs",
+    "advantages": "advantages",
+    "sequence_ratio_mask": "sequence_ratio_mask",
+}
 _NUMPY_DTYPES = {tinker_pb.DTYPE_FLOAT32: np.float32, tinker_pb.DTYPE_INT64: np.int64}
 # Our metric names without a reduction get the one the SDK should fold chunks with.
-_REDUCTIONS = {"clip_fraction": "mean"}
+_REDUCTIONS = {"clip_fraction": "mean", "truncated_fraction": "mean"}
 _STOP_REASONS = {"stop": tinker_pb.STOP_REASON_STOP, "length": tinker_pb.STOP_REASON_LENGTH}
 
 
@@ -39,6 +46,18 @@ def parse_forward_backward(body: bytes) -> tinker_pb.ForwardBackwardRequest:
     except Exception as err:  # protobuf's DecodeError
         raise InvalidArgumentError(f"body: not a ForwardBackwardRequest protobuf ({err})") from err
     return request
+
+
+def loss_config(request: tinker_pb.ForwardBackwardRequest) -> dict[str, float]:
+    """The request's loss_fn_config: v2 (tagged values) when set, else the legacy float map."""
+    if not request.loss_fn_config_v2:
+        return dict(request.loss_fn_config)
+    text = sorted(
+        k for k, v in request.loss_fn_config_v2.items() if v.WhichOneof("value") != "number"
+    )
+    if text:
+        raise InvalidArgumentError(f"loss_fn_config: {text} must be numbers")
+    return {k: v.number for k, v in request.loss_fn_config_v2.items()}
 
 
 def loss_options(loss_fn: str, config: Mapping[str, float]) -> dict[str, float]:

@@ -19,7 +19,9 @@ from opentinker.errors import InvalidArgumentError, ResourceExhaustedError
 
 from ..batch import SequenceBatch
 
-LossName = Literal["cross_entropy", "importance_sampling", "ppo", "cispo"]
+LossName = Literal[
+    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce"
+]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Datum:
     weights: list[float] = field(default_factory=list)  # cross_entropy; empty = all 1
     sampling_logprobs: list[float] = field(default_factory=list)  # importance_sampling / ppo
     advantages: list[float] = field(default_factory=list)  # importance_sampling / ppo
+    sequence_ratio_mask: list[float] = field(default_factory=list)  # gspo
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class DatumBatch:
     sampling_logprobs_B_T: torch.Tensor
     advantages_B_T: torch.Tensor
     mask_B_T: torch.Tensor
+    ratio_mask_B_T: torch.Tensor  # gspo's sequence_ratio_mask (0 where not given)
     lengths: list[int]
     targets_B_T: torch.Tensor
 
@@ -67,7 +71,7 @@ def collate_data(
     tokens_B_L = torch.full((size, width + 1), pad_id, dtype=torch.long)
     attention_B_L = torch.zeros((size, width + 1), dtype=torch.long)
     targets_B_T = torch.full((size, width), pad_id, dtype=torch.long)
-    per_token = {name: torch.zeros((size, width)) for name in ("w", "q", "a", "m")}
+    per_token = {name: torch.zeros((size, width)) for name in ("w", "q", "a", "m", "r")}
     for b, d in enumerate(data):
         n = len(d.input_tokens)
         tokens_B_L[b, : n + 1] = torch.tensor([*d.input_tokens, d.target_tokens[-1]])
@@ -78,6 +82,8 @@ def collate_data(
             per_token["q"][b, :n] = torch.tensor(d.sampling_logprobs)
         if d.advantages:
             per_token["a"][b, :n] = torch.tensor(d.advantages)
+        if d.sequence_ratio_mask:
+            per_token["r"][b, :n] = torch.tensor(d.sequence_ratio_mask)
         per_token["m"][b, :n] = 1.0
     batch = SequenceBatch(tokens_B_L, attention_B_L, per_token["m"], per_token["q"])
     return DatumBatch(
@@ -86,6 +92,7 @@ def collate_data(
         sampling_logprobs_B_T=per_token["q"],
         advantages_B_T=per_token["a"],
         mask_B_T=per_token["m"],
+        ratio_mask_B_T=per_token["r"],
         lengths=[len(d.input_tokens) for d in data],
         targets_B_T=targets_B_T,
     )
@@ -104,7 +111,7 @@ def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
     outside = [t for t in (*d.input_tokens, *d.target_tokens) if not 0 <= t < vocab_size]
     if outside:
         raise bad(f"token ids outside the vocabulary 0..{vocab_size - 1}: {outside[:3]}")
-    for name in ("weights", "sampling_logprobs", "advantages"):
+    for name in ("weights", "sampling_logprobs", "advantages", "sequence_ratio_mask"):
         values = getattr(d, name)
         if values and len(values) != n:
             raise bad(f"{name} has {len(values)} entries, input_tokens {n}")
@@ -112,3 +119,5 @@ def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
         for name in ("sampling_logprobs", "advantages"):
             if not getattr(d, name):
                 raise bad(f"loss {loss!r} needs {name} ({n} entries)")
+    if loss == "gspo" and not d.sequence_ratio_mask:
+        raise bad(f"loss 'gspo' needs sequence_ratio_mask ({n} entries, 1 on sampled tokens)")

@@ -8,8 +8,10 @@ import torch
 
 from ..losses.cispo import cispo_loss
 from ..losses.cross_entropy import weighted_nll_sum
+from ..losses.gspo import gspo_loss
 from ..losses.importance_sampling import importance_sampling_loss
 from ..losses.ppo_token import ppo_token_loss
+from ..losses.stable_reinforce import stable_reinforce_loss
 from ..policy import Policy
 from .data import DatumBatch, LossName
 
@@ -18,11 +20,13 @@ DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
 
 @dataclass(frozen=True)
 class LossSpec:
-    """Which loss and, for ppo and cispo, the bounds of the probability ratio."""
+    """Which loss; for ppo, cispo and gspo the bounds of the probability ratio; for
+    stable_reinforce the weight of its KL term."""
 
     name: LossName
     clip_low: float = DEFAULT_CLIP_LOW
     clip_high: float = DEFAULT_CLIP_HIGH
+    kl_coeff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,26 @@ def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
         loss = importance_sampling_loss(
             logprobs_B_T, data.sampling_logprobs_B_T, data.advantages_B_T, data.mask_B_T
         )
+    elif spec.name == "stable_reinforce":  # trains where weights say (the gateway: sampled)
+        loss, sr = stable_reinforce_loss(
+            logprobs_B_T,
+            data.sampling_logprobs_B_T,
+            data.advantages_B_T,
+            data.weights_B_T,
+            kl_coeff=spec.kl_coeff,
+        )
+        metrics["truncated_fraction"], metrics["kl"] = sr.truncated_fraction, sr.kl
+    elif spec.name == "gspo":
+        loss, gs = gspo_loss(
+            logprobs_B_T,
+            data.sampling_logprobs_B_T,
+            data.advantages_B_T,
+            data.mask_B_T,
+            data.ratio_mask_B_T,
+            clip_low=spec.clip_low,
+            clip_high=spec.clip_high,
+        )
+        metrics["clip_fraction"] = gs.clip_fraction
     else:
         clipped_loss = ppo_token_loss if spec.name == "ppo" else cispo_loss
         loss, stats = clipped_loss(

@@ -27,6 +27,8 @@ _LOSS_NAMES = {
     trainer_pb2.SESSION_LOSS_IMPORTANCE_SAMPLING: "importance_sampling",
     trainer_pb2.SESSION_LOSS_PPO: "ppo",
     trainer_pb2.SESSION_LOSS_CISPO: "cispo",
+    trainer_pb2.SESSION_LOSS_GSPO: "gspo",
+    trainer_pb2.SESSION_LOSS_STABLE_REINFORCE: "stable_reinforce",
 }
 
 
@@ -211,6 +213,7 @@ def _data(data) -> list[Datum]:
             weights=list(d.weights),
             sampling_logprobs=list(d.sampling_logprobs),
             advantages=list(d.advantages),
+            sequence_ratio_mask=list(d.sequence_ratio_mask),
         )
         for d in data
     ]
@@ -220,10 +223,13 @@ def _loss(pb: trainer_pb2.LossConfig) -> LossSpec:
     name = _LOSS_NAMES.get(pb.loss)
     if name is None:
         raise InvalidArgumentError(
-            "loss.loss: choose cross_entropy, importance_sampling, ppo or cispo", reason="BAD_LOSS"
+            f"loss.loss: choose one of {sorted(_LOSS_NAMES.values())}", reason="BAD_LOSS"
         )
+    if pb.kl_coeff < 0:
+        raise InvalidArgumentError(f"loss.kl_coeff: must be >= 0, got {pb.kl_coeff:g}")
     return LossSpec(
         name=name,  # type: ignore[arg-type]  # one of the LossName literals
         clip_low=pb.clip_low_threshold or DEFAULT_CLIP_LOW,
         clip_high=pb.clip_high_threshold or DEFAULT_CLIP_HIGH,
+        kl_coeff=pb.kl_coeff,
     )

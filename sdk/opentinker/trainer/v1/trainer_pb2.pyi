@@ -15,11 +15,15 @@ class SessionLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_LOSS_IMPORTANCE_SAMPLING: _ClassVar[SessionLoss]
     SESSION_LOSS_PPO: _ClassVar[SessionLoss]
     SESSION_LOSS_CISPO: _ClassVar[SessionLoss]
+    SESSION_LOSS_GSPO: _ClassVar[SessionLoss]
+    SESSION_LOSS_STABLE_REINFORCE: _ClassVar[SessionLoss]
 SESSION_LOSS_UNSPECIFIED: SessionLoss
 SESSION_LOSS_CROSS_ENTROPY: SessionLoss
 SESSION_LOSS_IMPORTANCE_SAMPLING: SessionLoss
 SESSION_LOSS_PPO: SessionLoss
 SESSION_LOSS_CISPO: SessionLoss
+SESSION_LOSS_GSPO: SessionLoss
+SESSION_LOSS_STABLE_REINFORCE: SessionLoss
 
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
@@ -57,28 +61,32 @@ class SessionCall(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Datum(_message.Message):
-    __slots__ = ("input_tokens", "target_tokens", "weights", "sampling_logprobs", "advantages")
+    __slots__ = ("input_tokens", "target_tokens", "weights", "sampling_logprobs", "advantages", "sequence_ratio_mask")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_RATIO_MASK_FIELD_NUMBER: _ClassVar[int]
     input_tokens: _containers.RepeatedScalarFieldContainer[int]
     target_tokens: _containers.RepeatedScalarFieldContainer[int]
     weights: _containers.RepeatedScalarFieldContainer[float]
     sampling_logprobs: _containers.RepeatedScalarFieldContainer[float]
     advantages: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, input_tokens: _Optional[_Iterable[int]] = ..., target_tokens: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ..., sampling_logprobs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ...) -> None: ...
+    sequence_ratio_mask: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, input_tokens: _Optional[_Iterable[int]] = ..., target_tokens: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ..., sampling_logprobs: _Optional[_Iterable[float]] = ..., advantages: _Optional[_Iterable[float]] = ..., sequence_ratio_mask: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class LossConfig(_message.Message):
-    __slots__ = ("loss", "clip_low_threshold", "clip_high_threshold")
+    __slots__ = ("loss", "clip_low_threshold", "clip_high_threshold", "kl_coeff")
     LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_LOW_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     CLIP_HIGH_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    KL_COEFF_FIELD_NUMBER: _ClassVar[int]
     loss: SessionLoss
     clip_low_threshold: float
     clip_high_threshold: float
-    def __init__(self, loss: _Optional[_Union[SessionLoss, str]] = ..., clip_low_threshold: _Optional[float] = ..., clip_high_threshold: _Optional[float] = ...) -> None: ...
+    kl_coeff: float
+    def __init__(self, loss: _Optional[_Union[SessionLoss, str]] = ..., clip_low_threshold: _Optional[float] = ..., clip_high_threshold: _Optional[float] = ..., kl_coeff: _Optional[float] = ...) -> None: ...
 
 class DatumOutput(_message.Message):
     __slots__ = ("logprobs",)
