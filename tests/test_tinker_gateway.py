@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -197,3 +199,47 @@ def test_a_base_model_samples_and_a_silent_session_expires(mesh, letter_model_di
         beat = {"session_id": session["session_id"]}
         late = httpx.post(f"{url}/api/v1/session_heartbeat", json=beat, headers=headers)
         assert late.status_code == 410, late.text
+
+
+def test_a_download_url_outlives_a_gateway_restart(mesh, letter_model_dir) -> None:
+    with socket.socket() as probe:  # one port for both runs, as a restarted service keeps it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=port,
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+        checkpoint_root=mesh.checkpoint_root,
+    )
+    with running_gateway(settings) as url:
+        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{mesh.api_key}")
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        export = trainer.save_weights_external("before-restart").result().path
+        urls = service.create_rest_client().get_external_weights_urls(export).result().urls
+        before = httpx.get(urls["adapter_config.json"])
+        assert before.status_code == 200, before.text
+        service.close("success").result()
+    secret = mesh.checkpoint_root / ".gateway-download-secret"
+    assert secret.stat().st_mode & 0o777 == 0o600  # made once, readable by its owner only
+
+    env = {
+        **os.environ,
+        "OPENTINKER_GATEWAY_PORT": str(port),
+        "OPENTINKER_GATEWAY_SCHEDULER_ADDRESS": mesh.scheduler_address,
+        "OPENTINKER_GATEWAY_CHECKPOINT_ROOT": str(mesh.checkpoint_root),
+    }
+    restarted = subprocess.Popen([sys.executable, "-m", "opentinker.services.gateway"], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz").status_code == 200:
+                    break
+            time.sleep(0.2)
+        after = httpx.get(urls["adapter_config.json"])  # the URL the first process signed
+        assert after.status_code == 200, after.text
+        assert after.content == before.content
+    finally:
+        restarted.terminate()
+        restarted.wait(timeout=30)

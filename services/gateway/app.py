@@ -105,7 +105,7 @@ def _routes(gw: Gateway) -> list[Route]:
         route("/api/v1/save_weights_external", downloads.save_weights_external),
         route(checkpoint + "/ttl", runs.set_checkpoint_ttl, method="PUT"),
         route(checkpoint + "/external_weights_urls", downloads.external_weights_urls, method="GET"),
-        Route("/api/v1/files/{token}", downloads.serve_file, methods=["GET"]),  # signed URLs
+        Route("/api/v1/files/{token}", downloads.file_route(gw), methods=["GET"]),  # signed URLs
         route(checkpoint, runs.delete_checkpoint, method="DELETE"),
         route("/api/v1/checkpoints", runs.list_user_checkpoints, method="GET"),
     ]

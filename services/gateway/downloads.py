@@ -9,13 +9,9 @@ the tokenizer; never the optimizer state or RNG.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import hmac
-import json
-import secrets
 import time
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from starlette.requests import Request
@@ -26,13 +22,13 @@ from opentinker.errors import InvalidArgumentError
 from .futures import Result
 from .models import EXTERNAL_KIND, TinkerPath
 from .runs import saved_state, set_ttl
+from .signing import sign, verify
 from .state import Gateway
 from .tenancy import Caller
 from .training_routes import ordered, start_future
 
 URL_TTL_S = 3600  # a signed URL works this long
 PRIVATE_FILES = {"optimizer.pt", "rng.pt", "trainer_state.json", "manifest.json", "session.json"}
-_SECRET = secrets.token_bytes(32)  # per gateway process: URLs end with it
 
 
 async def save_weights_external(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -63,16 +59,21 @@ async def external_weights_urls(gw: Gateway, caller: Caller, body: dict) -> dict
     expires = int(time.time()) + URL_TTL_S
     base = str(body["base_url"]).rstrip("/")
     urls = {
-        name: f"{base}/api/v1/files/{_sign(str(file), expires)}"
+        name: f"{base}/api/v1/files/{sign(gw.download_secret, str(file), expires)}"
         for name, file in _public_files(folder).items()
     }
     return {"urls": urls, "expires": datetime.fromtimestamp(expires, tz=UTC).isoformat()}
 
 
-async def serve_file(request: Request) -> Response:
-    """GET /api/v1/files/<signed token>: the file, if the signature holds and has not expired."""
+def file_route(gw: Gateway):
+    """The handler of GET /api/v1/files/<signed token> (no API key: the signature is it)."""
+    return partial(serve_file, gw.download_secret)
+
+
+async def serve_file(secret: bytes, request: Request) -> Response:
+    """The file, if the signature holds and has not expired."""
     try:
-        file, expires = _verify(request.path_params["token"])
+        file, expires = verify(secret, request.path_params["token"])
     except ValueError as err:
         return JSONResponse({"error": str(err), "category": "user"}, status_code=403)
     if expires < time.time():
@@ -92,18 +93,3 @@ def _public_files(folder: Path) -> dict[str, Path]:
         for f in sorted(steps[-1].rglob("*"))
         if f.is_file() and f.name not in PRIVATE_FILES
     }
-
-
-def _sign(file: str, expires: int) -> str:
-    payload = base64.urlsafe_b64encode(json.dumps([file, expires]).encode()).decode()
-    mac = hmac.new(_SECRET, payload.encode(), hashlib.sha256).hexdigest()
-    return f"{payload}.{mac}"
-
-
-def _verify(token: str) -> tuple[str, int]:
-    payload, _, mac = token.rpartition(".")
-    want = hmac.new(_SECRET, payload.encode(), hashlib.sha256).hexdigest()
-    if not payload or not hmac.compare_digest(mac, want):
-        raise ValueError("this download URL's signature is not valid")
-    file, expires = json.loads(base64.urlsafe_b64decode(payload))
-    return str(file), int(expires)

@@ -32,5 +32,8 @@ class GatewaySettings(BaseSettings):
     # The workers' shared checkpoint root (OPENTINKER_CHECKPOINT_ROOT): training checkpoints
     # are listed, deleted and downloaded from here. None: those calls are refused.
     checkpoint_root: Path | None = None
+    # The key download URLs are signed with (made once, random, mode 0600); None =
+    # <checkpoint_root>/.gateway-download-secret. Gateways sharing it honour each other's URLs.
+    download_secret_file: Path | None = None
     key_cache_s: float = Field(30.0, ge=0, description="A checked API key is trusted this long.")
     log_level: str = "INFO"

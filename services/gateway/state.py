@@ -14,6 +14,7 @@ from .futures import FutureStore
 from .models import Models
 from .sessions import Sessions
 from .settings import GatewaySettings
+from .signing import signing_secret
 from .tenancy import Caller, Tenancy
 
 IDEMPOTENCY_KEEP = 4096  # answers remembered for retried requests (X-Idempotency-Key)
@@ -29,6 +30,7 @@ class Gateway:
         self.futures = FutureStore(long_poll_s=settings.long_poll_s)
         self.sessions = Sessions(expiry_s=settings.session_expiry_s)
         self.answered: OrderedDict[tuple[str, str], dict] = OrderedDict()
+        self.download_secret = signing_secret(settings)
 
     def remember(self, tenant: str, key: str, answer: dict) -> None:
         self.answered[(tenant, key)] = answer
