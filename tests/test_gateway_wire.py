@@ -19,6 +19,7 @@ from opentinker.services.gateway.futures import error_body
 from opentinker.services.gateway.models import TinkerPath
 from opentinker.services.gateway.ordering import SeqGate
 from opentinker.services.gateway.sessions import SessionGoneError, Sessions
+from opentinker.services.gateway.stops import cut_at_stop, parse_stop
 from opentinker.training_session import ForwardOutput, SampledSequence, SampleOutput
 
 pytestmark = pytest.mark.unit
@@ -96,9 +97,27 @@ def test_prompt_logprobs_reach_the_sdk_with_none_where_unscored() -> None:
 def test_prompts_and_stops() -> None:
     prompt = types.ModelInput.from_ints([1, 2, 3]).model_dump(mode="json")
     assert wire.prompt_tokens(prompt) == [1, 2, 3]
-    assert wire.stop_token_ids([5, 6]) == [5, 6] and wire.stop_token_ids(None) == []
-    with pytest.raises(InvalidArgumentError, match="stop"):
-        wire.stop_token_ids(["</s>"])
+    assert parse_stop([5, 6]) == ([5, 6], []) and parse_stop(None) == ([], [])
+    assert parse_stop("\n\nUser:") == ([], ["\n\nUser:"])
+    with pytest.raises(InvalidArgumentError, match="not a mix"):
+        parse_stop(["</s>", 5])
+
+
+def test_a_stop_string_ends_the_sequence_with_the_token_that_completes_it() -> None:
+    pieces = {1: "ab", 2: "c\n", 3: "\nUs", 4: "er:", 5: "x"}  # token id -> its text
+
+    def decode(ids: list[int]) -> str:
+        return "".join(pieces[i] for i in ids)
+
+    seq = SampledSequence(
+        tokens=[1, 2, 3, 4, 5], logprobs=[-1, -2, -3, -4, -5], stop_reason="length"
+    )
+    # "\n\nUser:" spans tokens 2..4 ("c\n" + "\nUs" + "er:"): token 4 completes it, kept
+    cut = cut_at_stop(seq, ["\n\nUser:"], decode)
+    assert (cut.tokens, cut.logprobs, cut.stop_reason) == ([1, 2, 3, 4], [-1, -2, -3, -4], "stop")
+    # the first of several stop strings wins; "c" ends inside token 2
+    assert cut_at_stop(seq, ["er:", "c"], decode).tokens == [1, 2]
+    assert cut_at_stop(seq, ["zz"], decode) == seq  # none found: unchanged
 
 
 def test_tinker_paths_name_a_session_jobs_state() -> None:

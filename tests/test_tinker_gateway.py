@@ -18,6 +18,7 @@ import safetensors.torch
 import tinker
 from tinker import types
 from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
+from transformers import AutoTokenizer
 
 import opentinker
 from opentinker.services.gateway.in_thread import running_gateway
@@ -243,3 +244,26 @@ def test_a_download_url_outlives_a_gateway_restart(mesh, letter_model_dir) -> No
     finally:
         restarted.terminate()
         restarted.wait(timeout=30)
+
+
+def test_a_stop_string_ends_a_sample_with_the_token_that_completes_it(
+    gateway, mesh, letter_model_dir
+) -> None:
+    service = tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
+    trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints([5, 9, 13])
+    free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=3)).result()
+    tokens = free.sequences[0].tokens
+    assert len(tokens) >= 4, tokens
+    decode = AutoTokenizer.from_pretrained(letter_model_dir).decode
+    stop = decode(tokens[1:3])[-2:]  # text that ends within the third token (or earlier)
+    end = next(k for k in range(1, len(tokens) + 1) if stop in decode(tokens[:k]))
+
+    params = types.SamplingParams(max_tokens=12, seed=3, stop=[stop])
+    [cut] = sampler.sample(prompt, 1, params).result().sequences
+    # the same draw (same seed), ended by the token that completes the stop string, kept
+    assert cut.tokens == tokens[:end] and end <= 3
+    assert cut.stop_reason == "stop" and len(cut.logprobs) == end
+    assert cut.logprobs == pytest.approx(free.sequences[0].logprobs[:end])
+    service.close("success").result()

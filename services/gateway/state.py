@@ -15,6 +15,7 @@ from .models import Models
 from .sessions import Sessions
 from .settings import GatewaySettings
 from .signing import signing_secret
+from .stops import Tokenizers
 from .tenancy import Caller, Tenancy
 
 IDEMPOTENCY_KEEP = 4096  # answers remembered for retried requests (X-Idempotency-Key)
@@ -31,6 +32,7 @@ class Gateway:
         self.sessions = Sessions(expiry_s=settings.session_expiry_s)
         self.answered: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self.download_secret = signing_secret(settings)
+        self.tokenizers = Tokenizers()  # for stop strings
 
     def remember(self, tenant: str, key: str, answer: dict) -> None:
         self.answered[(tenant, key)] = answer

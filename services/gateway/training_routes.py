@@ -23,6 +23,7 @@ from .ordering import SeqGate
 from .runs import RUN_NAME, check_saved_state, set_ttl
 from .stability import SampledRecord, with_recorded_logprobs
 from .state import Gateway
+from .stops import apply_stop_strings, parse_stop
 from .tenancy import Caller
 
 BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
@@ -216,20 +217,24 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
     )
     prompt = wire.prompt_tokens(body["prompt"])
-    stops = wire.stop_token_ids(params.get("stop"))
+    stop_ids, stop_strings = parse_stop(params.get("stop"))
+    if stop_strings:
+        base = gw.settings.base_models.get(model.base_model, model.base_model)
+        decode = await gw.tokenizers.decoder(base)
     future = model.session.sample_async(
         prompt,
         num_samples=num_samples,
         sampling=sampling,
-        stop_token_ids=stops,
+        stop_token_ids=stop_ids,
         seed=int(params.get("seed") or 0),
         include_prompt_logprobs=with_prompt,
     )
-
     ids: list[str] = []
 
     async def work() -> Result:
         output = await asyncio.wrap_future(future)
+        if stop_strings:
+            output = apply_stop_strings(output, stop_strings, decode)
         if body.get("record_stability_info"):
             for sequence_id, seq in zip(ids, output.sequences, strict=True):
                 record = SampledRecord(prompt, list(seq.tokens), list(seq.logprobs))

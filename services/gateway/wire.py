@@ -160,14 +160,3 @@ def prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:
     if not tokens:
         raise InvalidArgumentError("prompt: no tokens")
     return tokens
-
-
-def stop_token_ids(stop: str | Sequence[Any] | None) -> list[int]:
-    """Stop tokens of SamplingParams.stop; stop strings need a tokenizer the gateway lacks."""
-    if stop is None:
-        return []
-    if isinstance(stop, str) or any(not isinstance(s, int) for s in stop):
-        raise InvalidArgumentError(
-            "sampling_params.stop: only token ids are served; encode stop strings to ids"
-        )
-    return [int(s) for s in stop]
