@@ -90,8 +90,12 @@ def test_rl_loop_runs_unchanged_with_its_default_loss(gateway, offline_cookbook,
     the policy through the recipe's own resume path did not help: 40 supervised LoRA steps
     (through the gateway, on the recipe's prompt answered ``\\boxed{A..D}``) took the summed
     loss from 896 to 377 over 76 target tokens (~5 nats a token) and 0 of 8 temperature-1
-    samples then held a ``\\boxed{}``. So the reward is swapped for the letter the question
-    asks for (the tiny model is nudged to answer with letters)."""
+    samples then held a ``\\boxed{}``; full-weight fine-tuning of the tiny model on the same
+    data (plain torch, Adam 1e-2) reached 0.97 nats a token after 30 steps (~80 s on this
+    machine) and still 0 of 8 samples were graded correct (``boxed{C{C}{{/}``...). A fixture
+    that trains long enough to get mixed rewards would cost minutes per run, so the reward is
+    swapped for the letter the question asks for (the tiny model is nudged to answer with
+    letters)."""
 
     def reward(response: str, answer: str) -> float:
         return 1.0 if "A" in response else 0.0
