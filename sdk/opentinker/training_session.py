@@ -50,7 +50,7 @@ class Datum:
 
     input_tokens: list[int]
     target_tokens: list[int]
-    weights: list[float] | None = None  # cross_entropy (None = all 1)
+    weights: list[float] | None = None  # cross_entropy, stable_reinforce (None = all 1)
     sampling_logprobs: list[float] | None = None  # importance_sampling / ppo
     advantages: list[float] | None = None  # importance_sampling / ppo
     sequence_ratio_mask: list[float] | None = None  # gspo: positions of the sequence ratio
@@ -172,7 +172,8 @@ class TrainingSession:
         self, data: Sequence[Datum], loss_fn: LossName = "cross_entropy", **loss_config: float
     ) -> Future[ForwardOutput]:
         """Loss and logprobs without gradients. ``loss_config``: ppo's clip_low_threshold /
-        clip_high_threshold (ratio bounds, default 0.8 / 1.2)."""
+        clip_high_threshold (ratio bounds, default 0.8 / 1.2; also cispo and gspo), and
+        stable_reinforce's kl_coeff (default 0)."""
         return self._submit(
             self._stub.Forward,
             lambda c: trainer_pb2.ForwardRequest(

@@ -30,7 +30,7 @@ class Datum:
 
     input_tokens: list[int]
     target_tokens: list[int]
-    weights: list[float] = field(default_factory=list)  # cross_entropy; empty = all 1
+    weights: list[float] = field(default_factory=list)  # cross_entropy, stable_reinforce; empty = 1
     sampling_logprobs: list[float] = field(default_factory=list)  # importance_sampling / ppo
     advantages: list[float] = field(default_factory=list)  # importance_sampling / ppo
     sequence_ratio_mask: list[float] = field(default_factory=list)  # gspo
