@@ -231,10 +231,11 @@ class VllmEngine:
         )
         if callable(shutdown):
             shutdown()
-        del llm, engine
+        del llm, engine, shutdown
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()  # vLLM's own teardown: process groups, caches
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def _loggable(options: Mapping[str, Any]) -> dict[str, Any]:
