@@ -282,3 +282,14 @@ def test_the_0_5b_shape_has_qwen2_5_0_5b_parameter_count() -> None:
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())
     assert 490e6 < params < 500e6  # Qwen2.5-0.5B: 494M
+
+
+def test_the_worker_extension_resolves_by_the_name_vllm_is_given() -> None:
+    import importlib
+
+    from opentinker.services.rollout.vllm_engine import WORKER_EXTENSION
+
+    module, _, name = WORKER_EXTENSION.rpartition(".")
+    extension = getattr(importlib.import_module(module), name)  # as vLLM resolves it
+    assert callable(extension.opentinker_load_weights)  # the method collective_rpc names
+    assert "vllm" not in sys.modules
