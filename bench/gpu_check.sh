@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=/tmp/opentinker-whl
 SITE=/tmp/opentinker-site
+MODEL=/tmp/opentinker-qwen2.5-0.5b-shape  # built once by `install`; vLLM's compile cache follows it
 OUT=${OUT:-/tmp/opentinker-out}
 mkdir -p "$OUT"
 touch "$OUT/.started"  # logs newer than this are this call's
@@ -62,11 +63,13 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_dev
 print("vllm", vllm.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
 from vllm import LLM, SamplingParams  # the lazy names resolve
 PY
+  python3 -m opentinker.services.modeling.tiny_model --shape qwen2.5-0.5b --out "$MODEL" ||
+    failed install "building the 0.5B-shaped model"
   passed install
 }
 
 tests() {
-  python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
+  OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
     tests/test_rollout_engine.py 2>&1 | tee "$OUT/gpu_tests.log"
   local rc=${PIPESTATUS[0]}
   grep -q "SKIPPED" "$OUT/gpu_tests.log" && rc=1 && echo "a gpu test was skipped here: see why above"
@@ -75,19 +78,19 @@ tests() {
 }
 
 bench() {
-  python3 bench/vllm_engine.py "$@" 2>&1 | tee "$OUT/vllm_engine.log" | grep -v "^INFO\|^DEBUG"
+  python3 bench/vllm_engine.py --model "$MODEL" "$@" 2>&1 | tee "$OUT/vllm_engine.log" | grep -v "^INFO\|^DEBUG"
   [ "${PIPESTATUS[0]}" = 0 ] || failed bench "bench/vllm_engine.py (try: bench --eager)"
   passed bench
 }
 
 rl() {
   local finetune=${1:-lora}
-  python3 bench/gpu_rl.py --finetune "$finetune" 2>&1 | tee "$OUT/rl_$finetune.log"
+  python3 bench/gpu_rl.py --finetune "$finetune" --model "$MODEL" 2>&1 | tee "$OUT/rl_$finetune.log"
   if [ "${PIPESTATUS[0]}" != 0 ]; then
     find /tmp/opentinker-gpu-rl-* -name "*.log" -newer "$OUT/.started" 2>/dev/null | while read -r log; do
       echo "--- tail $log" && tail -25 "$log"
     done
-    failed "rl $finetune" "the job, logs above"
+    failed "rl $finetune" "the job, logs above; if vLLM failed inside the rollout process, try OPENTINKER_ROLLOUT_VLLM_IN_PROCESS=false bash bench/gpu_check.sh rl $finetune"
   fi
   passed "rl $finetune"
 }

@@ -9,6 +9,7 @@ a lent GPU machine.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,9 @@ SETTINGS = RolloutSettings(gpu_memory_utilization=0.25, vllm_enforce_eager=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    built = os.environ.get("OPENTINKER_GPU_TEST_MODEL")  # gpu_check.sh builds it once
+    if built and (Path(built) / "config.json").is_file():
+        return Path(built)
     return build_tiny_model(tmp_path_factory.mktemp("qwen2.5-0.5b-shape"), **QWEN2_5_0_5B_SHAPE)
 
 
