@@ -99,7 +99,7 @@ class AdapterVersions:
 
     Starts from ``spec.init_adapter`` when there is one, else from zeros (what a fresh
     adapter computes: its B is zero, so the base model's outputs). An update may come in
-    parts (``update``); ``write(version)`` saves what is held as that version's folder.
+    parts (``update``); ``write(version)`` saves what is held as a folder of that version.
     """
 
     def __init__(self, spec: ModelSpec, shapes: WeightShapes, root: Path) -> None:
@@ -129,12 +129,13 @@ class AdapterVersions:
             self.state[peft_key(name)] = tensor.detach().to("cpu", torch.float32, copy=True)
         self.changed = self.changed or bool(tensors)
 
-    def folder(self, version: int) -> Path:
-        return self.root / f"v{version}"
+    def folder(self, version: int, suffix: str = "") -> Path:
+        return self.root / f"v{version}{suffix}"
 
-    def write(self, version: int) -> Path:
-        """Save the adapter as ``version``'s PEFT folder (config + safetensors); its path."""
-        out = self.folder(version)
+    def write(self, version: int, *, suffix: str = "") -> Path:
+        """Save the adapter as ``version``'s PEFT folder (config + safetensors); its path.
+        suffix: tells apart a second folder of the same version (a re-sent update)."""
+        out = self.folder(version, suffix)
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
@@ -143,6 +144,6 @@ class AdapterVersions:
         self.changed = False
         return out
 
-    def drop(self, version: int) -> None:
+    def drop(self, version: int, suffix: str = "") -> None:
         """Delete a version's folder (vLLM has its own copy once loaded)."""
-        shutil.rmtree(self.folder(version), ignore_errors=True)
+        shutil.rmtree(self.folder(version, suffix), ignore_errors=True)

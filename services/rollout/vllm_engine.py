@@ -12,7 +12,7 @@ engine choice (``engine_choice.py``).
   (with top_p < 1 vLLM renormalises over the nucleus; the transformers engine does not).
   It stops at eos only (``stop_token_ids=[eos]``; the session cuts at other stop tokens).
 - LoRA: each policy version's adapter is written as a PEFT folder and served through a new
-  ``LoRARequest`` (id = version + 1), loaded when the update ends; the previous version is
+  ``LoRARequest`` (a new id each time), loaded when the update ends; the previous one is
   removed from vLLM and its folder deleted. No restart.
 - Full weights: copied in place by the model's own ``load_weights`` on every worker
   (``collective_rpc``, ``vllm_worker.py``), then the prefix cache is reset (its KV entries
@@ -24,6 +24,7 @@ engine choice (``engine_choice.py``).
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import shutil
 import tempfile
@@ -113,6 +114,9 @@ class VllmEngine:
         self.policy_version = 0
         self.image_processor: object | None = None  # images: the transformers engine only
         self.lora_request: Any = None  # None = the base model
+        # A new id per adapter loaded: vLLM caches adapters by id, so a re-sent version must
+        # not reuse the id of the one served (it would keep serving the old tensors).
+        self._lora_ids = itertools.count(1)
         if adapters is not None and adapters.changed:  # an init_adapter is version 0
             self._serve_adapter(0)
 
@@ -185,8 +189,11 @@ class VllmEngine:
         """Part of an update (``policy_version`` = the one served) or its end (a new one)."""
         self.shapes.check(tensors)  # before anything changes
         if self.adapters is not None:
+            # Every part is served at once (a new adapter id), as the transformers engine copies
+            # each part in place: a re-sent version is never mistaken for a partial one. LoRA
+            # updates are small and come in one chunk or a few.
             self.adapters.update(tensors)
-            if policy_version != self.policy_version:
+            if tensors or policy_version != self.policy_version:
                 self._serve_adapter(policy_version)
         elif tensors:
             pairs = list(tensors.items())
@@ -198,13 +205,14 @@ class VllmEngine:
         from vllm.lora.request import LoRARequest
 
         assert self.adapters is not None
-        folder = self.adapters.write(version)
-        request = LoRARequest(f"policy-v{version}", version + 1, str(folder))
+        lora_id = next(self._lora_ids)
+        folder = self.adapters.write(version, suffix=f"-{lora_id}")
+        request = LoRARequest(f"policy-v{version}-{lora_id}", lora_id, str(folder))
         self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails the update
         previous, self.lora_request = self.lora_request, request
-        if previous is not None and previous.lora_int_id != request.lora_int_id:
+        if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
-            self.adapters.drop(previous.lora_int_id - 1)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)  # vLLM holds it in memory
 
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
         if len(token_ids) < 2:
