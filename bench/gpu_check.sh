@@ -19,7 +19,9 @@ MODEL=/tmp/opentinker-qwen2.5-0.5b-shape  # built once by `install`; vLLM's comp
 OUT=${OUT:-/tmp/opentinker-out}
 mkdir -p "$OUT"
 touch "$OUT/.started"  # logs newer than this are this call's
+# flashinfer is not carried (vLLM falls back to its own sampler and FlashAttention 3)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export VLLM_USE_FLASHINFER_SAMPLER=0
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE/ot:$SITE/deps${PYTHONPATH:+:$PYTHONPATH}"
 
 passed() { echo "GPU CHECK $1: PASSED"; }
