@@ -11,9 +11,9 @@ engine choice (``engine_choice.py``).
   it was drawn from, i.e. ``log_softmax(logits / temperature)`` as the trainer recomputes it
   (with top_p < 1 vLLM renormalises over the nucleus; the transformers engine does not).
   It stops at eos only (``stop_token_ids=[eos]``; the session cuts at other stop tokens).
-- LoRA: each policy version's adapter is written as a PEFT folder and served through a new
-  ``LoRARequest`` (a new id each time), loaded when the update ends; the previous one is
-  removed from vLLM and its folder deleted. No restart.
+- LoRA: the adapter is written as a PEFT folder and served through a new ``LoRARequest`` (a
+  new id each time) as each part of an update arrives (one part, for LoRA, as a rule); the
+  previous one is removed from vLLM and its folder deleted. No restart.
 - Full weights: copied in place by the model's own ``load_weights`` on every worker
   (``collective_rpc``, ``vllm_worker.py``), then the prefix cache is reset (its KV entries
   were computed with the old weights). Nothing is re-read from disk.
@@ -23,6 +23,7 @@ engine choice (``engine_choice.py``).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import itertools
 import os
@@ -136,6 +137,7 @@ class VllmEngine:
         adapters = None
         if spec.finetune == "lora":
             root = Path(tempfile.mkdtemp(prefix="opentinker-lora-"))
+            atexit.register(shutil.rmtree, root, True)  # the folders die with the process
             adapters = AdapterVersions(spec, shapes, root)
         log.info("vllm_starting", version=vllm.__version__, **_loggable(options))
         llm = vllm.LLM(**options)
