@@ -89,6 +89,20 @@ def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     )
 
 
+# Qwen2.5-0.5B's shape (its config.json): what a GPU check builds with random init. The vocab
+# is padded past the local tokenizer's 512 tokens as Qwen's own is (151,936 rows for 151,665
+# tokens), so the LM head costs what the real one does; ids past the tokenizer decode to "".
+QWEN2_5_0_5B_SHAPE: dict[str, int] = {
+    "hidden_size": 896,
+    "num_layers": 24,
+    "num_heads": 14,
+    "num_kv_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+}
+SHAPES: dict[str, dict[str, int]] = {"tiny": {}, "qwen2.5-0.5b": QWEN2_5_0_5B_SHAPE}
+
+
 def build_tiny_model(
     out_dir: Path,
     *,
@@ -97,14 +111,17 @@ def build_tiny_model(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 512,
+    vocab_size: int | None = None,
     seed: int = 0,
 ) -> Path:
-    """Save a random-init Qwen2 model and its tokenizer to ``out_dir``; return the folder."""
+    """Save a random-init Qwen2 model and its tokenizer to ``out_dir``; return the folder.
+
+    vocab_size: rows of the embedding and LM head; None = the tokenizer's size (512)."""
     out_dir = Path(out_dir)
     set_seed(seed)
     tokenizer = build_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -138,8 +155,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Build the tiny local Qwen2 model.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), default="tiny", help="qwen2.5-0.5b: 0.49B parameters"
+    )
     args = parser.parse_args()
-    build_tiny_model(args.out, seed=args.seed)
+    build_tiny_model(args.out, seed=args.seed, **SHAPES[args.shape])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import asyncio
 import signal
 from pathlib import Path
 
+import torch
+
 from opentinker.services.common.cpu_share import follow_worker_share
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
@@ -18,8 +20,8 @@ from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
 
 from .engine import preloaded_engine_factory
+from .engine_choice import engine_factory, vllm_installed
 from .service import create_server
-from .session import default_engine_factory
 from .settings import RolloutSettings
 
 
@@ -50,13 +52,12 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
         settings = settings.model_copy(update={"device": placement.device})
         log.info("placement", device=placement.device, dtype=str(placement.dtype))
     job = launch.job if launch else None
-    factory = None
-    if preload is not None:
+    engine, factory = engine_factory(
+        settings, cuda_available=torch.cuda.is_available(), vllm_importable=vllm_installed()
+    )
+    if preload is not None and engine == "transformers":  # a spare preloads for transformers
         factory = preloaded_engine_factory(
-            preload,
-            default_engine_factory(settings),
-            max_batch_size=settings.max_batch_size,
-            device=settings.device or None,
+            preload, factory, max_batch_size=settings.max_batch_size, device=settings.device or None
         )
     server, port = await create_server(
         settings,

@@ -24,7 +24,8 @@ from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop
 from .config import RolloutConfig
-from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
+from .engine import GenerationEngine, WeightUpdateError
+from .engine_choice import engine_factory, vllm_installed
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
@@ -324,7 +325,8 @@ class RolloutSession:
 
 
 def default_engine_factory(settings: RolloutSettings) -> EngineFactory:
-    """Transformers on CPU or one GPU (a vLLM engine would be chosen here)."""
-    return lambda spec: TransformersEngine.load(
-        spec, max_batch_size=settings.max_batch_size, device=settings.device or None
-    )
+    """The engine ``settings.engine`` picks for the rollout's device: vLLM on CUDA when
+    installed, transformers otherwise (engine_choice.py)."""
+    return engine_factory(
+        settings, cuda_available=torch.cuda.is_available(), vllm_importable=vllm_installed()
+    )[1]

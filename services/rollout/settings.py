@@ -47,6 +47,30 @@ class RolloutSettings(BaseSettings):
         description="(async) the longest ready episodes wait for others to join an engine "
         "call; unset = half the batch's mean engine call",
     )
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto",
+        description="generation engine: auto = vLLM when the job holds CUDA devices and vllm "
+        "is installed, else transformers (engine_choice.py)",
+    )
+    gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        le=0.95,
+        description="(vLLM) share of the GPU's memory vLLM takes for weights and KV cache; the "
+        "trainer shares the GPU on one node, so leave it room",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="(vLLM) GPUs one engine spans")
+    vllm_enforce_eager: bool = Field(
+        False, description="(vLLM) no CUDA graphs: starts seconds faster, decodes slower"
+    )
+    vllm_in_process: bool = Field(
+        True,
+        description="(vLLM, one GPU) run vLLM's engine in this process, so full-weight updates "
+        "reach it by reference instead of serialised to its engine process",
+    )
+    vllm_max_model_len: int = Field(
+        0, ge=0, description="(vLLM) longest sequence (prompt + completion); 0 = the model's own"
+    )
     log_level: str = "INFO"
     # Sent to EnvHub on every call, and the only credential the rollout admits: the job token
     # (from the launch file) when a worker starts it; an API key when started by hand.

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run on a machine that reaches PyPI (a developer's), in the repo root, BEFORE the GPU calls:
+# downloads bench/gpu_wheels.txt for the GPU machine (Python 3.12, x86-64 Linux) into
+# .whl/dl and splits them into parts of at most 56 MiB, .whl/p00 ... .whl/pNN: one part per
+# `run` call, since one call carries at most 64 MiB with the working tree
+# (/work/.library/device/README.md). Prints the calls to make. See bench/gpu_check.sh.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+mkdir -p .whl/dl
+git check-ignore -q .whl/dl || { echo "/.whl/ must be ignored (.gitignore)"; exit 1; }
+grep -v '^#' bench/gpu_wheels.txt | grep -v '^ *$' >.whl/requirements.txt
+platforms=()
+for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64 -d .whl/dl -r .whl/requirements.txt
+rm -rf .whl/p[0-9]* .whl/part-*
+tar -C .whl/dl -cf - . | split -b 56m -d -a 2 - .whl/part-
+parts=0
+total=$(ls .whl/part-* | wc -l)
+sum=$(cat .whl/part-* | sha256sum | cut -d' ' -f1)
+for part in .whl/part-*; do
+  name="p${part##*-}"
+  mkdir -p ".whl/$name" && mv "$part" ".whl/$name/"
+  parts=$((parts + 1))
+done
+printf 'parts=%s\nsha256=%s\n' "$total" "$sum" >.whl/p00/MANIFEST  # checked there
+echo "$(du -sh .whl/dl | cut -f1) of wheels in $parts parts. On the GPU machine, back to back"
+echo "(it is given back after 30 s idle, and the staged parts with it):"
+for dir in .whl/p[0-9]*; do
+  echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
+done
+for step in "install tests" bench "rl lora" "rl full"; do
+  echo "  run(command='bash bench/gpu_check.sh $step', timeout_s=600)"
+done

@@ -1,0 +1,136 @@
+"""The vLLM engine on a GPU: rollout tokens/s against vLLM's own offline ``LLM.generate`` on
+the same prompts, and the seconds of a weight sync (apply + probe), LoRA and full.
+
+Needs a CUDA GPU and the ``vllm`` extra (bench/gpu_check.sh installs it on a lent machine).
+The model is Qwen2.5-0.5B-shaped with random init, built here (nothing downloads).
+
+    python bench/vllm_engine.py [--prompts 256] [--max-new-tokens 128] [--eager]
+
+Rows: ``engine.generate`` (what the rollout calls: a seed per request, the sampled token's
+logprob, stop at eos) and ``LLM.generate`` (vLLM alone: one SamplingParams, no logprobs, no
+seeds); ``transformers`` (the engine the rollout uses without vLLM) for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.vllm_engine import VllmEngine
+from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
+
+
+def chat_prompts(engine: VllmEngine, n: int) -> list[list[int]]:
+    return [
+        engine.tokenizer.apply_chat_template(
+            [
+                {
+                    "role": "user",
+                    "content": f"Answer with the letter {chr(65 + i % 26)}. " * (1 + i % 4),
+                }
+            ],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(n)
+    ]
+
+
+def timed(fn):  # noqa: ANN001, ANN201 - any call
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - started
+
+
+def throughput(engine: VllmEngine, prompts: list[list[int]], new_tokens: int) -> list[tuple]:
+    import vllm
+
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens)
+    engine.generate(prompts[:8], sampling, seed=0)  # warm-up
+    ours, ours_s = timed(lambda: engine.generate(prompts, sampling, seed=1))
+    plain = vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens)
+    token_prompts = [{"prompt_token_ids": p} for p in prompts]
+    theirs, theirs_s = timed(lambda: engine.llm.generate(token_prompts, plain, use_tqdm=False))
+    ours_tokens = sum(len(c.token_ids) for c in ours)
+    theirs_tokens = sum(len(r.outputs[0].token_ids) for r in theirs)
+    return [
+        ("engine.generate (rollout)", ours_tokens, ours_s),
+        ("LLM.generate (vLLM alone)", theirs_tokens, theirs_s),
+    ]
+
+
+def transformers_throughput(spec: ModelSpec, prompts: list[list[int]], new_tokens: int) -> tuple:
+    engine = TransformersEngine.load(spec, device="cuda:0", max_batch_size=64)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
+    engine.generate(prompts[:8], sampling, seed=0)
+    out, seconds = timed(lambda: engine.generate(prompts, sampling, seed=1))
+    return ("transformers engine (bf16)", sum(len(c.token_ids) for c in out), seconds)
+
+
+def sync_seconds(engine: VllmEngine, tensors: dict[str, torch.Tensor], probe: list[int]) -> tuple:
+    _, apply_s = timed(lambda: engine.apply_weights(tensors, engine.policy_version + 1))
+    _, probe_s = timed(lambda: engine.logprobs_of(probe))
+    return apply_s, probe_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start)")
+    parser.add_argument("--model", type=Path, help="a model folder (default: build one)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/vllm_engine.py needs a CUDA GPU")
+    model = args.model or build_tiny_model(
+        Path(tempfile.mkdtemp(prefix="qwen0.5b-")), **QWEN2_5_0_5B_SHAPE
+    )
+    settings = RolloutSettings(gpu_memory_utilization=0.4, vllm_enforce_eager=args.eager)
+    out = sys.stdout
+    full = ModelSpec(base_model=str(model), finetune="full")
+    engine = VllmEngine.load(full, settings)
+    prompts = chat_prompts(engine, args.prompts)
+    rows = throughput(engine, prompts, args.max_new_tokens)
+    probe = prompts[0] + list(range(100, 164))
+    cpu_model = TransformersEngine.load(full, device="cpu").model  # what a trainer sends
+    state = {n: p.detach().to(torch.bfloat16) for n, p in cpu_model.named_parameters()}
+    full_sync = sync_seconds(engine, state, probe)
+    engine.close()
+    rows.append(transformers_throughput(full, prompts, args.max_new_tokens))
+
+    lora = ModelSpec(base_model=str(model), finetune="lora", lora=LoraConfig(rank=16, alpha=32))
+    # Eager: the sync does not depend on CUDA graphs, and this saves a compile.
+    lora_engine = VllmEngine.load(lora, settings.model_copy(update={"vllm_enforce_eager": True}))
+    adapter = {n: torch.randn(s) * 0.02 for n, s in lora_engine.shapes.shapes.items()}
+    lora_sync = sync_seconds(lora_engine, adapter, probe)
+    lora_engine.close()
+
+    out.write(
+        f"{args.prompts} prompts x {args.max_new_tokens} new tokens, Qwen2.5-0.5B shape, bf16, "
+        f"{torch.cuda.get_device_name(0)}, {'eager' if args.eager else 'CUDA graphs'}\n"
+    )
+    base = rows[1][1] / rows[1][2]
+    out.write(f"{'generation':<30}{'tokens':>9}{'seconds':>9}{'tokens/s':>11}{'vs vLLM':>9}\n")
+    for name, tokens, seconds in rows:
+        rate = tokens / seconds
+        out.write(f"{name:<30}{tokens:>9}{seconds:>9.2f}{rate:>11.0f}{rate / base:>8.2f}x\n")
+    out.write(f"{'weight sync':<30}{'tensors':>9}{'apply s':>9}{'probe s':>11}\n")
+    out.write(f"{'full (494M, bf16 from CPU)':<30}{len(state):>9}{full_sync[0]:>9.3f}")
+    out.write(f"{full_sync[1]:>11.3f}\n")
+    out.write(f"{'LoRA r16 q/k/v/o (new folder)':<30}{len(adapter):>9}{lora_sync[0]:>9.3f}")
+    out.write(f"{lora_sync[1]:>11.3f}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Which generation engine a rollout runs: vLLM on CUDA devices, transformers elsewhere.
+
+``OPENTINKER_ROLLOUT_ENGINE`` (``RolloutSettings.engine``): ``auto`` picks vLLM when the
+rollout's device is CUDA and the ``vllm`` package is installed, else transformers, and logs
+why; ``vllm`` asked for where it cannot run is a ConfigError naming the reason;
+``transformers`` is always possible. Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Literal
+
+import structlog
+
+from opentinker.errors import ConfigError
+from opentinker.spec import ModelSpec
+
+from .engine import GenerationEngine, TransformersEngine
+from .settings import RolloutSettings
+
+log = structlog.get_logger("opentinker.rollout.engine_choice")
+
+EngineName = Literal["transformers", "vllm"]
+
+
+def vllm_installed() -> bool:
+    """Whether ``import vllm`` would find the package (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_engine(
+    setting: str, *, device: str, cuda_available: bool, vllm_importable: bool
+) -> tuple[EngineName, str]:
+    """The engine for ``setting`` ("auto" | "transformers" | "vllm") on ``device`` (the
+    rollout's placement; "" = CUDA when there is one), and the reason, for the log."""
+    on_cuda = device.startswith("cuda") or (device == "" and cuda_available)
+    if setting == "transformers":
+        return "transformers", "asked for"
+    if setting == "vllm":
+        if not on_cuda:
+            raise ConfigError(
+                f"OPENTINKER_ROLLOUT_ENGINE=vllm needs CUDA devices, but the rollout runs on "
+                f"{device or 'cpu'!r} (a CPU lease, or no GPU visible); use 'auto' or "
+                f"'transformers' here",
+                reason="VLLM_NEEDS_CUDA",
+            )
+        if not vllm_importable:
+            raise ConfigError(
+                "OPENTINKER_ROLLOUT_ENGINE=vllm but the vllm package is not installed; "
+                "install the extra (pip install 'opentinker[vllm]') or use 'auto'",
+                reason="VLLM_NOT_INSTALLED",
+            )
+        return "vllm", "asked for"
+    if setting != "auto":
+        raise ConfigError(
+            f"OPENTINKER_ROLLOUT_ENGINE={setting!r}: expected auto, transformers or vllm"
+        )
+    if not on_cuda:
+        return "transformers", "auto: no CUDA device"
+    if not vllm_importable:
+        return "transformers", "auto: CUDA, but vllm is not installed"
+    return "vllm", "auto: CUDA and vllm installed"
+
+
+def engine_factory(
+    settings: RolloutSettings,
+    *,
+    cuda_available: bool,
+    vllm_importable: bool,
+) -> tuple[EngineName, Callable[[ModelSpec], GenerationEngine]]:
+    """The chosen engine's name and a factory loading it for a job's model."""
+    name, why = choose_engine(
+        settings.engine,
+        device=settings.device,
+        cuda_available=cuda_available,
+        vllm_importable=vllm_importable,
+    )
+    log.info("engine_chosen", engine=name, reason=why, device=settings.device or "default")
+    if name == "vllm":
+        from .vllm_engine import VllmEngine  # needs vllm; imported only when chosen
+
+        device = settings.device or "cuda:0"
+        return name, lambda spec: VllmEngine.load(spec, settings, device=device)
+    return name, lambda spec: TransformersEngine.load(
+        spec, max_batch_size=settings.max_batch_size, device=settings.device or None
+    )
