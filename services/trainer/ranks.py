@@ -179,6 +179,10 @@ class LeaderPolicy:
         """``Policy.save_checkpoint``'s Hugging Face files, from the gathered full weights."""
         _broadcast(Order("weights"))
         state = full_state(self.policy, trainable_only=self.is_lora)
+        # Tied weights (Qwen2's head is its embedding) under one name, as save_pretrained of
+        # the unsharded model writes them: the gathered copies no longer share storage.
+        named = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        state = {name: tensor for name, tensor in state.items() if name in named}
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out_dir, state_dict=state)
