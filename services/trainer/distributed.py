@@ -14,8 +14,9 @@ gradients is the minibatch's gradient: FSDP's reduce-scatter sums (divide factor
 averaging. Every rank must run the same number of forward passes (one micro-batch each:
 ``micro_batch_tokens`` 0), since each is a collective.
 
-Ranks are started by torchrun or torch.multiprocessing; ``init_rank`` reads the usual
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on CUDA, gloo on CPU.
+Ranks are started by the worker (worker/ranks.py; torchrun or torch.multiprocessing work as
+well); ``init_rank`` reads the usual RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on
+CUDA, gloo on CPU. How rank 0 drives the others through a job: ranks.py.
 """
 
 from __future__ import annotations
