@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.distributed import (
@@ -24,6 +25,7 @@ from opentinker.services.trainer.distributed import (
     shard_policy,
 )
 from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.ranks import LeaderPolicy, follow
 from opentinker.services.trainer.training import rl_update
 from opentinker.spec import ModelSpec
 
@@ -106,3 +108,89 @@ def test_two_gloo_ranks_compute_the_single_process_update(tmp_path: Path) -> Non
         # only by float summation order: under 1e-5, 1% of the step (seen: < 1e-6).
         assert (param.detach() - before[name]).abs().max() > LEARNING_RATE / 2, name
         assert (state[name] - param.detach()).abs().max() < 1e-5, name
+
+
+def _leader_or_follower(
+    rank: int, world_size: int, port: int, model_dir: Path, out: Path, ckpt: Path
+) -> None:
+    """Rank 0 drives a LeaderPolicy through an update, a weight gather, the probe, a
+    checkpoint, a second update and a resume from that checkpoint; rank 1 follows."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
+    )
+    torch.set_num_threads(1)
+    me = init_rank("cpu", timeout_s=120)
+    try:
+        policy = make_policy(model_dir)
+        episodes = make_episodes(policy)
+        shard_policy(policy)
+        if not me.is_leader:
+            follow(policy, me)
+            return
+        leader = LeaderPolicy(policy, me)
+        stats = leader.update(episodes, CONFIG)
+        after_1 = leader.trainable_state()
+        probe = leader.probe_logprobs(policy.probe_token_ids)
+        state = checkpoints.TrainerState(
+            job_id="j", step=1, policy_version=1, rewards=[0.5], data_cursor=1
+        )
+        path = checkpoints.save(leader, state, ckpt, keep=2)
+        optimizer_1 = leader.optimizer.state_dict()
+        leader.update(episodes, CONFIG)
+        moved = leader.trainable_state()
+        checkpoints.load(leader, path)
+        resumed = leader.trainable_state()
+        optimizer_resumed = leader.optimizer.state_dict()
+        leader.stop()
+        torch.save(
+            {
+                "stats": stats,
+                "after_1": after_1,
+                "probe": probe,
+                "moved": moved,
+                "resumed": resumed,
+                "optimizer_1": optimizer_1,
+                "optimizer_resumed": optimizer_resumed,
+                "path": str(path),
+            },
+            out,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.integration  # ~25 s: two spawned processes
+def test_rank_zero_drives_a_follower_through_update_sync_checkpoint_and_resume(
+    tmp_path: Path,
+) -> None:
+    model_dir = ensure_tiny_model(tmp_path / "tiny-qwen2")
+    single = make_policy(model_dir)
+    stats = rl_update(single, make_episodes(single), CONFIG)
+    out = tmp_path / "rank0.pt"
+    args = (2, _free_port(), model_dir, out, tmp_path / "checkpoints")
+    mp.spawn(_leader_or_follower, args=args, nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)
+    # The 2-rank update's figures are the whole batch's, as the 1-process update's.
+    for figure in ("loss", "grad_norm", "entropy", "ratio_mean", "clip_fraction"):
+        assert getattr(got["stats"], figure) == pytest.approx(
+            getattr(stats, figure), rel=1e-4, abs=1e-6
+        ), figure
+    assert got["stats"].trained_tokens == stats.trained_tokens
+    for name, param in single.trainable_state().items():
+        assert (got["after_1"][name] - param).abs().max() < 1e-5, name
+    assert got["probe"] == pytest.approx(single.probe_logprobs(single.probe_token_ids), abs=1e-5)
+    # The second update moved the weights; resuming the step-1 checkpoint brought them back.
+    assert any((got["moved"][n] - got["after_1"][n]).abs().max() > 1e-4 for n in got["moved"])
+    for name, tensor in got["after_1"].items():
+        assert torch.equal(got["resumed"][name], tensor), name
+    first, again = got["optimizer_1"], got["optimizer_resumed"]
+    assert set(first["state"]) == set(range(len(single.trainable_parameters())))
+    for i, moments in first["state"].items():
+        assert torch.equal(again["state"][i]["exp_avg"], moments["exp_avg"]), i
+    # The checkpoint is the 1-process format: a plain Policy resumes it (HF files + AdamW).
+    plain = make_policy(model_dir)
+    checkpoints.load(plain, Path(got["path"]))
+    for name, param in single.trainable_state().items():
+        assert (plain.trainable_state()[name] - param).abs().max() < 1e-5, name
+    step = plain.optimizer.state_dict()["state"][0]["step"]
+    assert float(step) == 1.0

@@ -14,8 +14,9 @@ gradients is the minibatch's gradient: FSDP's reduce-scatter sums (divide factor
 averaging. Every rank must run the same number of forward passes (one micro-batch each:
 ``micro_batch_tokens`` 0), since each is a collective.
 
-Ranks are started by torchrun or torch.multiprocessing; ``init_rank`` reads the usual
-RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on CUDA, gloo on CPU.
+Ranks are started by the worker (worker/ranks.py; torchrun or torch.multiprocessing work as
+well); ``init_rank`` reads the usual RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on
+CUDA, gloo on CPU. How rank 0 drives the others through a job: ranks.py.
 """
 
 from __future__ import annotations
@@ -23,17 +24,27 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from .batch import Episode
 from .batch_work import UpdateConfig, prepare
 from .logprobs import causal_lm_parts
 from .policy import Policy
-from .training import backward_minibatch
+from .training import TrainStats, _no_signal_stats, _stats, _Tally, backward_minibatch
+
+# Token-weighted figures of an update summed over ranks (each rank tallies its own rows).
+_TOKEN_FIGURES = ("entropy", "logprob_gap", "clip_fraction", "ratio_mean")
 
 
 @dataclass(frozen=True)
@@ -48,11 +59,13 @@ class Rank:
         return self.rank == 0
 
 
-def init_rank(device: str) -> Rank:
-    """Join the job's process group (env:// rendezvous set by torchrun or the caller)."""
+def init_rank(device: str, *, timeout_s: float = 1800.0) -> Rank:
+    """Join the job's process group (env:// rendezvous set by torchrun or the caller).
+    ``timeout_s``: how long joining, and any one collective later, may wait for the other
+    ranks before it raises (a dead peer ends the job instead of hanging it)."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     rank = dist.get_rank()
     if device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -96,21 +109,103 @@ def data_parallel_step(
 ) -> float:
     """One optimizer step on the whole of ``episodes`` (every rank passes the same list), each
     rank computing its rows; returns the global gradient norm before clipping."""
+    return data_parallel_update(policy, episodes, config, rank).grad_norm
+
+
+def data_parallel_update(
+    policy: Policy, episodes: list[Episode], config: UpdateConfig, rank: Rank
+) -> TrainStats:
+    """``data_parallel_step`` with the figures ``rl_update`` reports, summed over the ranks'
+    rows (every rank gets the same TrainStats). No step when no sequence has signal (every
+    rank sees the whole batch, so all decide alike)."""
+    _check_data_parallel(config)
+    work = prepare(policy, episodes, config, reference=None, critic=None)
+    signal_B = (work.advantages_B_T.abs() * work.full.loss_mask_B_T).sum(dim=1) > 0
+    if not bool(signal_B.any()):
+        return _no_signal_stats(episodes)
+    minibatch = list(range(len(episodes)))
+    tally = _Tally()
+    backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), config, tally=tally)
+    limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+    grad_norm = policy.optimizer_step(limit)
+    sums = [tally.token_sums.get(n, 0.0) for n in _TOKEN_FIGURES]
+    counts = [float(tally.tokens.get(n, 0)) for n in _TOKEN_FIGURES]
+    figures = torch.tensor([*sums, *counts, tally.step_sums.get("loss", 0.0)], dtype=torch.float64)
+    dist.all_reduce(figures)  # a SUM: each rank's loss is its rows' share of the batch's
+    summed = _Tally(steps=1, step_sums={"loss": float(figures[-1]), "grad_norm": grad_norm})
+    for i, name in enumerate(_TOKEN_FIGURES):
+        summed.token_sums[name] = float(figures[i])
+        summed.tokens[name] = int(figures[len(_TOKEN_FIGURES) + i])
+    return _stats(summed, work, len(episodes))
+
+
+def _check_data_parallel(config: UpdateConfig) -> None:
     if config.micro_batch_tokens or config.minibatch_size or config.ppo_epochs != 1:
         raise ValueError(
             "data-parallel steps take the whole batch in one micro-batch per rank: "
             "micro_batch_tokens 0, minibatch_size 0, ppo_epochs 1"
         )
-    work = prepare(policy, episodes, config, reference=None, critic=None)
-    minibatch = list(range(len(episodes)))
-    backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), config)
-    limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-    return policy.optimizer_step(limit)
 
 
-def full_state(policy: Policy) -> dict[str, torch.Tensor]:
+def full_state(policy: Policy, *, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """Every rank's shards gathered into whole CPU tensors on rank 0 (other ranks get an empty
-    dict): what a checkpoint or a weight sync sends. A collective: every rank calls it."""
-    return get_model_state_dict(
-        policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    dict): what a checkpoint or a weight sync sends. A collective: every rank calls it.
+    ``trainable_only``: the names ``Policy.trainable_state`` has (LoRA: the adapter)."""
+    state = get_model_state_dict(
+        policy.model,
+        options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
+        ),
+    )
+    if not trainable_only:
+        return state
+    names = trainable_names(policy)
+    return {n: t for n, t in state.items() if n in names}
+
+
+def trainable_names(policy: Policy) -> list[str]:
+    """Trainable parameter names in the optimizer's order (``Policy.trainable_parameters``)."""
+    return [n for n, p in policy.model.named_parameters() if p.requires_grad]
+
+
+def load_full_state(policy: Policy, state: dict[str, torch.Tensor]) -> None:
+    """Rank 0's whole tensors (``state``; other ranks pass {}) into every rank's shards; names
+    not in ``state`` keep their values. A collective."""
+    set_model_state_dict(
+        policy.model,
+        state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
+    )
+
+
+def full_optimizer_state(policy: Policy) -> dict[str, object]:
+    """AdamW's state gathered on rank 0 in ``Optimizer.state_dict()``'s own form (parameters
+    numbered in ``trainable_parameters`` order), so a 1-rank and an N-rank job write the same
+    optimizer.pt; {} on other ranks. A collective."""
+    state = get_optimizer_state_dict(
+        policy.model,
+        policy.optimizer,
+        options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+    )
+    if not state:
+        return {}
+    index = {name: i for i, name in enumerate(trainable_names(policy))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer_state(policy: Policy, state: dict[str, object]) -> None:
+    """``full_optimizer_state``'s form (rank 0; other ranks pass {}) into every rank's AdamW.
+    A collective."""
+    if state:
+        names = trainable_names(policy)
+        per_param = state["state"]
+        assert isinstance(per_param, dict) and isinstance(state["param_groups"], list)
+        groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+        state = {"state": {names[i]: s for i, s in per_param.items()}, "param_groups": groups}
+    set_optimizer_state_dict(
+        policy.model,
+        policy.optimizer,
+        state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )

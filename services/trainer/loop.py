@@ -32,6 +32,7 @@ from .critic import Critic
 from .errors import CheckpointError
 from .pipeline import BatchPipeline, BatchSource, usable_episodes
 from .policy import Policy
+from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
 from .reporter import report_failure_logged
 from .schedule import lr_factor
@@ -103,7 +104,7 @@ class RlLoop:
         *,
         job_id: str,
         spec: JobSpec,
-        policy: Policy,
+        policy: Policy | LeaderPolicy,
         rollout: RolloutSession,
         reporter: ProgressReporter,
         run_dir: Path,
@@ -266,9 +267,16 @@ class RlLoop:
         """One RL update; keeps the generator states as it leaves them, which a checkpoint of
         this step saves (a rollout engine in the same process, as in tests, reseeds torch's
         global generator while it samples the next batch, which may run meanwhile)."""
-        stats = rl_update(
-            self.policy, episodes, self.update_config, reference=self.reference, critic=self.critic
-        )
+        if isinstance(self.policy, LeaderPolicy):  # N ranks: rank 0 orders the others along
+            stats = self.policy.update(episodes, self.update_config)
+        else:
+            stats = rl_update(
+                self.policy,
+                episodes,
+                self.update_config,
+                reference=self.reference,
+                critic=self.critic,
+            )
         self._rng_after_update = (self.step + 1, checkpoints.rng_state())
         return stats
 

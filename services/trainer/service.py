@@ -30,6 +30,8 @@ from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
+from .rank_job import lead, rank_device, release, run_follower, world_from_env
+from .ranks import LeaderPolicy, check_data_parallel
 from .reporter import SchedulerReporter, report_failure_logged
 from .rollout_client import GrpcRolloutSession
 from .session.run import run_session
@@ -127,6 +129,9 @@ async def run_job(
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
     token = launch.job_token
+    me = world_from_env()  # one rank of several: rank 0 runs the job, the others follow it
+    if me is not None and not me.is_leader:
+        return await run_follower(launch, settings, me)
     async with aio_channel(launch.scheduler_address, credential=token) as scheduler_channel:
         reporter = SchedulerReporter(
             scheduler_channel,
@@ -144,9 +149,14 @@ async def run_job(
             placement = placement_here(launch.device_ids, override=settings.device)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
-        settings = settings.model_copy(update={"device": placement.device})
-        job_log.info("placement", device=placement.device, dtype=str(placement.dtype))
-        if placement.num_devices > 1:  # distributed.py has the FSDP2 step; not wired here yet
+        settings = settings.model_copy(update={"device": rank_device(placement.device)})
+        job_log.info("placement", device=settings.device, dtype=str(placement.dtype))
+        if me is not None:
+            try:
+                check_data_parallel(spec, me.world_size)
+            except ConfigError as err:
+                return await _report_failure(reporter, str(err), job_log)
+        elif placement.num_devices > 1:  # the worker starts ranks for RL jobs only
             job_log.warning("one_rank_of_many", leased_devices=placement.num_devices)
         if spec.kind != "sft" and not rollout_address:
             reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
@@ -211,6 +221,33 @@ async def _train(
         ).run()
         return 1 if outcome is Outcome.FAILED else 0
     assert rollout_address is not None  # run_job checked it
+    if world_from_env() is None:
+        return await _run_rl(
+            job_id, spec, launch, rollout_address, settings, reporter, status, policy
+        )
+    try:  # rank 0 of several: the loop drives the other ranks through a LeaderPolicy
+        leader = await lead(policy, settings)
+    except Exception as err:  # noqa: BLE001 - any failure to meet: a reported, clean end
+        reason = f"trainer ranks could not meet: {type(err).__name__}: {err}"
+        return await _report_failure(reporter, reason, log.bind(job_id=job_id))
+    try:
+        return await _run_rl(
+            job_id, spec, launch, rollout_address, settings, reporter, status, leader
+        )
+    finally:
+        await asyncio.to_thread(release, leader)
+
+
+async def _run_rl(
+    job_id: str,
+    spec: JobSpec,
+    launch: LaunchConfig,
+    rollout_address: str,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+    status: TrainerStatus,
+    policy: Policy | LeaderPolicy,
+) -> int:
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         loop = RlLoop(
             job_id=job_id,

@@ -36,6 +36,13 @@ class TrainerSettings(BaseSettings):
         description="keep retrying a progress report this long while the scheduler is "
         "UNAVAILABLE (restarting, or its Redis is); the job fails after that",
     )
+    rank_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="a job on N devices: how long a rank waits for the others (joining, and "
+        "each collective; followers wait this long for rank 0's next order, which spans a "
+        "whole batch's collection), before it fails instead of hanging",
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     keep_checkpoints: int = Field(
         2, ge=1, description="complete checkpoints kept per job (the newest); older are deleted"

@@ -20,6 +20,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
+from opentinker.services.worker.ranks import RENDEZVOUS_KEYS, RankGroup, rank_envs
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.spares import SparePool
 from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
@@ -61,7 +62,10 @@ class JobRun:
         self._stopped = asyncio.Event()
         self._processes: list[ManagedProcess] = []
         self._spares = spares
-        self._extra_env = extra_env or {}  # e.g. a multi-worker job's rendezvous.py variables
+        extra_env = extra_env or {}
+        # A multi-worker job's rendezvous.py variables go to the trainer ranks only.
+        self._rendezvous = {k: v for k, v in extra_env.items() if k in RENDEZVOUS_KEYS}
+        self._extra_env = {k: v for k, v in extra_env.items() if k not in RENDEZVOUS_KEYS}
         self.log = log.bind(job_id=job.job_id, attempt=job.attempt, lease_id=lease_id)
 
     def stop(self, reason: str) -> None:
@@ -99,6 +103,10 @@ class JobRun:
             log_path=(self.run_dir / "rollout.log").resolve(),
             cuda_visible_devices=env["CUDA_VISIBLE_DEVICES"],
         )
+        if self._follows_only:  # another worker holds rank 0 and the rollout
+            trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
+            await self._on_launched()
+            return await self._supervise(None, trainer)
         if self.job.spec.kind == common_pb2.JOB_KIND_SFT:  # the trainer alone: no rollout
             trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
             await self._on_launched()
@@ -113,6 +121,17 @@ class JobRun:
         await self._on_launched()
         return await self._supervise(rollout, trainer)
 
+    @property
+    def _ranked(self) -> bool:
+        """An RL job on several devices (or a part of one spanning workers): one trainer
+        rank per device (ranks.py). Other kinds run one trainer process."""
+        rl = self.job.spec.kind == common_pb2.JOB_KIND_RL
+        return rl and (len(self.device_ids) > 1 or bool(self._rendezvous))
+
+    @property
+    def _follows_only(self) -> bool:
+        return self._ranked and self._rendezvous.get("NODE_RANK", "0") != "0"
+
     async def _start_trainer(
         self,
         launch_path: Path,
@@ -120,16 +139,38 @@ class JobRun:
         handover: Handover,
         *,
         rollout_address: str | None,
-    ) -> ManagedProcess:
-        """The trainer, told its rollout's address (RL) or none (SFT)."""
+    ) -> ManagedProcess | RankGroup:
+        """The trainer, told its rollout's address (RL) or none (SFT); several ranks for a
+        job on several devices."""
         argv = [*self.settings.trainer_command, "--launch", str(launch_path)]
         if rollout_address is not None:
             argv += ["--rollout-address", rollout_address]
+        if self._ranked:
+            return await self._start_ranks(argv, env)
         update = {
             "log_path": (self.run_dir / "trainer.log").resolve(),
             "rollout_address": rollout_address or "",
         }
         return await self._start("trainer", argv, env, handover.model_copy(update=update))
+
+    async def _start_ranks(self, argv: list[str], env: dict[str, str]) -> RankGroup:
+        """One trainer process per local device: trainer.log for global rank 0, else
+        trainer-rank<R>.log."""
+        envs = rank_envs(max(len(self.device_ids), 1), self._rendezvous)
+        for rank_env in envs:
+            rank = int(rank_env["RANK"])
+            name = "trainer" if rank == 0 else f"trainer-rank{rank}"
+            process = await ManagedProcess.start(
+                name,
+                argv,
+                log_path=self.run_dir / f"{name}.log",
+                env={**env, **rank_env},
+                cwd=self.run_dir,
+            )
+            self._processes.append(process)
+            (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+        self.log.info("trainer_ranks_started", world_size=envs[0]["WORLD_SIZE"], local=len(envs))
+        return RankGroup(self._processes[-len(envs) :], int(envs[0]["RANK"]))
 
     async def _start(
         self, name: str, argv: list[str], env: dict[str, str], handover: Handover
@@ -187,7 +228,9 @@ class JobRun:
             exited.cancel()
             stopped.cancel()
 
-    async def _supervise(self, rollout: ManagedProcess | None, trainer: ManagedProcess) -> Exit:
+    async def _supervise(
+        self, rollout: ManagedProcess | None, trainer: ManagedProcess | RankGroup
+    ) -> Exit:
         """Until the trainer exits, the run is stopped, or the rollout (if any) dies."""
         waits = {
             asyncio.create_task(trainer.wait()): "trainer",
@@ -205,8 +248,13 @@ class JobRun:
             if rollout is not None:
                 await rollout.terminate(grace)
             reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
-            if code < 0:  # killed: say so (its last log line is just where it was)
-                reason = self._died("trainer", code, trainer, "while it trained")
+            culprit = "trainer"
+            if isinstance(trainer, RankGroup):
+                await trainer.terminate(grace)  # the other ranks: they cannot go on alone
+                culprit = trainer.name  # a follower that failed is named (trainer-rank1)
+            # Killed, or a follower failed: say so (rank 0 reports its own failures).
+            if code < 0 or (code != 0 and culprit != "trainer"):
+                reason = self._died(culprit, code, trainer, "while it trained")
             self.log.info("trainer_exited", exit_code=code)
             return Exit(code, reason)
         if "stop" in first:
@@ -222,7 +270,9 @@ class JobRun:
             self._died("rollout", rollout_code, rollout, "while the trainer ran"),
         )
 
-    def _died(self, name: str, code: int | None, process: ManagedProcess, when: str) -> str:
+    def _died(
+        self, name: str, code: int | None, process: ManagedProcess | RankGroup, when: str
+    ) -> str:
         where = f"(see {process.log_path})"
         if code is not None and code < 0:
             return f"{name} process was killed by {_signal_name(-code)} {when} {where}"

@@ -1,0 +1,75 @@
+"""The pieces of an N-rank job that need no process group: which jobs can run on several
+ranks, and the environment each rank process starts with."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from opentinker import JobSpec, ModelSpec, RlConfig
+from opentinker.errors import ConfigError
+from opentinker.services.trainer.ranks import check_data_parallel
+from opentinker.services.worker.ranks import RankGroup, rank_envs
+from opentinker.services.worker.supervisor import ManagedProcess
+
+pytestmark = pytest.mark.unit
+
+
+def rl_spec(**rl: object) -> JobSpec:
+    config = RlConfig(env_name="letter", **rl)  # type: ignore[arg-type]
+    return JobSpec(name="n", model=ModelSpec(base_model="m"), rl=config, num_devices=2)
+
+
+def test_a_job_with_a_setting_that_cannot_shard_is_refused_naming_each() -> None:
+    check_data_parallel(rl_spec(), 2)  # GRPO, one forward pass per rank: fine
+    with pytest.raises(ConfigError) as err:
+        check_data_parallel(
+            rl_spec(kl_coef=0.1, loss="ppo", critic_learning_rate=1e-3, ppo_epochs=2), 2
+        )
+    message = str(err.value)
+    assert message.startswith("the job leases 2 devices (one trainer rank each), but ")
+    assert "kl_coef must be 0" in message and "loss 'ppo'" in message
+    assert "ppo_epochs 1" in message
+
+
+def test_one_worker_ranks_meet_on_localhost_and_a_spanning_part_numbers_from_its_start() -> None:
+    local = rank_envs(2, {})
+    assert [e["RANK"] for e in local] == ["0", "1"]
+    assert [e["LOCAL_RANK"] for e in local] == ["0", "1"]
+    assert {e["MASTER_ADDR"] for e in local} == {"127.0.0.1"}
+    assert local[0]["MASTER_PORT"] == local[1]["MASTER_PORT"] and local[0]["WORLD_SIZE"] == "2"
+    rendezvous = {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29501",
+        "WORLD_SIZE": "3",
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "RANK_START": "2",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    (part,) = rank_envs(1, rendezvous)
+    assert part["RANK"] == "2" and part["LOCAL_RANK"] == "0" and part["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_a_rank_group_ends_at_the_first_failing_rank_and_names_it(tmp_path: Path) -> None:
+    async def main() -> tuple[int, str, list[int | None]]:
+        ranks = [
+            await ManagedProcess.start(
+                name, [sys.executable, "-c", code], log_path=tmp_path / f"{name}.log", env={}
+            )
+            for name, code in [
+                ("trainer", "import time; time.sleep(30)"),
+                ("trainer-rank1", "import sys; print('peer gone'); sys.exit(3)"),
+            ]
+        ]
+        group = RankGroup(ranks, first_rank=0)
+        code = await asyncio.wait_for(group.wait(), timeout=20)
+        await group.terminate(1.0)
+        return code, group.name, [r.returncode for r in ranks]
+
+    code, name, codes = asyncio.run(main())
+    assert code == 3 and name == "trainer-rank1"
+    assert codes[0] is not None and codes[0] < 0  # rank 0 was stopped, not left running
