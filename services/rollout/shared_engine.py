@@ -13,10 +13,16 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from opentinker.errors import FailedPreconditionError, ResourceExhaustedError
+from opentinker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+)
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .batcher import MixedBatcher
+from .config import RolloutConfig
 from .multi_lora import LoraRow, MixedLoraEngine, adapter_name_for
 from .seeds import derive_seed
 from .types import Completion
@@ -112,3 +118,41 @@ class SharedAdapters:
             adapter = self._jobs.pop(job_id, None)
         if adapter is not None:
             self.engine.remove_adapter(adapter.adapter)
+
+
+class Tenancy:
+    """What one Rollout stream may do on a shared engine: open its own job's adapter, no
+    other. The stream's caller is a job token (checked by the scheduler's IdentityService);
+    its OpenRollout must name that job, and its weight updates and probes then reach only
+    that job's adapter (``AdapterEngine``)."""
+
+    def __init__(self, shared: SharedAdapters, job_id: str) -> None:
+        self.shared = shared
+        self.job_id = job_id
+        self._attached = False
+
+    def admit(self, config: RolloutConfig) -> None:
+        """Refuse an OpenRollout this caller may not make here."""
+        if config.job_id != self.job_id:
+            raise PermissionDeniedError(
+                f"this Rollout stream belongs to job {self.job_id}; it cannot open job "
+                f"{config.job_id}",
+                code="PERMISSION_DENIED",
+            )
+        if config.adapter_dir:
+            raise InvalidArgumentError(
+                "a shared engine serves LoRA training; serving a trained adapter "
+                "(adapter_dir) needs a private rollout",
+                code="INVALID_ARGUMENT",
+            )
+
+    def engine_factory(self, spec: ModelSpec) -> AdapterEngine:
+        adapter = self.shared.attach(self.job_id, spec)
+        self._attached = True
+        return adapter
+
+    def release(self) -> None:
+        """The stream ended: free the job's adapter (if it got one)."""
+        if self._attached:
+            self._attached = False
+            self.shared.detach(self.job_id)
