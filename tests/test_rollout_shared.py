@@ -50,14 +50,19 @@ class SharedMesh:
 
 @asynccontextmanager
 async def shared_mesh(
-    identities: Identities, model_dir: Path, *, capacity: int = 2, window_s: float = 0.05
+    identities: Identities,
+    model_dir: Path,
+    *,
+    capacity: int = 2,
+    window_s: float = 0.05,
+    shared_cls: type[SharedAdapters] = SharedAdapters,
 ) -> AsyncIterator[SharedMesh]:
     """Real EnvHub + a shared rollout on 127.0.0.1:0 checking job tokens with the scheduler."""
     envhub_settings = EnvHubSettings(port=0)
     deps = EnvHubDeps.create(envhub_settings)
     envhub, envhub_port = await create_envhub(envhub_settings, deps)
     engine = SharedLoraEngine.load(str(model_dir), device="cpu")
-    shared = SharedAdapters(MixedBatcher(engine, window_s=window_s), capacity=capacity)
+    shared = shared_cls(MixedBatcher(engine, window_s=window_s), capacity=capacity)
     identity_channel = aio_channel(identities.scheduler_address)
     rollout, port = await create_rollout(
         RolloutSettings(envhub_address=f"127.0.0.1:{envhub_port}", device="cpu"),
@@ -154,7 +159,7 @@ def test_two_jobs_share_one_engine_each_with_its_own_adapter(
             await a.close(reason="done", timeout_s=TIMEOUT_S)
             await b.close(reason="done", timeout_s=TIMEOUT_S)
             for _ in range(50):  # the streams' ends free both adapters
-                if not m.shared.jobs:
+                if not m.shared.engine.adapters:
                     break
                 await asyncio.sleep(0.05)
             assert m.shared.jobs == [] and m.shared.engine.adapters == []
