@@ -85,16 +85,11 @@ class TransformersEngine:
         *,
         max_batch_size: int = 64,
     ) -> None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
         self.model = model
         self.tokenizer = tokenizer
         self.policy_version = 0
         self.max_batch_size = max_batch_size
-        self.eos_token_id: int = tokenizer.eos_token_id
-        self.pad_token_id: int = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
-        )
+        self.eos_token_id, self.pad_token_id = eos_and_pad_ids(tokenizer)
         self.device = next(model.parameters()).device
         # A vision-language model's image processor (set by ``load``); None = text only.
         self.image_processor: object | None = None
@@ -233,6 +228,14 @@ class TransformersEngine:
         logits_T_V = self.model(input_ids=ids_1_T).logits[0, :-1].float()
         logprobs_T_V = torch.log_softmax(logits_T_V, dim=-1)
         return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+
+def eos_and_pad_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    """The tokenizer's eos id and its pad id (eos when it has none); ValueError without eos."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
+    eos: int = tokenizer.eos_token_id
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
 
 def left_padded(

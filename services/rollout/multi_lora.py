@@ -34,7 +34,7 @@ from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.spec import ModelSpec, SamplingParams
 
-from .engine import copy_checked, cut_at_eos, left_padded
+from .engine import copy_checked, cut_at_eos, eos_and_pad_ids, left_padded
 from .types import Completion
 
 # The adapter name the trainer's tensors carry (peft's default): mapped to the job's own here.
@@ -104,15 +104,15 @@ class SharedLoraEngine:
         base_model: str,
         max_batch_size: int = 64,
     ) -> None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
         self.base = model
         self.tokenizer = tokenizer
         self.base_model = base_model
         self.max_batch_size = max_batch_size
-        self.eos_token_id: int = tokenizer.eos_token_id
-        self.pad_token_id: int = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
+        self.eos_token_id, self.pad_token_id = eos_and_pad_ids(tokenizer)
+        # A checkpoint's own sampling defaults (repetition_penalty, ...) would change what is
+        # sampled without the logprobs knowing (as in TransformersEngine).
+        model.generation_config = transformers.GenerationConfig(
+            eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id
         )
         self.device = next(model.parameters()).device
         self.model: peft.PeftModel | None = None  # wrapped at the first adapter
