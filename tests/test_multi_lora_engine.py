@@ -181,3 +181,11 @@ def test_the_batcher_merges_concurrent_jobs_into_one_engine_call(model_dir: Path
     shared.detach("job-a")
     assert shared.jobs == ["job-b"]
     shared.attach("job-c", spec)  # room again
+
+
+def test_a_vision_language_base_is_refused_naming_why(tmp_path: Path) -> None:
+    from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
+
+    vl_dir = ensure_tiny_vl_model(tmp_path / "tiny-vl")
+    with pytest.raises(ValueError, match="is a vision-language model; a shared engine serves"):
+        SharedLoraEngine.load(str(vl_dir), device="cpu")

@@ -45,7 +45,6 @@ def parse_args() -> argparse.Namespace:
 async def main_shared(args: argparse.Namespace) -> None:
     if args.addr_file is None or not args.scheduler_address:
         raise SystemExit("--shared-base needs --addr-file and --scheduler-address")
-    follow_worker_share()
     settings = RolloutSettings.with_overrides(envhub_address=args.envhub_address, port=args.port)
     log = configure_logging("rollout", level=settings.log_level)
     options = SharedOptions(args.shared_base, args.capacity, args.addr_file, args.scheduler_address)

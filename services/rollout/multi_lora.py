@@ -32,6 +32,7 @@ from transformers import AutoTokenizer, LogitsProcessor, PreTrainedTokenizerBase
 
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
+from opentinker.services.modeling.vision_inputs import load_image_processor
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .engine import copy_checked, cut_at_eos, eos_and_pad_ids, left_padded
@@ -126,6 +127,11 @@ class SharedLoraEngine:
     ) -> SharedLoraEngine:
         """``base_model`` (a local folder or hub id) on ``device`` with the trainer's dtype."""
         transformers.utils.logging.disable_progress_bar()
+        if load_image_processor(base_model) is not None:
+            raise ValueError(
+                f"{base_model} is a vision-language model; a shared engine serves text models "
+                f"(its jobs keep a private rollout)"
+            )
         model = transformers.AutoModelForCausalLM.from_pretrained(
             base_model, dtype=dtype_for_device(device)
         ).to(device)

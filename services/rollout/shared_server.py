@@ -10,6 +10,7 @@ and each job's EnvHub calls carry that job's token.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,11 @@ async def start_shared(
     the scheduler (close both to stop)."""
     if options.capacity < 1:
         raise ValueError(f"--capacity must be at least 1, got {options.capacity}")
+    # Every job's engine call waits in a thread of this pool while the batcher merges them:
+    # the default pool (cores + 4 threads) would cap how many jobs share one call.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=2 * options.capacity + 4, thread_name_prefix="shared")
+    )
     engine = await asyncio.to_thread(
         SharedLoraEngine.load,
         options.base_model,
