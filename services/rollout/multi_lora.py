@@ -199,7 +199,7 @@ class SharedLoraEngine:
         result = self.model.generate(
             input_ids=input_ids_B_T.to(self.device),
             attention_mask=attention_mask_B_T.to(self.device),
-            adapter_names=[r.adapter for r in rows],
+            **self._adapters_of([r.adapter for r in rows]),
             do_sample=False,  # the choice is the sampler's argmax of logprob + Gumbel noise
             temperature=None,
             top_p=None,
@@ -244,9 +244,21 @@ class SharedLoraEngine:
             self._require(adapter)
             assert self.model is not None
             ids_1_T = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-            logits_T_V = self.model(input_ids=ids_1_T, adapter_names=[adapter]).logits[0, :-1]
+            logits_T_V = self.model(input_ids=ids_1_T, **self._adapters_of([adapter])).logits
+            logits_T_V = logits_T_V[0, :-1]
         logprobs_T_V = torch.log_softmax(logits_T_V.float(), dim=-1)
         return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+    def _adapters_of(self, adapters: list[str]) -> dict[str, list[str]]:
+        """The call's adapter arguments: one adapter per row (peft's mixed batch), or, when
+        every row has the same one, that adapter made active and the plain LoRA forward
+        (peft's mixed batch adds a gather and a scatter to every LoRA layer at every step)."""
+        assert self.model is not None
+        if len(set(adapters)) > 1:
+            return {"adapter_names": adapters}
+        if self.model.active_adapter != adapters[0]:
+            self.model.set_adapter(adapters[0])
+        return {}
 
     def _require(self, adapter: str) -> dict[str, torch.nn.Parameter]:
         # peft silently runs the bare base for a name it does not know: never let it.
