@@ -56,3 +56,12 @@ def test_scaling_measures_concurrent_jobs_and_batch_sizes() -> None:
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:1] == " "}
     assert "== concurrent jobs" in text and "== batch size" in text
     assert float(rows["2"][1]) > 0 and float(rows["16"][1]) > 0, text  # both measured a step
+
+
+def test_multi_lora_measures_a_shared_engine_against_separate_ones() -> None:
+    text = run_bench(
+        "multi_lora.py", "--ks", "1,2", "--prompts", "2", "--new-tokens", "4", "--rounds", "1"
+    )
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:3].strip()}
+    assert "shared/separate" in text, text
+    assert float(rows["2"][1]) > 0 and float(rows["2"][2]) > 0, text  # both sides measured

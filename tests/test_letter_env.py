@@ -27,6 +27,18 @@ def test_num_letters_bounds_the_choice() -> None:
     assert {target_for(s, "26") for s in range(400)} == set("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+def test_target_option_fixes_the_letter_whatever_the_seed() -> None:
+    game = LetterGame()
+    targets = set()
+    for seed in range(20):
+        game.reset(seed=seed, num_letters="4", target="C")
+        targets.add(game.target)
+    assert targets == {"C"}
+    for bad in ("E", "c", "AB"):  # outside A..D, lower case, two letters
+        with pytest.raises(ValueError, match="target must be one of the 4 letters in play"):
+            game.reset(seed=0, num_letters="4", target=bad)
+
+
 def test_generate_initial_state_is_the_reset_target() -> None:
     game = LetterGame()
     game.reset(seed=7, num_letters="5")

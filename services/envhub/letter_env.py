@@ -54,16 +54,32 @@ class LetterGame(AbstractGame):
         return "You answer with a single capital letter."
 
     def generate_initial_state(self, seed: int, **options: str) -> str:
-        """The target letter: uniform over the first num_letters letters, fixed by the seed."""
+        """The target letter: uniform over the first num_letters letters, fixed by the seed;
+        or the ``target`` option's letter (one of them) whatever the seed."""
         count = parse_num_letters(options.get("num_letters", DEFAULT_NUM_LETTERS))
-        return random.Random(seed).choice(string.ascii_uppercase[:count])
+        letters = string.ascii_uppercase[:count]
+        target = options.get("target", "")
+        if target:
+            if len(target) != 1 or target not in letters:
+                raise ValueError(
+                    f"env option target must be one of the {count} letters in play "
+                    f"({letters}), got {target!r}"
+                )
+            return target
+        return random.Random(seed).choice(letters)
 
     def reset(
-        self, *, seed: int = 0, num_letters: str = DEFAULT_NUM_LETTERS, format_reward: str = "0"
+        self,
+        *,
+        seed: int = 0,
+        num_letters: str = DEFAULT_NUM_LETTERS,
+        format_reward: str = "0",
+        target: str = "",
     ) -> str:
         """Options: num_letters (1..26); format_reward (0..1), the reward for answering with
-        another of the letters in play instead of the named one (0 = plain task)."""
-        self.target = self.generate_initial_state(seed, num_letters=num_letters)
+        another of the letters in play instead of the named one (0 = plain task); target: one
+        fixed letter to name in every episode (empty = drawn by the seed)."""
+        self.target = self.generate_initial_state(seed, num_letters=num_letters, target=target)
         self.letters = string.ascii_uppercase[: parse_num_letters(num_letters)]
         self.format_reward = parse_format_reward(format_reward)
         return f"Answer with the letter {self.target}."

@@ -20,9 +20,16 @@ from opentinker.spec import ModelSpec
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def load_init_adapter(model: torch.nn.Module, spec: ModelSpec, device: torch.device) -> None:
+def load_init_adapter(
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    device: torch.device,
+    *,
+    adapter_name: str = "default",
+) -> None:
     """Copy ``spec.init_adapter``'s weights into ``model`` (a PeftModel wrapped with
-    ``spec.lora``). Raises ValueError naming the folder and what does not fit."""
+    ``spec.lora``) as its adapter ``adapter_name`` (a shared engine names one per job).
+    Raises ValueError naming the folder and what does not fit."""
     if spec.init_adapter is None:
         return
     folder = Path(spec.init_adapter)
@@ -42,8 +49,9 @@ def load_init_adapter(model: torch.nn.Module, spec: ModelSpec, device: torch.dev
             f"has rank {lora.rank}, alpha {lora.alpha}, target modules "
             f"{sorted(lora.target_modules)}; make them equal"
         )
-    loaded = set_peft_model_state_dict(model, load_peft_weights(str(folder), device=str(device)))
-    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    weights = load_peft_weights(str(folder), device=str(device))
+    loaded = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+    missing = [k for k in loaded.missing_keys if "lora_" in k and f".{adapter_name}." in k]
     if loaded.unexpected_keys or missing:
         raise ValueError(
             f"init_adapter {folder} does not fit the model: missing {missing[:3]}, "

@@ -1,6 +1,8 @@
 """python -m opentinker.services.rollout --launch RUN_DIR/launch.json  (or --envhub-address A)
 
 ``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (common/spare.py).
+``--shared-base M --capacity N --addr-file F --scheduler-address A``: a node's shared engine
+for LoRA jobs of base model M (shared_server.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .engine import preloaded_engine_factory
 from .engine_choice import engine_factory, vllm_installed
 from .service import create_server
 from .settings import RolloutSettings
+from .shared_server import SharedOptions, start_shared
 
 
 def parse_args() -> argparse.Namespace:
@@ -34,7 +37,31 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="port to listen on (default: any free port)")
     parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
+    parser.add_argument("--shared-base", help="serve LoRA jobs of this base model on one engine")
+    parser.add_argument("--capacity", type=int, default=8, help="shared: most jobs at once")
+    parser.add_argument("--addr-file", type=Path, help="shared: where to write host:port")
+    parser.add_argument("--scheduler-address", help="shared: whose IdentityService checks tokens")
     return parser.parse_args()
+
+
+async def main_shared(args: argparse.Namespace) -> None:
+    if args.addr_file is None or not args.scheduler_address:
+        raise SystemExit("--shared-base needs --addr-file and --scheduler-address")
+    settings = RolloutSettings.with_overrides(envhub_address=args.envhub_address, port=args.port)
+    log = configure_logging("rollout", level=settings.log_level)
+    options = SharedOptions(args.shared_base, args.capacity, args.addr_file, args.scheduler_address)
+    server, identity = await start_shared(options, settings)
+    await _until_signalled()
+    log.info("rollout_stopping")
+    await server.stop(grace=5.0)
+    await identity.close()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    await stop.wait()
 
 
 async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
@@ -67,16 +94,16 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
     )
     if launch is not None:
         write_atomic(launch.run_dir / "rollout.addr", f"{settings.host}:{port}")
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    await stop.wait()
+    await _until_signalled()
     log.info("rollout_stopping")
     await server.stop(grace=5.0)
 
 
 def run() -> None:
     args = parse_args()
+    if args.shared_base:
+        asyncio.run(main_shared(args))
+        return
     preload = None
     if args.spare:  # imports and the model load happen before the job is known
         preload, handover = become_job_process("rollout", args.preload_model)

@@ -85,16 +85,11 @@ class TransformersEngine:
         *,
         max_batch_size: int = 64,
     ) -> None:
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
         self.model = model
         self.tokenizer = tokenizer
         self.policy_version = 0
         self.max_batch_size = max_batch_size
-        self.eos_token_id: int = tokenizer.eos_token_id
-        self.pad_token_id: int = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
-        )
+        self.eos_token_id, self.pad_token_id = eos_and_pad_ids(tokenizer)
         self.device = next(model.parameters()).device
         # A vision-language model's image processor (set by ``load``); None = text only.
         self.image_processor: object | None = None
@@ -193,14 +188,8 @@ class TransformersEngine:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *, greedy: bool = False
     ) -> list[Completion]:
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("cannot generate from an empty prompt")
-        width = max(len(p) for p in prompts)
-        input_ids_B_T = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids_B_T[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            attention_mask_B_T[row, width - len(prompt) :] = 1
+        input_ids_B_T, attention_mask_B_T = left_padded(prompts, self.pad_token_id)
+        width = input_ids_B_T.shape[1]
         result = self.model.generate(  # type: ignore[operator]  # peft wrapper hides the type
             input_ids=input_ids_B_T.to(self.device),
             attention_mask=attention_mask_B_T.to(self.device),
@@ -216,33 +205,19 @@ class TransformersEngine:
         logits_B_N_V = torch.stack(result.logits, dim=1).float().cpu()
         logprobs_B_N_V = torch.log_softmax(logits_B_N_V / sampling.temperature, dim=-1)
         sampled_B_N = logprobs_B_N_V.gather(-1, new_B_N.unsqueeze(-1)).squeeze(-1)
-        completions = []
-        for row in range(len(prompts)):
-            ids = new_B_N[row].tolist()
-            # Keep up to and including the first eos; what follows is padding.
-            length = ids.index(self.eos_token_id) + 1 if self.eos_token_id in ids else len(ids)
-            completions.append(
-                Completion(token_ids=ids[:length], logprobs=sampled_B_N[row, :length].tolist())
-            )
-        return completions
+        return [
+            cut_at_eos(new_B_N[row].tolist(), sampled_B_N[row].tolist(), self.eos_token_id)
+            for row in range(len(prompts))
+        ]
 
     @torch.no_grad()
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
-        params = dict(self.model.named_parameters())
-        # Check everything first, so a bad update leaves the served weights untouched.
-        for name, tensor in tensors.items():
-            if name not in params:
-                raise WeightUpdateError(
-                    f"weight update names tensor {name!r}, which this model does not have "
-                    f"({type(self.model).__name__}; is the LoRA config the same as the trainer's?)"
-                )
-            if tuple(tensor.shape) != tuple(params[name].shape):
-                raise WeightUpdateError(
-                    f"weight update tensor {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the model's has {tuple(params[name].shape)}"
-                )
-        for name, tensor in tensors.items():
-            params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+        copy_checked(
+            dict(self.model.named_parameters()),
+            tensors,
+            unknown=f"which this model does not have ({type(self.model).__name__}; is the LoRA "
+            f"config the same as the trainer's?)",
+        )
         self.policy_version = policy_version
 
     @torch.no_grad()
@@ -253,6 +228,57 @@ class TransformersEngine:
         logits_T_V = self.model(input_ids=ids_1_T).logits[0, :-1].float()
         logprobs_T_V = torch.log_softmax(logits_T_V, dim=-1)
         return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+
+def eos_and_pad_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    """The tokenizer's eos id and its pad id (eos when it has none); ValueError without eos."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
+    eos: int = tokenizer.eos_token_id
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+
+def left_padded(
+    prompts: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids_B_T, attention_mask_B_T): the prompts right-aligned, padded on the left."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("cannot generate from an empty prompt")
+    width = max(len(p) for p in prompts)
+    input_ids_B_T = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention_mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids_B_T[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        attention_mask_B_T[row, width - len(prompt) :] = 1
+    return input_ids_B_T, attention_mask_B_T
+
+
+def cut_at_eos(ids: list[int], logprobs: list[float], eos_token_id: int) -> Completion:
+    """A generated row up to and including its first eos; what follows is padding."""
+    length = ids.index(eos_token_id) + 1 if eos_token_id in ids else len(ids)
+    return Completion(token_ids=ids[:length], logprobs=logprobs[:length])
+
+
+@torch.no_grad()
+def copy_checked(
+    params: Mapping[str, torch.nn.Parameter],
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    unknown: str,
+) -> None:
+    """Copy named tensors into ``params``; all are checked first, so a bad update (a name not
+    in ``params``: WeightUpdateError "…names tensor X, <unknown>"; a wrong shape) changes
+    nothing."""
+    for name, tensor in tensors.items():
+        if name not in params:
+            raise WeightUpdateError(f"weight update names tensor {name!r}, {unknown}")
+        if tuple(tensor.shape) != tuple(params[name].shape):
+            raise WeightUpdateError(
+                f"weight update tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model's has {tuple(params[name].shape)}"
+            )
+    for name, tensor in tensors.items():
+        params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
 
 
 def _decoding(sampling: SamplingParams, *, greedy: bool) -> dict:

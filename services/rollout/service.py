@@ -2,6 +2,11 @@
 
 Thin: it turns envelopes into session calls and results (or typed errors) into envelopes.
 Heartbeats are answered at once by the reader task while a batch is being collected.
+
+A private rollout serves one job (it admits only that job's token). A shared one
+(``shared=``: many LoRA jobs of one base model on one engine, shared_engine.py) admits any job
+token the scheduler vouches for; each stream then opens only its caller's own job, and
+SampleTokens/ScoreTokens reach only the caller's own session.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
 
+from opentinker.auth import credential_from_metadata
 from opentinker.common.v1 import common_pb2
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import (
@@ -23,22 +29,27 @@ from opentinker.errors import (
     InvalidArgumentError,
     NotFoundError,
     OpenTinkerError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.auth import (
     JOBS,
     USERS,
+    Authenticator,
     AuthInterceptor,
     OwnCredentialAuthenticator,
+    current_principal,
     rules_for,
 )
 from opentinker.services.common.grpc_server import abort_with, create_aio_server, mark_serving
 from opentinker.services.modeling.weights import WeightStream
 
-from .config import config_from_proto, sampling_from_proto
+from .config import RolloutConfig, config_from_proto, sampling_from_proto
 from .session import EngineFactory, RolloutSession, default_engine_factory
 from .settings import RolloutSettings
+from .shared_engine import SharedAdapters, Tenancy
 from .types import FinishReason, Trajectory, TrajectoryBatch
 
 log = structlog.get_logger("opentinker.rollout.service")
@@ -48,6 +59,8 @@ _TERMINAL = ("failed", "closed")
 _CODES: list[tuple[type[OpenTinkerError], str]] = [
     (InvalidArgumentError, "INVALID_ARGUMENT"),
     (FailedPreconditionError, "FAILED_PRECONDITION"),
+    (PermissionDeniedError, "PERMISSION_DENIED"),
+    (ResourceExhaustedError, "RESOURCE_EXHAUSTED"),
     (NotFoundError, "NOT_FOUND"),
     (UnavailableError, "UNAVAILABLE"),
     (EnvironmentError_, "UNAVAILABLE"),
@@ -61,17 +74,25 @@ _FINISH_TO_PB = {
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, settings: RolloutSettings, engine_factory: EngineFactory) -> None:
+    def __init__(
+        self,
+        settings: RolloutSettings,
+        engine_factory: EngineFactory,
+        *,
+        shared: SharedAdapters | None = None,
+    ) -> None:
         self._settings = settings
         self._engine_factory = engine_factory
-        # The session of the Rollout stream now open (a rollout serves one job's trainer):
-        # SampleTokens samples with its engine and weights.
-        self._session: RolloutSession | None = None
+        self._shared = shared
+        # The session of each caller's open Rollout stream, by the caller's job id (a private
+        # rollout has one caller): SampleTokens samples with its engine and weights.
+        self._sessions: dict[str, RolloutSession] = {}
 
     def _open_session(self, rpc: str) -> RolloutSession:
-        if self._session is None:
+        session = self._sessions.get(current_principal().job_id)
+        if session is None:
             raise FailedPreconditionError(f"{rpc} needs an open Rollout stream (OpenRollout first)")
-        return self._session
+        return session
 
     async def SampleTokens(  # noqa: N802 - the gRPC method name
         self, request: rollout_pb2.SampleTokensRequest, context: grpc.aio.ServicerContext
@@ -111,9 +132,22 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         request_iterator: AsyncIterator[rollout_pb2.RolloutRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[rollout_pb2.RolloutResponse]:
-        session = RolloutSession(self._settings, self._engine_factory)
-        stream = _RolloutStream(session)
-        self._session = session
+        key = current_principal().job_id
+        tenancy = None
+        if self._shared is not None:
+            try:
+                tenancy = self._tenancy(context)
+            except OpenTinkerError as err:
+                await abort_with(context, err)
+            # The job's own token reaches EnvHub for its episodes: never another job's.
+            settings = self._settings.model_copy(
+                update={"credential": credential_from_metadata(context.invocation_metadata())}
+            )
+            session = RolloutSession(settings, tenancy.engine_factory)
+        else:
+            session = RolloutSession(self._settings, self._engine_factory)
+        stream = _RolloutStream(session, admit=tenancy.admit if tenancy else None)
+        self._sessions[key] = session
         reader = asyncio.create_task(stream.read(request_iterator))
         worker = asyncio.create_task(stream.work())
         seq = itertools.count(1)
@@ -124,12 +158,31 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 if response.WhichOneof("payload") in _TERMINAL:
                     return
         finally:
-            if self._session is session:
-                self._session = None
+            if self._sessions.get(key) is session:
+                del self._sessions[key]
             for task in (reader, worker):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if tenancy is not None:
+                await asyncio.to_thread(tenancy.release)
+
+    def _tenancy(self, context: grpc.aio.ServicerContext) -> Tenancy:
+        """A shared engine's stream: only a job's own processes, one stream per job."""
+        assert self._shared is not None
+        caller = current_principal()
+        if caller.kind != "job" or not caller.job_id:
+            raise PermissionDeniedError(
+                f"a shared rollout serves jobs' trainers only (their job token); you called "
+                f"as {caller.describe()}",
+                code="PERMISSION_DENIED",
+            )
+        if caller.job_id in self._sessions:
+            raise FailedPreconditionError(
+                f"job {caller.job_id} already has a Rollout stream open on this shared engine",
+                code="FAILED_PRECONDITION",
+            )
+        return Tenancy(self._shared, caller.job_id)
 
 
 # Weight chunks (each up to weights.DEFAULT_CHUNK_BYTES) read ahead of the one being applied.
@@ -139,8 +192,15 @@ WEIGHT_CHUNKS_AHEAD = 2
 class _RolloutStream:
     """State of one Rollout stream: requests in, responses out (None ends the stream)."""
 
-    def __init__(self, session: RolloutSession) -> None:
+    def __init__(
+        self,
+        session: RolloutSession,
+        *,
+        admit: Callable[[RolloutConfig], None] | None = None,
+    ) -> None:
+        """admit: raises for an OpenRollout this stream may not make (a shared engine's)."""
         self.session = session
+        self._admit = admit
         self.out: asyncio.Queue[rollout_pb2.RolloutResponse | None] = asyncio.Queue()
         self._work: asyncio.Queue[rollout_pb2.RolloutRequest | None] = asyncio.Queue()
         self._weights_stream = WeightStream()
@@ -190,7 +250,10 @@ class _RolloutStream:
     ) -> rollout_pb2.RolloutResponse | None:
         kind = request.WhichOneof("payload")
         if kind == "open":
-            engine = await self.session.open(config_from_proto(request.open))
+            config = config_from_proto(request.open)
+            if self._admit is not None:
+                self._admit(config)
+            engine = await self.session.open(config)
             return rollout_pb2.RolloutResponse(
                 opened=rollout_pb2.RolloutOpened(
                     engine=engine.name, policy_version=engine.policy_version
@@ -313,17 +376,29 @@ async def create_server(
     engine_factory: EngineFactory | None = None,
     job_id: str = "",
     attempt: int = 0,
+    shared: SharedAdapters | None = None,
+    authenticator: Authenticator | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """A started RolloutService server (health + reflection) admitting only the holder of
-    ``settings.credential`` (the job's trainer); returns (server, bound port)."""
-    authenticator = OwnCredentialAuthenticator(settings.credential, job_id=job_id, attempt=attempt)
+    """A started RolloutService server (health + reflection); returns (server, bound port).
+
+    Private (default): admits only the holder of ``settings.credential`` (the job's trainer).
+    ``shared``: serves many LoRA jobs on one engine, each caller checked by ``authenticator``
+    (the scheduler's IdentityService: any job token it vouches for)."""
+    if shared is not None and authenticator is None:
+        raise ValueError("a shared rollout needs an authenticator for its jobs' tokens")
+    if authenticator is None:
+        authenticator = OwnCredentialAuthenticator(
+            settings.credential, job_id=job_id, attempt=attempt
+        )
     server, port, health_servicer = create_aio_server(
         [SERVICE_NAME],
         host=settings.host,
         port=settings.port,
         interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
     )
-    servicer = RolloutServicer(settings, engine_factory or default_engine_factory(settings))
+    servicer = RolloutServicer(
+        settings, engine_factory or default_engine_factory(settings), shared=shared
+    )
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
     await server.start()
     await mark_serving(health_servicer, [SERVICE_NAME])

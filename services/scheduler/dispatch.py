@@ -16,6 +16,7 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
+from opentinker.services.scheduler.affinity import by_lora_affinity, lora_base
 from opentinker.services.scheduler.errors import IllegalTransitionError
 from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.quotas import Quotas
@@ -74,12 +75,13 @@ class Dispatcher:
         return launched
 
     async def _place(self, job: common_pb2.Job) -> bool:
-        """Lease devices for ``job`` on the first worker that has them, and launch it there; a
+        """Lease devices for ``job`` on the first worker that has them (a LoRA RL job: those
+        running LoRA jobs of its base model first, affinity.py), and launch it there; a
         job bigger than every worker spans several (spanning.py)."""
         sessions = list(self._sessions.values())
         if devices_needed(job) > max((len(s.devices) for s in sessions), default=0):
             return await self._place_across(job, sessions)
-        for session in sessions:
+        for session in by_lora_affinity(sessions, job):
             lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
             if lease is not None:
                 return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
@@ -156,6 +158,11 @@ class Dispatcher:
             await self._ledger.release(lease_id)
             return False
         session.running[(job_id, job.attempt)] = lease_id
+        if base := lora_base(job):
+            session.lora_bases = {
+                k: b for k, b in session.lora_bases.items() if k in session.running
+            }
+            session.lora_bases[(job_id, job.attempt)] = base
         token = await self._identity.issue_job_token(
             job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
         )

@@ -75,6 +75,9 @@ class WorkerSession:
     lost: bool = False
     # (job_id, attempt) -> lease_id of what this worker was told to run
     running: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (job_id, attempt) -> base model of the LoRA RL jobs launched here (affinity.py; only
+    # those still in ``running`` count)
+    lora_bases: dict[tuple[str, int], str] = field(default_factory=dict)
     renewal: asyncio.Task[None] | None = None  # the lease renewal in flight, if any
     rendezvous_host: str = ""  # MASTER_ADDR when it holds rank 0 of a multi-worker job
     rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS  # (base, count)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.rendezvous import rendezvous_env
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.shared_rollouts import SharedRollouts
 from opentinker.services.worker.spares import SparePool
 
 log = structlog.get_logger(__name__)
@@ -55,6 +57,11 @@ class WorkerAgent:
         self._cpu_share = cpu_share_of(devices, _share_path(settings))
         self._thread_env = cpu_thread_env(devices, self._cpu_share)
         self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
+        self.shared_rollouts = (
+            SharedRollouts(settings, {**os.environ, "PYTHONUNBUFFERED": "1", **self._thread_env})
+            if settings.shared_lora_capacity > 0
+            else None
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the scheduler until ``stop`` is set, reconnecting with backoff."""
@@ -94,6 +101,8 @@ class WorkerAgent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await spares
                 await self.spares.close()
+            if self.shared_rollouts is not None:
+                await self.shared_rollouts.close()
 
     async def _drop(self, connection: _Connection) -> None:
         if self._connection is connection:
@@ -138,6 +147,7 @@ class WorkerAgent:
             on_launched=lambda: self._launched(key),
             spares=self.spares,
             extra_env={**self._thread_env, **rendezvous_env(launch)},
+            shared=self.shared_rollouts,
         )
         task = asyncio.create_task(self._run_and_report(key, run))
         self.held.runs[key] = HeldRun(run, task)

@@ -22,6 +22,7 @@ from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.ranks import RENDEZVOUS_KEYS, RankGroup, rank_envs
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_engine
 from opentinker.services.worker.spares import SparePool
 from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
 
@@ -50,7 +51,9 @@ class JobRun:
         on_launched: Callable[[], Awaitable[None]],
         spares: SparePool | None = None,
         extra_env: dict[str, str] | None = None,
+        shared: SharedRollouts | None = None,
     ) -> None:
+        """shared: the node's shared rollouts, which a LoRA job joins when one has room."""
         self.job = job
         self.lease_id = lease_id
         self.device_ids = device_ids
@@ -62,6 +65,7 @@ class JobRun:
         self._stopped = asyncio.Event()
         self._processes: list[ManagedProcess] = []
         self._spares = spares
+        self._shared = shared
         extra_env = extra_env or {}
         # A multi-worker job's rendezvous.py variables go to the trainer ranks only.
         self._rendezvous = {k: v for k, v in extra_env.items() if k in RENDEZVOUS_KEYS}
@@ -111,6 +115,14 @@ class JobRun:
             trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
             await self._on_launched()
             return await self._supervise(None, trainer)
+        if self._shared is not None and shares_engine(self.job, self.device_ids):
+            base_model = self.job.spec.model.base_model
+            shared_address = await self._shared.join(self.job.job_id, base_model)
+            if shared_address is not None:  # else full: a private rollout, as below
+                try:
+                    return await self._train_on(shared_address, launch_path, env, handover)
+                finally:
+                    await self._shared.leave(self.job.job_id, base_model)
         rollout = await self._start(
             "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
         )
@@ -131,6 +143,18 @@ class JobRun:
     @property
     def _follows_only(self) -> bool:
         return self._ranked and self._rendezvous.get("NODE_RANK", "0") != "0"
+
+    async def _train_on(
+        self, shared_address: str, launch_path: Path, env: dict[str, str], handover: Handover
+    ) -> Exit:
+        """The trainer alone, against the node's shared rollout (it outlives this job)."""
+        self.log.info("shared_rollout", address=shared_address)
+        (self.run_dir / "rollout.addr").write_text(f"{shared_address}\n")  # for people and tests
+        trainer = await self._start_trainer(
+            launch_path, env, handover, rollout_address=shared_address
+        )
+        await self._on_launched()
+        return await self._supervise(None, trainer)
 
     async def _start_trainer(
         self,

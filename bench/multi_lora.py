@@ -1,0 +1,157 @@
+"""Rollout tokens/s of k LoRA jobs: one shared engine (every job's adapter in one mixed-adapter
+call) against k separate engines, on CPU with the tiny local model.
+
+  shared:   one SharedLoraEngine holding k adapters behind the MixedBatcher; k threads (one per
+            job, as k trainers' streams would) call their AdapterEngine.generate at once, and
+            the batcher merges what arrives into one engine call.
+  separate: k TransformersEngine objects in this one process (k copies of the base model, each
+            wrapped with its own LoRA), called from k threads at once: what k private rollouts
+            on one node do, minus the process boundaries.
+
+Each job generates ``--prompts`` completions of ``--new-tokens`` tokens per round (a fixed
+token budget: eos is never sampled, so both sides generate the same number of tokens),
+``--rounds`` rounds after one warm-up round; the rounds alternate between the two sides so
+that both see the same load on a shared machine. Adapters get random non-zero weights (they
+differ, as trained ones do). Printed: tokens/s of each side, their ratio, and the base-model
+bytes each side holds.
+
+    .venv/bin/python bench/multi_lora.py [--ks 1,4,16] [--prompts 8] [--new-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.batcher import MixedBatcher
+from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
+
+
+def randomize_adapters(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+
+
+def one_round(
+    engines: Sequence[GenerationEngine],
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    round_index: int,
+) -> tuple[int, float]:
+    """Every job generates at once (a thread each); (tokens generated, seconds)."""
+    tokens = [0] * len(engines)
+
+    def job(i: int) -> None:
+        out = engines[i].generate(prompts, sampling, seed=1000 * round_index + i)
+        tokens[i] = sum(len(c.token_ids) for c in out)
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(len(engines))]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(tokens), time.perf_counter() - started
+
+
+def compare(
+    sides: Sequence[Sequence[GenerationEngine]],
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    rounds: int,
+) -> list[float]:
+    """Tokens/s of each side; rounds alternate between the sides (after one warm-up round
+    each), so both see the same load on a shared machine."""
+    for side in sides:
+        one_round(side, prompts, sampling, -1)
+    totals = [[0, 0.0] for _ in sides]
+    for r in range(rounds):
+        for side, total in zip(sides, totals, strict=True):
+            tokens, seconds = one_round(side, prompts, sampling, r)
+            total[0] += tokens
+            total[1] += seconds
+    return [tokens / seconds for tokens, seconds in totals]
+
+
+def shared_side(model_dir: Path, k: int, spec: ModelSpec) -> tuple[list[GenerationEngine], int]:
+    engine = SharedLoraEngine.load(str(model_dir), device="cpu", max_batch_size=1024)
+    shared = SharedAdapters(MixedBatcher(engine), capacity=k)
+    views: list[GenerationEngine] = [shared.attach(f"job-{i}", spec) for i in range(k)]
+    assert engine.model is not None
+    randomize_adapters(engine.model)
+    no_eos(engine)
+    return views, base_bytes(engine.base)
+
+
+def separate_side(model_dir: Path, k: int, spec: ModelSpec) -> tuple[list[GenerationEngine], int]:
+    engines = []
+    for _ in range(k):
+        engine = TransformersEngine.load(spec, device="cpu", max_batch_size=1024)
+        randomize_adapters(engine.model)
+        no_eos(engine)
+        engines.append(engine)
+    return engines, k * base_bytes(engines[0].model)
+
+
+def no_eos(engine: TransformersEngine | SharedLoraEngine) -> None:
+    """A fixed token budget: an eos id outside the vocabulary is never sampled."""
+    engine.eos_token_id = 10**9
+
+
+def base_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the base weights (every parameter but the adapters')."""
+    return sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" not in n
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ks", default="1,4,16", help="numbers of jobs (adapters)")
+    parser.add_argument("--prompts", type=int, default=8, help="completions per job per round")
+    parser.add_argument("--new-tokens", type=int, default=16, help="tokens per completion")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.ks.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "tiny")
+        spec = ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=8))
+        tokenizer = SharedLoraEngine.load(str(model_dir)).tokenizer
+        prompts = [
+            tokenizer.encode(f"question number {i}: what comes next?") for i in range(args.prompts)
+        ]
+        sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
+        print(
+            f"tiny Qwen2 (CPU, fp32, {torch.get_num_threads()} threads), LoRA rank 8; per job "
+            f"and round: {args.prompts} completions x {args.new_tokens} tokens; "
+            f"{args.rounds} rounds"
+        )
+        print(
+            f"{'k':>3} {'shared tok/s':>13} {'separate tok/s':>15} {'shared/separate':>16}", end=""
+        )
+        print(f" {'base MiB shared':>16} {'separate':>9}")
+        for k in ks:
+            shared, shared_held = shared_side(model_dir, k, spec)
+            separate, separate_held = separate_side(model_dir, k, spec)
+            shared_tps, separate_tps = compare([shared, separate], prompts, sampling, args.rounds)
+            print(
+                f"{k:>3} {shared_tps:>13.0f} {separate_tps:>15.0f} "
+                f"{shared_tps / separate_tps:>15.2f}x "
+                f"{shared_held / 2**20:>16.1f} {separate_held / 2**20:>9.1f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
