@@ -288,6 +288,7 @@ def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
         turn_rewards=t.turn_rewards,
         turn_ends=t.turn_ends,
         images=[environment_pb2.ImagePart(data=i.data, mime_type=i.mime_type) for i in t.images],
+        role=t.role,
     )
 
 

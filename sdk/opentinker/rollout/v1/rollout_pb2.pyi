@@ -179,12 +179,14 @@ class RolloutResponse(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[RolloutOpened, _Mapping]] = ..., applied: _Optional[_Union[WeightsApplied, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., failed: _Optional[_Union[RolloutFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., closed: _Optional[_Union[RolloutClosed, _Mapping]] = ...) -> None: ...
 
 class RolloutOpened(_message.Message):
-    __slots__ = ("engine", "policy_version")
+    __slots__ = ("engine", "policy_version", "roles")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     engine: str
     policy_version: int
-    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WeightsApplied(_message.Message):
     __slots__ = ("policy_version", "probe_logprobs", "apply_seconds")
@@ -197,7 +199,7 @@ class WeightsApplied(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends", "images")
+    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends", "images", "role")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +224,7 @@ class Trajectory(_message.Message):
     TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
     TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     group_index: int
     policy_version: int
@@ -239,7 +242,8 @@ class Trajectory(_message.Message):
     turn_rewards: _containers.RepeatedScalarFieldContainer[float]
     turn_ends: _containers.RepeatedScalarFieldContainer[int]
     images: _containers.RepeatedCompositeFieldContainer[_environment_pb2.ImagePart]
-    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ...) -> None: ...
+    role: str
+    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ..., role: _Optional[str] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")
