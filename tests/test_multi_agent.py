@@ -69,6 +69,18 @@ def test_gomoku_selfplay_invalid_moves_cost_their_role_and_lose_at_the_limit() -
 
 
 @pytest.mark.unit
+def test_gomoku_selfplay_can_play_a_random_cell_for_an_invalid_move() -> None:
+    game = GomokuSelfPlayGame()
+    game.reset(seed=5, invalid_move="random")
+    result = game.step("no idea")
+    assert not result.done and result.next_role == "white"
+    assert result.role_rewards == {"black": -0.1} and game.board.moves == 1
+    assert "a random one was played" in result.observation
+    with pytest.raises(ValueError, match="invalid_move"):
+        game.reset(seed=0, invalid_move="skip")
+
+
+@pytest.mark.unit
 def test_gomoku_selfplay_against_the_heuristic_pays_only_the_agent() -> None:
     game = GomokuSelfPlayGame()
     first = game.reset(seed=1, heuristic_plays="alternate")  # odd seed: the heuristic is black
@@ -281,22 +293,28 @@ async def collect_selfplay(engine: TransformersEngine, env_options: dict[str, st
 def test_gomoku_selfplay_through_envhub_gives_each_role_its_trajectory(
     engine: TransformersEngine,
 ) -> None:
-    trajectories = asyncio.run(collect_selfplay(engine, {"max_invalid_moves": "50"}))
+    # The untrained model writes no legal move: invalid_move=random plays one for it.
+    trajectories = asyncio.run(collect_selfplay(engine, {"invalid_move": "random"}))
     tok = engine.tokenizer
     games = {t.episode_id for t in trajectories}
-    assert len(games) == 8
+    assert len(games) == 8 and len(trajectories) == 16
     for game in games:
         views = {t.role: t for t in trajectories if t.episode_id == game}
-        assert "black" in views and set(views) <= {"black", "white"}
-        assert "as black (X)" in tok.decode(
-            views["black"].token_ids[: views["black"].prompt_length]
-        )
-        if "white" in views:  # black made a legal move within the turn budget
-            white = views["white"]
-            prompt = tok.decode(white.token_ids[: white.prompt_length])
-            assert "as white (O)" in prompt and "Black (X) played" in prompt
-        assert sum(t.num_turns for t in views.values()) == 6  # the budget counts both roles
+        assert set(views) == {"black", "white"}
+        black, white = views["black"], views["white"]
+        assert "as black (X)" in tok.decode(black.token_ids[: black.prompt_length])
+        prompt = tok.decode(white.token_ids[: white.prompt_length])
+        assert "as white (O)" in prompt and "Black (X) played" in prompt
+        # The budget counts both roles' turns: 3 each, alternating.
+        assert black.num_turns == white.num_turns == 3
         assert all(t.finish_reason == rollout_pb2.FINISH_REASON_MAX_TURNS for t in views.values())
+        # Each view holds its own 3 turns at mask 1 and the other's moves only as text.
+        for view, other, own in (
+            (white, "Black (X)", "white, O"),
+            (black, "White (O)", "black, X"),
+        ):
+            text = tok.decode(view.token_ids[view.prompt_length :])
+            assert text.count(f"{other} played") == 2 and text.count(f"Your move ({own})") == 2
 
 
 @pytest.mark.integration

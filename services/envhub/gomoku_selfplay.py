@@ -5,7 +5,10 @@ The board, rules and move format are ``gomoku``'s (9x9, five in a row). Every re
 addressed to the role that moves next and tells it the other's last move. Per-role rewards
 (``StepResult.role_rewards``) come at the end: the winner 1, the loser 0, both 0.5 for a draw
 (full board). An unreadable or taken move costs its role ``INVALID_MOVE_PENALTY`` and the same
-role tries again; its ``max_invalid_moves``-th one loses the game.
+role tries again; its ``max_invalid_moves``-th one loses the game. With env option
+``invalid_move=random`` (for a model that cannot yet write moves, e.g. at the start of
+training) an invalid move still costs the penalty but a random empty cell (seeded) is played
+for that role instead, and the game goes on.
 
 Env option ``heuristic_plays`` = ``black`` or ``white`` lets the heuristic opponent
 (``gomoku_opponent``, at ``opponent_skill``) play that role inside the env: only the other
@@ -37,6 +40,7 @@ WIN_REWARD, LOSS_REWARD, DRAW_REWARD = 1.0, 0.0, 0.5
 _STONE = {BLACK: Stone.BLACK, WHITE: Stone.WHITE}
 _OTHER = {BLACK: WHITE, WHITE: BLACK}
 _HEURISTIC_CHOICES = ("", BLACK, WHITE, "alternate")
+_INVALID_CHOICES = ("retry", "random")
 
 
 def _role_prompt(role: str) -> str:
@@ -62,7 +66,7 @@ class GomokuSelfPlayGame(AbstractGame):
         self.max_invalid_moves = int(DEFAULT_MAX_INVALID_MOVES)
         self.heuristic: HeuristicOpponent | None = None
         self.heuristic_role = ""
-        self._opening_note = ""
+        self.random_for_invalid: random.Random | None = None
 
     def get_system_prompt(self) -> str:
         return _role_prompt(self.first_role())
@@ -77,12 +81,20 @@ class GomokuSelfPlayGame(AbstractGame):
         heuristic_plays: str = "",
         opponent_skill: str = DEFAULT_OPPONENT_SKILL,
         max_invalid_moves: str = DEFAULT_MAX_INVALID_MOVES,
+        invalid_move: str = "retry",
     ) -> str:
         if heuristic_plays not in _HEURISTIC_CHOICES:
             raise ValueError(
                 f"env option heuristic_plays must be one of {list(_HEURISTIC_CHOICES)}, "
                 f"got {heuristic_plays!r}"
             )
+        if invalid_move not in _INVALID_CHOICES:
+            raise ValueError(
+                f"env option invalid_move must be one of {list(_INVALID_CHOICES)}, "
+                f"got {invalid_move!r}"
+            )
+        random_moves = random.Random(seed + 1) if invalid_move == "random" else None
+        self.random_for_invalid = random_moves
         skill, self.max_invalid_moves = parse_options(opponent_skill, max_invalid_moves)
         self.board = Board(BOARD_SIZE, WIN_LENGTH)
         self.invalid_moves = {BLACK: 0, WHITE: 0}
@@ -112,27 +124,35 @@ class GomokuSelfPlayGame(AbstractGame):
     def step(self, action: str) -> StepResult:
         role = self.to_move
         stone = _STONE[role]
+        penalty: dict[str, float] = {}
         try:
             cell = self.board.parse_move(action)
             won = self.board.place(cell, stone)
         except ValueError as exc:
-            return self._invalid(role, str(exc))
+            if self.random_for_invalid is None:
+                return self._invalid(role, str(exc))
+            self.invalid_moves[role] += 1
+            penalty = {role: INVALID_MOVE_PENALTY}
+            cell = self.random_for_invalid.choice(self.board.empty_cells())
+            won = self.board.place(cell, stone)
         played = f"{role.capitalize()} ({stone.value}) played {self.board.name(cell)}."
+        if penalty:
+            played = f"{role.capitalize()}'s move was invalid; a random one was played. {played}"
         if won:
-            return self._end(role, f"{played} Five in a row: {role} wins.")
+            return self._end(role, f"{played} Five in a row: {role} wins.", penalty)
         if self.board.full:
-            return self._end("", f"{played} The board is full: a draw.")
+            return self._end("", f"{played} The board is full: a draw.", penalty)
         other = _OTHER[role]
         if self.heuristic is None:
-            return self._ongoing(other, f"{played}\n{self._view(other)}", {})
+            return self._ongoing(other, f"{played}\n{self._view(other)}", penalty)
         reply = self.heuristic.choose(self.board)
         lost = self.board.place(reply, _STONE[other])
         played += f" {other.capitalize()} ({_STONE[other].value}) played {self.board.name(reply)}."
         if lost:
-            return self._end(other, f"{played} Five in a row: {other} wins.")
+            return self._end(other, f"{played} Five in a row: {other} wins.", penalty)
         if self.board.full:
-            return self._end("", f"{played} The board is full: a draw.")
-        return self._ongoing(role, f"{played}\n{self._view(role)}", {})
+            return self._end("", f"{played} The board is full: a draw.", penalty)
+        return self._ongoing(role, f"{played}\n{self._view(role)}", penalty)
 
     def _view(self, role: str) -> str:
         return f"{self.board.render()}\nYour move ({role}, {_STONE[role].value})."

@@ -38,9 +38,16 @@ from opentinker.services.modeling.vision_inputs import ImageInput
 
 from .chat_format import ChatFormat, decode
 from .engine import GenerationEngine
-from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
+from .env_replies import reset_problem, restart_after, step_problem
 from .episode_scheduler import EpisodeScheduler, EpisodeSteps
-from .loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session, turn_limit
+from .loop_config import (
+    EnvSession,
+    EpisodeRequest,
+    LoopConfig,
+    close_session,
+    turn_budgets,
+    turn_limit,
+)
 from .multi_agent import MultiAgentLoop
 from .multimodal import observation_ids_with_images, prompt_ids_with_images, vision_chat_for
 from .seeds import derive_seed
@@ -223,14 +230,7 @@ class AgentLoop:
 
     async def _generate(self, active: list[_Episode], seed: int, stats: RolloutStats) -> None:
         """One batched engine call for every GENERATING episode; appends each model turn."""
-        limits = [
-            min(
-                self.config.sampling.max_new_tokens,
-                self.config.max_episode_tokens - len(ep.token_ids),
-            )
-            for ep in active
-        ]
-        sampling = self.config.sampling.model_copy(update={"max_new_tokens": max(limits)})
+        limits, sampling = turn_budgets(self.config, [len(ep.token_ids) for ep in active])
         started = time.monotonic()
         prompts = [ep.token_ids for ep in active]
         if self.config.greedy:  # only then: engines without greedy decoding still serve training
@@ -302,25 +302,18 @@ class AgentLoop:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
         link to the envs) died."""
         reopen = ep.request.reopen
-        link_restarts = ep.restarts - ep.retries
-        if isinstance(err, EnvLinkLostError) and reopen is not None:
-            if link_restarts < self.config.max_link_restarts:
-                await self._start_over(ep, reopen, err, env_failure=False)
-                return
-            what += f" (the link to the envs was lost {link_restarts + 1} times)"
-            reopen = None
-        if not is_restartable(err) or reopen is None:
-            after = f" (on restart {ep.retries})" if ep.retries else ""
-            ep.finish(FinishReason.ENV_ERROR, f"{what}{after}")
+        kind, why = restart_after(
+            err,
+            can_reopen=reopen is not None,
+            retries=ep.retries,
+            link_restarts=ep.restarts - ep.retries,
+            max_retries=self.config.max_episode_retries,
+            max_link_restarts=self.config.max_link_restarts,
+        )
+        if not kind or reopen is None:
+            ep.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return
-        if ep.retries >= self.config.max_episode_retries:
-            ep.finish(
-                FinishReason.ENV_ERROR,
-                f"{what} (gave up after {ep.retries} restarts; max_episode_retries="
-                f"{self.config.max_episode_retries})",
-            )
-            return
-        await self._start_over(ep, reopen, err, env_failure=True)
+        await self._start_over(ep, reopen, err, env_failure=kind == "env")
 
     async def _start_over(
         self,

@@ -38,6 +38,31 @@ def is_restartable(err: OpenTinkerError | TimeoutError) -> bool:
     return isinstance(err, TimeoutError) or err.code in RESTARTABLE_CODES
 
 
+def restart_after(
+    err: OpenTinkerError | TimeoutError,
+    *,
+    can_reopen: bool,
+    retries: int,
+    link_restarts: int,
+    max_retries: int,
+    max_link_restarts: int,
+) -> tuple[str, str]:
+    """How an episode (or game) goes on after ``err``: ("link", "") = start over without
+    using its retries (the link to the envs broke), ("env", "") = start over using one (its env
+    instance died), ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    why = ""
+    if isinstance(err, EnvLinkLostError) and can_reopen:
+        if link_restarts < max_link_restarts:
+            return "link", ""
+        why = f" (the link to the envs was lost {link_restarts + 1} times)"
+        can_reopen = False
+    if not is_restartable(err) or not can_reopen:
+        return "", why + (f" (on restart {retries})" if retries else "")
+    if retries >= max_retries:
+        return "", f" (gave up after {retries} restarts; max_episode_retries={max_retries})"
+    return "env", ""
+
+
 def reset_problem(reset: ResetResult, max_observation_chars: int) -> str:
     """Why a Reset reply cannot start an episode ('' when it can)."""
     if not reset.system_prompt and not reset.observation:

@@ -101,3 +101,13 @@ def turn_limit(job_max_turns: int | None, env_max_turns: int) -> int:
     if job_max_turns is not None:
         return job_max_turns
     return env_max_turns if env_max_turns > 0 else DEFAULT_MAX_TURNS
+
+
+def turn_budgets(config: LoopConfig, lengths: list[int]) -> tuple[list[int], SamplingParams]:
+    """New tokens each sequence (of these lengths) may take this turn, and the sampling of
+    the engine call that serves them all (max_new_tokens = the largest budget)."""
+    limits = [
+        min(config.sampling.max_new_tokens, config.max_episode_tokens - length)
+        for length in lengths
+    ]
+    return limits, config.sampling.model_copy(update={"max_new_tokens": max(limits)})

@@ -39,8 +39,8 @@ from opentinker.errors import OpenTinkerError
 
 from .chat_format import ChatFormat, decode
 from .engine import GenerationEngine
-from .env_replies import is_restartable, reset_problem, role_problem, step_problem
-from .loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session
+from .env_replies import reset_problem, restart_after, role_problem, step_problem
+from .loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session, turn_budgets
 from .multimodal import refuse_images
 from .seeds import derive_seed
 from .types import (
@@ -209,14 +209,7 @@ class MultiAgentLoop:
     async def _generate(self, games: list[Game], role: str, seed: int, stats: RolloutStats) -> None:
         """One engine call for the acting role of every game in this phase."""
         views = [game.views[role] for game in games]
-        limits = [
-            min(
-                self.config.sampling.max_new_tokens,
-                self.config.max_episode_tokens - len(v.token_ids),
-            )
-            for v in views
-        ]
-        sampling = self.config.sampling.model_copy(update={"max_new_tokens": max(limits)})
+        limits, sampling = turn_budgets(self.config, [len(v.token_ids) for v in views])
         options: dict[str, object] = {}
         if self.config.greedy:
             options["greedy"] = True
@@ -274,19 +267,20 @@ class MultiAgentLoop:
     async def _fail(self, game: Game, what: str, err: OpenTinkerError | TimeoutError) -> None:
         """End the game with ENV_ERROR, or play it again from Reset when its env died."""
         reopen = game.request.reopen
-        if not is_restartable(err) or reopen is None:
-            game.finish(FinishReason.ENV_ERROR, what)
-            return
-        if game.retries >= self.config.max_episode_retries:
-            game.finish(
-                FinishReason.ENV_ERROR,
-                f"{what} (gave up after {game.retries} restarts; max_episode_retries="
-                f"{self.config.max_episode_retries})",
-            )
+        kind, why = restart_after(
+            err,
+            can_reopen=reopen is not None,
+            retries=game.retries,
+            link_restarts=game.restarts - game.retries,
+            max_retries=self.config.max_episode_retries,
+            max_link_restarts=self.config.max_link_restarts,
+        )
+        if not kind or reopen is None:
+            game.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return
         await self._close(game)
         game.restarts += 1
-        game.retries += 1
+        game.retries += kind == "env"
         env_episode_id = f"{game.request.episode_id}-r{game.restarts}"
         log.warning("game_restarting", episode_id=game.request.episode_id, error=str(err))
         game.session = reopen(env_episode_id)

@@ -193,7 +193,9 @@ class _RolloutStream:
             engine = await self.session.open(config_from_proto(request.open))
             return rollout_pb2.RolloutResponse(
                 opened=rollout_pb2.RolloutOpened(
-                    engine=engine.name, policy_version=engine.policy_version
+                    engine=engine.name,
+                    policy_version=engine.policy_version,
+                    roles=self.session.roles,
                 )
             )
         if kind == "weights":

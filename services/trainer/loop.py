@@ -34,6 +34,7 @@ from .pipeline import BatchPipeline, BatchSource, usable_episodes
 from .policy import Policy
 from .reference import ReferencePolicy
 from .reporter import report_failure_logged
+from .role_training import role_update
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
@@ -48,6 +49,8 @@ REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and
 
 
 class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):
+    roles: tuple[str, ...]  # the env's roles once open (multi-agent self-play); () = one agent
+
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
 
     async def collect(
@@ -177,8 +180,14 @@ class RlLoop:
         engine = await self.rollout.open(
             job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
         )
+        if self.rollout.roles and self.rl.role_adapters == "per_role" and self.policy.is_lora:
+            self.policy.use_role_adapters(self.rollout.roles)  # before resume loads them
+            self.status.trainable_parameters = self.policy.num_trainable_parameters()
         self.log.info(
-            "rollout_opened", engine=engine, trainable_parameters=self.status.trainable_parameters
+            "rollout_opened",
+            engine=engine,
+            trainable_parameters=self.status.trainable_parameters,
+            roles=list(self.rollout.roles),
         )
         await self._resume()
         await self._sync_weights()  # the resumed weights, as the resumed policy version
@@ -266,7 +275,8 @@ class RlLoop:
         """One RL update; keeps the generator states as it leaves them, which a checkpoint of
         this step saves (a rollout engine in the same process, as in tests, reseeds torch's
         global generator while it samples the next batch, which may run meanwhile)."""
-        stats = rl_update(
+        update = role_update if self.policy.role_adapters else rl_update
+        stats = update(
             self.policy, episodes, self.update_config, reference=self.reference, critic=self.critic
         )
         self._rng_after_update = (self.step + 1, checkpoints.rng_state())
