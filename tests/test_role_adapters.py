@@ -18,13 +18,15 @@ from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.service import _trajectory_to_proto
 from opentinker.services.rollout.types import EnvSpec, RoleSpec
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.advantages import episode_advantages
+from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.role_training import role_update
 from opentinker.services.trainer.rollout_client import _episode
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
-pytestmark = pytest.mark.integration
 ROLES = ("black", "white")
 
 
@@ -58,6 +60,7 @@ def lora_tensors(policy: Policy, role: str) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in policy.trainable_state().items() if f".{role}." in n}
 
 
+@pytest.mark.integration
 def test_each_role_trains_its_own_adapter_and_the_sync_proves_both(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -117,3 +120,29 @@ def test_each_role_trains_its_own_adapter_and_the_sync_proves_both(
     probe = policy.probe_logprobs(policy.probe_token_ids)
     half = len(probe) // 2
     assert max(abs(a - b) for a, b in zip(probe[:half], probe[half:], strict=True)) > 0
+
+    # A checkpoint keeps each role's adapter; a resumed policy has both back.
+    state = checkpoints.TrainerState(
+        job_id="j", step=3, policy_version=3, rewards=[0.0] * 3, data_cursor=3
+    )
+    path = checkpoints.save(policy, state, tmp_path_factory.mktemp("ckpt"), keep=1)
+    assert (path / "black" / "adapter_model.safetensors").exists()
+    resumed = Policy(spec, learning_rate=5e-2, seed=1)
+    resumed.use_role_adapters(ROLES)
+    checkpoints.load(resumed, path)
+    assert resumed.probe_logprobs(resumed.probe_token_ids) == pytest.approx(probe, abs=1e-6)
+
+
+def sample(group: int, role: str, reward: float) -> Episode:
+    return Episode(group, 0, [1, 2, 3], 1, [0.0, 0.0], [1, 1], reward, False, role=role)
+
+
+@pytest.mark.unit
+def test_advantages_are_grouped_within_a_role() -> None:
+    # One game group, two roles: black won both games (1, 1), white lost both (0, 0). Within
+    # each role nothing varies, so GRPO gives 0 everywhere; mixing the roles would give +-1.
+    episodes = [sample(0, "black", 1.0), sample(0, "white", 0.0)] * 2
+    assert episode_advantages(episodes, "grpo").tolist() == [0.0, 0.0, 0.0, 0.0]
+    # Without roles (one agent), the same rewards form one group: mean 0.5, std 0.5.
+    single = [sample(0, "", r) for r in (1.0, 0.0, 1.0, 0.0)]
+    assert episode_advantages(single, "grpo").tolist() == pytest.approx([1, -1, 1, -1], abs=1e-4)
