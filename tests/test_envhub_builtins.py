@@ -70,6 +70,7 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
                     "bandit",
                     "math",
                     "gomoku",
+                    "gomoku_selfplay",
                     "code_math",
                     "geometry",
                     "geometry_tools",

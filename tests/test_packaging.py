@@ -36,6 +36,7 @@ PUBLIC_SURFACE = {
     "NotFoundError",
     "OpenTinkerError",
     "ResourceExhaustedError",
+    "Role",
     "RlConfig",
     "SamplingParams",
     "SftConfig",

@@ -18,7 +18,7 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from opentinker.game import AbstractGame, StepResult, Tool
+from opentinker.game import AbstractGame, Role, StepResult, Tool
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.session_config import SessionConfig
 from opentinker.spec import (
@@ -54,6 +54,7 @@ __all__ = [
     "NotFoundError",
     "OpenTinkerError",
     "ResourceExhaustedError",
+    "Role",
     "RlConfig",
     "SamplingParams",
     "SftConfig",

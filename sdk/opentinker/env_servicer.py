@@ -60,6 +60,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
                 request.episode_id, request.seed, dict(request.options)
             )
             images = self._table.initial_images(request.episode_id)
+            first_role = self._table.first_role(request.episode_id)
         except OpenTinkerError as err:
             log.warning("reset_failed", env=self._table.env_name, error=err.message)
             _abort(context, err)
@@ -67,6 +68,7 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             system_prompt=system_prompt,
             observation=observation,
             observation_images=image_parts_of(images),
+            next_role=first_role,
         )
 
     def Step(self, request, context):  # noqa: N802
@@ -81,6 +83,8 @@ class EnvironmentServicer(environment_pb2_grpc.EnvironmentServiceServicer):
             done=result.done,
             info=result.info,
             observation_images=image_parts_of(result.images),
+            next_role=result.next_role,
+            role_rewards={role: float(r) for role, r in result.role_rewards.items()},
         )
 
     def CloseEpisode(self, request, context):  # noqa: N802
@@ -101,6 +105,10 @@ def spec_of(game: AbstractGame, env_name: str) -> environment_pb2.EnvironmentSpe
         max_turns=game.max_turns,
         tools=[tool_spec_of(tool) for tool in game.tools],
         uses_images=game.uses_images,
+        roles=[
+            environment_pb2.RoleSpec(name=role.name, system_prompt=role.system_prompt)
+            for role in game.roles
+        ],
     )
 
 

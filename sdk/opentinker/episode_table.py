@@ -148,6 +148,21 @@ class EpisodeTable:
             raise self._bad_reply("its initial images are not all opentinker.game.Image")
         return tuple(images)
 
+    def first_role(self, episode_id: str) -> str:
+        """The role that acts first in a just-reset episode ('' for a game without roles)."""
+        with self._lock:
+            episode = self._episodes.get(episode_id)
+        if episode is None or not episode.game.roles:
+            return ""
+        role = self._call("first_role", episode.game.first_role)
+        self._check_role("first_role", role, episode.game)
+        return role
+
+    def _check_role(self, what: str, role: object, game: AbstractGame) -> None:
+        names = [r.name for r in game.roles]
+        if role not in names:
+            raise self._bad_reply(f"its {what} is {role!r}, not one of its roles {names}")
+
     def step(self, episode_id: str, action: str) -> StepResult:
         """Apply an action; a game failure or malformed result drops the episode."""
         episode = self._get(episode_id)
@@ -160,6 +175,8 @@ class EpisodeTable:
                 )
             try:
                 result = self._validated(self._call("step", lambda: episode.game.step(action)))
+                if episode.game.roles:
+                    self._check_roles(result, episode.game)
             except Exception:
                 self._drop(episode_id, episode)
                 raise
@@ -246,6 +263,20 @@ class EpisodeTable:
         ):
             raise self._bad_reply("step info must be a dict of str to str")
         return result
+
+    def _check_roles(self, result: StepResult, game: AbstractGame) -> None:
+        """A multi-agent game's step names a declared next role (unless done) and gives
+        finite rewards to declared roles only."""
+        if not result.done:
+            self._check_role("next_role", result.next_role, game)
+        names = {r.name for r in game.roles}
+        for role, reward in result.role_rewards.items():
+            if role not in names:
+                raise self._bad_reply(f"step role_rewards names {role!r}, not one of its roles")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                raise self._bad_reply(f"step role_rewards[{role!r}] is not a number")
+            if not math.isfinite(reward):
+                raise self._bad_reply(f"step role_rewards[{role!r}] is non-finite ({reward})")
 
     def _check_size(self, what: str, observation: str) -> None:
         limit = self.max_observation_chars

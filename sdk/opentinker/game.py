@@ -40,6 +40,10 @@ class StepResult:
     done: the episode is over.
     info: free-form string facts for logs and metrics (e.g. ``{"target": "K"}``).
     images: images shown before ``observation`` in the next user message (vision envs).
+    next_role: (a game with ``roles``) the role that acts next; ``observation`` is addressed
+        to it. Ignored once ``done`` and by games without roles.
+    role_rewards: (a game with ``roles``) the reward each role got from this step (a role left
+        out got 0); ``reward`` should repeat the acting role's.
     """
 
     observation: str
@@ -47,6 +51,20 @@ class StepResult:
     done: bool
     info: dict[str, str] = field(default_factory=dict)
     images: tuple[Image, ...] = ()
+    next_role: str = ""
+    role_rewards: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Role:
+    """One agent of a multi-agent game (self-play): its name and its own system prompt.
+
+    name: unique in the game, letters, digits, ``_`` or ``-`` (it names a LoRA adapter).
+    system_prompt: this role's system prompt; empty = the game's ``get_system_prompt()``.
+    """
+
+    name: str
+    system_prompt: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,9 @@ class AbstractGame(abc.ABC):
         turns (0 = none declared: the rollout allows 16). End episodes yourself (done) by it.
     tools: the tools the model may call (``Tool``); none by default.
     uses_images: observations carry images (``get_initial_images``, ``StepResult.images``).
+    roles: a multi-agent game's roles (``Role``); empty (the default) = one agent, as always.
+        With roles, ``reset``'s observation goes to ``first_role()`` and every ``StepResult``
+        names ``next_role`` and gives ``role_rewards`` (see the environment proto's "Roles").
 
     Call order per episode: ``reset(seed=..., **options)``, then ``get_system_prompt()`` and
     ``get_initial_user_message()``, then ``step(action)`` until done. The first user message of
@@ -97,6 +118,7 @@ class AbstractGame(abc.ABC):
     max_turns: ClassVar[int] = 0
     tools: ClassVar[tuple[Tool, ...]] = ()
     uses_images: ClassVar[bool] = False
+    roles: ClassVar[tuple[Role, ...]] = ()
 
     @abc.abstractmethod
     def get_system_prompt(self) -> str:
@@ -109,6 +131,11 @@ class AbstractGame(abc.ABC):
     def get_initial_images(self) -> tuple[Image, ...]:
         """Images shown before the text of the first user message (vision envs); none here."""
         return ()
+
+    def first_role(self) -> str:
+        """(Games with ``roles``) the role that acts first, after ``reset``; default the first
+        declared. Games without roles return ''."""
+        return self.roles[0].name if self.roles else ""
 
     @abc.abstractmethod
     def reset(self, *args: Any, **kwargs: Any) -> str:

@@ -87,6 +87,11 @@ class RlConfig(_Strict):
     critic_learning_rate: float = Field(
         0.0, ge=0, le=1.0, description="Value head learning rate; > 0 for ppo only."
     )
+    role_adapters: Literal["per_role", "shared"] = Field(
+        "per_role",
+        description="Multi-agent self-play (an env with roles) with LoRA: per_role trains one "
+        "adapter per role on its own trajectories; shared trains one for all roles.",
+    )
     micro_batch_tokens: int = Field(
         0,
         ge=0,
@@ -172,6 +177,10 @@ _NORMALIZATION_TO_PB = {
     "constant": common_pb2.LOSS_NORMALIZATION_CONSTANT,
 }
 _KL_TO_PB = {"k1": common_pb2.KL_ESTIMATOR_K1, "k3": common_pb2.KL_ESTIMATOR_K3}
+_ROLE_ADAPTERS_TO_PB = {
+    "per_role": common_pb2.ROLE_ADAPTERS_PER_ROLE,
+    "shared": common_pb2.ROLE_ADAPTERS_SHARED,
+}
 _SCHEDULE_TO_PB = {
     "constant": common_pb2.LR_SCHEDULE_CONSTANT,
     "linear": common_pb2.LR_SCHEDULE_LINEAR,
@@ -183,6 +192,7 @@ _RL_ENUMS = (
     ("loss_normalization", _NORMALIZATION_TO_PB),
     ("kl_estimator", _KL_TO_PB),
     ("lr_schedule", _SCHEDULE_TO_PB),
+    ("role_adapters", _ROLE_ADAPTERS_TO_PB),
 )
 
 

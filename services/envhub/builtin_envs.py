@@ -8,6 +8,7 @@ from opentinker.services.envhub.bandit_env import BanditGame
 from opentinker.services.envhub.code_math_env import CodeMathGame
 from opentinker.services.envhub.geometry_env import GeometryGame, GeometryToolsGame
 from opentinker.services.envhub.gomoku_env import GomokuGame
+from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
 from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.envhub.math_env import MathGame
 from opentinker.services.envhub.registry import Registry
@@ -18,6 +19,7 @@ BUILTIN_GAMES: dict[str, GameFactory] = {
     "bandit": BanditGame,
     "math": MathGame,
     "gomoku": GomokuGame,
+    "gomoku_selfplay": GomokuSelfPlayGame,
     "code_math": CodeMathGame,
     "textworld": HouseholdGame,
     "geometry": GeometryGame,
@@ -30,6 +32,7 @@ DEFAULT_BUILTIN_ENVS: tuple[str, ...] = (
     "bandit",
     "math",
     "gomoku",
+    "gomoku_selfplay",
     "code_math",
     "geometry",
     "geometry_tools",

@@ -35,7 +35,7 @@ class GomokuStart:
     opponent_seed: int
 
 
-def _parse_options(opponent_skill: str, max_invalid_moves: str) -> tuple[float, int]:
+def parse_options(opponent_skill: str, max_invalid_moves: str) -> tuple[float, int]:
     problems = []
     try:
         skill = float(opponent_skill)
@@ -95,7 +95,7 @@ class GomokuGame(AbstractGame):
         opponent_skill: str = DEFAULT_OPPONENT_SKILL,
         max_invalid_moves: str = DEFAULT_MAX_INVALID_MOVES,
     ) -> str:
-        skill, self.max_invalid_moves = _parse_options(opponent_skill, max_invalid_moves)
+        skill, self.max_invalid_moves = parse_options(opponent_skill, max_invalid_moves)
         start = self.generate_initial_state(seed)
         self.board = Board(BOARD_SIZE, WIN_LENGTH)
         self.opponent = HeuristicOpponent(

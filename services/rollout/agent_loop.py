@@ -36,11 +36,19 @@ import structlog
 from opentinker.errors import OpenTinkerError
 from opentinker.services.modeling.vision_inputs import ImageInput
 
-from .chat_format import ChatFormat
+from .chat_format import ChatFormat, decode
 from .engine import GenerationEngine
-from .env_replies import EnvLinkLostError, is_restartable, reset_problem, step_problem
+from .env_replies import reset_problem, restart_after, step_problem
 from .episode_scheduler import EpisodeScheduler, EpisodeSteps
-from .loop_config import EnvSession, EpisodeRequest, LoopConfig, turn_limit
+from .loop_config import (
+    EnvSession,
+    EpisodeRequest,
+    LoopConfig,
+    close_session,
+    turn_budgets,
+    turn_limit,
+)
+from .multi_agent import MultiAgentLoop
 from .multimodal import observation_ids_with_images, prompt_ids_with_images, vision_chat_for
 from .seeds import derive_seed
 from .tool_calls import parse_tool_calls
@@ -124,6 +132,12 @@ class AgentLoop:
         self.chat = ChatFormat(engine.tokenizer, self.env.tools)
         self.vision = vision_chat_for(engine, self.env.tools)  # None: a text-only model
         self._tool_names = frozenset(t.name for t in self.env.tools)
+        # An env with roles: self-play games, phase by phase (multi_agent.py).
+        self.multi_agent = (
+            MultiAgentLoop(engine, config, self.env, self.chat, self.max_turns)
+            if self.env.roles
+            else None
+        )
         if self.env.tools and not self.chat.renders_tools():
             log.warning(
                 "tools_not_rendered",
@@ -135,7 +149,11 @@ class AgentLoop:
     async def run(
         self, requests: Sequence[EpisodeRequest], *, seed: int
     ) -> tuple[list[Trajectory], RolloutStats]:
-        """Play every episode to the end; ``seed`` fixes the sampling of every round."""
+        """Play every episode to the end; ``seed`` fixes the sampling of every round.
+
+        An env with roles plays each episode as a self-play game: one trajectory per role."""
+        if self.multi_agent is not None:
+            return await self.multi_agent.run(requests, seed=seed)
         episodes = [_Episode(request, request.session) for request in requests]
         stats = RolloutStats()
         policy_version = self.engine.policy_version
@@ -212,14 +230,7 @@ class AgentLoop:
 
     async def _generate(self, active: list[_Episode], seed: int, stats: RolloutStats) -> None:
         """One batched engine call for every GENERATING episode; appends each model turn."""
-        limits = [
-            min(
-                self.config.sampling.max_new_tokens,
-                self.config.max_episode_tokens - len(ep.token_ids),
-            )
-            for ep in active
-        ]
-        sampling = self.config.sampling.model_copy(update={"max_new_tokens": max(limits)})
+        limits, sampling = turn_budgets(self.config, [len(ep.token_ids) for ep in active])
         started = time.monotonic()
         prompts = [ep.token_ids for ep in active]
         if self.config.greedy:  # only then: engines without greedy decoding still serve training
@@ -291,25 +302,18 @@ class AgentLoop:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
         link to the envs) died."""
         reopen = ep.request.reopen
-        link_restarts = ep.restarts - ep.retries
-        if isinstance(err, EnvLinkLostError) and reopen is not None:
-            if link_restarts < self.config.max_link_restarts:
-                await self._start_over(ep, reopen, err, env_failure=False)
-                return
-            what += f" (the link to the envs was lost {link_restarts + 1} times)"
-            reopen = None
-        if not is_restartable(err) or reopen is None:
-            after = f" (on restart {ep.retries})" if ep.retries else ""
-            ep.finish(FinishReason.ENV_ERROR, f"{what}{after}")
+        kind, why = restart_after(
+            err,
+            can_reopen=reopen is not None,
+            retries=ep.retries,
+            link_restarts=ep.restarts - ep.retries,
+            max_retries=self.config.max_episode_retries,
+            max_link_restarts=self.config.max_link_restarts,
+        )
+        if not kind or reopen is None:
+            ep.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return
-        if ep.retries >= self.config.max_episode_retries:
-            ep.finish(
-                FinishReason.ENV_ERROR,
-                f"{what} (gave up after {ep.retries} restarts; max_episode_retries="
-                f"{self.config.max_episode_retries})",
-            )
-            return
-        await self._start_over(ep, reopen, err, env_failure=True)
+        await self._start_over(ep, reopen, err, env_failure=kind == "env")
 
     async def _start_over(
         self,
@@ -333,15 +337,10 @@ class AgentLoop:
         await self._reset(ep)
 
     async def _close(self, ep: _Episode) -> None:
-        try:
-            await ep.session.close()
-        except (OpenTinkerError, TimeoutError) as err:  # the episode is over either way
-            log.warning("episode_close_failed", episode_id=ep.request.episode_id, error=str(err))
+        await close_session(ep.session, ep.request.episode_id)
 
     def _decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
-        text = self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-        assert isinstance(text, str), "decoding one sequence gives one string"
-        return text
+        return decode(self.engine.tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
     def _trajectory(self, ep: _Episode, policy_version: int) -> Trajectory:
         assert ep.finish_reason is not None, "every episode ends with a reason"

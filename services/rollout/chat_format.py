@@ -112,3 +112,10 @@ class ChatFormat:
             return_dict=False,
         )
         return list(ids)
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int], *, skip_special_tokens: bool) -> str:
+    """One sequence of ids as text."""
+    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str), "decoding one sequence gives one string"
+    return text

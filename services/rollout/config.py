@@ -33,6 +33,7 @@ class RolloutConfig(BaseModel):
     seed: int = Field(0, ge=0)
     adapter_dir: str = ""
     eval_env_options: dict[str, str] = {}
+    role_adapters: bool = False  # one LoRA adapter per role of a multi-agent env
 
     @field_validator("env_name")
     @classmethod
@@ -73,6 +74,7 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
         "env_options": dict(msg.env_options),
         "adapter_dir": msg.adapter_dir,
         "eval_env_options": dict(msg.eval_env_options),
+        "role_adapters": msg.role_adapters,
         "seed": msg.seed,
         "sampling_only": msg.sampling_only,
         "sampling": _sampling_fields(msg.sampling),

@@ -24,6 +24,7 @@ from transformers import (
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
+from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
 from opentinker.services.modeling.vision_inputs import (
     ImageInput,
     load_image_processor,
@@ -93,6 +94,8 @@ class TransformersEngine:
         self.device = next(model.parameters()).device
         # A vision-language model's image processor (set by ``load``); None = text only.
         self.image_processor: object | None = None
+        # Multi-agent self-play with one LoRA adapter per role (``use_role_adapters``).
+        self.role_adapters: tuple[str, ...] = ()
         # A checkpoint's own sampling defaults (top_k, repetition_penalty, ...) would change the
         # distribution we sample from without the logprobs knowing; start from a clean config.
         self.model.generation_config = GenerationConfig(
@@ -157,6 +160,11 @@ class TransformersEngine:
         engine.image_processor = load_image_processor(spec.base_model)
         return engine
 
+    def use_role_adapters(self, roles: tuple[str, ...]) -> None:
+        """Serve one LoRA adapter per role, as the trainer trains them (role_adapters.py)."""
+        add_role_adapters(self.model, roles)
+        self.role_adapters = tuple(roles)
+
     @torch.no_grad()
     def generate(
         self,
@@ -166,8 +174,17 @@ class TransformersEngine:
         *,
         greedy: bool = False,
         images: Sequence[Sequence[ImageInput]] | None = None,
+        adapter: str | None = None,
     ) -> list[Completion]:
-        """images: per prompt, the images its placeholder tokens stand for (vision models)."""
+        """images: per prompt, the images its placeholder tokens stand for (vision models).
+        adapter: the role whose adapter serves this call (one adapter per role); None = the
+        model as it is."""
+        if adapter is not None:
+            if adapter not in self.role_adapters:
+                raise ValueError(
+                    f"no adapter for role {adapter!r}; this engine serves {self.role_adapters}"
+                )
+            activate(self.model, adapter, self.role_adapters)
         if images is not None and any(images):
             decoding = _decoding(sampling, greedy=greedy)
             return generate_each_with_images(self, prompts, images, sampling, seed, decoding)
@@ -222,6 +239,12 @@ class TransformersEngine:
 
     @torch.no_grad()
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
+        """With one adapter per role: every role's, in role order (the trainer's probe)."""
+        if self.role_adapters:
+            return each_role(self.model, self.role_adapters, lambda: self._logprobs_of(token_ids))
+        return self._logprobs_of(token_ids)
+
+    def _logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
         if len(token_ids) < 2:
             return []
         ids_1_T = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import InvalidArgumentError, OpenTinkerError, UnavailableError
 
-from .types import EnvSpec, ResetResult, StepOutcome, ToolSpec
+from .types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
+
+_ROLE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 # Status codes that mean the episode's env instance died or stopped answering: the episode is
 # restarted from Reset (EnvHub routes the new Reset to a live instance). Any other failure is
@@ -33,6 +36,31 @@ class EnvLinkLostError(UnavailableError):
 def is_restartable(err: OpenTinkerError | TimeoutError) -> bool:
     """True when ``err`` says the env instance died or timed out (a bare TimeoutError too)."""
     return isinstance(err, TimeoutError) or err.code in RESTARTABLE_CODES
+
+
+def restart_after(
+    err: OpenTinkerError | TimeoutError,
+    *,
+    can_reopen: bool,
+    retries: int,
+    link_restarts: int,
+    max_retries: int,
+    max_link_restarts: int,
+) -> tuple[str, str]:
+    """How an episode (or game) goes on after ``err``: ("link", "") = start over without
+    using its retries (the link to the envs broke), ("env", "") = start over using one (its env
+    instance died), ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    why = ""
+    if isinstance(err, EnvLinkLostError) and can_reopen:
+        if link_restarts < max_link_restarts:
+            return "link", ""
+        why = f" (the link to the envs was lost {link_restarts + 1} times)"
+        can_reopen = False
+    if not is_restartable(err) or not can_reopen:
+        return "", why + (f" (on restart {retries})" if retries else "")
+    if retries >= max_retries:
+        return "", f" (gave up after {retries} restarts; max_episode_retries={max_retries})"
+    return "env", ""
 
 
 def reset_problem(reset: ResetResult, max_observation_chars: int) -> str:
@@ -79,4 +107,31 @@ def env_spec_from_proto(pb: environment_pb2.EnvironmentSpec) -> EnvSpec:
         system_prompt=pb.system_prompt,
         tools=tuple(tools),
         max_turns=max(pb.max_turns, 0),
+        roles=_roles_of(pb),
     )
+
+
+def _roles_of(pb: environment_pb2.EnvironmentSpec) -> tuple[RoleSpec, ...]:
+    """The spec's roles; raises InvalidArgumentError for an empty, odd or repeated name."""
+    names = [role.name for role in pb.roles]
+    bad = [name for name in names if not _ROLE_NAME.match(name)]
+    if bad or len(set(names)) != len(names):
+        raise InvalidArgumentError(
+            f"environment '{pb.name}' declares roles {names}: each must be unique, 1-64 "
+            "characters of letters, digits, '_' or '-'",
+            code="INVALID_ARGUMENT",
+        )
+    return tuple(RoleSpec(role.name, role.system_prompt) for role in pb.roles)
+
+
+def role_problem(next_role: str, roles: tuple[str, ...], rewards: dict[str, float]) -> str:
+    """Why a multi-agent reply cannot be used ('' when it can): an unknown next role (when
+    one is due) or a reward for an unknown role or a non-finite one."""
+    if next_role and next_role not in roles:
+        return f"its next_role {next_role!r} is not one of the env's roles {list(roles)}"
+    for role, reward in rewards.items():
+        if role not in roles:
+            return f"its role_rewards name {role!r}, not one of the env's roles {list(roles)}"
+        if not math.isfinite(reward):
+            return f"its role_rewards[{role!r}] is non-finite ({reward})"
+    return ""

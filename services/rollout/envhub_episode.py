@@ -35,6 +35,7 @@ class EnvHubEpisode:
             system_prompt=reply.system_prompt,
             observation=reply.observation,
             images=images_of(reply.observation_images),
+            next_role=reply.next_role,
         )
 
     async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
@@ -53,6 +54,8 @@ class EnvHubEpisode:
             done=reply.done,
             info=dict(reply.info),
             images=images_of(reply.observation_images),
+            next_role=reply.next_role,
+            role_rewards=dict(reply.role_rewards),
         )
 
     async def close(self) -> None:

@@ -7,10 +7,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import structlog
+
+from opentinker.errors import OpenTinkerError
 from opentinker.spec import SamplingParams
 
 from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
+
+log = structlog.get_logger("opentinker.rollout.agent_loop")
 
 
 class EnvSession(Protocol):
@@ -28,6 +33,14 @@ class EnvSession(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def close_session(session: EnvSession, episode_id: str) -> None:
+    """End an episode's env session; a failure is logged (the episode is over either way)."""
+    try:
+        await session.close()
+    except (OpenTinkerError, TimeoutError) as err:
+        log.warning("episode_close_failed", episode_id=episode_id, error=str(err))
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,8 @@ class LoopConfig:
     calls re-batched from the ready episodes; "lockstep" = rounds of all episodes.
     batch_wait_s: (async) the longest a ready episode waits for others to join an engine
     call; None = half the run's mean engine call (``episode_scheduler``).
+    role_adapters: (multi-agent env) the engine serves one LoRA adapter per role: each phase's
+    engine call names the acting role's adapter (``multi_agent``); False = one shared policy.
     """
 
     sampling: SamplingParams
@@ -72,6 +87,7 @@ class LoopConfig:
     greedy: bool = False
     scheduling: Literal["async", "lockstep"] = "async"
     batch_wait_s: float | None = None
+    role_adapters: bool = False
 
 
 # Turns per episode when neither the job nor the env sets a limit (the env still ends an
@@ -85,3 +101,13 @@ def turn_limit(job_max_turns: int | None, env_max_turns: int) -> int:
     if job_max_turns is not None:
         return job_max_turns
     return env_max_turns if env_max_turns > 0 else DEFAULT_MAX_TURNS
+
+
+def turn_budgets(config: LoopConfig, lengths: list[int]) -> tuple[list[int], SamplingParams]:
+    """New tokens each sequence (of these lengths) may take this turn, and the sampling of
+    the engine call that serves them all (max_new_tokens = the largest budget)."""
+    limits = [
+        min(config.sampling.max_new_tokens, config.max_episode_tokens - length)
+        for length in lengths
+    ]
+    return limits, config.sampling.model_copy(update={"max_new_tokens": max(limits)})

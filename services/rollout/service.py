@@ -256,7 +256,9 @@ class _RolloutStream:
             engine = await self.session.open(config)
             return rollout_pb2.RolloutResponse(
                 opened=rollout_pb2.RolloutOpened(
-                    engine=engine.name, policy_version=engine.policy_version
+                    engine=engine.name,
+                    policy_version=engine.policy_version,
+                    roles=self.session.roles,
                 )
             )
         if kind == "weights":
@@ -351,6 +353,7 @@ def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
         turn_rewards=t.turn_rewards,
         turn_ends=t.turn_ends,
         images=[environment_pb2.ImagePart(data=i.data, mime_type=i.mime_type) for i in t.images],
+        role=t.role,
     )
 
 

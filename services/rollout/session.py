@@ -66,6 +66,7 @@ class RolloutSession:
         self.engine: GenerationEngine | None = None
         self._loop: AgentLoop | None = None
         self._loading_seconds = 0.0  # applying the chunks of the update in progress
+        self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent), once open
 
     async def open(self, config: RolloutConfig) -> GenerationEngine:
         """Check the environment is reachable, then load the model (policy version 0)."""
@@ -88,7 +89,11 @@ class RolloutSession:
             raise InvalidArgumentError(
                 f"cannot load model {config.model.base_model!r}: {err}", code="INVALID_ARGUMENT"
             ) from err
+        role_adapters = bool(env.roles) and config.role_adapters
+        if role_adapters:
+            await asyncio.to_thread(_serve_role_adapters, engine, env.role_names)
         self.config, self.engine = config, engine
+        self.roles = env.role_names
         self._loop = AgentLoop(
             engine,
             LoopConfig(
@@ -100,6 +105,7 @@ class RolloutSession:
                 max_observation_chars=self.settings.max_observation_chars,
                 scheduling=self.settings.agent_loop,
                 batch_wait_s=self.settings.batch_wait_s,
+                role_adapters=role_adapters,
             ),
             env,
         )
@@ -322,6 +328,20 @@ class RolloutSession:
                 code="FAILED_PRECONDITION",
             )
         return self.engine
+
+
+def _serve_role_adapters(engine: GenerationEngine, roles: tuple[str, ...]) -> None:
+    """One LoRA adapter per role on the engine (the job trains them so)."""
+    if not isinstance(engine, TransformersEngine):
+        raise InvalidArgumentError(
+            f"the {engine.name} engine cannot serve one LoRA adapter per role; set the job's "
+            "rl.role_adapters to 'shared'",
+            code="INVALID_ARGUMENT",
+        )
+    try:
+        engine.use_role_adapters(roles)
+    except ValueError as err:
+        raise InvalidArgumentError(f"one adapter per role: {err}", code="INVALID_ARGUMENT") from err
 
 
 def default_engine_factory(settings: RolloutSettings) -> EngineFactory:

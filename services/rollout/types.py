@@ -47,17 +47,31 @@ class ToolSpec:
 
 
 @dataclass(frozen=True)
+class RoleSpec:
+    """One agent of a multi-agent env: its name and its own system prompt ('' = the env's)."""
+
+    name: str
+    system_prompt: str = ""
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """What an environment declares of itself (its ``EnvironmentSpec``).
 
-    max_turns: the env's own turn limit per episode; 0 = none declared.
+    max_turns: the env's own turn limit per episode (all roles' turns together); 0 = none.
     tools: rendered into the prompt by the chat template; calls are parsed from model turns.
+    roles: a multi-agent env's roles, in order; empty = one agent.
     """
 
     name: str = ""
     system_prompt: str = ""
     tools: tuple[ToolSpec, ...] = ()
     max_turns: int = 0
+    roles: tuple[RoleSpec, ...] = ()
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(role.name for role in self.roles)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,7 @@ class ResetResult:
     system_prompt: str
     observation: str  # the first user message
     images: tuple[ImageInput, ...] = ()  # shown before its text (vision-language envs)
+    next_role: str = ""  # multi-agent env: the role the observation is for (acts first)
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,9 @@ class StepOutcome:
     done: bool
     info: dict[str, str] = field(default_factory=dict)
     images: tuple[ImageInput, ...] = ()  # shown before the next observation's text
+    next_role: str = ""  # multi-agent env: the role the observation is for (acts next)
+    # Multi-agent env: the reward each role got from this step (a role left out got 0).
+    role_rewards: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +121,9 @@ class Trajectory:
     ``info`` is the env's info of the episode's last step (e.g. ``{"outcome": "win"}``);
     ``env_retries`` counts restarts of the episode after its env instance died; ``messages``
     is the episode as text (for people and jsonl; training uses the token ids only).
+
+    ``role``: in a multi-agent env, the role whose view this is (one trajectory per role per
+    game); its rewards are that role's and only its own turns have loss mask 1. '' otherwise.
     """
 
     episode_id: str
@@ -124,6 +145,7 @@ class Trajectory:
     turn_ends: list[int] = field(default_factory=list)
     # Every image shown, in the order of their placeholder tokens in token_ids (vision envs).
     images: list[ImageInput] = field(default_factory=list)
+    role: str = ""
 
 
 @dataclass

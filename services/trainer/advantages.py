@@ -35,9 +35,11 @@ WHITEN_EPS = 1e-8
 
 
 def _groups(episodes: Sequence[Episode]) -> list[list[int]]:
-    by_group: dict[int, list[int]] = defaultdict(list)
+    """Indices of each group: same ``group_index`` and, in self-play, the same role (black's
+    returns are never the baseline of white's, even when one adapter plays both)."""
+    by_group: dict[tuple[int, str], list[int]] = defaultdict(list)
     for i, ep in enumerate(episodes):
-        by_group[ep.group_index].append(i)
+        by_group[(ep.group_index, ep.role)].append(i)
     return list(by_group.values())
 
 
@@ -45,7 +47,8 @@ def baseline_advantages(
     returns_B: torch.Tensor, episodes: Sequence[Episode], loss: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantage ``[B]``, reward scale ``[B]``) of each episode's return under ``loss``
-    (grpo and rloo within groups of the same ``group_index``, reinforce over the batch)."""
+    (grpo and rloo within groups of the same ``group_index`` and role, reinforce over the
+    batch)."""
     if loss == "reinforce":
         return batch_baseline_advantages(returns_B), torch.ones_like(returns_B)
     advantages_B = torch.zeros_like(returns_B)

@@ -38,6 +38,8 @@ class Episode:
     # The images the episode showed (vision envs), in the order of their placeholder tokens;
     # the forward recomputes their pixel inputs (``vision_logprobs``).
     images: tuple[ImageInput, ...] = ()
+    role: str = ""  # multi-agent env: the role whose view this is ('' = one agent)
+    episode_id: str = ""  # the game it comes from (a self-play game gives one per role)
 
     @property
     def completion_length(self) -> int:

@@ -102,7 +102,10 @@ def save(
     torch.save(rng if rng is not None else rng_state(), tmp / RNG)
     if critic is not None:
         torch.save(critic.state_dict(), tmp / CRITIC)
-    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    # Every file, also in sub-folders (one adapter per role: peft saves each in <role>/).
+    files = {
+        str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()
+    }
     for name in files:
         _fsync(tmp / name)
     (tmp / MANIFEST).write_text(json.dumps({"step": state.step, "files": files}, indent=2))

@@ -35,6 +35,7 @@ from .policy import Policy
 from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
 from .reporter import report_failure_logged
+from .role_training import role_update
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
@@ -49,6 +50,8 @@ REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and
 
 
 class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):
+    roles: tuple[str, ...]  # the env's roles once open (multi-agent self-play); () = one agent
+
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
 
     async def collect(
@@ -178,8 +181,14 @@ class RlLoop:
         engine = await self.rollout.open(
             job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
         )
+        if self.rollout.roles and self.rl.role_adapters == "per_role" and self.policy.is_lora:
+            self.policy.use_role_adapters(self.rollout.roles)  # before resume loads them
+            self.status.trainable_parameters = self.policy.num_trainable_parameters()
         self.log.info(
-            "rollout_opened", engine=engine, trainable_parameters=self.status.trainable_parameters
+            "rollout_opened",
+            engine=engine,
+            trainable_parameters=self.status.trainable_parameters,
+            roles=list(self.rollout.roles),
         )
         await self._resume()
         await self._sync_weights()  # the resumed weights, as the resumed policy version
@@ -270,7 +279,8 @@ class RlLoop:
         if isinstance(self.policy, LeaderPolicy):  # N ranks: rank 0 orders the others along
             stats = self.policy.update(episodes, self.update_config)
         else:
-            stats = rl_update(
+            update = role_update if self.policy.role_adapters else rl_update
+            stats = update(
                 self.policy,
                 episodes,
                 self.update_config,

@@ -71,10 +71,12 @@ def usable_episodes(
     """Check the batch's size and versions (every trajectory played by ``played_by``, at most
     max_staleness behind ``policy_version``); drop ENV_ERROR episodes (raises if none is left)."""
     expected = rl.prompts_per_step * rl.samples_per_prompt
-    if len(batch.episodes) != expected:
-        raise WeightSyncError(
-            f"rollout returned {len(batch.episodes)} trajectories, expected {expected}"
-        )
+    # A self-play game gives one trajectory per role that moved: count games then.
+    roles = any(e.role for e in batch.episodes)
+    played = len({e.episode_id for e in batch.episodes}) if roles else len(batch.episodes)
+    if played != expected:
+        what = "games" if roles else "trajectories"
+        raise WeightSyncError(f"rollout returned {played} {what}, expected {expected}")
     stale = [e.policy_version for e in batch.episodes if e.policy_version != played_by]
     if stale:
         raise WeightSyncError(

@@ -27,6 +27,7 @@ from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import PreloadedModel
+from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
 from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
 from opentinker.spec import ModelSpec
 
@@ -110,7 +111,29 @@ class Policy:
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
         )
         self.probe_token_ids: list[int] = self._probe_ids()
+        # Multi-agent self-play with one adapter per role (``use_role_adapters``); () = one.
+        self.role_adapters: tuple[str, ...] = ()
         self._check_chunked_logprobs()
+
+    def use_role_adapters(self, roles: tuple[str, ...]) -> None:
+        """One LoRA adapter per role from now on (role_adapters.py), before any training:
+        the optimizer is rebuilt over every role's adapter with the same settings."""
+        add_role_adapters(self.model, roles)
+        self.role_adapters = tuple(roles)
+        group = self.optimizer.param_groups[0]
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(),
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+        )
+
+    def activate_role(self, role: str) -> None:
+        """Forward and backward passes go through ``role``'s adapter."""
+        if role not in self.role_adapters:
+            raise ValueError(f"no adapter for role {role!r}; the roles are {self.role_adapters}")
+        activate(self.model, role, self.role_adapters)
 
     @property
     def is_lora(self) -> bool:
@@ -244,7 +267,15 @@ class Policy:
 
     @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
-        """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1."""
+        """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1.
+        With one adapter per role: those of every role's adapter, in role order."""
+        if self.role_adapters:
+            return each_role(
+                self.model, self.role_adapters, lambda: self._probe_logprobs(token_ids)
+            )
+        return self._probe_logprobs(token_ids)
+
+    def _probe_logprobs(self, token_ids: list[int]) -> list[float]:
         was_training = self.model.training
         self.model.eval()
         try:
@@ -288,7 +319,9 @@ class Policy:
         optimizer keeps pointing at the same parameters). Raises ValueError when the saved
         tensors do not fit this model's trainable parameters."""
         directory = Path(directory)
-        if self.is_lora:
+        if self.role_adapters:
+            unexpected, missing = self._load_role_adapters(directory)
+        elif self.is_lora:
             loaded = set_peft_model_state_dict(
                 self.model, load_peft_weights(str(directory), device=str(self.device))
             )
@@ -303,3 +336,15 @@ class Policy:
                 f"checkpoint {directory} does not fit the model: missing {missing[:3]}, "
                 f"unexpected {unexpected[:3]}"
             )
+
+    def _load_role_adapters(self, directory: Path) -> tuple[list[str], list[str]]:
+        """Each role's adapter from ``<directory>/<role>/`` (where peft saves a named adapter);
+        returns (unexpected, missing) tensor names."""
+        unexpected: list[str] = []
+        missing: list[str] = []
+        for role in self.role_adapters:
+            weights = load_peft_weights(str(directory / role), device=str(self.device))
+            loaded = set_peft_model_state_dict(self.model, weights, adapter_name=role)
+            unexpected += list(loaded.unexpected_keys)
+            missing += [k for k in loaded.missing_keys if "lora_" in k and f".{role}." in k]
+        return unexpected, missing

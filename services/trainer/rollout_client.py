@@ -49,6 +49,7 @@ class GrpcRolloutSession:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._seq = 0
         self._seed = 0  # the session's seed: evaluation rows name their env seeds
+        self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent self-play), once open
         self._requested: deque[int] = deque()  # training batches asked for, not yet received
         self._arrived: deque[rollout_pb2.TrajectoryBatch] = deque()  # ..of which here already
         self._batch_timeout_s = 0.0  # the deadline of a requested batch
@@ -63,6 +64,7 @@ class GrpcRolloutSession:
         self._sent.forget()  # a new stream may reach a new rollout
         await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
         reply = await self._receive("opened", timeout_s)
+        self.roles = tuple(reply.opened.roles)
         return reply.opened.engine
 
     async def open_sampling_only(
@@ -175,10 +177,11 @@ class GrpcRolloutSession:
         )
         await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
         batch = (await self._receive("batch", timeout_s)).batch
-        if batch.batch_index != batch_index or len(batch.trajectories) != episodes:
+        games = len({t.episode_id for t in batch.trajectories})  # self-play: a row per role
+        if batch.batch_index != batch_index or games != episodes:
             raise RolloutError(
                 f"rollout at {self._address} answered evaluation batch {batch.batch_index} with "
-                f"{len(batch.trajectories)} episodes, expected {batch_index} with {episodes}"
+                f"{games} episodes, expected {batch_index} with {episodes}"
             )
         return [_row(t, self._seed) for t in batch.trajectories]
 
@@ -307,6 +310,11 @@ def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:
         max_episode_tokens=r.max_episode_tokens,
         seed=r.seed,
         eval_env_options=r.val_env_options,
+        role_adapters=(
+            spec.rl is not None
+            and spec.rl.role_adapters == "per_role"
+            and spec.model.finetune == "lora"
+        ),
     )
 
 
@@ -324,6 +332,8 @@ def _row(t: rollout_pb2.Trajectory, seed: int) -> dict[str, Any]:
         env_retries=t.env_retries,
         completion_tokens=sum(t.loss_mask),
     )
+    if t.role:  # a self-play game's row per role
+        row["role"] = t.role
     return wire_row(row, t.completion_text)
 
 
@@ -350,4 +360,6 @@ def _episode(t: rollout_pb2.Trajectory) -> Episode:
         turn_rewards=tuple(t.turn_rewards),
         turn_ends=tuple(t.turn_ends),
         images=tuple(ImageInput(i.data, i.mime_type) for i in t.images),
+        role=t.role,
+        episode_id=t.episode_id,
     )

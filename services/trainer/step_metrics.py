@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
 
 from .batch import CollectedBatch, Episode
+from .role_metrics import role_reward_means
 from .training import TrainStats
 
 
@@ -79,4 +80,5 @@ def step_metrics(
         **summarize_episodes(
             rewards, [e.num_turns for e in episodes], [e.outcome for e in episodes]
         ),
+        **role_reward_means(episodes),  # multi-agent self-play only
     }

@@ -17,6 +17,8 @@ import structlog
 from opentinker.inference_rows import summarize
 from opentinker.spec import RlConfig
 
+from .role_metrics import role_win_rates
+
 log = structlog.get_logger()
 
 
@@ -43,6 +45,7 @@ def validation_metrics(rows: Sequence[dict[str, Any]], *, seconds: float) -> dic
         "val/env_errors": float(s.env_errors),
         "val/episodes": float(s.episodes),
         "val/time_s": seconds,
+        **role_win_rates(rows),  # multi-agent self-play against the env's own player
     }
 
 

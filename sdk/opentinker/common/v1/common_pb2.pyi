@@ -66,6 +66,12 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     D_TYPE_FLOAT16: _ClassVar[DType]
     D_TYPE_BFLOAT16: _ClassVar[DType]
     D_TYPE_INT64: _ClassVar[DType]
+
+class RoleAdapters(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_ADAPTERS_UNSPECIFIED: _ClassVar[RoleAdapters]
+    ROLE_ADAPTERS_PER_ROLE: _ClassVar[RoleAdapters]
+    ROLE_ADAPTERS_SHARED: _ClassVar[RoleAdapters]
 JOB_KIND_UNSPECIFIED: JobKind
 JOB_KIND_RL: JobKind
 JOB_KIND_SFT: JobKind
@@ -102,6 +108,9 @@ D_TYPE_FLOAT32: DType
 D_TYPE_FLOAT16: DType
 D_TYPE_BFLOAT16: DType
 D_TYPE_INT64: DType
+ROLE_ADAPTERS_UNSPECIFIED: RoleAdapters
+ROLE_ADAPTERS_PER_ROLE: RoleAdapters
+ROLE_ADAPTERS_SHARED: RoleAdapters
 
 class LoraConfig(_message.Message):
     __slots__ = ("rank", "alpha", "dropout", "target_modules")
@@ -140,7 +149,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +199,7 @@ class RlConfig(_message.Message):
     VAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     VAL_FIRST_EPISODE_FIELD_NUMBER: _ClassVar[int]
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
     steps: int
@@ -225,7 +235,8 @@ class RlConfig(_message.Message):
     val_env_options: _containers.ScalarMap[str, str]
     val_first_episode: int
     max_staleness: int
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ...) -> None: ...
+    role_adapters: RoleAdapters
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ...) -> None: ...
 
 class InferenceConfig(_message.Message):
     __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&opentinker/envhub/v1/environment.proto\x12\x14opentinker.envhub.v1\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"\xa2\x01\n\x0f\x45nvironmentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\x12-\n\x05tools\x18\x04 \x03(\x0b\x32\x1e.opentinker.envhub.v1.ToolSpec\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x13\n\x0buses_images\x18\x06 \x01(\x08\",\n\tImagePart\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\x1b\n\x19GetEnvironmentSpecRequest\"Q\n\x1aGetEnvironmentSpecResponse\x12\x33\n\x04spec\x18\x01 \x01(\x0b\x32%.opentinker.envhub.v1.EnvironmentSpec\"\xa2\x01\n\x0cResetRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12@\n\x07options\x18\x03 \x03(\x0b\x32/.opentinker.envhub.v1.ResetRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"x\n\rResetResponse\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12;\n\x12observation_images\x18\n \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\"\x7f\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x32\n\ntool_calls\x18\x14 \x03(\x0b\x32\x1e.opentinker.envhub.v1.ToolCall\x12\x18\n\x10tool_call_errors\x18\x15 \x03(\t\"0\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\xe7\x01\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12:\n\x04info\x18\x04 \x03(\x0b\x32,.opentinker.envhub.v1.StepResponse.InfoEntry\x12;\n\x12observation_images\x18\n \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\")\n\x13\x43loseEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseEpisodeResponse2\x95\x03\n\x12\x45nvironmentService\x12w\n\x12GetEnvironmentSpec\x12/.opentinker.envhub.v1.GetEnvironmentSpecRequest\x1a\x30.opentinker.envhub.v1.GetEnvironmentSpecResponse\x12P\n\x05Reset\x12\".opentinker.envhub.v1.ResetRequest\x1a#.opentinker.envhub.v1.ResetResponse\x12M\n\x04Step\x12!.opentinker.envhub.v1.StepRequest\x1a\".opentinker.envhub.v1.StepResponse\x12\x65\n\x0c\x43loseEpisode\x12).opentinker.envhub.v1.CloseEpisodeRequest\x1a*.opentinker.envhub.v1.CloseEpisodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&opentinker/envhub/v1/environment.proto\x12\x14opentinker.envhub.v1\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"\xd1\x01\n\x0f\x45nvironmentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x15\n\rsystem_prompt\x18\x03 \x01(\t\x12-\n\x05tools\x18\x04 \x03(\x0b\x32\x1e.opentinker.envhub.v1.ToolSpec\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x13\n\x0buses_images\x18\x06 \x01(\x08\x12-\n\x05roles\x18\x07 \x03(\x0b\x32\x1e.opentinker.envhub.v1.RoleSpec\"/\n\x08RoleSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\",\n\tImagePart\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"\x1b\n\x19GetEnvironmentSpecRequest\"Q\n\x1aGetEnvironmentSpecResponse\x12\x33\n\x04spec\x18\x01 \x01(\x0b\x32%.opentinker.envhub.v1.EnvironmentSpec\"\xa2\x01\n\x0cResetRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12@\n\x07options\x18\x03 \x03(\x0b\x32/.opentinker.envhub.v1.ResetRequest.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8b\x01\n\rResetResponse\x12\x15\n\rsystem_prompt\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12;\n\x12observation_images\x18\n \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\x12\x11\n\tnext_role\x18\x03 \x01(\t\"\x7f\n\x0bStepRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x32\n\ntool_calls\x18\x14 \x03(\x0b\x32\x1e.opentinker.envhub.v1.ToolCall\x12\x18\n\x10tool_call_errors\x18\x15 \x03(\t\"0\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\"\xf9\x02\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12:\n\x04info\x18\x04 \x03(\x0b\x32,.opentinker.envhub.v1.StepResponse.InfoEntry\x12;\n\x12observation_images\x18\n \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\x12\x11\n\tnext_role\x18\x05 \x01(\t\x12I\n\x0crole_rewards\x18\x06 \x03(\x0b\x32\x33.opentinker.envhub.v1.StepResponse.RoleRewardsEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10RoleRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\")\n\x13\x43loseEpisodeRequest\x12\x12\n\nepisode_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseEpisodeResponse2\x95\x03\n\x12\x45nvironmentService\x12w\n\x12GetEnvironmentSpec\x12/.opentinker.envhub.v1.GetEnvironmentSpecRequest\x1a\x30.opentinker.envhub.v1.GetEnvironmentSpecResponse\x12P\n\x05Reset\x12\".opentinker.envhub.v1.ResetRequest\x1a#.opentinker.envhub.v1.ResetResponse\x12M\n\x04Step\x12!.opentinker.envhub.v1.StepRequest\x1a\".opentinker.envhub.v1.StepResponse\x12\x65\n\x0c\x43loseEpisode\x12).opentinker.envhub.v1.CloseEpisodeRequest\x1a*.opentinker.envhub.v1.CloseEpisodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,34 +35,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESETREQUEST_OPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_STEPRESPONSE_INFOENTRY']._loaded_options = None
   _globals['_STEPRESPONSE_INFOENTRY']._serialized_options = b'8\001'
+  _globals['_STEPRESPONSE_ROLEREWARDSENTRY']._loaded_options = None
+  _globals['_STEPRESPONSE_ROLEREWARDSENTRY']._serialized_options = b'8\001'
   _globals['_TOOLSPEC']._serialized_start=64
   _globals['_TOOLSPEC']._serialized_end=141
   _globals['_ENVIRONMENTSPEC']._serialized_start=144
-  _globals['_ENVIRONMENTSPEC']._serialized_end=306
-  _globals['_IMAGEPART']._serialized_start=308
-  _globals['_IMAGEPART']._serialized_end=352
-  _globals['_GETENVIRONMENTSPECREQUEST']._serialized_start=354
-  _globals['_GETENVIRONMENTSPECREQUEST']._serialized_end=381
-  _globals['_GETENVIRONMENTSPECRESPONSE']._serialized_start=383
-  _globals['_GETENVIRONMENTSPECRESPONSE']._serialized_end=464
-  _globals['_RESETREQUEST']._serialized_start=467
-  _globals['_RESETREQUEST']._serialized_end=629
-  _globals['_RESETREQUEST_OPTIONSENTRY']._serialized_start=583
-  _globals['_RESETREQUEST_OPTIONSENTRY']._serialized_end=629
-  _globals['_RESETRESPONSE']._serialized_start=631
-  _globals['_RESETRESPONSE']._serialized_end=751
-  _globals['_STEPREQUEST']._serialized_start=753
-  _globals['_STEPREQUEST']._serialized_end=880
-  _globals['_TOOLCALL']._serialized_start=882
-  _globals['_TOOLCALL']._serialized_end=930
-  _globals['_STEPRESPONSE']._serialized_start=933
-  _globals['_STEPRESPONSE']._serialized_end=1164
-  _globals['_STEPRESPONSE_INFOENTRY']._serialized_start=1121
-  _globals['_STEPRESPONSE_INFOENTRY']._serialized_end=1164
-  _globals['_CLOSEEPISODEREQUEST']._serialized_start=1166
-  _globals['_CLOSEEPISODEREQUEST']._serialized_end=1207
-  _globals['_CLOSEEPISODERESPONSE']._serialized_start=1209
-  _globals['_CLOSEEPISODERESPONSE']._serialized_end=1231
-  _globals['_ENVIRONMENTSERVICE']._serialized_start=1234
-  _globals['_ENVIRONMENTSERVICE']._serialized_end=1639
+  _globals['_ENVIRONMENTSPEC']._serialized_end=353
+  _globals['_ROLESPEC']._serialized_start=355
+  _globals['_ROLESPEC']._serialized_end=402
+  _globals['_IMAGEPART']._serialized_start=404
+  _globals['_IMAGEPART']._serialized_end=448
+  _globals['_GETENVIRONMENTSPECREQUEST']._serialized_start=450
+  _globals['_GETENVIRONMENTSPECREQUEST']._serialized_end=477
+  _globals['_GETENVIRONMENTSPECRESPONSE']._serialized_start=479
+  _globals['_GETENVIRONMENTSPECRESPONSE']._serialized_end=560
+  _globals['_RESETREQUEST']._serialized_start=563
+  _globals['_RESETREQUEST']._serialized_end=725
+  _globals['_RESETREQUEST_OPTIONSENTRY']._serialized_start=679
+  _globals['_RESETREQUEST_OPTIONSENTRY']._serialized_end=725
+  _globals['_RESETRESPONSE']._serialized_start=728
+  _globals['_RESETRESPONSE']._serialized_end=867
+  _globals['_STEPREQUEST']._serialized_start=869
+  _globals['_STEPREQUEST']._serialized_end=996
+  _globals['_TOOLCALL']._serialized_start=998
+  _globals['_TOOLCALL']._serialized_end=1046
+  _globals['_STEPRESPONSE']._serialized_start=1049
+  _globals['_STEPRESPONSE']._serialized_end=1426
+  _globals['_STEPRESPONSE_INFOENTRY']._serialized_start=1331
+  _globals['_STEPRESPONSE_INFOENTRY']._serialized_end=1374
+  _globals['_STEPRESPONSE_ROLEREWARDSENTRY']._serialized_start=1376
+  _globals['_STEPRESPONSE_ROLEREWARDSENTRY']._serialized_end=1426
+  _globals['_CLOSEEPISODEREQUEST']._serialized_start=1428
+  _globals['_CLOSEEPISODEREQUEST']._serialized_end=1469
+  _globals['_CLOSEEPISODERESPONSE']._serialized_start=1471
+  _globals['_CLOSEEPISODERESPONSE']._serialized_end=1493
+  _globals['_ENVIRONMENTSERVICE']._serialized_start=1496
+  _globals['_ENVIRONMENTSERVICE']._serialized_end=1901
 # @@protoc_insertion_point(module_scope)

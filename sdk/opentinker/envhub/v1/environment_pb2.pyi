@@ -17,20 +17,30 @@ class ToolSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters_json_schema: _Optional[str] = ...) -> None: ...
 
 class EnvironmentSpec(_message.Message):
-    __slots__ = ("name", "description", "system_prompt", "tools", "max_turns", "uses_images")
+    __slots__ = ("name", "description", "system_prompt", "tools", "max_turns", "uses_images", "roles")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     USES_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     system_prompt: str
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
     max_turns: int
     uses_images: bool
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., system_prompt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., max_turns: _Optional[int] = ..., uses_images: _Optional[bool] = ...) -> None: ...
+    roles: _containers.RepeatedCompositeFieldContainer[RoleSpec]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., system_prompt: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., max_turns: _Optional[int] = ..., uses_images: _Optional[bool] = ..., roles: _Optional[_Iterable[_Union[RoleSpec, _Mapping]]] = ...) -> None: ...
+
+class RoleSpec(_message.Message):
+    __slots__ = ("name", "system_prompt")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    system_prompt: str
+    def __init__(self, name: _Optional[str] = ..., system_prompt: _Optional[str] = ...) -> None: ...
 
 class ImagePart(_message.Message):
     __slots__ = ("data", "mime_type")
@@ -68,14 +78,16 @@ class ResetRequest(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., seed: _Optional[int] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("system_prompt", "observation", "observation_images")
+    __slots__ = ("system_prompt", "observation", "observation_images", "next_role")
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ROLE_FIELD_NUMBER: _ClassVar[int]
     system_prompt: str
     observation: str
     observation_images: _containers.RepeatedCompositeFieldContainer[ImagePart]
-    def __init__(self, system_prompt: _Optional[str] = ..., observation: _Optional[str] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ...) -> None: ...
+    next_role: str
+    def __init__(self, system_prompt: _Optional[str] = ..., observation: _Optional[str] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ..., next_role: _Optional[str] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("episode_id", "action", "tool_calls", "tool_call_errors")
@@ -98,7 +110,7 @@ class ToolCall(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("observation", "reward", "done", "info", "observation_images")
+    __slots__ = ("observation", "reward", "done", "info", "observation_images", "next_role", "role_rewards")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,17 +118,28 @@ class StepResponse(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class RoleRewardsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     OBSERVATION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ROLE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_REWARDS_FIELD_NUMBER: _ClassVar[int]
     observation: str
     reward: float
     done: bool
     info: _containers.ScalarMap[str, str]
     observation_images: _containers.RepeatedCompositeFieldContainer[ImagePart]
-    def __init__(self, observation: _Optional[str] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Mapping[str, str]] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ...) -> None: ...
+    next_role: str
+    role_rewards: _containers.ScalarMap[str, float]
+    def __init__(self, observation: _Optional[str] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Mapping[str, str]] = ..., observation_images: _Optional[_Iterable[_Union[ImagePart, _Mapping]]] = ..., next_role: _Optional[str] = ..., role_rewards: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class CloseEpisodeRequest(_message.Message):
     __slots__ = ("episode_id",)

@@ -26,7 +26,7 @@ from opentinker.common.v1 import common_pb2 as opentinker_dot_common_dot_v1_dot_
 from opentinker.envhub.v1 import environment_pb2 as opentinker_dot_envhub_dot_v1_dot_environment__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#opentinker/rollout/v1/rollout.proto\x12\x15opentinker.rollout.v1\x1a!opentinker/common/v1/common.proto\x1a&opentinker/envhub/v1/environment.proto\"\'\n\x12ScoreTokensRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"?\n\x13ScoreTokensResponse\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\x9f\x01\n\x13SampleTokensRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x05\x12\x36\n\x08sampling\x18\x03 \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"E\n\rSampledTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\"e\n\x14SampleTokensResponse\x12\x35\n\x07samples\x18\x01 \x03(\x0b\x32$.opentinker.rollout.v1.SampledTokens\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\xbe\x02\n\x0eRolloutRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x04open\x18\n \x01(\x0b\x32\".opentinker.rollout.v1.OpenRolloutH\x00\x12\x35\n\x07weights\x18\x0b \x01(\x0b\x32\".opentinker.rollout.v1.WeightChunkH\x00\x12=\n\x07\x63ollect\x18\x0c \x01(\x0b\x32*.opentinker.rollout.v1.CollectTrajectoriesH\x00\x12\x34\n\theartbeat\x18\r \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x34\n\x05\x63lose\x18\x0e \x01(\x0b\x32#.opentinker.rollout.v1.CloseRolloutH\x00\x42\t\n\x07payload\"\x85\x04\n\x0bOpenRollout\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\x05model\x18\x02 \x01(\x0b\x32\x1f.opentinker.common.v1.ModelSpec\x12\x10\n\x08\x65nv_name\x18\x03 \x01(\t\x12G\n\x0b\x65nv_options\x18\x04 \x03(\x0b\x32\x32.opentinker.rollout.v1.OpenRollout.EnvOptionsEntry\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12\x1a\n\x12max_episode_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x13\n\x0b\x61\x64\x61pter_dir\x18\t \x01(\t\x12P\n\x10\x65val_env_options\x18\n \x03(\x0b\x32\x36.opentinker.rollout.v1.OpenRollout.EvalEnvOptionsEntry\x12\x15\n\rsampling_only\x18\x0b \x01(\x08\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13\x45valEnvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x0bWeightChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x12\n\nis_adapter\x18\x02 \x01(\x08\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.opentinker.common.v1.Tensor\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x17\n\x0fprobe_token_ids\x18\x05 \x03(\x05\"\x97\x01\n\x13\x43ollectTrajectories\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x12\n\nnum_groups\x18\x02 \x01(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x12\n\nevaluation\x18\x04 \x01(\x08\x12\x15\n\rfirst_episode\x18\x05 \x01(\x03\x12\x18\n\x10\x65val_temperature\x18\x06 \x01(\x01\"\x1e\n\x0c\x43loseRollout\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xfa\x02\n\x0fRolloutResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x36\n\x06opened\x18\n \x01(\x0b\x32$.opentinker.rollout.v1.RolloutOpenedH\x00\x12\x38\n\x07\x61pplied\x18\x0b \x01(\x0b\x32%.opentinker.rollout.v1.WeightsAppliedH\x00\x12\x37\n\x05\x62\x61tch\x18\x0c \x01(\x0b\x32&.opentinker.rollout.v1.TrajectoryBatchH\x00\x12\x36\n\x06\x66\x61iled\x18\r \x01(\x0b\x32$.opentinker.rollout.v1.RolloutFailedH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x36\n\x06\x63losed\x18\x0f \x01(\x0b\x32$.opentinker.rollout.v1.RolloutClosedH\x00\x42\t\n\x07payload\"7\n\rRolloutOpened\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"W\n\x0eWeightsApplied\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x16\n\x0eprobe_logprobs\x18\x02 \x03(\x02\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x82\x04\n\nTrajectory\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x13\n\x0bgroup_index\x18\x02 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x15\n\rprompt_length\x18\x05 \x01(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x11\n\tloss_mask\x18\x07 \x03(\x05\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x11\n\tnum_turns\x18\t \x01(\x05\x12:\n\rfinish_reason\x18\n \x01(\x0e\x32#.opentinker.rollout.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x0b \x01(\t\x12\x17\n\x0f\x63ompletion_text\x18\x0c \x01(\t\x12\x39\n\x04info\x18\r \x03(\x0b\x32+.opentinker.rollout.v1.Trajectory.InfoEntry\x12\x13\n\x0b\x65nv_retries\x18\x0e \x01(\x05\x12\x14\n\x0cturn_rewards\x18\x0f \x03(\x02\x12\x11\n\tturn_ends\x18\x10 \x03(\x05\x12/\n\x06images\x18\x1e \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x0fTrajectoryBatch\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x37\n\x0ctrajectories\x18\x02 \x03(\x0b\x32!.opentinker.rollout.v1.Trajectory\x12\x18\n\x10generate_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65nv_seconds\x18\x04 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x03\"-\n\rRolloutFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\"\x1f\n\rRolloutClosed\x12\x0e\n\x06reason\x18\x01 \x01(\t*\xa1\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_ENV_DONE\x10\x01\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x02\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_ENV_ERROR\x10\x04\x32\xbd\x02\n\x0eRolloutService\x12\\\n\x07Rollout\x12%.opentinker.rollout.v1.RolloutRequest\x1a&.opentinker.rollout.v1.RolloutResponse(\x01\x30\x01\x12g\n\x0cSampleTokens\x12*.opentinker.rollout.v1.SampleTokensRequest\x1a+.opentinker.rollout.v1.SampleTokensResponse\x12\x64\n\x0bScoreTokens\x12).opentinker.rollout.v1.ScoreTokensRequest\x1a*.opentinker.rollout.v1.ScoreTokensResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#opentinker/rollout/v1/rollout.proto\x12\x15opentinker.rollout.v1\x1a!opentinker/common/v1/common.proto\x1a&opentinker/envhub/v1/environment.proto\"\'\n\x12ScoreTokensRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"?\n\x13ScoreTokensResponse\x12\x10\n\x08logprobs\x18\x01 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\x9f\x01\n\x13SampleTokensRequest\x12\x15\n\rprompt_tokens\x18\x01 \x03(\x05\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x05\x12\x36\n\x08sampling\x18\x03 \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\x05\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"E\n\rSampledTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0f\n\x07stopped\x18\x03 \x01(\x08\"e\n\x14SampleTokensResponse\x12\x35\n\x07samples\x18\x01 \x03(\x0b\x32$.opentinker.rollout.v1.SampledTokens\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\"\xbe\x02\n\x0eRolloutRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x04open\x18\n \x01(\x0b\x32\".opentinker.rollout.v1.OpenRolloutH\x00\x12\x35\n\x07weights\x18\x0b \x01(\x0b\x32\".opentinker.rollout.v1.WeightChunkH\x00\x12=\n\x07\x63ollect\x18\x0c \x01(\x0b\x32*.opentinker.rollout.v1.CollectTrajectoriesH\x00\x12\x34\n\theartbeat\x18\r \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x34\n\x05\x63lose\x18\x0e \x01(\x0b\x32#.opentinker.rollout.v1.CloseRolloutH\x00\x42\t\n\x07payload\"\x9c\x04\n\x0bOpenRollout\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12.\n\x05model\x18\x02 \x01(\x0b\x32\x1f.opentinker.common.v1.ModelSpec\x12\x10\n\x08\x65nv_name\x18\x03 \x01(\t\x12G\n\x0b\x65nv_options\x18\x04 \x03(\x0b\x32\x32.opentinker.rollout.v1.OpenRollout.EnvOptionsEntry\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.opentinker.common.v1.SamplingParams\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12\x1a\n\x12max_episode_tokens\x18\x07 \x01(\x05\x12\x0c\n\x04seed\x18\x08 \x01(\x04\x12\x13\n\x0b\x61\x64\x61pter_dir\x18\t \x01(\t\x12P\n\x10\x65val_env_options\x18\n \x03(\x0b\x32\x36.opentinker.rollout.v1.OpenRollout.EvalEnvOptionsEntry\x12\x15\n\rsampling_only\x18\x0b \x01(\x08\x12\x15\n\rrole_adapters\x18\x0c \x01(\x08\x1a\x31\n\x0f\x45nvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13\x45valEnvOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x0bWeightChunk\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x12\n\nis_adapter\x18\x02 \x01(\x08\x12-\n\x07tensors\x18\x03 \x03(\x0b\x32\x1c.opentinker.common.v1.Tensor\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x17\n\x0fprobe_token_ids\x18\x05 \x03(\x05\"\x97\x01\n\x13\x43ollectTrajectories\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x12\n\nnum_groups\x18\x02 \x01(\x05\x12\x12\n\ngroup_size\x18\x03 \x01(\x05\x12\x12\n\nevaluation\x18\x04 \x01(\x08\x12\x15\n\rfirst_episode\x18\x05 \x01(\x03\x12\x18\n\x10\x65val_temperature\x18\x06 \x01(\x01\"\x1e\n\x0c\x43loseRollout\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xfa\x02\n\x0fRolloutResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x36\n\x06opened\x18\n \x01(\x0b\x32$.opentinker.rollout.v1.RolloutOpenedH\x00\x12\x38\n\x07\x61pplied\x18\x0b \x01(\x0b\x32%.opentinker.rollout.v1.WeightsAppliedH\x00\x12\x37\n\x05\x62\x61tch\x18\x0c \x01(\x0b\x32&.opentinker.rollout.v1.TrajectoryBatchH\x00\x12\x36\n\x06\x66\x61iled\x18\r \x01(\x0b\x32$.opentinker.rollout.v1.RolloutFailedH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x36\n\x06\x63losed\x18\x0f \x01(\x0b\x32$.opentinker.rollout.v1.RolloutClosedH\x00\x42\t\n\x07payload\"F\n\rRolloutOpened\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\r\n\x05roles\x18\x03 \x03(\t\"W\n\x0eWeightsApplied\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x03\x12\x16\n\x0eprobe_logprobs\x18\x02 \x03(\x02\x12\x15\n\rapply_seconds\x18\x03 \x01(\x01\"\x90\x04\n\nTrajectory\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x13\n\x0bgroup_index\x18\x02 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x15\n\rprompt_length\x18\x05 \x01(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x11\n\tloss_mask\x18\x07 \x03(\x05\x12\x0e\n\x06reward\x18\x08 \x01(\x01\x12\x11\n\tnum_turns\x18\t \x01(\x05\x12:\n\rfinish_reason\x18\n \x01(\x0e\x32#.opentinker.rollout.v1.FinishReason\x12\x15\n\rfinish_detail\x18\x0b \x01(\t\x12\x17\n\x0f\x63ompletion_text\x18\x0c \x01(\t\x12\x39\n\x04info\x18\r \x03(\x0b\x32+.opentinker.rollout.v1.Trajectory.InfoEntry\x12\x13\n\x0b\x65nv_retries\x18\x0e \x01(\x05\x12\x14\n\x0cturn_rewards\x18\x0f \x03(\x02\x12\x11\n\tturn_ends\x18\x10 \x03(\x05\x12/\n\x06images\x18\x1e \x03(\x0b\x32\x1f.opentinker.envhub.v1.ImagePart\x12\x0c\n\x04role\x18\x11 \x01(\t\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x01\n\x0fTrajectoryBatch\x12\x13\n\x0b\x62\x61tch_index\x18\x01 \x01(\x03\x12\x37\n\x0ctrajectories\x18\x02 \x03(\x0b\x32!.opentinker.rollout.v1.Trajectory\x12\x18\n\x10generate_seconds\x18\x03 \x01(\x01\x12\x13\n\x0b\x65nv_seconds\x18\x04 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x03\"-\n\rRolloutFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\"\x1f\n\rRolloutClosed\x12\x0e\n\x06reason\x18\x01 \x01(\t*\xa1\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x46INISH_REASON_ENV_DONE\x10\x01\x12\x1b\n\x17\x46INISH_REASON_MAX_TURNS\x10\x02\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_ENV_ERROR\x10\x04\x32\xbd\x02\n\x0eRolloutService\x12\\\n\x07Rollout\x12%.opentinker.rollout.v1.RolloutRequest\x1a&.opentinker.rollout.v1.RolloutResponse(\x01\x30\x01\x12g\n\x0cSampleTokens\x12*.opentinker.rollout.v1.SampleTokensRequest\x1a+.opentinker.rollout.v1.SampleTokensResponse\x12\x64\n\x0bScoreTokens\x12).opentinker.rollout.v1.ScoreTokensRequest\x1a*.opentinker.rollout.v1.ScoreTokensResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENROLLOUT_EVALENVOPTIONSENTRY']._serialized_options = b'8\001'
   _globals['_TRAJECTORY_INFOENTRY']._loaded_options = None
   _globals['_TRAJECTORY_INFOENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=3048
-  _globals['_FINISHREASON']._serialized_end=3209
+  _globals['_FINISHREASON']._serialized_start=3100
+  _globals['_FINISHREASON']._serialized_end=3261
   _globals['_SCORETOKENSREQUEST']._serialized_start=137
   _globals['_SCORETOKENSREQUEST']._serialized_end=176
   _globals['_SCORETOKENSRESPONSE']._serialized_start=178
@@ -54,33 +54,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTREQUEST']._serialized_start=580
   _globals['_ROLLOUTREQUEST']._serialized_end=898
   _globals['_OPENROLLOUT']._serialized_start=901
-  _globals['_OPENROLLOUT']._serialized_end=1418
-  _globals['_OPENROLLOUT_ENVOPTIONSENTRY']._serialized_start=1314
-  _globals['_OPENROLLOUT_ENVOPTIONSENTRY']._serialized_end=1363
-  _globals['_OPENROLLOUT_EVALENVOPTIONSENTRY']._serialized_start=1365
-  _globals['_OPENROLLOUT_EVALENVOPTIONSENTRY']._serialized_end=1418
-  _globals['_WEIGHTCHUNK']._serialized_start=1421
-  _globals['_WEIGHTCHUNK']._serialized_end=1564
-  _globals['_COLLECTTRAJECTORIES']._serialized_start=1567
-  _globals['_COLLECTTRAJECTORIES']._serialized_end=1718
-  _globals['_CLOSEROLLOUT']._serialized_start=1720
-  _globals['_CLOSEROLLOUT']._serialized_end=1750
-  _globals['_ROLLOUTRESPONSE']._serialized_start=1753
-  _globals['_ROLLOUTRESPONSE']._serialized_end=2131
-  _globals['_ROLLOUTOPENED']._serialized_start=2133
-  _globals['_ROLLOUTOPENED']._serialized_end=2188
-  _globals['_WEIGHTSAPPLIED']._serialized_start=2190
-  _globals['_WEIGHTSAPPLIED']._serialized_end=2277
-  _globals['_TRAJECTORY']._serialized_start=2280
-  _globals['_TRAJECTORY']._serialized_end=2794
-  _globals['_TRAJECTORY_INFOENTRY']._serialized_start=2751
-  _globals['_TRAJECTORY_INFOENTRY']._serialized_end=2794
-  _globals['_TRAJECTORYBATCH']._serialized_start=2797
-  _globals['_TRAJECTORYBATCH']._serialized_end=2965
-  _globals['_ROLLOUTFAILED']._serialized_start=2967
-  _globals['_ROLLOUTFAILED']._serialized_end=3012
-  _globals['_ROLLOUTCLOSED']._serialized_start=3014
-  _globals['_ROLLOUTCLOSED']._serialized_end=3045
-  _globals['_ROLLOUTSERVICE']._serialized_start=3212
-  _globals['_ROLLOUTSERVICE']._serialized_end=3529
+  _globals['_OPENROLLOUT']._serialized_end=1441
+  _globals['_OPENROLLOUT_ENVOPTIONSENTRY']._serialized_start=1337
+  _globals['_OPENROLLOUT_ENVOPTIONSENTRY']._serialized_end=1386
+  _globals['_OPENROLLOUT_EVALENVOPTIONSENTRY']._serialized_start=1388
+  _globals['_OPENROLLOUT_EVALENVOPTIONSENTRY']._serialized_end=1441
+  _globals['_WEIGHTCHUNK']._serialized_start=1444
+  _globals['_WEIGHTCHUNK']._serialized_end=1587
+  _globals['_COLLECTTRAJECTORIES']._serialized_start=1590
+  _globals['_COLLECTTRAJECTORIES']._serialized_end=1741
+  _globals['_CLOSEROLLOUT']._serialized_start=1743
+  _globals['_CLOSEROLLOUT']._serialized_end=1773
+  _globals['_ROLLOUTRESPONSE']._serialized_start=1776
+  _globals['_ROLLOUTRESPONSE']._serialized_end=2154
+  _globals['_ROLLOUTOPENED']._serialized_start=2156
+  _globals['_ROLLOUTOPENED']._serialized_end=2226
+  _globals['_WEIGHTSAPPLIED']._serialized_start=2228
+  _globals['_WEIGHTSAPPLIED']._serialized_end=2315
+  _globals['_TRAJECTORY']._serialized_start=2318
+  _globals['_TRAJECTORY']._serialized_end=2846
+  _globals['_TRAJECTORY_INFOENTRY']._serialized_start=2803
+  _globals['_TRAJECTORY_INFOENTRY']._serialized_end=2846
+  _globals['_TRAJECTORYBATCH']._serialized_start=2849
+  _globals['_TRAJECTORYBATCH']._serialized_end=3017
+  _globals['_ROLLOUTFAILED']._serialized_start=3019
+  _globals['_ROLLOUTFAILED']._serialized_end=3064
+  _globals['_ROLLOUTCLOSED']._serialized_start=3066
+  _globals['_ROLLOUTCLOSED']._serialized_end=3097
+  _globals['_ROLLOUTSERVICE']._serialized_start=3264
+  _globals['_ROLLOUTSERVICE']._serialized_end=3581
 # @@protoc_insertion_point(module_scope)

@@ -85,7 +85,7 @@ class RolloutRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
 
 class OpenRollout(_message.Message):
-    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only")
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only", "role_adapters")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class OpenRollout(_message.Message):
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     EVAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ROLE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: _common_pb2.ModelSpec
     env_name: str
@@ -122,7 +123,8 @@ class OpenRollout(_message.Message):
     adapter_dir: str
     eval_env_options: _containers.ScalarMap[str, str]
     sampling_only: bool
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ...) -> None: ...
+    role_adapters: bool
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ..., role_adapters: _Optional[bool] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
     __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids")
@@ -179,12 +181,14 @@ class RolloutResponse(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[RolloutOpened, _Mapping]] = ..., applied: _Optional[_Union[WeightsApplied, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., failed: _Optional[_Union[RolloutFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., closed: _Optional[_Union[RolloutClosed, _Mapping]] = ...) -> None: ...
 
 class RolloutOpened(_message.Message):
-    __slots__ = ("engine", "policy_version")
+    __slots__ = ("engine", "policy_version", "roles")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     engine: str
     policy_version: int
-    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WeightsApplied(_message.Message):
     __slots__ = ("policy_version", "probe_logprobs", "apply_seconds")
@@ -197,7 +201,7 @@ class WeightsApplied(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., probe_logprobs: _Optional[_Iterable[float]] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends", "images")
+    __slots__ = ("episode_id", "group_index", "policy_version", "token_ids", "prompt_length", "logprobs", "loss_mask", "reward", "num_turns", "finish_reason", "finish_detail", "completion_text", "info", "env_retries", "turn_rewards", "turn_ends", "images", "role")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +226,7 @@ class Trajectory(_message.Message):
     TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
     TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     episode_id: str
     group_index: int
     policy_version: int
@@ -239,7 +244,8 @@ class Trajectory(_message.Message):
     turn_rewards: _containers.RepeatedScalarFieldContainer[float]
     turn_ends: _containers.RepeatedScalarFieldContainer[int]
     images: _containers.RepeatedCompositeFieldContainer[_environment_pb2.ImagePart]
-    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ...) -> None: ...
+    role: str
+    def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ..., role: _Optional[str] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
     __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")

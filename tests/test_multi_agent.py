@@ -1,0 +1,325 @@
+"""Multi-agent self-play: the two-role gomoku env, and the rollout's coordinator playing many
+games phase by phase with the tiny model (each role's own tokens, masks and rewards)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from opentinker.game import AbstractGame, Role, StepResult, first_user_message
+from opentinker.rollout.v1 import rollout_pb2
+from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.agent_loop import AgentLoop
+from opentinker.services.rollout.config import RolloutConfig
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.service import _trajectory_to_proto
+from opentinker.services.rollout.session import RolloutSession
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.types import (
+    Completion,
+    EnvSpec,
+    FinishReason,
+    ResetResult,
+    RoleSpec,
+    StepOutcome,
+    Trajectory,
+)
+from opentinker.spec import ModelSpec, SamplingParams
+
+
+def play_moves(game: GomokuSelfPlayGame, moves: list[str]) -> list[StepResult]:
+    return [game.step(move) for move in moves]
+
+
+@pytest.mark.unit
+def test_gomoku_selfplay_alternates_roles_and_pays_the_winner() -> None:
+    game = GomokuSelfPlayGame()
+    first = game.reset(seed=3)
+    assert game.first_role() == "black" and "Your move (black, X)" in first
+    # Black builds A1..E1 while white plays A9..D9.
+    results = play_moves(game, ["A1", "A9", "B1", "B9", "C1", "C9", "D1", "D9"])
+    assert [r.next_role for r in results] == ["white", "black"] * 4
+    assert all(not r.done and r.role_rewards == {} for r in results)
+    assert "Black (X) played A1." in results[0].observation
+    assert "Your move (white, O)" in results[0].observation
+    last = game.step("my move: E1")
+    assert last.done and last.role_rewards == {"black": 1.0, "white": 0.0}
+    assert last.info["outcome"] == "black_win" and last.info["winner"] == "black"
+
+
+@pytest.mark.unit
+def test_gomoku_selfplay_invalid_moves_cost_their_role_and_lose_at_the_limit() -> None:
+    game = GomokuSelfPlayGame()
+    game.reset(seed=0, max_invalid_moves="2")
+    game.step("E5")
+    again = game.step("E5")  # white: taken
+    assert not again.done and again.next_role == "white"
+    assert again.role_rewards == {"white": -0.1} and again.reward == -0.1
+    lost = game.step("no move here")
+    assert lost.done and lost.info["winner"] == "black"
+    assert lost.role_rewards == {"black": 1.0, "white": -0.1}
+
+
+@pytest.mark.unit
+def test_gomoku_selfplay_can_play_a_random_cell_for_an_invalid_move() -> None:
+    game = GomokuSelfPlayGame()
+    game.reset(seed=5, invalid_move="random")
+    result = game.step("no idea")
+    assert not result.done and result.next_role == "white"
+    assert result.role_rewards == {"black": -0.1} and game.board.moves == 1
+    assert "a random one was played" in result.observation
+    with pytest.raises(ValueError, match="invalid_move"):
+        game.reset(seed=0, invalid_move="skip")
+
+
+@pytest.mark.unit
+def test_gomoku_selfplay_against_the_heuristic_pays_only_the_agent() -> None:
+    game = GomokuSelfPlayGame()
+    first = game.reset(seed=1, heuristic_plays="alternate")  # odd seed: the heuristic is black
+    assert game.first_role() == "white" and "opened at" in first
+    for _ in range(40):
+        result = game.step(next(game.board.name(c) for c in game.board.empty_cells()))
+        if result.done:
+            break
+        assert result.next_role == "white"
+    assert result.done and set(result.role_rewards) == {"white"}
+    assert result.info["opponent"] == "heuristic" and result.info["heuristic_role"] == "black"
+    with pytest.raises(ValueError, match="heuristic_plays"):
+        game.reset(seed=0, heuristic_plays="red")
+
+
+class Relay(AbstractGame):
+    """Two roles take turns saying anything; a turn whose text has an odd length is refused
+    and its role goes again (so games fall out of step). After ``turns`` accepted turns each
+    role is paid the share of accepted turns that were its own."""
+
+    name = "relay"
+    roles = (Role("left", "You are LEFT."), Role("right", "You are RIGHT."))
+
+    def __init__(self, turns: int = 4) -> None:
+        self.turns = turns
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.to_move, self.accepted = "left", {"left": 0, "right": 0}
+        self.heard: list[tuple[str, str]] = []
+        return f"Game {seed}: you start."
+
+    def first_role(self) -> str:
+        return self.to_move
+
+    def step(self, action: str) -> StepResult:
+        role = self.to_move
+        self.heard.append((role, action))
+        if len(action) % 2 == 1:
+            return StepResult("Odd; again.", -0.5, False, next_role=role, role_rewards={role: -0.5})
+        self.accepted[role] += 1
+        total = sum(self.accepted.values())
+        if total >= self.turns:
+            rewards = {r: n / total for r, n in self.accepted.items()}
+            return StepResult(
+                "Over.", rewards[role], True, {"total": str(total)}, role_rewards=rewards
+            )
+        self.to_move = "right" if role == "left" else "left"
+        return StepResult(
+            f"The other said {len(action)} characters.", 0.0, False, next_role=self.to_move
+        )
+
+
+class RoleSession:
+    """An ``EnvSession`` that plays a game with roles in-process (the env server's view)."""
+
+    def __init__(self, game: AbstractGame) -> None:
+        self.game = game
+        self.closed = False
+
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
+        observation = self.game.reset(seed=seed, **options)
+        message = first_user_message(self.game.get_initial_user_message(), observation)
+        return ResetResult(self.game.get_system_prompt(), message, next_role=self.game.first_role())
+
+    async def step(self, action: str) -> StepOutcome:
+        r = self.game.step(action)
+        return StepOutcome(
+            r.observation,
+            r.reward,
+            r.done,
+            r.info,
+            next_role=r.next_role,
+            role_rewards=dict(r.role_rewards),
+        )
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class PhaseEngine:
+    """The real engine, recording each call's batch size and adapter (the role it served)."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.inner, self.name, self.tokenizer = engine, engine.name, engine.tokenizer
+        self.calls: list[tuple[int, str | None]] = []
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seed: int,
+        *,
+        adapter: str | None = None,
+    ) -> list[Completion]:
+        self.calls.append((len(prompts), adapter))
+        return self.inner.generate(prompts, sampling, seed)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
+    model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+    return TransformersEngine.load(
+        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
+    )
+
+
+def model_turns(t: Trajectory) -> list[list[int]]:
+    """The completion split into runs of loss-mask-1 tokens (one run per model turn)."""
+    completion, turns = t.token_ids[t.prompt_length :], []
+    for i, (tok, mask) in enumerate(zip(completion, t.loss_mask, strict=True)):
+        if mask == 1:
+            if i == 0 or t.loss_mask[i - 1] == 0:
+                turns.append([])
+            turns[-1].append(tok)
+    return turns
+
+
+@pytest.mark.integration
+def test_two_roles_play_many_games_each_on_its_own_tokens(engine: TransformersEngine) -> None:
+    games = 32
+    sessions = [RoleSession(Relay()) for _ in range(games)]
+    spec = EnvSpec(
+        name="relay", roles=(RoleSpec("left", "You are LEFT."), RoleSpec("right", "You are RIGHT."))
+    )
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        max_turns=30,
+        max_episode_tokens=1024,
+        role_adapters=True,
+    )
+    recording = PhaseEngine(engine)
+    requests = [EpisodeRequest(f"g{n}", n, n, s) for n, s in enumerate(sessions)]
+    loop = AgentLoop(recording, config, spec)  # type: ignore[arg-type]
+    trajectories, stats = asyncio.run(loop.run(requests, seed=7))
+
+    assert all(s.closed for s in sessions)
+    assert len(trajectories) == 2 * games  # one per role per game (both roles moved in each)
+    # Phase-level synchronization: every engine call served one role, alternating, and the
+    # first phases held every game (all start with left, then all go right).
+    assert recording.calls[0] == (games, "left")
+    assert {adapter for _, adapter in recording.calls} == {"left", "right"}
+    assert sum(size for size, _ in recording.calls) == sum(t.num_turns for t in trajectories)
+    assert stats.generated_tokens == sum(sum(t.loss_mask) for t in trajectories)
+    tok = engine.tokenizer
+    for n, session in enumerate(sessions):
+        game = session.game
+        assert isinstance(game, Relay)
+        by_role = {t.role: t for t in trajectories if t.episode_id == f"g{n}"}
+        assert set(by_role) == {"left", "right"}
+        for role, t in by_role.items():
+            assert t.finish_reason is FinishReason.ENV_DONE and t.group_index == n
+            assert len(t.loss_mask) == len(t.logprobs) == len(t.token_ids) - t.prompt_length
+            prompt = tok.decode(t.token_ids[: t.prompt_length])
+            assert f"You are {role.upper()}." in prompt
+            first = f"Game {n}: you start." if role == "left" else "The other said"
+            assert first in prompt
+            # Its mask-1 runs are exactly the actions the env got from this role, in order;
+            # the other role's turns never appear in its view.
+            own = [a for r, a in game.heard if r == role]
+            turns = [tok.decode(ids, skip_special_tokens=True) for ids in model_turns(t)]
+            assert turns == own, (role, turns, own)
+            completion = tok.decode(t.token_ids[t.prompt_length :], skip_special_tokens=True)
+            assert t.num_turns == len(own) == len(t.turn_rewards) == len(t.turn_ends)
+            assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask, strict=True) if m == 0)
+            # Its rewards: -0.5 per refused turn, then its share of the accepted turns.
+            share = game.accepted[role] / sum(game.accepted.values())
+            refused = sum(1 for a in own if len(a) % 2 == 1)
+            assert t.reward == pytest.approx(share - 0.5 * refused)
+            assert sum(t.turn_rewards) == pytest.approx(t.reward)
+            assert "Over." not in completion  # the last observation is never appended
+
+
+async def collect_selfplay(engine: TransformersEngine, env_options: dict[str, str]) -> list:
+    """One batch of the built-in ``gomoku_selfplay`` through a real EnvHub (gRPC), as the
+    trainer receives it (the rollout's protobuf trajectories)."""
+    settings = EnvHubSettings(port=0, builtin_envs=["gomoku_selfplay"])
+    deps = EnvHubDeps.create(settings)
+    server, port = await create_envhub(settings, deps)
+    try:
+        session = RolloutSession(
+            RolloutSettings(envhub_address=f"127.0.0.1:{port}", device="cpu", env_timeout_s=10.0),
+            lambda spec: engine,
+        )
+        await session.open(
+            RolloutConfig(
+                job_id="selfplay",
+                model=ModelSpec(base_model="preloaded", finetune="full"),
+                env_name="gomoku_selfplay",
+                env_options=env_options,
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+                max_turns=6,
+                max_episode_tokens=2048,
+            )
+        )
+        batch = await session.collect(0, num_groups=4, group_size=2)
+        return [_trajectory_to_proto(t) for t in batch.trajectories]
+    finally:
+        await server.stop(0)
+        await deps.close()
+
+
+@pytest.mark.integration
+def test_gomoku_selfplay_through_envhub_gives_each_role_its_trajectory(
+    engine: TransformersEngine,
+) -> None:
+    # The untrained model writes no legal move: invalid_move=random plays one for it.
+    trajectories = asyncio.run(collect_selfplay(engine, {"invalid_move": "random"}))
+    tok = engine.tokenizer
+    games = {t.episode_id for t in trajectories}
+    assert len(games) == 8 and len(trajectories) == 16
+    for game in games:
+        views = {t.role: t for t in trajectories if t.episode_id == game}
+        assert set(views) == {"black", "white"}
+        black, white = views["black"], views["white"]
+        assert "as black (X)" in tok.decode(black.token_ids[: black.prompt_length])
+        prompt = tok.decode(white.token_ids[: white.prompt_length])
+        assert "as white (O)" in prompt and "Black (X) played" in prompt
+        # The budget counts both roles' turns: 3 each, alternating.
+        assert black.num_turns == white.num_turns == 3
+        assert all(t.finish_reason == rollout_pb2.FINISH_REASON_MAX_TURNS for t in views.values())
+        # Each view holds its own 3 turns at mask 1 and the other's moves only as text.
+        for view, other, own in (
+            (white, "Black (X)", "white, O"),
+            (black, "White (O)", "black, X"),
+        ):
+            text = tok.decode(view.token_ids[view.prompt_length :])
+            assert text.count(f"{other} played") == 2 and text.count(f"Your move ({own})") == 2
+
+
+@pytest.mark.integration
+def test_gomoku_against_the_heuristic_plays_only_the_agent_role(engine: TransformersEngine) -> None:
+    trajectories = asyncio.run(collect_selfplay(engine, {"heuristic_plays": "alternate"}))
+    assert len(trajectories) == 8  # one agent per game: the heuristic role has no trajectory
+    for t in trajectories:
+        assert t.role in {"black", "white"} and t.info["heuristic_role"] != t.role
