@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 # prompt [3, 4, 5], sampled [6, 7]: inputs 3 4 5 6, targets 0 0 6 7 (the cookbook puts 0 on
 # prompt rows): 2 prompt rows (prompt tokens 1..2), then the 2 sampled rows
-RECORD = SampledRecord(prompt=[3, 4, 5], tokens=[6, 7], logprobs=[-0.5, -0.25])
+RECORD = SampledRecord.of(np.array([3, 4, 5], np.int32), [6, 7], [-0.5, -0.25])
 
 
 def request(targets, advantages, spans=True, sid="r:0"):
@@ -90,6 +90,6 @@ def test_records_expire_and_the_oldest_go_first() -> None:
     kept = StabilityRecords(limit=2)
     for name in "abc":
         kept.record(name, RECORD)
-    assert kept.get("c", "here") == RECORD
+    assert kept.get("c", "here") is RECORD
     with pytest.raises(InvalidArgumentError):
         kept.get("a", "here")  # the oldest, dropped past the limit

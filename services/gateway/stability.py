@@ -18,23 +18,32 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 from tinker.proto import tinker_public_pb2 as tinker_pb
 
 from opentinker.errors import InvalidArgumentError
 from opentinker.training_session import Datum
 
 RECORD_TTL_S = 86_400.0  # Tinker: trainable for one day after sampling, renewed by each use
-MAX_RECORDS = 200_000  # per training model; the oldest go first
+# Per training model, the oldest go first: rl_loop's defaults sample 2,048 sequences a step,
+# so the last 32 steps stay trainable (~8 bytes a token: the arrays below).
+MAX_RECORDS = 65_536
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SampledRecord:
-    """One recorded sequence: its request's prompt, the sampled tokens, their logprobs."""
+    """One recorded sequence: its request's prompt (int32, shared by the request's samples),
+    the sampled tokens (int32) and their logprobs (float32)."""
 
-    prompt: list[int]
-    tokens: list[int]
-    logprobs: list[float]
+    prompt: np.ndarray
+    tokens: np.ndarray
+    logprobs: np.ndarray
+
+    @classmethod
+    def of(cls, prompt: np.ndarray, tokens: Sequence[int], logprobs: Sequence[float]):
+        return cls(prompt, np.asarray(tokens, np.int32), np.asarray(logprobs, np.float32))
 
 
 class StabilityRecords:
@@ -49,6 +58,14 @@ class StabilityRecords:
         self._by_id.move_to_end(sequence_id)
         while len(self._by_id) > self._limit:
             self._by_id.popitem(last=False)
+
+    def record_sample(
+        self, sequence_ids: Sequence[str], prompt: Sequence[int], sequences: Sequence[Any]
+    ) -> None:
+        """Record one sample request's sequences (each with ``tokens`` and ``logprobs``)."""
+        shared = np.asarray(prompt, np.int32)
+        for sequence_id, seq in zip(sequence_ids, sequences, strict=True):
+            self.record(sequence_id, SampledRecord.of(shared, seq.tokens, seq.logprobs))
 
     def get(self, sequence_id: str, where: str) -> SampledRecord:
         entry = self._by_id.get(sequence_id)
@@ -119,7 +136,7 @@ def _check_inputs(where: str, spans, datum: Datum, records: StabilityRecords) ->
         _runs(where, spans, len(tokens), records)
     ):
         source = record.tokens if sampled else record.prompt
-        if tokens[pos : pos + n] != source[offset : offset + n]:
+        if tokens[pos : pos + n] != source[offset : offset + n].tolist():
             raise InvalidArgumentError(
                 f"{where}[{k}]: input tokens {pos}..{pos + n} differ from the recorded tokens"
             )
@@ -143,11 +160,11 @@ def _target_logprobs(
                     "stable_reinforce trains sampled tokens only"
                 )
             continue
-        if targets[pos : pos + n] != record.tokens[offset : offset + n]:
+        if targets[pos : pos + n] != record.tokens[offset : offset + n].tolist():
             raise InvalidArgumentError(
                 f"{where}[{k}]: target tokens {pos}..{pos + n} differ from the tokens sampled "
                 f"for {_arm(spans[k]).sequence_id!r}"
             )
-        logprobs[pos : pos + n] = record.logprobs[offset : offset + n]
+        logprobs[pos : pos + n] = record.logprobs[offset : offset + n].tolist()
         sampled_at[pos : pos + n] = [1.0] * n
     return logprobs, sampled_at

@@ -21,7 +21,7 @@ from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
 from .runs import RUN_NAME, check_saved_state, set_ttl
-from .stability import SampledRecord, with_recorded_logprobs
+from .stability import with_recorded_logprobs
 from .state import Gateway
 from .stops import apply_stop_strings, parse_stop
 from .tenancy import Caller
@@ -236,9 +236,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         if stop_strings:
             output = apply_stop_strings(output, stop_strings, decode)
         if body.get("record_stability_info"):
-            for sequence_id, seq in zip(ids, output.sequences, strict=True):
-                record = SampledRecord(prompt, list(seq.tokens), list(seq.logprobs))
-                model.stability.record(sequence_id, record)
+            model.stability.record_sample(ids, prompt, output.sequences)
         scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
         return Result(wire.sample_response(output, prompt_logprobs=scored))
 
