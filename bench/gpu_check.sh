@@ -73,9 +73,8 @@ PY
 tests() {
   OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
     tests/test_rollout_engine.py 2>&1 | tee "$OUT/gpu_tests.log"
-  local rc=${PIPESTATUS[0]}
-  grep -q "SKIPPED" "$OUT/gpu_tests.log" && rc=1 && echo "a gpu test was skipped here: see why above"
-  [ "$rc" = 0 ] || failed tests "pytest, see above"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed tests "pytest, see above"
+  ! grep -q "^SKIPPED" "$OUT/gpu_tests.log" || failed tests "a gpu test was skipped, the reason above"
   passed tests
 }
 
@@ -89,10 +88,15 @@ rl() {
   local finetune=${1:-lora}
   python3 bench/gpu_rl.py --finetune "$finetune" --model "$MODEL" 2>&1 | tee "$OUT/rl_$finetune.log"
   if [ "${PIPESTATUS[0]}" != 0 ]; then
-    find /tmp/opentinker-gpu-rl-* -name "*.log" -newer "$OUT/.started" 2>/dev/null | while read -r log; do
-      echo "--- tail $log" && tail -25 "$log"
+    local log why
+    for log in $(find /tmp/opentinker-gpu-rl-* -path "*/logs/*.log" -newer "$OUT/.started"); do
+      echo "--- tail $log" && tail -8 "$log"
     done
-    failed "rl $finetune" "the job, logs above; if vLLM failed inside the rollout process, try OPENTINKER_ROLLOUT_VLLM_IN_PROCESS=false bash bench/gpu_check.sh rl $finetune"
+    for log in $(find /tmp/opentinker-gpu-rl-* -path "*/jobs/*.log" -newer "$OUT/.started" | sort); do
+      echo "--- tail $log" && tail -30 "$log"  # the job's rollout and trainer: last, nearest
+    done
+    why=$(grep -o "JobFailedError: .*\|Error: .*" "$OUT/rl_$finetune.log" | tail -1 | cut -c1-400)
+    failed "rl $finetune" "${why:-the job, logs above}; if vLLM failed inside the rollout process, try OPENTINKER_ROLLOUT_VLLM_IN_PROCESS=false bash bench/gpu_check.sh rl $finetune"
   fi
   passed "rl $finetune"
 }
