@@ -129,8 +129,8 @@ def main() -> None:
         default=1,
         help="torch threads per engine call (each of the separate side's k calls runs in its "
         "own thread at once, so that side may use k cores; the shared side's one call uses "
-        "these); 1 by default: spinning OpenMP teams on a loaded 2-core machine made every "
-        "op ~100x slower",
+        "these); 1 by default: spinning OpenMP teams on a loaded 2-core machine made "
+        "2-thread calls 10-100x slower",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
