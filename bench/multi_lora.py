@@ -123,7 +123,17 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="completions per job per round")
     parser.add_argument("--new-tokens", type=int, default=16, help="tokens per completion")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per engine call (each of the separate side's k calls runs in its "
+        "own thread at once, so that side may use k cores; the shared side's one call uses "
+        "these); 1 by default: spinning OpenMP teams on a loaded 2-core machine made "
+        "2-thread calls 10-100x slower",
+    )
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")

@@ -44,9 +44,7 @@ def test_lora_jobs_of_one_base_go_where_that_base_runs(redis_url: str) -> None:
             assert (await launched_on(a)).job_id == full.job_id  # a is first and free
             first = await submit(mesh.stub, "lora-1", "model-x")
             assert (await launched_on(b)).job_id == first.job_id  # a is full
-            await a.send(
-                exited=scheduler_pb2.JobExited(job_id=full.job_id, attempt=1, exit_code=0)
-            )
+            await a.send(exited=scheduler_pb2.JobExited(job_id=full.job_id, attempt=1, exit_code=0))
             # a is free again and first in order, but b runs a LoRA job of model-x
             second = await submit(mesh.stub, "lora-2", "model-x")
             assert (await launched_on(b)).job_id == second.job_id

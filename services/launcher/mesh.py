@@ -42,6 +42,9 @@ class MeshSettings(BaseModel):
     cpu_slots: int = Field(default_factory=lambda: min(4, max(1, os.cpu_count() or 1)), ge=1)
     # Warm spare process pairs per recently used base model on the worker (0 = cold starts).
     warm_spares: int = Field(1, ge=0)
+    # LoRA RL jobs of one base model share one rollout engine on the worker, up to this many
+    # (worker/shared_rollouts.py); 0 = each job has its own rollout.
+    shared_lora_capacity: int = Field(0, ge=0)
     startup_timeout_s: float = 120.0
 
 
@@ -158,6 +161,7 @@ class LocalMesh:
                 "OPENTINKER_CHECKPOINT_ROOT": str(self.checkpoint_root),
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
                 "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
+                "OPENTINKER_SHARED_LORA_CAPACITY": str(self.settings.shared_lora_capacity),
             },
         )
 

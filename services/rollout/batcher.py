@@ -1,17 +1,18 @@
 """Merge concurrent jobs' generate calls into one mixed-adapter engine call.
 
 Each job's agent loop calls its ``AdapterEngine.generate`` from its own thread. Those calls
-meet here: a call that finds the engine idle waits ``window_s`` for company, then runs every
-call waiting by then as one ``generate_rows`` call and hands each caller its own rows back;
-calls that arrive while the engine is busy wait and go together in the next call. A failing
-engine call fails every call in it with the same error.
+meet here: a call that finds the engine idle waits for company, at most ``window_s`` and only
+while fewer calls wait than there are jobs on the engine (``company()``: a lone job never
+waits), then runs every call waiting by then as one ``generate_rows`` call and hands each
+caller its own rows back; calls that arrive while the engine is busy wait and go together in
+the next call. A failing engine call fails every call in it with the same error.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .multi_lora import LoraRow, MixedLoraEngine
@@ -39,9 +40,18 @@ class BatcherStats:
 class MixedBatcher:
     """Thread-safe; ``submit`` blocks its caller until its rows are generated."""
 
-    def __init__(self, engine: MixedLoraEngine, *, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(
+        self,
+        engine: MixedLoraEngine,
+        *,
+        window_s: float = DEFAULT_WINDOW_S,
+        company: Callable[[], int] = lambda: 2**31,
+    ) -> None:
+        """company: how many calls could come at most (the jobs on the engine); the default
+        always waits the whole window."""
         self.engine = engine
         self.window_s = window_s
+        self.company = company
         self.stats = BatcherStats()
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
@@ -70,10 +80,14 @@ class MixedBatcher:
         return call.result
 
     def _lead(self) -> None:
-        """Run one engine call for every call pending (after the window, if any)."""
-        if self.window_s > 0:
-            time.sleep(self.window_s)
+        """Run one engine call for every call pending (after waiting for company, if any)."""
+        deadline = time.monotonic() + self.window_s
         with self._cond:
+            while len(self._pending) < self.company():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
             calls, self._pending = self._pending, []
         if not calls:
             return

@@ -134,7 +134,8 @@ class SharedLoraEngine:
             )
         model = transformers.AutoModelForCausalLM.from_pretrained(
             base_model, dtype=dtype_for_device(device)
-        ).to(device)
+        )
+        model = model.to(device)  # type: ignore[arg-type]  # transformers types .to() narrowly
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(base_model)
         return cls(model, tokenizer, base_model=base_model, max_batch_size=max_batch_size)
@@ -307,7 +308,8 @@ class RowSampler(LogitsProcessor):
         )
         gumbel_B_V = -torch.log(-torch.log(uniform_B_V.clamp(1e-20, 1.0 - 1e-7)))
         sampled_B_V = logp_B_V + gumbel_B_V
-        return torch.where(self.greedy_B[:, None], scores.float(), sampled_B_V)
+        # a FloatTensor in all but name (the LogitsProcessor signature asks for that subclass)
+        return torch.where(self.greedy_B[:, None], scores.float(), sampled_B_V)  # type: ignore[return-value]
 
 
 def _top_p(logp_B_V: torch.Tensor, top_p_B: torch.Tensor) -> torch.Tensor:

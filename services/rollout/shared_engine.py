@@ -80,6 +80,7 @@ class SharedAdapters:
         self.capacity = capacity
         self._jobs: dict[str, AdapterEngine] = {}
         self._lock = threading.Lock()
+        batcher.company = lambda: len(self._jobs)  # a call waits only for jobs that are here
 
     @property
     def jobs(self) -> list[str]:
