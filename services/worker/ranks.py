@@ -30,6 +30,7 @@ RENDEZVOUS_KEYS = (
     "RANK_START",
     "LOCAL_WORLD_SIZE",
 )
+RANK_ENV_KEYS = (*RENDEZVOUS_KEYS, "RANK", "LOCAL_RANK")  # every variable a rank is given
 
 
 def rank_envs(num_local: int, rendezvous: dict[str, str]) -> list[dict[str, str]]:
