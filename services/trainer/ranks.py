@@ -55,7 +55,8 @@ OrderKind = Literal[
 @dataclass(frozen=True)
 class Order:
     """What rank 0 tells the followers to join next. ``episodes``, ``config``, ``groups``
-    (each optimizer param group's lr and weight_decay): an update; ``token_ids``: a probe."""
+    (each optimizer param group's lr and weight_decay): an update, then the gather of its new
+    trainable weights (for the weight sync that follows); ``token_ids``: a probe."""
 
     kind: OrderKind
     episodes: list[Episode] = field(default_factory=list)
@@ -130,7 +131,9 @@ class LeaderPolicy:
         self.policy = policy
         self.rank = rank
         self.optimizer = _LeaderOptimizer(self)
-        self._pending_weights: dict[str, torch.Tensor] | None = None
+        # Gathered right after each update, in the update's worker thread: the sync that
+        # follows every update takes them without a collective on the event loop's thread.
+        self._gathered: dict[str, torch.Tensor] | None = None
 
     # What a Policy answers locally.
     @property
@@ -164,10 +167,16 @@ class LeaderPolicy:
     def update(self, episodes: list[Episode], config: UpdateConfig) -> TrainStats:
         groups = [(g["lr"], g["weight_decay"]) for g in self.policy.optimizer.param_groups]
         _broadcast(Order("update", episodes=episodes, config=config, groups=groups))
-        return data_parallel_update(self.policy, episodes, config, self.rank)
+        stats = data_parallel_update(self.policy, episodes, config, self.rank)
+        self._gathered = full_state(self.policy, trainable_only=True)  # part of the order
+        return stats
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The trainable weights gathered whole (CPU tensors)."""
+        """The trainable weights gathered whole (CPU tensors): those the last update gathered,
+        else gathered now."""
+        gathered, self._gathered = self._gathered, None
+        if gathered is not None:
+            return gathered
         _broadcast(Order("weights"))
         return full_state(self.policy, trainable_only=True)
 
@@ -213,6 +222,7 @@ class LeaderPolicy:
         optimizer: dict[str, object] | None = None,
     ) -> None:
         """Broadcast rank 0's weights or optimizer state into every rank's shards."""
+        self._gathered = None  # no longer the weights
         _broadcast(Order("load_weights" if weights is not None else "load_optimizer"))
         if weights is not None:
             load_full_state(self.policy, dict(weights))
@@ -240,6 +250,7 @@ def follow(policy: Policy, rank: Rank) -> None:
             ):
                 group["lr"], group["weight_decay"] = lr, weight_decay
             data_parallel_update(policy, order.episodes, order.config, rank)
+            full_state(policy, trainable_only=True)  # the weights the sync after it sends
         elif order.kind == "weights":
             full_state(policy, trainable_only=True)  # the leader keeps what it asked for
         elif order.kind == "probe":
