@@ -11,6 +11,7 @@ import pytest
 
 from opentinker import JobSpec, ModelSpec, RlConfig
 from opentinker.errors import ConfigError
+from opentinker.services.common.cpu_share import ThreadShareFile, ThreadShareReader
 from opentinker.services.trainer.ranks import check_data_parallel
 from opentinker.services.worker.ranks import RankGroup, rank_envs
 from opentinker.services.worker.supervisor import ManagedProcess
@@ -73,3 +74,11 @@ def test_a_rank_group_ends_at_the_first_failing_rank_and_names_it(tmp_path: Path
     code, name, codes = asyncio.run(main())
     assert code == 3 and name == "trainer-rank1"
     assert codes[0] is not None and codes[0] < 0  # rank 0 was stopped, not left running
+
+
+def test_a_jobs_ranks_on_one_worker_split_its_cpu_share(tmp_path: Path) -> None:
+    share = ThreadShareFile(tmp_path / "share", cores=8)
+    rank = ThreadShareReader(share.path, sharers=2)  # one of a job's 2 ranks here
+    for jobs, threads in ((1, 4), (2, 2), (4, 1), (8, 1)):  # 8 // jobs // 2, at least 1
+        share.publish(jobs)
+        assert rank.threads() == threads
