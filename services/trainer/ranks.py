@@ -29,7 +29,7 @@ from peft.utils import load_peft_weights
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from opentinker.errors import ConfigError
-from opentinker.spec import JobSpec
+from opentinker.spec import JobSpec, data_parallel_problems
 
 from .batch import Episode
 from .batch_work import UpdateConfig
@@ -65,28 +65,14 @@ class Order:
     token_ids: list[int] = field(default_factory=list)
 
 
-def data_parallel_problems(spec: JobSpec) -> list[str]:
-    """Why ``spec`` cannot train on several ranks yet (empty: it can)."""
-    rl = spec.rl
-    if spec.kind != "rl" or rl is None:
-        return [f"a {spec.kind} job trains on one device; set num_devices 1"]
-    problems = []
-    if rl.kl_coef > 0:
-        problems.append("kl_coef must be 0 (no reference model on several ranks yet)")
-    if rl.loss == "ppo":
-        problems.append("loss 'ppo' needs a critic, not sharded yet; use grpo/rloo/reinforce")
-    if rl.micro_batch_tokens or rl.minibatch_size or rl.ppo_epochs != 1:
-        problems.append(
-            "micro_batch_tokens 0, minibatch_size 0 and ppo_epochs 1 (one forward pass per rank "
-            "per step: each is a collective)"
-        )
-    return problems
-
-
 def check_data_parallel(spec: JobSpec, world_size: int) -> None:
     """ConfigError naming every setting that keeps ``spec`` from running on ``world_size``
     ranks."""
-    problems = data_parallel_problems(spec)
+    rl = spec.rl
+    if spec.kind != "rl" or rl is None:
+        problems = [f"a {spec.kind} job trains on one device; set num_devices 1"]
+    else:  # JobSpec refuses these at submission; a spec stored before that still lands here
+        problems = data_parallel_problems(rl)
     if problems:
         raise ConfigError(
             f"the job leases {world_size} devices (one trainer rank each), but "
