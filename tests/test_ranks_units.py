@@ -71,7 +71,7 @@ def test_a_rank_group_ends_at_the_first_failing_rank_and_names_it(tmp_path: Path
                 ("trainer-rank1", "import sys; print('peer gone'); sys.exit(3)"),
             ]
         ]
-        group = RankGroup(ranks, first_rank=0)
+        group = RankGroup(ranks)
         code = await asyncio.wait_for(group.wait(), timeout=20)
         await group.terminate(1.0)
         return code, group.name, [r.returncode for r in ranks]

@@ -177,7 +177,7 @@ class JobRun:
             self._processes.append(process)
             (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
         self.log.info("trainer_ranks_started", world_size=envs[0]["WORLD_SIZE"], local=len(envs))
-        return RankGroup(self._processes[-len(envs) :], int(envs[0]["RANK"]))
+        return RankGroup(self._processes[-len(envs) :])
 
     async def _start(
         self, name: str, argv: list[str], env: dict[str, str], handover: Handover

@@ -66,11 +66,10 @@ class RankGroup:
     rank's code is the group's, and ``log_path``/``name`` point at it, so the attempt's reason
     names the rank that failed. The caller then ``terminate``s the rest."""
 
-    def __init__(self, ranks: list[ManagedProcess], first_rank: int) -> None:
+    def __init__(self, ranks: list[ManagedProcess]) -> None:
         if not ranks:
             raise ValueError("a rank group needs at least one rank")
         self.ranks = ranks
-        self.first_rank = first_rank
         self._failed: ManagedProcess | None = None
 
     @property
