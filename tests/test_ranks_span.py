@@ -10,8 +10,6 @@ import pytest
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.launcher.processes import ServiceProcess
-from opentinker.services.scheduler.bootstrap import WORKER_TOKEN_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -19,26 +17,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_a_job_spanning_two_workers_trains_on_a_rank_from_each(tmp_path, letter_model_dir) -> None:
     settings = MeshSettings(run_root=tmp_path / "span", cpu_slots=1, warm_spares=0)
     with LocalMesh(settings) as mesh:
-        second = ServiceProcess.start(
+        mesh.start_worker(  # a second "node": stopped with the mesh
             "worker-b",
-            "opentinker.services.worker",
-            env={
-                "OPENTINKER_REDIS_URL": mesh.redis_url,
-                "OPENTINKER_WORKER_TOKEN_FILE": str(mesh.secrets_dir / WORKER_TOKEN_FILE),
-                "OPENTINKER_SCHEDULER_ADDRESS": mesh.scheduler_address,
-                "OPENTINKER_ENVHUB_ADDRESS": mesh.envhub_address,
+            {
                 "OPENTINKER_RUN_ROOT": str(mesh.run_root / "jobs-b"),
-                "OPENTINKER_CHECKPOINT_ROOT": str(mesh.checkpoint_root),
-                "OPENTINKER_NUM_CPU_SLOTS": "1",
-                "OPENTINKER_WARM_SPARES": "0",
                 "OPENTINKER_HOSTNAME": "node-b",
                 "OPENTINKER_WORKER_ID": "node-b",
                 "OPENTINKER_RENDEZVOUS_HOST": "127.0.0.1",
                 "OPENTINKER_RENDEZVOUS_PORTS": "[29700, 8]",
             },
-            log_dir=mesh.log_dir,
         )
-        mesh.processes.append(second)  # stopped with the mesh
         rl = RlConfig(
             env_name="letter",
             env_options={"num_letters": "4"},

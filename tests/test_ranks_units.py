@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from opentinker import JobSpec, ModelSpec, RlConfig
+from opentinker import JobSpec, ModelSpec, RlConfig, SftConfig
 from opentinker.errors import ConfigError
+from opentinker.services.common.cpu_share import ThreadShareFile, ThreadShareReader
 from opentinker.services.trainer.ranks import check_data_parallel
 from opentinker.services.worker.ranks import RankGroup, rank_envs
 from opentinker.services.worker.supervisor import ManagedProcess
@@ -23,16 +25,20 @@ def rl_spec(**rl: object) -> JobSpec:
     return JobSpec(name="n", model=ModelSpec(base_model="m"), rl=config, num_devices=2)
 
 
-def test_a_job_with_a_setting_that_cannot_shard_is_refused_naming_each() -> None:
+def test_a_several_device_job_that_cannot_shard_is_refused_at_submission_naming_each() -> None:
     check_data_parallel(rl_spec(), 2)  # GRPO, one forward pass per rank: fine
-    with pytest.raises(ConfigError) as err:
-        check_data_parallel(
-            rl_spec(kl_coef=0.1, loss="ppo", critic_learning_rate=1e-3, ppo_epochs=2), 2
-        )
+    with pytest.raises(ValidationError) as err:
+        rl_spec(kl_coef=0.1, loss="ppo", critic_learning_rate=1e-3, ppo_epochs=2)
     message = str(err.value)
-    assert message.startswith("the job leases 2 devices (one trainer rank each), but ")
-    assert "kl_coef must be 0" in message and "loss 'ppo'" in message
-    assert "ppo_epochs 1" in message
+    assert "num_devices: 2 devices train on 2 ranks, which needs kl_coef must be 0" in message
+    assert "loss 'ppo'" in message and "ppo_epochs 1" in message
+    one_device = JobSpec(
+        model=ModelSpec(base_model="m"), rl=RlConfig(env_name="letter", kl_coef=0.1)
+    )
+    assert one_device.num_devices == 1  # one rank: any setting
+    sft = JobSpec(kind="sft", sft=SftConfig(dataset_path="d.jsonl"), num_devices=2)
+    with pytest.raises(ConfigError, match="a sft job trains on one device"):
+        check_data_parallel(sft, 2)  # the worker starts ranks for RL jobs only
 
 
 def test_one_worker_ranks_meet_on_localhost_and_a_spanning_part_numbers_from_its_start() -> None:
@@ -65,7 +71,7 @@ def test_a_rank_group_ends_at_the_first_failing_rank_and_names_it(tmp_path: Path
                 ("trainer-rank1", "import sys; print('peer gone'); sys.exit(3)"),
             ]
         ]
-        group = RankGroup(ranks, first_rank=0)
+        group = RankGroup(ranks)
         code = await asyncio.wait_for(group.wait(), timeout=20)
         await group.terminate(1.0)
         return code, group.name, [r.returncode for r in ranks]
@@ -73,3 +79,11 @@ def test_a_rank_group_ends_at_the_first_failing_rank_and_names_it(tmp_path: Path
     code, name, codes = asyncio.run(main())
     assert code == 3 and name == "trainer-rank1"
     assert codes[0] is not None and codes[0] < 0  # rank 0 was stopped, not left running
+
+
+def test_a_jobs_ranks_on_one_worker_split_its_cpu_share(tmp_path: Path) -> None:
+    share = ThreadShareFile(tmp_path / "share", cores=8)
+    rank = ThreadShareReader(share.path, sharers=2)  # one of a job's 2 ranks here
+    for jobs, threads in ((1, 4), (2, 2), (4, 1), (8, 1)):  # 8 // jobs // 2, at least 1
+        share.publish(jobs)
+        assert rank.threads() == threads

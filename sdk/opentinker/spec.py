@@ -91,6 +91,22 @@ _MISSING_SECTION = {
 }
 
 
+def data_parallel_problems(rl: RlConfig) -> list[str]:
+    """Why an RL job with these settings cannot train on several ranks yet (empty: it can).
+    Each rank runs one forward pass per step, and each is a collective."""
+    problems = []
+    if rl.kl_coef > 0:
+        problems.append("kl_coef must be 0 (no reference model on several ranks yet)")
+    if rl.loss == "ppo":
+        problems.append("loss 'ppo' needs a critic, not sharded yet; use grpo/rloo/reinforce")
+    if rl.micro_batch_tokens or rl.minibatch_size or rl.ppo_epochs != 1:
+        problems.append(
+            "micro_batch_tokens 0, minibatch_size 0 and ppo_epochs 1 (one forward pass per rank "
+            "per step: each is a collective)"
+        )
+    return problems
+
+
 class JobSpec(_Strict):
     """Everything the scheduler needs to run a job."""
 
@@ -118,6 +134,13 @@ class JobSpec(_Strict):
                 raise ValueError(f"`{kind}` is for kind {kind!r}, not {self.kind!r}")
         if getattr(self, self.kind) is None and self.kind in _MISSING_SECTION:
             raise ValueError(_MISSING_SECTION[self.kind])
+        if self.kind == "rl" and self.rl is not None and self.num_devices > 1:
+            problems = data_parallel_problems(self.rl)
+            if problems:
+                raise ValueError(
+                    f"num_devices: {self.num_devices} devices train on {self.num_devices} "
+                    f"ranks, which needs " + "; ".join(problems) + " (or set num_devices 1)"
+                )
         return self
 
 

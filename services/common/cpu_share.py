@@ -53,10 +53,13 @@ class ThreadShareFile:
 
 
 class ThreadShareReader:
-    """A job process's side: the number in the worker's file, re-read only when it changed."""
+    """A job process's side: the number in the worker's file, re-read only when it changed.
+    ``sharers``: processes of the job splitting that number (a job's trainer ranks on one
+    worker, LOCAL_WORLD_SIZE), each taking an equal part of it (at least 1)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, sharers: int = 1) -> None:
         self.path = path
+        self.sharers = max(1, sharers)
         self._stamp: tuple[int, int] | None = None
         self._threads: int | None = None
 
@@ -66,7 +69,7 @@ class ThreadShareReader:
             stat = self.path.stat()  # a new inode per publish: mtimes can tie within a tick
             stamp = (stat.st_ino, stat.st_mtime_ns)
             if stamp != self._stamp:
-                self._threads = max(1, int(self.path.read_text().strip()))
+                self._threads = max(1, int(self.path.read_text().strip()) // self.sharers)
                 self._stamp = stamp
         except (OSError, ValueError):
             return None
@@ -107,7 +110,8 @@ def follow_worker_share(loop: asyncio.AbstractEventLoop | None = None) -> bool:
     path = os.environ.get(SHARE_FILE_ENV)
     if not path:
         return False
-    reader = ThreadShareReader(Path(path))
+    # A job's trainer ranks on this worker (worker/ranks.py) split one process's share.
+    reader = ThreadShareReader(Path(path), sharers=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     with contextlib.suppress(Exception):  # apply it to this thread too (e.g. model loading)
         apply_share(reader)
     (loop or asyncio.get_running_loop()).set_default_executor(CpuShareExecutor(reader))

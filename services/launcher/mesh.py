@@ -147,10 +147,14 @@ class LocalMesh:
         """Where the worker's jobs keep their checkpoints (and sessions their saved states)."""
         return self.run_root / "jobs" / "checkpoints"
 
-    def start_worker(self) -> ServiceProcess:
-        """Start a worker agent (again, e.g. after one died: its jobs resume on this one)."""
+    def start_worker(
+        self, name: str = "worker", env: dict[str, str] | None = None
+    ) -> ServiceProcess:
+        """Start a worker agent (again, e.g. after one died: its jobs resume on this one).
+        ``name`` and ``env`` (OPENTINKER_* overrides): another agent beside the first, e.g. a
+        second "node" with its own OPENTINKER_HOSTNAME, worker id and run root."""
         return self._start(
-            "worker",
+            name,
             "opentinker.services.worker",
             {
                 "OPENTINKER_REDIS_URL": self.redis_url,
@@ -162,6 +166,7 @@ class LocalMesh:
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
                 "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
                 "OPENTINKER_SHARED_LORA_CAPACITY": str(self.settings.shared_lora_capacity),
+                **(env or {}),
             },
         )
 

@@ -29,7 +29,7 @@ from peft.utils import load_peft_weights
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from opentinker.errors import ConfigError
-from opentinker.spec import JobSpec
+from opentinker.spec import JobSpec, data_parallel_problems
 
 from .batch import Episode
 from .batch_work import UpdateConfig
@@ -55,7 +55,8 @@ OrderKind = Literal[
 @dataclass(frozen=True)
 class Order:
     """What rank 0 tells the followers to join next. ``episodes``, ``config``, ``groups``
-    (each optimizer param group's lr and weight_decay): an update; ``token_ids``: a probe."""
+    (each optimizer param group's lr and weight_decay): an update, then the gather of its new
+    trainable weights (for the weight sync that follows); ``token_ids``: a probe."""
 
     kind: OrderKind
     episodes: list[Episode] = field(default_factory=list)
@@ -64,28 +65,14 @@ class Order:
     token_ids: list[int] = field(default_factory=list)
 
 
-def data_parallel_problems(spec: JobSpec) -> list[str]:
-    """Why ``spec`` cannot train on several ranks yet (empty: it can)."""
-    rl = spec.rl
-    if spec.kind != "rl" or rl is None:
-        return [f"a {spec.kind} job trains on one device; set num_devices 1"]
-    problems = []
-    if rl.kl_coef > 0:
-        problems.append("kl_coef must be 0 (no reference model on several ranks yet)")
-    if rl.loss == "ppo":
-        problems.append("loss 'ppo' needs a critic, not sharded yet; use grpo/rloo/reinforce")
-    if rl.micro_batch_tokens or rl.minibatch_size or rl.ppo_epochs != 1:
-        problems.append(
-            "micro_batch_tokens 0, minibatch_size 0 and ppo_epochs 1 (one forward pass per rank "
-            "per step: each is a collective)"
-        )
-    return problems
-
-
 def check_data_parallel(spec: JobSpec, world_size: int) -> None:
     """ConfigError naming every setting that keeps ``spec`` from running on ``world_size``
     ranks."""
-    problems = data_parallel_problems(spec)
+    rl = spec.rl
+    if spec.kind != "rl" or rl is None:
+        problems = [f"a {spec.kind} job trains on one device; set num_devices 1"]
+    else:  # JobSpec refuses these at submission; a spec stored before that still lands here
+        problems = data_parallel_problems(rl)
     if problems:
         raise ConfigError(
             f"the job leases {world_size} devices (one trainer rank each), but "
@@ -130,7 +117,9 @@ class LeaderPolicy:
         self.policy = policy
         self.rank = rank
         self.optimizer = _LeaderOptimizer(self)
-        self._pending_weights: dict[str, torch.Tensor] | None = None
+        # Gathered right after each update, in the update's worker thread: the sync that
+        # follows every update takes them without a collective on the event loop's thread.
+        self._gathered: dict[str, torch.Tensor] | None = None
 
     # What a Policy answers locally.
     @property
@@ -164,10 +153,16 @@ class LeaderPolicy:
     def update(self, episodes: list[Episode], config: UpdateConfig) -> TrainStats:
         groups = [(g["lr"], g["weight_decay"]) for g in self.policy.optimizer.param_groups]
         _broadcast(Order("update", episodes=episodes, config=config, groups=groups))
-        return data_parallel_update(self.policy, episodes, config, self.rank)
+        stats = data_parallel_update(self.policy, episodes, config, self.rank)
+        self._gathered = full_state(self.policy, trainable_only=True)  # part of the order
+        return stats
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The trainable weights gathered whole (CPU tensors)."""
+        """The trainable weights gathered whole (CPU tensors): those the last update gathered,
+        else gathered now."""
+        gathered, self._gathered = self._gathered, None
+        if gathered is not None:
+            return gathered
         _broadcast(Order("weights"))
         return full_state(self.policy, trainable_only=True)
 
@@ -213,6 +208,7 @@ class LeaderPolicy:
         optimizer: dict[str, object] | None = None,
     ) -> None:
         """Broadcast rank 0's weights or optimizer state into every rank's shards."""
+        self._gathered = None  # no longer the weights
         _broadcast(Order("load_weights" if weights is not None else "load_optimizer"))
         if weights is not None:
             load_full_state(self.policy, dict(weights))
@@ -240,6 +236,7 @@ def follow(policy: Policy, rank: Rank) -> None:
             ):
                 group["lr"], group["weight_decay"] = lr, weight_decay
             data_parallel_update(policy, order.episodes, order.config, rank)
+            full_state(policy, trainable_only=True)  # the weights the sync after it sends
         elif order.kind == "weights":
             full_state(policy, trainable_only=True)  # the leader keeps what it asked for
         elif order.kind == "probe":

@@ -20,7 +20,12 @@ from opentinker.common.v1 import common_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
-from opentinker.services.worker.ranks import RENDEZVOUS_KEYS, RankGroup, rank_envs
+from opentinker.services.worker.ranks import (
+    RANK_ENV_KEYS,
+    RENDEZVOUS_KEYS,
+    RankGroup,
+    rank_envs,
+)
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_engine
 from opentinker.services.worker.spares import SparePool
@@ -97,7 +102,9 @@ class JobRun:
             checkpoint_dir=self.settings.checkpoint_dir(self.job.job_id),
         ).write(launch_path)
         env = {
-            **os.environ,
+            # The worker's own torch.distributed variables (an agent started under a
+            # launcher) must not make a job's processes think they are ranks: ranks get theirs.
+            **{k: v for k, v in os.environ.items() if k not in RANK_ENV_KEYS},
             "CUDA_VISIBLE_DEVICES": cuda_visible_devices(self.device_ids),
             "PYTHONUNBUFFERED": "1",
             **self._extra_env,
@@ -194,7 +201,7 @@ class JobRun:
             self._processes.append(process)
             (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
         self.log.info("trainer_ranks_started", world_size=envs[0]["WORLD_SIZE"], local=len(envs))
-        return RankGroup(self._processes[-len(envs) :], int(envs[0]["RANK"]))
+        return RankGroup(self._processes[-len(envs) :])
 
     async def _start(
         self, name: str, argv: list[str], env: dict[str, str], handover: Handover

@@ -30,6 +30,7 @@ RENDEZVOUS_KEYS = (
     "RANK_START",
     "LOCAL_WORLD_SIZE",
 )
+RANK_ENV_KEYS = (*RENDEZVOUS_KEYS, "RANK", "LOCAL_RANK")  # every variable a rank is given
 
 
 def rank_envs(num_local: int, rendezvous: dict[str, str]) -> list[dict[str, str]]:
@@ -65,11 +66,10 @@ class RankGroup:
     rank's code is the group's, and ``log_path``/``name`` point at it, so the attempt's reason
     names the rank that failed. The caller then ``terminate``s the rest."""
 
-    def __init__(self, ranks: list[ManagedProcess], first_rank: int) -> None:
+    def __init__(self, ranks: list[ManagedProcess]) -> None:
         if not ranks:
             raise ValueError("a rank group needs at least one rank")
         self.ranks = ranks
-        self.first_rank = first_rank
         self._failed: ManagedProcess | None = None
 
     @property
