@@ -323,3 +323,40 @@ def test_gomoku_against_the_heuristic_plays_only_the_agent_role(engine: Transfor
     assert len(trajectories) == 8  # one agent per game: the heuristic role has no trajectory
     for t in trajectories:
         assert t.role in {"black", "white"} and t.info["heuristic_role"] != t.role
+
+
+class Careless(Relay):
+    """A Relay whose step names no next role on seed 1 and pays an unknown role on seed 2."""
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.seed = seed
+        return super().reset(seed=seed)
+
+    def step(self, action: str) -> StepResult:
+        if self.seed == 1:
+            return StepResult("Who's next?", 0.0, False)
+        if self.seed == 2:
+            return StepResult("Over.", 0.0, True, role_rewards={"referee": 1.0})
+        return StepResult("Over.", 1.0, True, role_rewards={"left": 1.0})
+
+
+@pytest.mark.integration
+def test_bad_multi_agent_replies_end_only_their_game_with_a_reason(
+    engine: TransformersEngine,
+) -> None:
+    sessions = [RoleSession(Careless()) for _ in range(3)]
+    spec = EnvSpec(name="careless", roles=(RoleSpec("left"), RoleSpec("right")))
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+        max_turns=4,
+        max_episode_tokens=512,
+    )
+    requests = [EpisodeRequest(f"c{n}", n, n, s) for n, s in enumerate(sessions)]
+    trajectories, _ = asyncio.run(AgentLoop(engine, config, spec).run(requests, seed=1))  # type: ignore[arg-type]
+    by_game = {t.episode_id: t for t in trajectories}
+    assert set(by_game) == {"c0", "c1", "c2"} and all(t.role == "left" for t in trajectories)
+    assert by_game["c0"].finish_reason is FinishReason.ENV_DONE and by_game["c0"].reward == 1.0
+    assert by_game["c1"].finish_reason is FinishReason.ENV_ERROR
+    assert "names no next_role" in by_game["c1"].finish_detail
+    assert by_game["c2"].finish_reason is FinishReason.ENV_ERROR
+    assert "'referee'" in by_game["c2"].finish_detail
