@@ -4,6 +4,7 @@ games phase by phase with the tiny model (each role's own tokens, masks and rewa
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.inference import run_inference
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.service import _trajectory_to_proto
 from opentinker.services.rollout.session import RolloutSession
@@ -187,8 +189,12 @@ class PhaseEngine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
-    model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> TransformersEngine:
     return TransformersEngine.load(
         ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
     )
@@ -360,3 +366,42 @@ def test_bad_multi_agent_replies_end_only_their_game_with_a_reason(
     assert "names no next_role" in by_game["c1"].finish_detail
     assert by_game["c2"].finish_reason is FinishReason.ENV_ERROR
     assert "'referee'" in by_game["c2"].finish_detail
+
+
+@pytest.mark.integration
+def test_inference_on_a_selfplay_env_writes_a_row_per_role(model_dir: Path, tmp_path: Path) -> None:
+    output = tmp_path / "selfplay.jsonl"
+    seen: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        settings = EnvHubSettings(port=0, builtin_envs=["gomoku_selfplay"])
+        deps = EnvHubDeps.create(settings)
+        server, port = await create_envhub(settings, deps)
+        try:
+            await asyncio.to_thread(
+                run_inference,
+                model=str(model_dir),
+                env_name="gomoku_selfplay",
+                envhub_address=f"127.0.0.1:{port}",
+                episodes=2,
+                output=output,
+                env_options={"invalid_move": "random"},
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+                max_turns=4,
+                seed=1,
+                device="cpu",
+                progress=lambda done, total: seen.append((done, total)),
+            )
+        finally:
+            await server.stop(0)
+            await deps.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted((r["episode_id"][-2:], r["role"]) for r in rows) == [
+        ("e0", "black"),
+        ("e0", "white"),
+        ("e1", "black"),
+        ("e1", "white"),
+    ]
+    assert seen[-1] == (2, 2)
