@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opentinker.errors import UnavailableError
 from opentinker.game import AbstractGame, Role, StepResult, first_user_message
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
@@ -405,3 +406,49 @@ def test_inference_on_a_selfplay_env_writes_a_row_per_role(model_dir: Path, tmp_
         ("e1", "white"),
     ]
     assert seen[-1] == (2, 2)
+
+
+class DyingRoleSession(RoleSession):
+    """A role session whose env instance dies (UNAVAILABLE) at its ``die_on_step``-th step."""
+
+    def __init__(self, game: AbstractGame, die_on_step: int) -> None:
+        super().__init__(game)
+        self.die_on_step, self.steps = die_on_step, 0
+
+    async def step(self, action: str) -> StepOutcome:
+        self.steps += 1
+        if self.steps == self.die_on_step:
+            raise UnavailableError("env instance going away", code="UNAVAILABLE")
+        return await super().step(action)
+
+
+@pytest.mark.integration
+def test_a_game_whose_instance_died_is_played_again_from_reset(
+    engine: TransformersEngine,
+) -> None:
+    opened: list[str] = []
+    fresh: list[RoleSession] = []
+
+    def reopen(env_episode_id: str) -> RoleSession:
+        opened.append(env_episode_id)
+        fresh.append(RoleSession(Relay(turns=2)))
+        return fresh[-1]
+
+    dying = DyingRoleSession(Relay(turns=2), die_on_step=2)
+    spec = EnvSpec(name="relay", roles=(RoleSpec("left"), RoleSpec("right")))
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+        max_turns=12,
+        max_episode_tokens=1024,
+    )
+    request = EpisodeRequest("g", 0, 5, dying, reopen)
+    trajectories, stats = asyncio.run(AgentLoop(engine, config, spec).run([request], seed=3))  # type: ignore[arg-type]
+    assert opened == ["g-r1"] and dying.closed and fresh[0].closed and stats.env_retries == 1
+    assert {t.role for t in trajectories} == {"left", "right"}
+    game = fresh[0].game
+    assert isinstance(game, Relay)
+    tok = engine.tokenizer
+    for t in trajectories:  # only the replayed game's turns, none of the lost one's
+        assert t.finish_reason is FinishReason.ENV_DONE and t.env_retries == 1
+        turns = [tok.decode(ids, skip_special_tokens=True) for ids in model_turns(t)]
+        assert turns == [a for r, a in game.heard if r == t.role]
