@@ -4,11 +4,13 @@ games phase by phase with the tiny model (each role's own tokens, masks and rewa
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
+from opentinker.errors import UnavailableError
 from opentinker.game import AbstractGame, Role, StepResult, first_user_message
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
@@ -19,6 +21,7 @@ from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.inference import run_inference
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.service import _trajectory_to_proto
 from opentinker.services.rollout.session import RolloutSession
@@ -187,8 +190,12 @@ class PhaseEngine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
-    model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> TransformersEngine:
     return TransformersEngine.load(
         ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
     )
@@ -323,3 +330,125 @@ def test_gomoku_against_the_heuristic_plays_only_the_agent_role(engine: Transfor
     assert len(trajectories) == 8  # one agent per game: the heuristic role has no trajectory
     for t in trajectories:
         assert t.role in {"black", "white"} and t.info["heuristic_role"] != t.role
+
+
+class Careless(Relay):
+    """A Relay whose step names no next role on seed 1 and pays an unknown role on seed 2."""
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.seed = seed
+        return super().reset(seed=seed)
+
+    def step(self, action: str) -> StepResult:
+        if self.seed == 1:
+            return StepResult("Who's next?", 0.0, False)
+        if self.seed == 2:
+            return StepResult("Over.", 0.0, True, role_rewards={"referee": 1.0})
+        return StepResult("Over.", 1.0, True, role_rewards={"left": 1.0})
+
+
+@pytest.mark.integration
+def test_bad_multi_agent_replies_end_only_their_game_with_a_reason(
+    engine: TransformersEngine,
+) -> None:
+    sessions = [RoleSession(Careless()) for _ in range(3)]
+    spec = EnvSpec(name="careless", roles=(RoleSpec("left"), RoleSpec("right")))
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+        max_turns=4,
+        max_episode_tokens=512,
+    )
+    requests = [EpisodeRequest(f"c{n}", n, n, s) for n, s in enumerate(sessions)]
+    trajectories, _ = asyncio.run(AgentLoop(engine, config, spec).run(requests, seed=1))  # type: ignore[arg-type]
+    by_game = {t.episode_id: t for t in trajectories}
+    assert set(by_game) == {"c0", "c1", "c2"} and all(t.role == "left" for t in trajectories)
+    assert by_game["c0"].finish_reason is FinishReason.ENV_DONE and by_game["c0"].reward == 1.0
+    assert by_game["c1"].finish_reason is FinishReason.ENV_ERROR
+    assert "names no next_role" in by_game["c1"].finish_detail
+    assert by_game["c2"].finish_reason is FinishReason.ENV_ERROR
+    assert "'referee'" in by_game["c2"].finish_detail
+
+
+@pytest.mark.integration
+def test_inference_on_a_selfplay_env_writes_a_row_per_role(model_dir: Path, tmp_path: Path) -> None:
+    output = tmp_path / "selfplay.jsonl"
+    seen: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        settings = EnvHubSettings(port=0, builtin_envs=["gomoku_selfplay"])
+        deps = EnvHubDeps.create(settings)
+        server, port = await create_envhub(settings, deps)
+        try:
+            await asyncio.to_thread(
+                run_inference,
+                model=str(model_dir),
+                env_name="gomoku_selfplay",
+                envhub_address=f"127.0.0.1:{port}",
+                episodes=2,
+                output=output,
+                env_options={"invalid_move": "random"},
+                sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+                max_turns=4,
+                seed=1,
+                device="cpu",
+                progress=lambda done, total: seen.append((done, total)),
+            )
+        finally:
+            await server.stop(0)
+            await deps.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted((r["episode_id"][-2:], r["role"]) for r in rows) == [
+        ("e0", "black"),
+        ("e0", "white"),
+        ("e1", "black"),
+        ("e1", "white"),
+    ]
+    assert seen[-1] == (2, 2)
+
+
+class DyingRoleSession(RoleSession):
+    """A role session whose env instance dies (UNAVAILABLE) at its ``die_on_step``-th step."""
+
+    def __init__(self, game: AbstractGame, die_on_step: int) -> None:
+        super().__init__(game)
+        self.die_on_step, self.steps = die_on_step, 0
+
+    async def step(self, action: str) -> StepOutcome:
+        self.steps += 1
+        if self.steps == self.die_on_step:
+            raise UnavailableError("env instance going away", code="UNAVAILABLE")
+        return await super().step(action)
+
+
+@pytest.mark.integration
+def test_a_game_whose_instance_died_is_played_again_from_reset(
+    engine: TransformersEngine,
+) -> None:
+    opened: list[str] = []
+    fresh: list[RoleSession] = []
+
+    def reopen(env_episode_id: str) -> RoleSession:
+        opened.append(env_episode_id)
+        fresh.append(RoleSession(Relay(turns=2)))
+        return fresh[-1]
+
+    dying = DyingRoleSession(Relay(turns=2), die_on_step=2)
+    spec = EnvSpec(name="relay", roles=(RoleSpec("left"), RoleSpec("right")))
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=4),
+        max_turns=12,
+        max_episode_tokens=1024,
+    )
+    request = EpisodeRequest("g", 0, 5, dying, reopen)
+    trajectories, stats = asyncio.run(AgentLoop(engine, config, spec).run([request], seed=3))  # type: ignore[arg-type]
+    assert opened == ["g-r1"] and dying.closed and fresh[0].closed and stats.env_retries == 1
+    assert {t.role for t in trajectories} == {"left", "right"}
+    game = fresh[0].game
+    assert isinstance(game, Relay)
+    tok = engine.tokenizer
+    for t in trajectories:  # only the replayed game's turns, none of the lost one's
+        assert t.finish_reason is FinishReason.ENV_DONE and t.env_retries == 1
+        turns = [tok.decode(ids, skip_special_tokens=True) for ids in model_turns(t)]
+        assert turns == [a for r, a in game.heard if r == t.role]

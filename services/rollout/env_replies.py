@@ -124,10 +124,14 @@ def _roles_of(pb: environment_pb2.EnvironmentSpec) -> tuple[RoleSpec, ...]:
     return tuple(RoleSpec(role.name, role.system_prompt) for role in pb.roles)
 
 
-def role_problem(next_role: str, roles: tuple[str, ...], rewards: dict[str, float]) -> str:
-    """Why a multi-agent reply cannot be used ('' when it can): an unknown next role (when
-    one is due) or a reward for an unknown role or a non-finite one."""
-    if next_role and next_role not in roles:
+def role_problem(
+    next_role: str, roles: tuple[str, ...], rewards: dict[str, float], *, next_role_due: bool
+) -> str:
+    """Why a multi-agent reply cannot be used ('' when it can): no next role or an unknown
+    one (when one is due: the game goes on), a reward for an unknown role or a non-finite one."""
+    if next_role_due and not next_role:
+        return f"it names no next_role; an env with roles {list(roles)} must say who acts next"
+    if next_role_due and next_role not in roles:
         return f"its next_role {next_role!r} is not one of the env's roles {list(roles)}"
     for role, reward in rewards.items():
         if role not in roles:

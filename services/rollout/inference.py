@@ -200,8 +200,9 @@ class _InferenceRun:
                     trajectories, _ = await loop.run(
                         requests, seed=derive_seed(self.seed, "sample", first)
                     )
-                    for request, t in zip(requests, trajectories, strict=True):
-                        record = _record(t, request.seed, engine)
+                    seeds = {r.episode_id: r.seed for r in requests}  # self-play: a row per role
+                    for t in trajectories:
+                        record = _record(t, seeds[t.episode_id], engine)
                         out.write(json.dumps(record, ensure_ascii=False) + "\n")
                         records.append(record)
                     out.flush()
@@ -212,8 +213,8 @@ class _InferenceRun:
                         total=episodes,
                         mean_reward=round(sum(rewards) / len(rewards), 4),
                     )
-                    if self.progress is not None:
-                        self.progress(len(records), episodes)
+                    if self.progress is not None:  # games (a self-play game has a row per role)
+                        self.progress(len({r["episode_id"] for r in records}), episodes)
         summary = summarize(records, output, seconds=time.monotonic() - started)
         bound.info("inference_done", **{k: v for k, v in asdict(summary).items() if k != "output"})
         return summary
@@ -231,8 +232,9 @@ def _record(t: Trajectory, env_seed: int, engine: GenerationEngine) -> dict[str,
 
 
 def trajectory_row(t: Trajectory, *, index: int, env_seed: int) -> dict[str, Any]:
-    """The row fields of a finished episode (see opentinker.inference_rows)."""
-    return episode_row(
+    """The row fields of a finished episode (see opentinker.inference_rows); a self-play
+    game gives a row per role, each with its ``role``."""
+    row = episode_row(
         episode_id=t.episode_id,
         index=index,
         env_seed=env_seed,
@@ -244,3 +246,6 @@ def trajectory_row(t: Trajectory, *, index: int, env_seed: int) -> dict[str, Any
         env_retries=t.env_retries,
         completion_tokens=sum(t.loss_mask),
     )
+    if t.role:
+        row["role"] = t.role
+    return row

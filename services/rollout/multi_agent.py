@@ -93,6 +93,7 @@ class Game:
     session: EnvSession
     views: dict[str, RoleView] = field(default_factory=dict)
     to_move: str = ""  # the role whose view waits for a model turn; '' once over
+    system_prompt: str = ""  # the reset's, for roles without one of their own
     num_turns: int = 0  # model turns of all roles
     finish_reason: FinishReason | None = None
     finish_detail: str = ""
@@ -162,16 +163,15 @@ class MultiAgentLoop:
             await self._fail(game, f"reset failed: {err}", err)
             return
         problem = reset_problem(reset, self.config.max_observation_chars) or role_problem(
-            reset.next_role or "<none>", self.roles, {}
+            reset.next_role, self.roles, {}, next_role_due=True
         )
         if problem:
             game.finish(FinishReason.ENV_ERROR, f"bad reset reply: {problem}")
             return
-        self._address(game, reset.next_role, reset.observation, reset.images, reset.system_prompt)
+        game.system_prompt = reset.system_prompt
+        self._address(game, reset.next_role, reset.observation, reset.images)
 
-    def _address(
-        self, game: Game, role: str, observation: str, images: Sequence[object], episode_prompt: str
-    ) -> None:
+    def _address(self, game: Game, role: str, observation: str, images: Sequence[object]) -> None:
         """Give ``observation`` to ``role`` as its next user turn; that role moves next."""
         try:
             refuse_images(images)  # type: ignore[arg-type]  # multi-agent envs are text-only
@@ -181,7 +181,7 @@ class MultiAgentLoop:
         view = game.views.setdefault(role, RoleView(role))
         if view.prompt_length == 0:  # its first observation: its prompt
             system_prompt = (
-                self._system_prompts.get(role) or episode_prompt or self.env.system_prompt
+                self._system_prompts.get(role) or game.system_prompt or self.env.system_prompt
             )
             if system_prompt:
                 view.messages.append(ChatMessage("system", system_prompt))
@@ -239,7 +239,7 @@ class MultiAgentLoop:
             await self._fail(game, f"step {game.num_turns} ({role}) failed: {err}", err)
             return
         problem = step_problem(outcome, self.config.max_observation_chars) or role_problem(
-            "" if outcome.done else outcome.next_role or "<none>", self.roles, outcome.role_rewards
+            outcome.next_role, self.roles, outcome.role_rewards, next_role_due=not outcome.done
         )
         if problem:
             game.finish(FinishReason.ENV_ERROR, f"bad reply to step {game.num_turns}: {problem}")
@@ -252,7 +252,7 @@ class MultiAgentLoop:
         if game.num_turns >= self.max_turns:
             game.finish(FinishReason.MAX_TURNS, f"{game.num_turns} turns of all roles")
             return
-        self._address(game, outcome.next_role, outcome.observation, outcome.images, "")
+        self._address(game, outcome.next_role, outcome.observation, outcome.images)
 
     def _reward(self, game: Game, acting: RoleView, outcome: StepOutcome) -> None:
         """The acting role's reward is its turn's; the others' go to their latest turns."""

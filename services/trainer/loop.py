@@ -35,7 +35,7 @@ from .policy import Policy
 from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
 from .reporter import report_failure_logged
-from .role_training import role_update
+from .role_training import adopt_roles, role_update
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
@@ -181,8 +181,7 @@ class RlLoop:
         engine = await self.rollout.open(
             job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
         )
-        if self.rollout.roles and self.rl.role_adapters == "per_role" and self.policy.is_lora:
-            self.policy.use_role_adapters(self.rollout.roles)  # before resume loads them
+        if adopt_roles(self.policy, self.rollout.roles, self.rl):  # before resume loads them
             self.status.trainable_parameters = self.policy.num_trainable_parameters()
         self.log.info(
             "rollout_opened",

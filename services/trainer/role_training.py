@@ -6,6 +6,8 @@ with that role's adapter active. The figures of the roles are merged into one ``
 
 from __future__ import annotations
 
+from opentinker.spec import RlConfig
+
 from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
@@ -15,6 +17,15 @@ from .training import TrainStats, rl_update
 
 _TOKEN_MEANS = ("entropy", "clip_fraction", "ratio_mean", "logprob_gap", "kl")
 _STEP_MEANS = ("loss", "grad_norm", "value_loss")
+
+
+def adopt_roles(policy: Policy, roles: tuple[str, ...], rl: RlConfig) -> bool:
+    """Give ``policy`` one adapter per role when the job asks for it (``role_adapters``
+    per_role, LoRA, an env with roles); True when it did."""
+    if not roles or rl.role_adapters != "per_role" or not policy.is_lora:
+        return False
+    policy.use_role_adapters(roles)
+    return True
 
 
 def role_update(
