@@ -24,7 +24,7 @@ from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop
 from .config import RolloutConfig
-from .engine import GenerationEngine, WeightUpdateError
+from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
 from .engine_choice import engine_factory, vllm_installed
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
