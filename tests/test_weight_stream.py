@@ -121,7 +121,9 @@ def test_a_second_sync_sends_only_the_changed_tensor_and_the_probe_passes(tmp_pa
         sent, diffs = [], []
         try:
             async with aio_channel(address, credential=key) as channel:
-                rollout = GrpcRolloutSession(channel, address=address)
+                # The gRPC path (same host, "auto" would take shared memory:
+                # test_weight_transport.py).
+                rollout = GrpcRolloutSession(channel, address=address, weight_transport="grpc")
                 send = rollout._send
                 names: set[str] = set()
 

@@ -32,6 +32,20 @@ _TO_PB = {
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
 
 
+def dtype_to_pb(name: str, dtype: torch.dtype) -> int:
+    """The wire DType of tensor ``name``'s dtype; TypeError when it cannot travel."""
+    if dtype not in _TO_PB:
+        raise TypeError(f"tensor {name!r} has dtype {dtype}, which cannot be sent")
+    return _TO_PB[dtype]
+
+
+def dtype_from_pb(name: str, dtype: int) -> torch.dtype:
+    """The torch dtype of a wire DType; ValueError naming the tensor for an unknown one."""
+    if dtype not in _FROM_PB:
+        raise ValueError(f"tensor {name!r} has an unknown dtype {dtype}")
+    return _FROM_PB[dtype]
+
+
 def _bytes_view(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as a flat uint8 tensor on its own device, without a copy when it is
     contiguous (a parameter always is)."""
@@ -62,8 +76,7 @@ def pack_weights(
         )
 
     for name, tensor in tensors.items():
-        if tensor.dtype not in _TO_PB:
-            raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which cannot be sent")
+        dtype = dtype_to_pb(name, tensor.dtype)
         raw = _bytes_view(tensor)
         total = raw.numel()
         for offset in range(0, max(total, 1), max_chunk_bytes):
@@ -76,7 +89,7 @@ def pack_weights(
                 common_pb2.Tensor(
                     name=name,
                     shape=list(tensor.shape),
-                    dtype=_TO_PB[tensor.dtype],
+                    dtype=dtype,
                     data=piece,
                     byte_offset=offset,
                     total_bytes=total,

@@ -51,6 +51,7 @@ from .session import EngineFactory, RolloutSession, default_engine_factory
 from .settings import RolloutSettings
 from .shared_engine import SharedAdapters, Tenancy
 from .types import FinishReason, Trajectory, TrajectoryBatch
+from .weight_transports import IncomingWeights, accept_offer
 
 log = structlog.get_logger("opentinker.rollout.service")
 
@@ -164,6 +165,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            stream.incoming.close()
             if tenancy is not None:
                 await asyncio.to_thread(tenancy.release)
 
@@ -204,6 +206,8 @@ class _RolloutStream:
         self.out: asyncio.Queue[rollout_pb2.RolloutResponse | None] = asyncio.Queue()
         self._work: asyncio.Queue[rollout_pb2.RolloutRequest | None] = asyncio.Queue()
         self._weights_stream = WeightStream()
+        self.incoming = IncomingWeights()  # shared-memory / CUDA IPC updates (same host)
+        self._by_reference = 0  # tensors of the update in progress not sent inline
         # Weight chunks queued but not applied yet: bounded, so a fast sender waits (gRPC flow
         # control) instead of the whole model piling up here in protobuf form.
         self._weight_slots = asyncio.Semaphore(WEIGHT_CHUNKS_AHEAD)
@@ -254,15 +258,18 @@ class _RolloutStream:
             if self._admit is not None:
                 self._admit(config)
             engine = await self.session.open(config)
+            transports, refused = await asyncio.to_thread(accept_offer, request.open.weight_offer)
             return rollout_pb2.RolloutResponse(
                 opened=rollout_pb2.RolloutOpened(
                     engine=engine.name,
                     policy_version=engine.policy_version,
                     roles=self.session.roles,
+                    weight_transports=transports,
+                    weight_transport_detail=refused,
                 )
             )
         if kind == "weights":
-            return await self._weights(request.weights)
+            return await self._weights(request.weights, request.seq)
         if kind == "collect":
             c = request.collect
             if c.evaluation:
@@ -284,26 +291,41 @@ class _RolloutStream:
             )
         return _failed(f"unknown or empty RolloutRequest payload {kind!r}", "INVALID_ARGUMENT")
 
-    async def _weights(self, chunk: rollout_pb2.WeightChunk) -> rollout_pb2.RolloutResponse | None:
+    async def _weights(
+        self, chunk: rollout_pb2.WeightChunk, seq: int
+    ) -> rollout_pb2.RolloutResponse | None:
         """Apply the tensors each chunk completes at once (streamed, in place: the served
         weights are mixed until the last chunk, and nothing else runs on this stream
-        meanwhile); the last chunk sets the version and answers with the probe."""
+        meanwhile); the last chunk sets the version and answers with the probe. A chunk in
+        shared memory is copied from the segment and answered (WeightChunkTaken)."""
         self.session.require_open("a weight chunk")
         try:
             tensors = self._weights_stream.add(chunk)
         except (ValueError, RuntimeError) as err:  # torch raises RuntimeError on a bad reshape
             self._weights_stream = WeightStream()
             return _failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
+        self._by_reference += len(chunk.shared) + len(chunk.cuda_ipc)
+        if chunk.cuda_ipc:
+            await self.session.load_cuda_ipc(list(chunk.cuda_ipc))
         if not chunk.last:
             try:
+                tensors |= self.incoming.shared(chunk)
                 if tensors:
                     await self.session.load_weights(tensors)
             except OpenTinkerError:
-                self._weights_stream = WeightStream()
+                self._weights_stream, self._by_reference = WeightStream(), 0
                 raise
-            return None  # more chunks of this update to come
-        count = self._weights_stream.tensors_received
-        self._weights_stream = WeightStream()
+            del tensors  # views of the segment: the trainer may write there once answered
+            if not chunk.shared:
+                return None  # more chunks of this update to come
+            return rollout_pb2.RolloutResponse(
+                taken=rollout_pb2.WeightChunkTaken(
+                    policy_version=chunk.policy_version, request_seq=seq
+                )
+            )
+        count = self._weights_stream.tensors_received + self._by_reference
+        self._weights_stream, self._by_reference = WeightStream(), 0
+        tensors |= self.incoming.shared(chunk)
         result = await self.session.apply_weights(
             tensors, chunk.policy_version, chunk.probe_token_ids, tensors_in_update=count
         )

@@ -20,6 +20,7 @@ from opentinker.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from opentinker.rollout.v1 import rollout_pb2
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop
@@ -35,6 +36,8 @@ from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
 from .token_sampling import SampledTokens, check_token_ids, sample_tokens
 from .types import EnvSpec, FinishReason, TrajectoryBatch
+from .vllm_engine import VllmEngine
+from .weight_transports import open_cuda_ipc
 
 log = structlog.get_logger("opentinker.rollout.session")
 
@@ -122,6 +125,24 @@ class RolloutSession:
         ``apply_weights`` ends the update."""
         engine = self.require_open("a weight update")
         await self._copy_in(engine, tensors, engine.policy_version)
+
+    async def load_cuda_ipc(self, described: Sequence[rollout_pb2.CudaIpcTensor]) -> None:
+        """Copy the trainer's CUDA tensors (IPC handles) into the served weights; the version
+        stays until ``apply_weights``. vLLM opens them in its own workers and loads them with
+        its in-place ``load_weights``; other engines open them here."""
+        engine = self.require_open("a weight update")
+        if not isinstance(engine, VllmEngine):
+            tensors = await asyncio.to_thread(open_cuda_ipc, list(described))
+            await self._copy_in(engine, tensors, engine.policy_version)
+            del tensors
+            await asyncio.to_thread(torch.cuda.synchronize)  # copied before the trainer goes on
+            return
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(engine.apply_cuda_ipc, described)
+        except WeightUpdateError as err:
+            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
+        self._loading_seconds += time.monotonic() - started
 
     async def apply_weights(
         self,

@@ -41,6 +41,7 @@ from opentinker.errors import ConfigError
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.spec import ModelSpec, SamplingParams
 
+from .engine import WeightUpdateError
 from .seeds import derive_seed
 from .settings import RolloutSettings
 from .types import Completion
@@ -202,6 +203,18 @@ class VllmEngine:
             self.llm.collective_rpc("opentinker_load_weights", args=(pairs,))
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.policy_version = policy_version
+
+    def apply_cuda_ipc(self, described: Sequence[Any]) -> None:
+        """Full weights from the trainer's CUDA IPC handles (``CudaIpcTensor`` messages): each
+        worker opens them on its own GPU and loads them in place (``vllm_worker.py``), as
+        ``apply_weights`` does with tensors; the version stays until the update ends."""
+        if self.adapters is not None:
+            raise WeightUpdateError(
+                "a LoRA engine takes adapter tensors by value; send them inline or in shared memory"
+            )
+        blobs = [d.SerializeToString() for d in described]  # plain bytes cross to the workers
+        self.llm.collective_rpc("opentinker_load_ipc_weights", args=(blobs,))
+        self.llm.reset_prefix_cache()
 
     def _serve_adapter(self, version: int) -> None:
         from vllm.lora.request import LoRARequest

@@ -28,3 +28,13 @@ class WeightUpdateExtension:
         model.load_weights(weights=iter(pairs))  # type: ignore[union-attr]
         torch.cuda.synchronize()
         return len(pairs)
+
+    def opentinker_load_ipc_weights(self, blobs: Sequence[bytes]) -> int:
+        """The same, from the trainer's CUDA IPC handles (serialized ``CudaIpcTensor``s):
+        opened on this worker's GPU, read by ``load_weights``, closed again; returns how many."""
+        from opentinker.rollout.v1 import rollout_pb2
+        from opentinker.services.modeling.cuda_ipc import open_tensor
+
+        described = [rollout_pb2.CudaIpcTensor.FromString(blob) for blob in blobs]
+        count = self.opentinker_load_weights([(d.name, open_tensor(d)) for d in described])
+        return count

@@ -29,6 +29,7 @@ from opentinker.spec import JobSpec, to_proto
 
 from .batch import CollectedBatch, Episode
 from .errors import RolloutError
+from .weight_transport import StreamTransport, TransportSetting
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,15 @@ class WeightsAck:
 class GrpcRolloutSession:
     """A Rollout stream to ``address``. Create, then ``await open(...)`` first."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, address: str) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        address: str,
+        weight_transport: TransportSetting = "auto",
+    ) -> None:
+        """weight_transport: "auto" offers the rollout shared memory / CUDA IPC for weight
+        updates (taken when it runs on this host), "grpc" sends the bytes inline only."""
         self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         self._address = address
         self._call: grpc.aio.StreamStreamCall | None = None
@@ -54,29 +63,41 @@ class GrpcRolloutSession:
         self._arrived: deque[rollout_pb2.TrajectoryBatch] = deque()  # ..of which here already
         self._batch_timeout_s = 0.0  # the deadline of a requested batch
         self._sent = ChangedTensors()  # what the rollout of this stream already serves
+        self.transport = StreamTransport(weight_transport)
 
     async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str:
         """Open the session for ``spec``'s model and env (an RL or an inference job);
         returns the engine name."""
         request = open_request(job_id, spec)
         self._seed = request.seed
-        self._call = self._stub.Rollout()
-        self._sent.forget()  # a new stream may reach a new rollout
-        await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
-        reply = await self._receive("opened", timeout_s)
-        self.roles = tuple(reply.opened.roles)
-        return reply.opened.engine
+        reply = await self._open(request, timeout_s)
+        self.roles = tuple(reply.roles)
+        return reply.engine
 
     async def open_sampling_only(
         self, *, job_id: str, model: common_pb2.ModelSpec, seed: int, timeout_s: float
     ) -> str:
         """Open for a training session: the rollout loads ``model`` and only samples
         (SampleTokens) and takes weight updates, with no environment; returns the engine."""
+        request = rollout_pb2.OpenRollout(job_id=job_id, model=model, seed=seed, sampling_only=True)
+        return (await self._open(request, timeout_s)).engine
+
+    async def _open(
+        self, request: rollout_pb2.OpenRollout, timeout_s: float
+    ) -> rollout_pb2.RolloutOpened:
+        """A new stream, opened with the weight transports offered (weight_transport.py)."""
         self._call = self._stub.Rollout()
         self._sent.forget()  # a new stream may reach a new rollout
-        request = rollout_pb2.OpenRollout(job_id=job_id, model=model, seed=seed, sampling_only=True)
-        await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
-        return (await self._receive("opened", timeout_s)).opened.engine
+        offer = self.transport.offer()
+        if offer is not None:
+            request.weight_offer.CopyFrom(offer)
+        opened = None
+        try:
+            await self._send(rollout_pb2.RolloutRequest(open=request), timeout_s)
+            opened = (await self._receive("opened", timeout_s)).opened
+        finally:
+            self.transport.opened(opened)
+        return opened
 
     async def sync_weights(
         self,
@@ -94,22 +115,75 @@ class GrpcRolloutSession:
         is written, before the wait (to send requests that the rollout must serve with these
         weights)."""
         changed, stamps = self._sent.changed(tensors)
-        for chunk in pack_weights(
-            changed,
-            policy_version=policy_version,
-            is_adapter=is_adapter,
-            probe_token_ids=probe_token_ids,
-        ):
-            await self._send(rollout_pb2.RolloutRequest(weights=chunk), timeout_s)
-        if after_send is not None:
-            await after_send()
-        reply = await self._receive("applied", timeout_s)
-        applied = reply.applied
+        path = self.transport.pick(changed)
+        ok = False
+        try:
+            await self._send_update(
+                changed, path, policy_version, is_adapter, probe_token_ids, timeout_s
+            )
+            if after_send is not None:
+                await after_send()
+            applied = (await self._receive_update(path, timeout_s)).applied
+            ok = True
+        finally:
+            if path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
+                self.transport.update_done(ok)
         if applied.policy_version == policy_version:
             self._sent.acknowledge(stamps)
         return WeightsAck(
             applied.policy_version, list(applied.probe_logprobs), applied.apply_seconds
         )
+
+    async def _send_update(
+        self,
+        changed: Mapping[str, torch.Tensor],
+        path: int,
+        policy_version: int,
+        is_adapter: bool,
+        probe_token_ids: list[int],
+        timeout_s: float,
+    ) -> None:
+        """The chunks of one update over ``path`` (a WeightTransport)."""
+
+        async def send(request: rollout_pb2.RolloutRequest) -> int:
+            await self._send(request, timeout_s)
+            return self._seq
+
+        header = dict(
+            policy_version=policy_version, is_adapter=is_adapter, probe_token_ids=probe_token_ids
+        )
+        if path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
+            await self.transport.send_shared(
+                changed,
+                **header,
+                send=send,
+                receive_taken=lambda: self._receive_taken(policy_version, timeout_s),
+            )
+        elif path == rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC:
+            await self.transport.send_cuda_ipc(changed, **header, send=send)
+        else:
+            for chunk in pack_weights(changed, **header):
+                await send(rollout_pb2.RolloutRequest(weights=chunk))
+
+    async def _receive_taken(
+        self, policy_version: int, timeout_s: float
+    ) -> rollout_pb2.WeightChunkTaken:
+        taken = (await self._receive("taken", timeout_s)).taken
+        if taken.policy_version != policy_version:
+            raise RolloutError(
+                f"rollout at {self._address} released a chunk of version "
+                f"{taken.policy_version} during the update to {policy_version}"
+            )
+        return taken
+
+    async def _receive_update(self, path: int, timeout_s: float) -> rollout_pb2.RolloutResponse:
+        """WeightsApplied; with shared memory, the chunks still in flight are released first."""
+        while path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
+            reply = await self._receive(("taken", "applied"), timeout_s)
+            if reply.WhichOneof("payload") == "applied":
+                return reply
+            self.transport.taken(reply.taken.request_seq)
+        return await self._receive("applied", timeout_s)
 
     async def collect(
         self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
@@ -187,6 +261,7 @@ class GrpcRolloutSession:
 
     async def close(self, *, reason: str, timeout_s: float) -> None:
         """Send CloseRollout and wait for RolloutClosed (or the stream's end); never raises."""
+        self.transport.close()
         if self._call is None:
             return
         call, self._call = self._call, None
@@ -225,11 +300,11 @@ class GrpcRolloutSession:
             raise await self._stream_error(err, f"sending {kind!r}") from err
 
     async def _receive(
-        self, expected: str, timeout_s: float, *, keep_training: bool = True
+        self, expected: str | tuple[str, ...], timeout_s: float, *, keep_training: bool = True
     ) -> rollout_pb2.RolloutResponse:
-        """The next reply of kind ``expected``. With ``keep_training``, the batches of training
-        collects requested earlier (they arrive first) are kept for receive_batch, and their
-        deadline adds to this wait's."""
+        """The next reply of kind ``expected`` (or of one of them). With ``keep_training``, the
+        batches of training collects requested earlier (they arrive first) are kept for
+        receive_batch, and their deadline adds to this wait's."""
         assert self._call is not None
         loop = asyncio.get_running_loop()
         ahead = keep_training and len(self._arrived) < len(self._requested)
@@ -252,7 +327,7 @@ class GrpcRolloutSession:
             if kind == "batch" and keep_training and len(self._arrived) < len(self._requested):
                 self._arrived.append(reply.batch)
                 continue
-            if kind == expected:
+            if kind in ((expected,) if isinstance(expected, str) else expected):
                 return reply
             if kind == "heartbeat":
                 continue

@@ -253,7 +253,11 @@ async def _run_rl(
             job_id=job_id,
             spec=spec,
             policy=policy,
-            rollout=GrpcRolloutSession(rollout_channel, address=rollout_address),
+            rollout=GrpcRolloutSession(
+                rollout_channel,
+                address=rollout_address,
+                weight_transport=settings.weight_transport,
+            ),
             reporter=reporter,
             run_dir=Path(launch.run_dir),
             settings=settings,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -27,6 +29,12 @@ class TrainerSettings(BaseSettings):
         300.0, gt=0, description="rollout loads its model before answering"
     )
     weight_sync_timeout_s: float = Field(300.0, gt=0)
+    weight_transport: Literal["auto", "grpc"] = Field(
+        "auto",
+        description="how weight updates reach the rollout: auto = offer shared memory (and CUDA "
+        "IPC from a GPU) at OpenRollout, used when the rollout can map it (same host and "
+        "/dev/shm), gRPC inline bytes otherwise; grpc = always inline",
+    )
     collect_timeout_s: float = Field(600.0, gt=0)
     close_timeout_s: float = Field(10.0, gt=0)
     report_timeout_s: float = Field(10.0, gt=0)

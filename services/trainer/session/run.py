@@ -62,7 +62,10 @@ async def run_session(
         aio_channel(launch.scheduler_address) as identity_channel,
     ):
         sampler = SessionSampler(
-            rollout_channel, address=rollout_address, tolerance=settings.probe_tolerance
+            rollout_channel,
+            address=rollout_address,
+            tolerance=settings.probe_tolerance,
+            weight_transport=settings.weight_transport,
         )
         try:
             await sampler.open(

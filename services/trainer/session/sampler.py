@@ -19,6 +19,7 @@ from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from ..policy import Policy
 from ..rollout_client import GrpcRolloutSession
 from ..weight_sync import verified_sync
+from ..weight_transport import TransportSetting
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,17 @@ class Sample:
 class SessionSampler:
     """Sampling through the job's rollout over ``channel`` (its job token attached)."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, address: str, tolerance: float | None) -> None:
-        self._stream = GrpcRolloutSession(channel, address=address)
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        address: str,
+        tolerance: float | None,
+        weight_transport: TransportSetting = "auto",
+    ) -> None:
+        self._stream = GrpcRolloutSession(
+            channel, address=address, weight_transport=weight_transport
+        )
         self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         self._address = address
         self._tolerance = tolerance

@@ -9,6 +9,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WeightTransport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEIGHT_TRANSPORT_UNSPECIFIED: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_INLINE: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_SHARED_MEMORY: _ClassVar[WeightTransport]
+    WEIGHT_TRANSPORT_CUDA_IPC: _ClassVar[WeightTransport]
+
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
@@ -16,6 +23,10 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_MAX_TURNS: _ClassVar[FinishReason]
     FINISH_REASON_MAX_TOKENS: _ClassVar[FinishReason]
     FINISH_REASON_ENV_ERROR: _ClassVar[FinishReason]
+WEIGHT_TRANSPORT_UNSPECIFIED: WeightTransport
+WEIGHT_TRANSPORT_INLINE: WeightTransport
+WEIGHT_TRANSPORT_SHARED_MEMORY: WeightTransport
+WEIGHT_TRANSPORT_CUDA_IPC: WeightTransport
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_ENV_DONE: FinishReason
 FINISH_REASON_MAX_TURNS: FinishReason
@@ -85,7 +96,7 @@ class RolloutRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
 
 class OpenRollout(_message.Message):
-    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only", "role_adapters")
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only", "role_adapters", "weight_offer")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +123,7 @@ class OpenRollout(_message.Message):
     EVAL_ENV_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_ONLY_FIELD_NUMBER: _ClassVar[int]
     ROLE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_OFFER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: _common_pb2.ModelSpec
     env_name: str
@@ -124,21 +136,82 @@ class OpenRollout(_message.Message):
     eval_env_options: _containers.ScalarMap[str, str]
     sampling_only: bool
     role_adapters: bool
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ..., role_adapters: _Optional[bool] = ...) -> None: ...
+    weight_offer: WeightTransportOffer
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ..., role_adapters: _Optional[bool] = ..., weight_offer: _Optional[_Union[WeightTransportOffer, _Mapping]] = ...) -> None: ...
+
+class WeightTransportOffer(_message.Message):
+    __slots__ = ("probe_segment", "probe_nonce", "cuda_device_uuid")
+    PROBE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    PROBE_NONCE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    probe_segment: str
+    probe_nonce: bytes
+    cuda_device_uuid: str
+    def __init__(self, probe_segment: _Optional[str] = ..., probe_nonce: _Optional[bytes] = ..., cuda_device_uuid: _Optional[str] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids")
+    __slots__ = ("policy_version", "is_adapter", "tensors", "last", "probe_token_ids", "segment", "shared", "cuda_ipc")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     IS_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     PROBE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     is_adapter: bool
     tensors: _containers.RepeatedCompositeFieldContainer[_common_pb2.Tensor]
     last: bool
     probe_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, policy_version: _Optional[int] = ..., is_adapter: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.Tensor, _Mapping]]] = ..., last: _Optional[bool] = ..., probe_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    segment: str
+    shared: _containers.RepeatedCompositeFieldContainer[SharedTensor]
+    cuda_ipc: _containers.RepeatedCompositeFieldContainer[CudaIpcTensor]
+    def __init__(self, policy_version: _Optional[int] = ..., is_adapter: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.Tensor, _Mapping]]] = ..., last: _Optional[bool] = ..., probe_token_ids: _Optional[_Iterable[int]] = ..., segment: _Optional[str] = ..., shared: _Optional[_Iterable[_Union[SharedTensor, _Mapping]]] = ..., cuda_ipc: _Optional[_Iterable[_Union[CudaIpcTensor, _Mapping]]] = ...) -> None: ...
+
+class SharedTensor(_message.Message):
+    __slots__ = ("name", "shape", "dtype", "offset", "nbytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: _common_pb2.DType
+    offset: int
+    nbytes: int
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class CudaIpcTensor(_message.Message):
+    __slots__ = ("name", "shape", "stride", "storage_offset", "dtype", "device_uuid", "handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    stride: _containers.RepeatedScalarFieldContainer[int]
+    storage_offset: int
+    dtype: _common_pb2.DType
+    device_uuid: str
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., stride: _Optional[_Iterable[int]] = ..., storage_offset: _Optional[int] = ..., dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., device_uuid: _Optional[str] = ..., handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ...) -> None: ...
 
 class CollectTrajectories(_message.Message):
     __slots__ = ("batch_index", "num_groups", "group_size", "evaluation", "first_episode", "eval_temperature")
@@ -163,7 +236,7 @@ class CloseRollout(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class RolloutResponse(_message.Message):
-    __slots__ = ("seq", "opened", "applied", "batch", "failed", "heartbeat", "closed")
+    __slots__ = ("seq", "opened", "applied", "batch", "failed", "heartbeat", "closed", "taken")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OPENED_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +244,7 @@ class RolloutResponse(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
     seq: int
     opened: RolloutOpened
     applied: WeightsApplied
@@ -178,17 +252,30 @@ class RolloutResponse(_message.Message):
     failed: RolloutFailed
     heartbeat: _common_pb2.Heartbeat
     closed: RolloutClosed
-    def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[RolloutOpened, _Mapping]] = ..., applied: _Optional[_Union[WeightsApplied, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., failed: _Optional[_Union[RolloutFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., closed: _Optional[_Union[RolloutClosed, _Mapping]] = ...) -> None: ...
+    taken: WeightChunkTaken
+    def __init__(self, seq: _Optional[int] = ..., opened: _Optional[_Union[RolloutOpened, _Mapping]] = ..., applied: _Optional[_Union[WeightsApplied, _Mapping]] = ..., batch: _Optional[_Union[TrajectoryBatch, _Mapping]] = ..., failed: _Optional[_Union[RolloutFailed, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., closed: _Optional[_Union[RolloutClosed, _Mapping]] = ..., taken: _Optional[_Union[WeightChunkTaken, _Mapping]] = ...) -> None: ...
 
 class RolloutOpened(_message.Message):
-    __slots__ = ("engine", "policy_version", "roles")
+    __slots__ = ("engine", "policy_version", "roles", "weight_transports", "weight_transport_detail")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_TRANSPORT_DETAIL_FIELD_NUMBER: _ClassVar[int]
     engine: str
     policy_version: int
     roles: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_transports: _containers.RepeatedScalarFieldContainer[WeightTransport]
+    weight_transport_detail: str
+    def __init__(self, engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., roles: _Optional[_Iterable[str]] = ..., weight_transports: _Optional[_Iterable[_Union[WeightTransport, str]]] = ..., weight_transport_detail: _Optional[str] = ...) -> None: ...
+
+class WeightChunkTaken(_message.Message):
+    __slots__ = ("policy_version", "request_seq")
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    request_seq: int
+    def __init__(self, policy_version: _Optional[int] = ..., request_seq: _Optional[int] = ...) -> None: ...
 
 class WeightsApplied(_message.Message):
     __slots__ = ("policy_version", "probe_logprobs", "apply_seconds")
