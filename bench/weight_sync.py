@@ -1,5 +1,7 @@
 """Seconds and peak memory of one full-weight sync, trainer -> rollout, on CPU: the path before
-bucketed streaming (bench/weight_sync_baseline.py) against today's (services/modeling/weights.py).
+bucketed streaming (bench/weight_sync_baseline.py) against today's gRPC one
+(services/modeling/weights.py) and the same-host shared-memory one
+(services/modeling/shared_weights.py).
 
 The model: a random-init Qwen2 shaped like Qwen2.5-0.5B (hidden 896, 14 heads / 2 KV heads,
 intermediate 4864, vocabulary 151,936, tied embeddings), 24 layers by default (494M
@@ -14,6 +16,12 @@ gRPC does, then applied to the engine.
   new: only the tensors changed since the last acknowledged sync (ChangedTensors), chunks cut
        lazily one bucket at a time, each tensor applied as soon as its last piece arrives
        (WeightStream).
+
+  shm: the same changed tensors, bucket by bucket copied from the parameters into a reused
+       shared-memory ring (SegmentWriter), the rollout copying from zero-copy views of its own
+       mapping of the segment (SegmentReader) into the engine; only descriptors would travel.
+       Both mappings live in the one process here, so the segment's pages count twice in the
+       resident set: the peak shown is an upper bound (across two processes they count once).
 
 Syncs: 1 = the first (everything), 2 = after a step that changed every tensor, 3 = after a
 step that changed the transformer layers only (frozen embeddings; the old path cannot tell and
@@ -39,7 +47,7 @@ import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from opentinker.rollout.v1 import rollout_pb2
-from opentinker.services.modeling import weights
+from opentinker.services.modeling import shared_weights, weights
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
 
@@ -105,6 +113,34 @@ class NewSender:
         return sent
 
 
+class ShmSender:
+    """The trainer side as StreamTransport.send_shared runs it, the rollout's answer immediate
+    (the segment made on the first sync is reused after)."""
+
+    def __init__(self) -> None:
+        self.tracker = weights.ChangedTensors()
+        self.writer = shared_weights.SegmentWriter()
+        self.reader = shared_weights.SegmentReader()
+
+    def __call__(self, engine: TransformersEngine, state: Tensors, version: int, chunk: int) -> int:
+        changed, stamps = self.tracker.changed(state)
+        buckets, capacity = shared_weights.plan_buckets(changed, chunk)
+        self.writer.ensure(capacity)
+        for seq, bucket in enumerate(buckets):
+            start = self.writer.reserve(shared_weights.region_bytes(bucket))
+            assert start is not None, "every earlier chunk was answered"
+            described, end = self.writer.write(bucket, start)
+            self.writer.sent(seq, start, end)
+            message = rollout_pb2.WeightChunk(segment=self.writer.name, shared=described)
+            views = self.reader.views(_wire(message))
+            last = seq == len(buckets) - 1
+            engine.apply_weights(views, version if last else engine.policy_version)
+            del views
+            self.writer.taken(seq)
+        self.tracker.acknowledge(stamps)
+        return 0  # no tensor bytes in the messages
+
+
 @torch.no_grad()
 def _step(model: Qwen2ForCausalLM, *, layers_only: bool) -> None:
     """A stand-in for optimizer.step(): every (or every layer's) parameter written in place."""
@@ -120,7 +156,7 @@ def measure(path: str, layers: int, chunk_mib: int) -> list[dict[str, float]]:
     engine = TransformersEngine(Qwen2ForCausalLM(qwen05b_config(layers)).eval(), tokenizer)
     state = {n: p.detach() for n, p in trainer.named_parameters()}
     sync: Callable[[TransformersEngine, Tensors, int, int], int]
-    sync = old_sync if path == "old" else NewSender()
+    sync = {"old": lambda: old_sync, "new": NewSender, "shm": ShmSender}[path]()
     rows = []
     for version, before_sync in enumerate(
         [None, lambda: _step(trainer, layers_only=False), lambda: _step(trainer, layers_only=True)],
@@ -140,6 +176,8 @@ def measure(path: str, layers: int, chunk_mib: int) -> list[dict[str, float]]:
         rows.append(
             {"sync": version, "s": seconds, "peak_mib": peak / 1024, "sent_mib": sent / 2**20}
         )
+    if isinstance(sync, ShmSender):
+        print(f"shm segment: {sync.writer.size / 2**20:.0f} MiB, mapped twice in this process")
     return rows
 
 
@@ -163,7 +201,7 @@ def main() -> None:
     )
     print(f"{'path':<5}{'sync':>5}{'seconds':>10}{'peak MiB':>10}{'sent MiB':>10}")
     ctx = mp.get_context("fork")
-    for path in ("old", "new"):
+    for path in ("old", "new", "shm"):
         receive, send = ctx.Pipe(duplex=False)
         worker = ctx.Process(target=_measure_into, args=(send, path, args.layers, args.chunk_mib))
         worker.start()

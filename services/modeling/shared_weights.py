@@ -154,6 +154,11 @@ class SegmentWriter:
         assert self._segment is not None, "no segment yet"
         return self._segment.name
 
+    @property
+    def size(self) -> int:
+        """The segment's bytes (0 before the first update)."""
+        return self._segment.size if self._segment is not None else 0
+
     def ensure(self, capacity: int) -> None:
         """A segment of at least ``capacity`` bytes (a new one, empty, when it must grow)."""
         if self._segment is not None and self._segment.size >= capacity:

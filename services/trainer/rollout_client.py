@@ -126,8 +126,7 @@ class GrpcRolloutSession:
             applied = (await self._receive_update(path, timeout_s)).applied
             ok = True
         finally:
-            if path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
-                self.transport.update_done(ok)
+            self.transport.update_done(path, ok)
         if applied.policy_version == policy_version:
             self._sent.acknowledge(stamps)
         return WeightsAck(

@@ -125,12 +125,16 @@ class StreamTransport:
     def taken(self, request_seq: int) -> None:
         self._writer.taken(request_seq)
 
-    def update_done(self, ok: bool) -> None:
-        """The last chunk is answered (ok) or the update failed: release or drop the ring."""
-        if ok:
-            self._writer.all_taken()
-        else:
-            self._writer.close()
+    def update_done(self, path: int, ok: bool) -> None:
+        """An update over ``path`` is answered (ok) or failed: release or drop the ring; after
+        CUDA IPC, let torch free its records of what the rollout has released."""
+        if path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
+            if ok:
+                self._writer.all_taken()
+            else:
+                self._writer.close()
+        elif path == rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC:
+            torch.cuda.ipc_collect()
 
     async def send_cuda_ipc(
         self,
