@@ -62,7 +62,9 @@ class GenerationEngine(Protocol):
         ...
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
-        """Copy named tensors into the served weights, then serve ``policy_version``."""
+        """Copy named tensors into the served weights, then serve ``policy_version``. The
+        tensors may be views of the trainer's shared-memory segment, rewritten once this
+        returns: copy them, never keep a reference."""
         ...
 
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
