@@ -148,20 +148,25 @@ class GrpcRolloutSession:
             await self._send(request, timeout_s)
             return self._seq
 
-        header = dict(
+        header = rollout_pb2.WeightChunk(
             policy_version=policy_version, is_adapter=is_adapter, probe_token_ids=probe_token_ids
         )
         if path == rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY:
             await self.transport.send_shared(
                 changed,
-                **header,
+                header=header,
                 send=send,
                 receive_taken=lambda: self._receive_taken(policy_version, timeout_s),
             )
         elif path == rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC:
-            await self.transport.send_cuda_ipc(changed, **header, send=send)
+            await self.transport.send_cuda_ipc(changed, header=header, send=send)
         else:
-            for chunk in pack_weights(changed, **header):
+            for chunk in pack_weights(
+                changed,
+                policy_version=policy_version,
+                is_adapter=is_adapter,
+                probe_token_ids=probe_token_ids,
+            ):
                 await send(rollout_pb2.RolloutRequest(weights=chunk))
 
     async def _receive_taken(

@@ -51,7 +51,7 @@ class StreamTransport:
         self.close()
         if self.setting == "grpc":
             return None
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # a GPU policy here
             self._cuda_uuid = cuda_ipc.device_uuid(
                 torch.device("cuda", torch.cuda.current_device())
             )
@@ -91,15 +91,14 @@ class StreamTransport:
         self,
         tensors: Mapping[str, torch.Tensor],
         *,
-        policy_version: int,
-        is_adapter: bool,
-        probe_token_ids: list[int],
+        header: rollout_pb2.WeightChunk,
         send: Send,
         receive_taken: Callable[[], Awaitable[rollout_pb2.WeightChunkTaken]],
     ) -> None:
         """Write ``tensors`` bucket by bucket into the ring and send a chunk per bucket,
         waiting for the rollout to release a region before it is written again. Returns once
-        the last chunk is sent (its answer is WeightsApplied: then call ``update_done``)."""
+        the last chunk is sent (its answer is WeightsApplied: then call ``update_done``).
+        ``header``: the update's policy_version, is_adapter and probe_token_ids."""
         buckets, capacity = plan_buckets(tensors, self.bucket_bytes)
         writer = self._writer
         try:
@@ -108,14 +107,8 @@ class StreamTransport:
                 while (start := writer.reserve(region_bytes(bucket))) is None:
                     writer.taken((await receive_taken()).request_seq)
                 described, end = writer.write(bucket, start)
-                last = index == len(buckets) - 1
-                chunk = rollout_pb2.WeightChunk(
-                    policy_version=policy_version,
-                    is_adapter=is_adapter,
-                    last=last,
-                    probe_token_ids=probe_token_ids if last else [],
-                    segment=writer.name,
-                    shared=described,
+                chunk = _part(
+                    header, index == len(buckets) - 1, segment=writer.name, shared=described
                 )
                 writer.sent(await send(rollout_pb2.RolloutRequest(weights=chunk)), start, end)
         except BaseException:
@@ -140,9 +133,7 @@ class StreamTransport:
         self,
         tensors: Mapping[str, torch.Tensor],
         *,
-        policy_version: int,
-        is_adapter: bool,
-        probe_token_ids: list[int],
+        header: rollout_pb2.WeightChunk,
         send: Send,
     ) -> None:
         """Send handles of ``tensors`` (no copy); the caller keeps them unchanged until the
@@ -152,13 +143,7 @@ class StreamTransport:
         for start in range(0, len(items), CUDA_IPC_TENSORS_PER_CHUNK):
             part = dict(items[start : start + CUDA_IPC_TENSORS_PER_CHUNK])
             last = start + CUDA_IPC_TENSORS_PER_CHUNK >= len(items)
-            chunk = rollout_pb2.WeightChunk(
-                policy_version=policy_version,
-                is_adapter=is_adapter,
-                last=last,
-                probe_token_ids=probe_token_ids if last else [],
-                cuda_ipc=cuda_ipc.describe_all(part),
-            )
+            chunk = _part(header, last, cuda_ipc=cuda_ipc.describe_all(part))
             await send(rollout_pb2.RolloutRequest(weights=chunk))
 
     def close(self) -> None:
@@ -167,3 +152,16 @@ class StreamTransport:
             self._probe.close()
             self._probe = None
         self._writer.close()
+
+
+def _part(
+    header: rollout_pb2.WeightChunk, last: bool, **payload: object
+) -> rollout_pb2.WeightChunk:
+    """A chunk of the update ``header`` describes (version, adapter or not, probe ids: these
+    only on the last chunk) carrying ``payload``."""
+    chunk = rollout_pb2.WeightChunk(
+        policy_version=header.policy_version, is_adapter=header.is_adapter, last=last, **payload
+    )
+    if last:
+        chunk.probe_token_ids.extend(header.probe_token_ids)
+    return chunk
