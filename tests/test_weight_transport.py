@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ class Wire:
         self.inline_bytes = 0
         self.shared: set[str] = set()
         self.segments: set[str] = set()
+        self.cuda_ipc = 0
         self.probe = ""
         send = rollout._send
 
@@ -55,6 +57,7 @@ class Wire:
             self.inline.update(t.name for t in w.tensors)
             self.inline_bytes += sum(len(t.data) for t in w.tensors)
             self.shared.update(t.name for t in w.shared)
+            self.cuda_ipc += len(w.cuda_ipc)
             if w.segment:
                 self.segments.add(w.segment)
             await send(request, timeout_s)
@@ -232,10 +235,12 @@ ROLLOUT_PROCESS = textwrap.dedent(
 )
 
 
-def _rollout_process(prefix: list[str]) -> tuple[subprocess.Popen, str]:
+def _rollout_process(
+    prefix: list[str], code: str = ROLLOUT_PROCESS
+) -> tuple[subprocess.Popen, str]:
     """A rollout server in its own process (``prefix``: e.g. its own /dev/shm); its address."""
     process = subprocess.Popen(
-        [*prefix, sys.executable, "-c", ROLLOUT_PROCESS],
+        [*prefix, sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "KEY": user_key()},
@@ -293,6 +298,17 @@ def test_a_rollout_that_dies_mid_update_leaves_no_segment(tmp_path) -> None:
     assert len(names) == 2 and not any(shm_exists(n) for n in names)
 
 
+async def _sync_once(address: str, model_dir: Path, policy: Policy):
+    """Open a stream to the rollout at ``address``, one verified sync, close."""
+    async with aio_channel(address, credential=user_key()) as channel:
+        rollout = GrpcRolloutSession(channel, address=address)
+        wire = Wire(rollout)
+        await _open(rollout, model_dir)
+        result = await verified_sync(rollout, policy, version=1, tolerance=None, timeout_s=120)
+        await rollout.close(reason="done", timeout_s=10)
+    return rollout, wire, result
+
+
 @pytest.mark.integration
 def test_a_rollout_with_its_own_dev_shm_gets_the_bytes_inline(tmp_path) -> None:
     """Another host, as far as /dev/shm goes: the rollout runs in a mount namespace with a
@@ -309,14 +325,7 @@ def test_a_rollout_with_its_own_dev_shm_gets_the_bytes_inline(tmp_path) -> None:
         own_shm = ["unshare", "-r", "--mount", "sh", "-c", 'mount -t tmpfs t /dev/shm && "$@"', "-"]
         process, address = _rollout_process(own_shm)
         try:
-            async with aio_channel(address, credential=user_key()) as channel:
-                rollout = GrpcRolloutSession(channel, address=address)
-                wire = Wire(rollout)
-                await _open(rollout, model_dir)
-                result = await verified_sync(
-                    rollout, policy, version=1, tolerance=None, timeout_s=60
-                )
-                await rollout.close(reason="done", timeout_s=10)
+            rollout, wire, result = await _sync_once(address, model_dir, policy)
         finally:
             process.kill()
             process.wait()
@@ -339,36 +348,36 @@ def test_cuda_ipc_hands_handles_and_the_rollout_copies_on_the_gpu(tmp_path) -> N
         spec = ModelSpec(base_model=str(model_dir), finetune="full")
         policy = Policy(spec, learning_rate=1e-3, seed=0, device="cuda:0")
         code = ROLLOUT_PROCESS.replace('device="cpu"', 'device="cuda:0", engine="transformers"')
-        process = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "KEY": user_key()},
-        )
-        address = f"127.0.0.1:{_port_of(process)}"
-        ipc: list[int] = []
+        process, address = _rollout_process([], code)
         try:
-            async with aio_channel(address, credential=user_key()) as channel:
-                rollout = GrpcRolloutSession(channel, address=address)
-                wire = Wire(rollout)
-                send = rollout._send
-
-                async def counting(request, timeout_s):  # noqa: ANN001, ANN202
-                    ipc.append(len(request.weights.cuda_ipc))
-                    await send(request, timeout_s)
-
-                rollout._send = counting  # type: ignore[method-assign]
-                await _open(rollout, model_dir)
-                result = await verified_sync(
-                    rollout, policy, version=1, tolerance=None, timeout_s=120
-                )
-                await rollout.close(reason="done", timeout_s=10)
+            rollout, wire, result = await _sync_once(address, model_dir, policy)
         finally:
             process.kill()
             process.wait()
-        return set(rollout.transport.accepted), sum(ipc), wire, result
+        return set(rollout.transport.accepted), wire.cuda_ipc, wire, result
 
     accepted, handles, wire, result = asyncio.run(main())
     assert rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC in accepted
     assert handles == TRAINABLE and wire.inline_bytes == 0 and not wire.shared
     assert result.probe_diff <= 5e-2
+
+
+def test_a_trainer_killed_holding_a_segment_leaves_nothing_in_dev_shm() -> None:
+    """Between creating a segment and the rollout's first answer only the trainer knows its
+    name: killed then (SIGKILL, no cleanup of its own), Python's resource tracker unlinks it."""
+    code = (
+        "from opentinker.services.modeling.shared_weights import create_segment\n"
+        "import time; s = create_segment(1 << 16); print('NAME', s.name, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    name = process.stdout.readline().split()[1]
+    assert shm_exists(name)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    for _ in range(100):  # the tracker notices its parent's end
+        if not shm_exists(name):
+            break
+        time.sleep(0.1)
+    assert not shm_exists(name)
