@@ -128,10 +128,11 @@ class RolloutSession:
 
     async def load_cuda_ipc(self, described: Sequence[rollout_pb2.CudaIpcTensor]) -> None:
         """Copy the trainer's CUDA tensors (IPC handles) into the served weights; the version
-        stays until ``apply_weights``. vLLM opens them in its own workers and loads them with
-        its in-place ``load_weights``; other engines open them here."""
+        stays until ``apply_weights``. vLLM (full weights) opens them in its own workers and
+        loads them with its in-place ``load_weights``; other engines, and vLLM's LoRA adapters
+        (copied to the host for the adapter folder), open them here."""
         engine = self.require_open("a weight update")
-        if not isinstance(engine, VllmEngine):
+        if not isinstance(engine, VllmEngine) or engine.adapters is not None:
             tensors = await asyncio.to_thread(open_cuda_ipc, list(described))
             await self._copy_in(engine, tensors, engine.policy_version)
             del tensors
