@@ -381,3 +381,24 @@ def test_a_trainer_killed_holding_a_segment_leaves_nothing_in_dev_shm() -> None:
             break
         time.sleep(0.1)
     assert not shm_exists(name)
+
+
+def test_cuda_ipc_is_refused_with_the_reason_when_the_gpu_is_not_visible() -> None:
+    """A rollout that maps the probe but does not see the trainer's GPU takes shared memory
+    only and says why; a handle of a GPU it does not see is refused by name."""
+    from opentinker.services.modeling import cuda_ipc
+    from opentinker.services.modeling.shared_weights import ProbeOffer
+    from opentinker.services.rollout.weight_transports import accept_offer
+
+    probe = ProbeOffer(cuda_device_uuid="GPU-0000-not-here")
+    try:
+        accepted, refused = accept_offer(probe.offer)
+    finally:
+        probe.close()
+    assert accepted == [rollout_pb2.WEIGHT_TRANSPORT_INLINE, SHM]
+    assert "GPU-0000-not-here is not visible here" in refused
+    assert not shm_exists(probe.offer.probe_segment)
+    with pytest.raises(ValueError, match="'w' lives on GPU GPU-0000-not-here"):
+        cuda_ipc.open_tensor(rollout_pb2.CudaIpcTensor(name="w", device_uuid="GPU-0000-not-here"))
+    with pytest.raises(ValueError, match="'w' is on cpu, not a CUDA device"):
+        cuda_ipc.describe("w", torch.zeros(2))
