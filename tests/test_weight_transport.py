@@ -402,3 +402,13 @@ def test_cuda_ipc_is_refused_with_the_reason_when_the_gpu_is_not_visible() -> No
         cuda_ipc.open_tensor(rollout_pb2.CudaIpcTensor(name="w", device_uuid="GPU-0000-not-here"))
     with pytest.raises(ValueError, match="'w' is on cpu, not a CUDA device"):
         cuda_ipc.describe("w", torch.zeros(2))
+
+
+def test_an_update_larger_than_the_free_dev_shm_is_not_put_there() -> None:
+    """Writing past a full tmpfs would kill the trainer (SIGBUS): the ring checks the room
+    first, and the update then goes inline (StreamTransport.pick)."""
+    from opentinker.services.modeling.shared_weights import shm_room
+
+    writer = SegmentWriter()
+    assert shm_room(4096) and writer.fits(4096)
+    assert not shm_room(1 << 62) and not writer.fits(1 << 62)

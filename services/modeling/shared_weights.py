@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import shutil
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,16 @@ def _nbytes(t: torch.Tensor) -> int:
 def region_bytes(tensors: Mapping[str, torch.Tensor]) -> int:
     """The bytes ``SegmentWriter.write`` takes for ``tensors`` (each aligned)."""
     return sum(_aligned(_nbytes(t)) for t in tensors.values())
+
+
+def shm_room(size: int, *, directory: str = "/dev/shm") -> bool:
+    """Whether ``directory`` (the tmpfs behind POSIX shared memory on Linux) has ``size``
+    bytes free: a segment is sparse until written, and writing past a full tmpfs kills the
+    writer with SIGBUS (a container's default /dev/shm is 64 MB). True where it cannot tell."""
+    try:
+        return shutil.disk_usage(directory).free >= size
+    except OSError:
+        return True
 
 
 def create_segment(size: int) -> SharedMemory:
@@ -158,6 +169,10 @@ class SegmentWriter:
     def size(self) -> int:
         """The segment's bytes (0 before the first update)."""
         return self._segment.size if self._segment is not None else 0
+
+    def fits(self, capacity: int) -> bool:
+        """Whether ``ensure(capacity)`` keeps the segment or finds room for a new one."""
+        return (self._segment is not None and self._segment.size >= capacity) or shm_room(capacity)
 
     def ensure(self, capacity: int) -> None:
         """A segment of at least ``capacity`` bytes (a new one, empty, when it must grow)."""

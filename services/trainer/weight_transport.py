@@ -84,7 +84,14 @@ class StreamTransport:
         ):
             return rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC
         if values and rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY in self.accepted:
-            return rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY
+            capacity = plan_buckets(tensors, self.bucket_bytes)[1]
+            if self._writer.fits(capacity):
+                return rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY
+            log.warning(
+                "shared_memory_full",
+                needed_mib=round(capacity / 2**20),
+                fix="give the node a larger /dev/shm (compose: shm_size)",
+            )
         return rollout_pb2.WEIGHT_TRANSPORT_INLINE
 
     async def send_shared(
