@@ -15,15 +15,14 @@ it on a lent GPU machine.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from vllm_gpu_helpers import gpu_test_model, max_diff, prompts
 
 from opentinker.services.modeling.placement import probe_tolerance
-from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.engine_choice import vllm_installed
 from opentinker.services.rollout.multi_lora import LoraRow
@@ -44,10 +43,7 @@ RANKS = {"job_a": 8, "job_b": 16}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    built = os.environ.get("OPENTINKER_GPU_TEST_MODEL")  # gpu_check.sh builds it once
-    if built and (Path(built) / "config.json").is_file():
-        return Path(built)
-    return build_tiny_model(tmp_path_factory.mktemp("qwen2.5-0.5b-shape"), **QWEN2_5_0_5B_SHAPE)
+    return gpu_test_model(tmp_path_factory)
 
 
 def spec_of(model_dir: Path, adapter: str) -> ModelSpec:
@@ -83,23 +79,6 @@ def shared(model_dir: Path) -> Iterator[tuple]:
         references[adapter].apply_weights(update, policy_version=1)
     yield engine, references
     engine.close()
-
-
-def prompts(engine, n: int) -> list[list[int]]:
-    return [
-        engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Answer with the letter {chr(65 + i)}. " * (1 + i % 3)}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for i in range(n)
-    ]
-
-
-def max_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def test_two_adapters_in_one_call_equal_each_alone(shared) -> None:

@@ -83,6 +83,17 @@ class MixedLoraEngine(Protocol):
         ...
 
 
+def check_shared_spec(spec: ModelSpec, base_model: str) -> None:
+    """ValueError unless ``spec`` is a LoRA job of ``base_model`` (what a shared engine serves)."""
+    if spec.finetune != "lora":
+        raise ValueError(f"a shared engine serves LoRA jobs only; this one is {spec.finetune}")
+    if spec.base_model != base_model:
+        raise ValueError(
+            f"this shared engine serves base model {base_model!r}, "
+            f"the job asks for {spec.base_model!r}"
+        )
+
+
 def adapter_name_for(job_id: str) -> str:
     """A job's adapter name: peft module keys may not contain dots."""
     return "job_" + re.sub(r"[^A-Za-z0-9_]", "_", job_id)
@@ -145,13 +156,7 @@ class SharedLoraEngine:
         return list(self._params)
 
     def add_adapter(self, adapter: str, spec: ModelSpec) -> None:
-        if spec.finetune != "lora":
-            raise ValueError(f"a shared engine serves LoRA jobs only; this one is {spec.finetune}")
-        if spec.base_model != self.base_model:
-            raise ValueError(
-                f"this shared engine serves base model {self.base_model!r}, "
-                f"the job asks for {spec.base_model!r}"
-            )
+        check_shared_spec(spec, self.base_model)
         lora = spec.lora
         config = peft.LoraConfig(
             r=lora.rank,

@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from opentinker.spec import LoraConfig, ModelSpec
 
-from .multi_lora import LoraRow
+from .multi_lora import LoraRow, check_shared_spec
 from .settings import RolloutSettings
 from .types import Completion
 from .vllm_adapters import AdapterVersions, WeightShapes
@@ -102,13 +102,7 @@ class AdapterTable:
     def add(self, adapter: str, spec: ModelSpec) -> LoraRef:
         """Hold a fresh adapter for ``spec`` (its init_adapter, else zeros: the base model's
         outputs) and write its first folder; ValueError naming what does not fit."""
-        if spec.finetune != "lora":
-            raise ValueError(f"a shared engine serves LoRA jobs only; this one is {spec.finetune}")
-        if spec.base_model != self.base_model:
-            raise ValueError(
-                f"this shared engine serves base model {self.base_model!r}, "
-                f"the job asks for {spec.base_model!r}"
-            )
+        check_shared_spec(spec, self.base_model)
         if spec.lora.rank > self.max_lora_rank:
             raise ValueError(
                 f"LoRA rank {spec.lora.rank} is above this shared vLLM engine's max_lora_rank "
