@@ -115,11 +115,13 @@ def test_two_adapters_in_one_call_equal_each_alone(shared) -> None:
 def test_an_update_of_one_job_leaves_the_others_probe_unchanged(shared) -> None:
     engine, references = shared
     probe = prompts(engine, 1)[0] + list(range(300, 340))
+    engine.llm.reset_prefix_cache()  # both probes computed the same way (no cached prefix)
     before = {adapter: engine.adapter_logprobs_of(adapter, probe) for adapter in RANKS}
     served_b = engine.table.served("job_b")
     update = random_update(references["job_a"], seed=7)
     engine.apply_adapter_weights("job_a", update)
     references["job_a"].apply_weights(update, policy_version=2)
+    engine.llm.reset_prefix_cache()
     after = {adapter: engine.adapter_logprobs_of(adapter, probe) for adapter in RANKS}
     moved_a = max_diff(after["job_a"], before["job_a"])
     moved_b = max_diff(after["job_b"], before["job_b"])

@@ -117,8 +117,13 @@ class AdapterTable:
             )
         shapes = self._shapes_of(spec)
         entry = _Adapter(spec, shapes, AdapterVersions(spec, shapes, self.root / adapter))
+        try:
+            ref = self._write(adapter, entry)
+        except BaseException:
+            shutil.rmtree(entry.versions.root, ignore_errors=True)
+            raise
         self._adapters[adapter] = entry
-        return self._write(adapter, entry)
+        return ref
 
     def prepare(self, adapter: str, tensors: Mapping[str, torch.Tensor]) -> LoraRef:
         """Take (part of) a weight update in the trainer's names and write it as a new
