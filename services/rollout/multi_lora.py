@@ -83,6 +83,15 @@ class MixedLoraEngine(Protocol):
         ...
 
 
+def check_text_model(base_model: str) -> None:
+    """ValueError for a vision-language base model: a shared engine serves text models."""
+    if load_image_processor(base_model) is not None:
+        raise ValueError(
+            f"{base_model} is a vision-language model; a shared engine serves text models "
+            f"(its jobs keep a private rollout)"
+        )
+
+
 def check_shared_spec(spec: ModelSpec, base_model: str) -> None:
     """ValueError unless ``spec`` is a LoRA job of ``base_model`` (what a shared engine serves)."""
     if spec.finetune != "lora":
@@ -138,11 +147,7 @@ class SharedLoraEngine:
     ) -> SharedLoraEngine:
         """``base_model`` (a local folder or hub id) on ``device`` with the trainer's dtype."""
         transformers.utils.logging.disable_progress_bar()
-        if load_image_processor(base_model) is not None:
-            raise ValueError(
-                f"{base_model} is a vision-language model; a shared engine serves text models "
-                f"(its jobs keep a private rollout)"
-            )
+        check_text_model(base_model)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             base_model, dtype=dtype_for_device(device)
         )

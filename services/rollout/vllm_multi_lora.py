@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from opentinker.spec import LoraConfig, ModelSpec
 
-from .multi_lora import LoraRow, check_shared_spec
+from .multi_lora import LoraRow, check_shared_spec, check_text_model
 from .settings import RolloutSettings
 from .types import Completion
 from .vllm_adapters import AdapterVersions, WeightShapes
@@ -255,6 +255,7 @@ class VllmMixedLoraEngine:
         options = multi_lora_options(
             base_model, settings, device, capacity=capacity, max_lora_rank=max_lora_rank
         )
+        check_text_model(base_model)
         import vllm  # the `vllm` extra; only here
 
         root = Path(tempfile.mkdtemp(prefix="opentinker-shared-lora-"))
