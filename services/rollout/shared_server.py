@@ -2,11 +2,11 @@
 
 ``python -m opentinker.services.rollout --shared-base MODEL --capacity N [--max-lora-rank R]
 --addr-file PATH --scheduler-address A --envhub-address E``: started by the worker agent
-(worker/shared_rollouts.py)
-for the first LoRA job of MODEL on its node, stopped when the last one leaves. It holds no
-credential of its own: every stream's job token is checked by the scheduler's IdentityService,
-and each job's EnvHub calls carry that job's token. The engine is chosen as a private rollout's
-is (engine_choice.py): vLLM's multi-LoRA on CUDA (vllm_multi_lora.py), peft's elsewhere.
+(worker/shared_rollouts.py) for the first LoRA job of MODEL on its node, stopped when the last
+one leaves. It holds no credential of its own: every stream's job token is checked by the
+scheduler's IdentityService, and each job's EnvHub calls carry that job's token. The engine is
+chosen as a private rollout's is (engine_choice.py): vLLM's multi-LoRA on CUDA
+(vllm_multi_lora.py), peft's elsewhere.
 """
 
 from __future__ import annotations
