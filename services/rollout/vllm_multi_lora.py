@@ -26,6 +26,7 @@ The class at the end only hands them to vLLM (tests/test_vllm_multi_lora_gpu.py)
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 import threading
@@ -256,6 +257,8 @@ class VllmMixedLoraEngine:
             base_model, settings, device, capacity=capacity, max_lora_rank=max_lora_rank
         )
         check_text_model(base_model)
+        if settings.tensor_parallel_size == 1 and settings.vllm_in_process:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as VllmEngine runs
         import vllm  # the `vllm` extra; only here
 
         root = Path(tempfile.mkdtemp(prefix="opentinker-shared-lora-"))
