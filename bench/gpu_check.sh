@@ -8,6 +8,7 @@
 #   bash bench/gpu_check.sh bench          # tokens/s vs vLLM's LLM.generate; weight sync s
 #   bash bench/gpu_check.sh rl lora        # a short RL job on the mesh, LoRA ...
 #   bash bench/gpu_check.sh rl full        # ... and full fine-tuning: step time split
+#   bash bench/gpu_check.sh multilora      # k jobs' LoRAs on one vLLM engine: tokens/s
 #
 # Each step ends with "GPU CHECK <step>: PASSED" or "GPU CHECK <step>: FAILED (<what>)" and
 # the lines that say why; logs also go to $OUT (they come back with the call).
@@ -72,7 +73,7 @@ PY
 
 tests() {
   OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
-    tests/test_rollout_engine.py 2>&1 | tee "$OUT/gpu_tests.log"
+    tests/test_vllm_multi_lora_gpu.py tests/test_rollout_engine.py 2>&1 | tee "$OUT/gpu_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || failed tests "pytest, see above"
   ! grep -q "^SKIPPED" "$OUT/gpu_tests.log" || failed tests "a gpu test was skipped, the reason above"
   passed tests
@@ -82,6 +83,13 @@ bench() {
   python3 bench/vllm_engine.py --model "$MODEL" "$@" 2>&1 | tee "$OUT/vllm_engine.log" | grep -v "^INFO\|^DEBUG"
   [ "${PIPESTATUS[0]}" = 0 ] || failed bench "bench/vllm_engine.py (try: bench --eager)"
   passed bench
+}
+
+multilora() {
+  python3 bench/multi_lora.py --engine vllm --model "$MODEL" --ks 1,4,16 --prompts 8 \
+    --new-tokens 64 --rounds 3 2>&1 | tee "$OUT/multi_lora.log" | grep -v "^INFO\|^DEBUG"
+  [ "${PIPESTATUS[0]}" = 0 ] || failed multilora "bench/multi_lora.py --engine vllm, see above"
+  passed multilora
 }
 
 rl() {
@@ -110,7 +118,8 @@ while [ $# -gt 0 ]; do
     tests) tests ;;
     bench) bench ;;
     rl) rl "${2:-lora}"; shift ;;
-    *) failed "$1" "unknown step; use stage, install, tests, bench, rl lora|full" ;;
+    multilora) multilora ;;
+    *) failed "$1" "unknown step; use stage, install, tests, bench, rl lora|full, multilora" ;;
   esac
   shift
 done

@@ -8,6 +8,12 @@ call) against k separate engines, on CPU with the tiny local model.
             wrapped with its own LoRA), called from k threads at once: what k private rollouts
             on one node do, minus the process boundaries.
 
+With ``--engine vllm`` (a CUDA GPU and the vllm extra; ``--model`` a local model folder) the
+shared side is vLLM's multi-LoRA (``VllmMixedLoraEngine``, one ``LLM.generate`` holding every
+job's rows, one ``LoRARequest`` per row) and the other side is the same engine taking one job's
+call at a time (what k private engines time-sharing one GPU do, without k copies of the base);
+token budgets there end at eos as in a job.
+
 Each job generates ``--prompts`` completions of ``--new-tokens`` tokens per round (a fixed
 token budget: eos is never sampled, so both sides generate the same number of tokens),
 ``--rounds`` rounds after one warm-up round; the rounds alternate between the two sides so
@@ -16,6 +22,7 @@ differ, as trained ones do). Printed: tokens/s of each side, their ratio, and th
 bytes each side holds.
 
     .venv/bin/python bench/multi_lora.py [--ks 1,4,16] [--prompts 8] [--new-tokens 16]
+    python bench/multi_lora.py --engine vllm --model DIR [--ks 1,4,16]   # on a GPU
 """
 
 from __future__ import annotations
@@ -32,8 +39,12 @@ import torch
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.batcher import MixedBatcher
 from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
-from opentinker.services.rollout.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.multi_lora import LoraRow, MixedLoraEngine, SharedLoraEngine
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.services.rollout.types import Completion
+from opentinker.services.rollout.vllm_adapters import WeightShapes
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 
@@ -117,6 +128,73 @@ def base_bytes(model: torch.nn.Module) -> int:
     )
 
 
+class OneJobPerCall:
+    """A job's view of a shared engine whose calls never merge: each holds one job's rows
+    (under a lock), as k private engines taking turns on one GPU would run."""
+
+    def __init__(self, engine: MixedLoraEngine, adapter: str, lock: threading.Lock) -> None:
+        self.engine, self.adapter, self.lock = engine, adapter, lock
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+    ) -> list[Completion]:
+        rows = [
+            LoraRow(p, self.adapter, sampling, derive_seed(seed, "row", i))
+            for i, p in enumerate(prompts)
+        ]
+        with self.lock:
+            return self.engine.generate_rows(rows)
+
+
+def vllm_main(args: argparse.Namespace, ks: list[int]) -> None:
+    """Shared (merged calls) against one job per call, both on one vLLM multi-LoRA engine."""
+    from opentinker.services.rollout.engine_choice import vllm_installed
+    from opentinker.services.rollout.vllm_multi_lora import VllmMixedLoraEngine
+
+    if not torch.cuda.is_available() or not vllm_installed():
+        raise SystemExit(
+            "--engine vllm needs a CUDA GPU and the vllm extra (here: "
+            f"cuda={torch.cuda.is_available()}, vllm={vllm_installed()}); "
+            "bench/gpu_check.sh multilora runs it on a GPU machine"
+        )
+    if not args.model:
+        raise SystemExit("--engine vllm needs --model (a local model folder)")
+    spec = ModelSpec(base_model=args.model, finetune="lora", lora=LoraConfig(rank=8))
+    settings = RolloutSettings(gpu_memory_utilization=args.gpu_memory_utilization)
+    engine = VllmMixedLoraEngine.load(args.model, settings, capacity=max(ks), max_lora_rank=8)
+    shapes = WeightShapes.of(spec).shapes
+    prompts = [
+        engine.tokenizer.encode(f"question number {i}: what comes next?")
+        for i in range(args.prompts)
+    ]
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.new_tokens)
+    print(
+        f"vLLM multi-LoRA on {torch.cuda.get_device_name(0)}, {args.model}, LoRA rank 8; per "
+        f"job and round: {args.prompts} completions x up to {args.new_tokens} tokens; "
+        f"{args.rounds} rounds"
+    )
+    print(f"{'k':>3} {'merged tok/s':>13} {'one job/call tok/s':>19} {'merged/one':>11}")
+    for k in ks:
+        shared = SharedAdapters(MixedBatcher(engine), capacity=k)
+        lock = threading.Lock()
+        merged: list[GenerationEngine] = []
+        turns: list[GenerationEngine] = []
+        for i in range(k):
+            view = shared.attach(f"job-{i}", spec)
+            generator = torch.Generator().manual_seed(i)
+            engine.apply_adapter_weights(
+                view.adapter,
+                {n: 0.05 * torch.randn(shape, generator=generator) for n, shape in shapes.items()},
+            )
+            merged.append(view)
+            turns.append(OneJobPerCall(engine, view.adapter, lock))
+        merged_tps, turns_tps = compare([merged, turns], prompts, sampling, args.rounds)
+        print(f"{k:>3} {merged_tps:>13.0f} {turns_tps:>19.0f} {merged_tps / turns_tps:>10.2f}x")
+        for i in range(k):
+            shared.detach(f"job-{i}")
+    engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ks", default="1,4,16", help="numbers of jobs (adapters)")
@@ -132,9 +210,22 @@ def main() -> None:
         "these); 1 by default: spinning OpenMP teams on a loaded 2-core machine made "
         "2-thread calls 10-100x slower",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="transformers: peft on CPU vs k separate engines; vllm: vLLM multi-LoRA on a GPU",
+    )
+    parser.add_argument("--model", default="", help="(vllm) a local model folder")
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.3, help="(vllm) vLLM's share of the GPU"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
+    if args.engine == "vllm":
+        vllm_main(args, ks)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
         spec = ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=8))

@@ -65,3 +65,23 @@ def test_multi_lora_measures_a_shared_engine_against_separate_ones() -> None:
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line[:3].strip()}
     assert "shared/separate" in text, text
     assert float(rows["2"][1]) > 0 and float(rows["2"][2]) > 0, text  # both sides measured
+
+
+@pytest.mark.unit
+def test_multi_lora_with_vllm_says_what_it_needs_where_it_cannot_run() -> None:
+    if (
+        "cuda"
+        in subprocess.run(
+            [sys.executable, "-c", "import torch; print('cuda' * torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    ):
+        pytest.skip("a GPU is here: bench/gpu_check.sh multilora runs the vLLM side")
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "multi_lora.py"), "--engine", "vllm", "--model", "m"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0 and "needs a CUDA GPU and the vllm extra" in out.stderr

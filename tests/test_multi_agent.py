@@ -23,7 +23,6 @@ from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.inference import run_inference
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.service import _trajectory_to_proto
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import (
@@ -35,6 +34,7 @@ from opentinker.services.rollout.types import (
     StepOutcome,
     Trajectory,
 )
+from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.spec import ModelSpec, SamplingParams
 
 
@@ -290,7 +290,7 @@ async def collect_selfplay(engine: TransformersEngine, env_options: dict[str, st
             )
         )
         batch = await session.collect(0, num_groups=4, group_size=2)
-        return [_trajectory_to_proto(t) for t in batch.trajectories]
+        return [trajectory_to_proto(t) for t in batch.trajectories]
     finally:
         await server.stop(0)
         await deps.close()

@@ -13,7 +13,7 @@ from test_agent_loop import GameSession, RecordingEngine, play
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.service import _trajectory_to_proto
+from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.services.trainer.advantages import token_advantages, turn_rewards_per_token
 from opentinker.services.trainer.batch import collate
 from opentinker.services.trainer.policy import Policy
@@ -55,7 +55,7 @@ def test_multi_turn_episodes_train_on_their_per_turn_returns(model_dir: Path) ->
     sessions = [GameSession(Paydays()) for _ in range(4)]
     trajectories = play(engine, sessions, max_turns=3, max_new_tokens=3)
     # the wire carries the new fields (rollout service -> trainer client)
-    episodes = [_episode(_trajectory_to_proto(t)) for t in trajectories]
+    episodes = [_episode(trajectory_to_proto(t)) for t in trajectories]
     for t, ep in zip(trajectories, episodes, strict=True):
         assert ep.turn_rewards == PAYDAYS and ep.reward == pytest.approx(sum(PAYDAYS))
         assert len(ep.turn_ends) == 3 and list(ep.turn_ends) == sorted(ep.turn_ends)

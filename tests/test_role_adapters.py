@@ -16,8 +16,8 @@ from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.service import _trajectory_to_proto
 from opentinker.services.rollout.types import EnvSpec, RoleSpec
+from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.advantages import episode_advantages
 from opentinker.services.trainer.batch import Episode
@@ -94,7 +94,7 @@ def test_each_role_trains_its_own_adapter_and_the_sync_proves_both(
         ]
         trajectories, _ = asyncio.run(AgentLoop(engine, config, env).run(requests, seed=step))
         assert sorted(t.role for t in trajectories) == ["black"] * 8 + ["white"] * 8
-        episodes = [_episode(_trajectory_to_proto(t)) for t in trajectories]
+        episodes = [_episode(trajectory_to_proto(t)) for t in trajectories]
         assert {e.role for e in episodes} == set(ROLES)
         stats = role_update(policy, episodes, update)
         assert stats.optimizer_steps == 2  # one per role

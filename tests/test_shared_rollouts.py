@@ -22,7 +22,11 @@ from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.worker.job_run import JobRun
 from opentinker.services.worker.settings import WorkerSettings
-from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_engine
+from opentinker.services.worker.shared_rollouts import (
+    SharedRollouts,
+    lease_kind,
+    shares_engine,
+)
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SftConfig, to_proto
 
 pytestmark = pytest.mark.integration
@@ -49,15 +53,35 @@ def job(job_id: str, model_dir: Path, finetune: str = "lora") -> common_pb2.Job:
 
 
 @pytest.mark.unit
-def test_only_lora_rl_on_cpu_shares_an_engine(tmp_path: Path) -> None:
+def test_only_lora_rl_on_one_kind_of_device_shares_an_engine(tmp_path: Path) -> None:
     lora = job("j", tmp_path)
     assert shares_engine(lora, ["node/cpu:0"])
-    assert not shares_engine(lora, ["node/cuda:0"])  # GPU: the vLLM engine's multi-LoRA
+    assert shares_engine(lora, ["node/cuda:0", "node/cuda:1"])  # GPU: vLLM's multi-LoRA
+    assert not shares_engine(lora, ["node/cuda:0", "node/cpu:0"])
+    assert (lease_kind(["n/cuda:3"]), lease_kind(["n/cpu:0", "n/cpu:1"])) == ("cuda", "cpu")
+    assert lease_kind([]) is None and lease_kind(["n/tpu:0"]) is None
     assert not shares_engine(job("j", tmp_path, finetune="full"), ["node/cpu:0"])
     sft = JobSpec(
         name="s", kind="sft", model=ModelSpec(base_model="m"), sft=SftConfig(dataset_path="d.jsonl")
     )
     assert not shares_engine(common_pb2.Job(job_id="s", spec=to_proto(sft)), ["node/cpu:0"])
+
+
+@pytest.mark.unit
+def test_a_gpu_job_of_a_larger_rank_than_the_engine_slots_keeps_a_private_rollout(
+    tmp_path: Path,
+) -> None:
+    settings = WorkerSettings(
+        scheduler_address="127.0.0.1:1",
+        run_root=tmp_path,
+        shared_lora_capacity=2,
+        shared_lora_max_rank=32,
+        rollout_command=["false"],  # nothing may be started for it
+    )
+    shared = SharedRollouts(settings, {})
+    joined = asyncio.run(shared.join("j", "m", device_ids=["node/cuda:0"], rank=64))
+    assert joined is None and shared.serving("m") == []
+    assert not (tmp_path / "shared-rollouts").exists()
 
 
 def test_lora_jobs_of_one_base_share_a_rollout_until_it_is_full(
@@ -104,6 +128,9 @@ def test_lora_jobs_of_one_base_share_a_rollout_until_it_is_full(
         for job_id, run in runs.items():  # one after the other: the order decides who shares
             tasks[job_id] = asyncio.create_task(run.run())
             await _wait_for(run.run_dir / "trainer.rollout")
+            if job_id == "job-1":  # the engine runs on CPU: a GPU lease does not join it
+                gpu_job = await shared.join("job-g", str(model_dir), device_ids=["node/cuda:0"])
+                assert gpu_job is None and shared.serving(str(model_dir)) == ["job-1"]
         given = {job_id: (r.run_dir / "trainer.rollout").read_text() for job_id, r in runs.items()}
         assert given["job-1"] == given["job-9"]  # one shared rollout for both
         assert len({given["job-1"], given["job-r"], given["job-proc"]}) == 3  # private ones

@@ -9,15 +9,14 @@ a lent GPU machine.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from vllm_gpu_helpers import gpu_test_model, max_diff, prompts
 
 from opentinker.services.modeling.placement import probe_tolerance
-from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine, WeightUpdateError
 from opentinker.services.rollout.engine_choice import vllm_installed
 from opentinker.services.rollout.settings import RolloutSettings
@@ -36,10 +35,7 @@ SETTINGS = RolloutSettings(gpu_memory_utilization=0.25, vllm_enforce_eager=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    built = os.environ.get("OPENTINKER_GPU_TEST_MODEL")  # gpu_check.sh builds it once
-    if built and (Path(built) / "config.json").is_file():
-        return Path(built)
-    return build_tiny_model(tmp_path_factory.mktemp("qwen2.5-0.5b-shape"), **QWEN2_5_0_5B_SHAPE)
+    return gpu_test_model(tmp_path_factory)
 
 
 def load_vllm(spec: ModelSpec) -> Iterator:
@@ -67,23 +63,6 @@ def lora_pair(model_dir: Path) -> Iterator[tuple]:
     reference = TransformersEngine.load(spec, device="cuda:0")
     for engine in load_vllm(spec):
         yield engine, reference
-
-
-def prompts(engine, n: int = 8) -> list[list[int]]:
-    return [
-        engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Answer with the letter {chr(65 + i)}. " * (1 + i % 3)}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for i in range(n)
-    ]
-
-
-def max_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def recompute(reference: TransformersEngine, prompt: list[int], tokens: list[int], t: float):

@@ -1,8 +1,8 @@
 """python -m opentinker.services.rollout --launch RUN_DIR/launch.json  (or --envhub-address A)
 
 ``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (common/spare.py).
-``--shared-base M --capacity N --addr-file F --scheduler-address A``: a node's shared engine
-for LoRA jobs of base model M (shared_server.py).
+``--shared-base M --capacity N [--max-lora-rank R] --addr-file F --scheduler-address A``: a
+node's shared engine for LoRA jobs of base model M (shared_server.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .engine import preloaded_engine_factory
 from .engine_choice import engine_factory, vllm_installed
 from .service import create_server
 from .settings import RolloutSettings
-from .shared_server import SharedOptions, start_shared
+from .shared_server import DEFAULT_MAX_LORA_RANK, SharedOptions, start_shared
 
 
 def parse_args() -> argparse.Namespace:
@@ -39,6 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     parser.add_argument("--shared-base", help="serve LoRA jobs of this base model on one engine")
     parser.add_argument("--capacity", type=int, default=8, help="shared: most jobs at once")
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=DEFAULT_MAX_LORA_RANK, help="shared: largest rank"
+    )
     parser.add_argument("--addr-file", type=Path, help="shared: where to write host:port")
     parser.add_argument("--scheduler-address", help="shared: whose IdentityService checks tokens")
     return parser.parse_args()
@@ -49,7 +52,13 @@ async def main_shared(args: argparse.Namespace) -> None:
         raise SystemExit("--shared-base needs --addr-file and --scheduler-address")
     settings = RolloutSettings.with_overrides(envhub_address=args.envhub_address, port=args.port)
     log = configure_logging("rollout", level=settings.log_level)
-    options = SharedOptions(args.shared_base, args.capacity, args.addr_file, args.scheduler_address)
+    options = SharedOptions(
+        args.shared_base,
+        args.capacity,
+        args.addr_file,
+        args.scheduler_address,
+        max_lora_rank=args.max_lora_rank,
+    )
     server, identity = await start_shared(options, settings)
     await _until_signalled()
     log.info("rollout_stopping")

@@ -306,9 +306,8 @@ class AgentLoop:
             err,
             can_reopen=reopen is not None,
             retries=ep.retries,
-            link_restarts=ep.restarts - ep.retries,
-            max_retries=self.config.max_episode_retries,
-            max_link_restarts=self.config.max_link_restarts,
+            restarts=ep.restarts,
+            config=self.config,
         )
         if not kind or reopen is None:
             ep.finish(FinishReason.ENV_ERROR, f"{what}{why}")

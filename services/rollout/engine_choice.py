@@ -3,7 +3,9 @@
 ``OPENTINKER_ROLLOUT_ENGINE`` (``RolloutSettings.engine``): ``auto`` picks vLLM when the
 rollout's device is CUDA and the ``vllm`` package is installed, else transformers, and logs
 why; ``vllm`` asked for where it cannot run is a ConfigError naming the reason;
-``transformers`` is always possible. Nothing here imports vLLM.
+``transformers`` is always possible. Nothing here imports vLLM. A node's shared multi-LoRA
+rollout chooses by the same rule (``shared_engine_loader``): vLLM's multi-LoRA on CUDA, peft's
+mixed-adapter batches elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from opentinker.errors import ConfigError
 from opentinker.spec import ModelSpec
 
 from .engine import GenerationEngine, TransformersEngine
+from .multi_lora import MixedLoraEngine, SharedLoraEngine
 from .settings import RolloutSettings
 
 log = structlog.get_logger("opentinker.rollout.engine_choice")
@@ -85,4 +88,35 @@ def engine_factory(
         return name, lambda spec: VllmEngine.load(spec, settings, device=device)
     return name, lambda spec: TransformersEngine.load(
         spec, max_batch_size=settings.max_batch_size, device=settings.device or None
+    )
+
+
+def shared_engine_loader(
+    settings: RolloutSettings,
+    *,
+    base_model: str,
+    capacity: int,
+    max_lora_rank: int,
+    cuda_available: bool,
+    vllm_importable: bool,
+) -> tuple[EngineName, Callable[[], MixedLoraEngine]]:
+    """A shared rollout's engine for ``capacity`` LoRA jobs of ``base_model`` (ranks up to
+    ``max_lora_rank``): its name and a loader. The choice is ``choose_engine``'s."""
+    name, why = choose_engine(
+        settings.engine,
+        device=settings.device,
+        cuda_available=cuda_available,
+        vllm_importable=vllm_importable,
+    )
+    log.info("shared_engine_chosen", engine=name, reason=why, device=settings.device or "default")
+    if name == "vllm":
+        from .vllm_multi_lora import VllmMixedLoraEngine  # needs vllm; imported only when chosen
+
+        device = settings.device or "cuda:0"
+        return name, lambda: VllmMixedLoraEngine.load(
+            base_model, settings, capacity=capacity, max_lora_rank=max_lora_rank, device=device
+        )
+    device = settings.device or ("cuda" if cuda_available else "cpu")
+    return name, lambda: SharedLoraEngine.load(
+        base_model, device=device, max_batch_size=settings.max_batch_size
     )

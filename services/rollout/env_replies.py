@@ -14,6 +14,7 @@ import re
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import InvalidArgumentError, OpenTinkerError, UnavailableError
 
+from .loop_config import LoopConfig
 from .types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
 
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -43,13 +44,15 @@ def restart_after(
     *,
     can_reopen: bool,
     retries: int,
-    link_restarts: int,
-    max_retries: int,
-    max_link_restarts: int,
+    restarts: int,
+    config: LoopConfig,
 ) -> tuple[str, str]:
-    """How an episode (or game) goes on after ``err``: ("link", "") = start over without
-    using its retries (the link to the envs broke), ("env", "") = start over using one (its env
-    instance died), ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    """How an episode (or game) goes on after ``err``, given its ``restarts`` so far of which
+    ``retries`` used its env retries: ("link", "") = start over without using its retries (the
+    link to the envs broke), ("env", "") = start over using one (its env instance died),
+    ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    link_restarts = restarts - retries
+    max_retries, max_link_restarts = config.max_episode_retries, config.max_link_restarts
     why = ""
     if isinstance(err, EnvLinkLostError) and can_reopen:
         if link_restarts < max_link_restarts:

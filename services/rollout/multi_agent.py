@@ -271,9 +271,8 @@ class MultiAgentLoop:
             err,
             can_reopen=reopen is not None,
             retries=game.retries,
-            link_restarts=game.restarts - game.retries,
-            max_retries=self.config.max_episode_retries,
-            max_link_restarts=self.config.max_link_restarts,
+            restarts=game.restarts,
+            config=self.config,
         )
         if not kind or reopen is None:
             game.finish(FinishReason.ENV_ERROR, f"{what}{why}")

@@ -83,6 +83,26 @@ class MixedLoraEngine(Protocol):
         ...
 
 
+def check_text_model(base_model: str) -> None:
+    """ValueError for a vision-language base model: a shared engine serves text models."""
+    if load_image_processor(base_model) is not None:
+        raise ValueError(
+            f"{base_model} is a vision-language model; a shared engine serves text models "
+            f"(its jobs keep a private rollout)"
+        )
+
+
+def check_shared_spec(spec: ModelSpec, base_model: str) -> None:
+    """ValueError unless ``spec`` is a LoRA job of ``base_model`` (what a shared engine serves)."""
+    if spec.finetune != "lora":
+        raise ValueError(f"a shared engine serves LoRA jobs only; this one is {spec.finetune}")
+    if spec.base_model != base_model:
+        raise ValueError(
+            f"this shared engine serves base model {base_model!r}, "
+            f"the job asks for {spec.base_model!r}"
+        )
+
+
 def adapter_name_for(job_id: str) -> str:
     """A job's adapter name: peft module keys may not contain dots."""
     return "job_" + re.sub(r"[^A-Za-z0-9_]", "_", job_id)
@@ -127,11 +147,7 @@ class SharedLoraEngine:
     ) -> SharedLoraEngine:
         """``base_model`` (a local folder or hub id) on ``device`` with the trainer's dtype."""
         transformers.utils.logging.disable_progress_bar()
-        if load_image_processor(base_model) is not None:
-            raise ValueError(
-                f"{base_model} is a vision-language model; a shared engine serves text models "
-                f"(its jobs keep a private rollout)"
-            )
+        check_text_model(base_model)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             base_model, dtype=dtype_for_device(device)
         )
@@ -145,13 +161,7 @@ class SharedLoraEngine:
         return list(self._params)
 
     def add_adapter(self, adapter: str, spec: ModelSpec) -> None:
-        if spec.finetune != "lora":
-            raise ValueError(f"a shared engine serves LoRA jobs only; this one is {spec.finetune}")
-        if spec.base_model != self.base_model:
-            raise ValueError(
-                f"this shared engine serves base model {self.base_model!r}, "
-                f"the job asks for {spec.base_model!r}"
-            )
+        check_shared_spec(spec, self.base_model)
         lora = spec.lora
         config = peft.LoraConfig(
             r=lora.rank,

@@ -14,24 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 import structlog
 
 from opentinker.auth import credential_from_metadata
-from opentinker.common.v1 import common_pb2
-from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import (
-    EnvironmentError_,
     FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
     OpenTinkerError,
     PermissionDeniedError,
-    ResourceExhaustedError,
-    UnavailableError,
 )
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.auth import (
@@ -50,28 +42,13 @@ from .config import RolloutConfig, config_from_proto, sampling_from_proto
 from .session import EngineFactory, RolloutSession, default_engine_factory
 from .settings import RolloutSettings
 from .shared_engine import SharedAdapters, Tenancy
-from .types import FinishReason, Trajectory, TrajectoryBatch
 from .weight_transports import IncomingWeights, accept_offer
+from .wire import batch_to_proto, code_of, failed, heartbeat
 
 log = structlog.get_logger("opentinker.rollout.service")
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 _TERMINAL = ("failed", "closed")
-_CODES: list[tuple[type[OpenTinkerError], str]] = [
-    (InvalidArgumentError, "INVALID_ARGUMENT"),
-    (FailedPreconditionError, "FAILED_PRECONDITION"),
-    (PermissionDeniedError, "PERMISSION_DENIED"),
-    (ResourceExhaustedError, "RESOURCE_EXHAUSTED"),
-    (NotFoundError, "NOT_FOUND"),
-    (UnavailableError, "UNAVAILABLE"),
-    (EnvironmentError_, "UNAVAILABLE"),
-]
-_FINISH_TO_PB = {
-    FinishReason.ENV_DONE: rollout_pb2.FINISH_REASON_ENV_DONE,
-    FinishReason.MAX_TURNS: rollout_pb2.FINISH_REASON_MAX_TURNS,
-    FinishReason.MAX_TOKENS: rollout_pb2.FINISH_REASON_MAX_TOKENS,
-    FinishReason.ENV_ERROR: rollout_pb2.FINISH_REASON_ENV_ERROR,
-}
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -219,7 +196,7 @@ class _RolloutStream:
             async for request in requests:
                 kind = request.WhichOneof("payload")
                 if kind == "heartbeat":
-                    self.out.put_nowait(_heartbeat())
+                    self.out.put_nowait(heartbeat())
                     continue
                 if kind == "weights":
                     await self._weight_slots.acquire()  # released once handled
@@ -234,12 +211,12 @@ class _RolloutStream:
                 if request.WhichOneof("payload") == "weights":
                     self._weight_slots.release()
             except OpenTinkerError as err:
-                code = _code_of(err)
+                code = code_of(err)
                 log.warning("rollout_failed", code=code, reason=err.message)
-                response = _failed(err.message, code)
+                response = failed(err.message, code)
             except Exception as err:  # a bug: still end the stream with a reason, never hang
                 log.exception("rollout_crashed")
-                response = _failed(
+                response = failed(
                     f"rollout internal error: {type(err).__name__}: {err}", "INTERNAL"
                 )
             if response is None:
@@ -274,7 +251,7 @@ class _RolloutStream:
             c = request.collect
             if c.evaluation:
                 if c.group_size not in (0, 1):
-                    return _failed("an evaluation collect needs group_size 1", "INVALID_ARGUMENT")
+                    return failed("an evaluation collect needs group_size 1", "INVALID_ARGUMENT")
                 batch = await self.session.evaluate(
                     c.batch_index,
                     c.num_groups,
@@ -283,13 +260,13 @@ class _RolloutStream:
                 )
             else:
                 batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)
-            return rollout_pb2.RolloutResponse(batch=_batch_to_proto(batch))
+            return rollout_pb2.RolloutResponse(batch=batch_to_proto(batch))
         if kind == "close":
             log.info("rollout_closed", reason=request.close.reason)
             return rollout_pb2.RolloutResponse(
                 closed=rollout_pb2.RolloutClosed(reason=request.close.reason)
             )
-        return _failed(f"unknown or empty RolloutRequest payload {kind!r}", "INVALID_ARGUMENT")
+        return failed(f"unknown or empty RolloutRequest payload {kind!r}", "INVALID_ARGUMENT")
 
     async def _weights(
         self, chunk: rollout_pb2.WeightChunk, seq: int
@@ -303,7 +280,7 @@ class _RolloutStream:
             tensors = self._weights_stream.add(chunk)
         except (ValueError, RuntimeError) as err:  # torch raises RuntimeError on a bad reshape
             self._weights_stream = WeightStream()
-            return _failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
+            return failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
         self._by_reference += len(chunk.shared) + len(chunk.cuda_ipc)
         if chunk.cuda_ipc:
             await self.session.load_cuda_ipc(list(chunk.cuda_ipc))
@@ -336,57 +313,6 @@ class _RolloutStream:
                 apply_seconds=result.apply_seconds,
             )
         )
-
-
-def _code_of(err: OpenTinkerError) -> str:
-    """The gRPC status code name for a domain error: its own, else the one its type means."""
-    if err.code:
-        return err.code
-    for error_type, code in _CODES:
-        if isinstance(err, error_type):
-            return code
-    return "INTERNAL"
-
-
-def _failed(reason: str, code: str) -> rollout_pb2.RolloutResponse:
-    return rollout_pb2.RolloutResponse(failed=rollout_pb2.RolloutFailed(reason=reason, code=code))
-
-
-def _heartbeat() -> rollout_pb2.RolloutResponse:
-    return rollout_pb2.RolloutResponse(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
-
-
-def _trajectory_to_proto(t: Trajectory) -> rollout_pb2.Trajectory:
-    return rollout_pb2.Trajectory(
-        episode_id=t.episode_id,
-        group_index=t.group_index,
-        policy_version=t.policy_version,
-        token_ids=t.token_ids,
-        prompt_length=t.prompt_length,
-        logprobs=t.logprobs,
-        loss_mask=t.loss_mask,
-        reward=t.reward,
-        num_turns=t.num_turns,
-        finish_reason=_FINISH_TO_PB[t.finish_reason],
-        finish_detail=t.finish_detail,
-        completion_text=t.completion_text,
-        info=t.info,
-        env_retries=t.env_retries,
-        turn_rewards=t.turn_rewards,
-        turn_ends=t.turn_ends,
-        images=[environment_pb2.ImagePart(data=i.data, mime_type=i.mime_type) for i in t.images],
-        role=t.role,
-    )
-
-
-def _batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
-    return rollout_pb2.TrajectoryBatch(
-        batch_index=batch.batch_index,
-        trajectories=[_trajectory_to_proto(t) for t in batch.trajectories],
-        generate_seconds=batch.stats.generate_seconds,
-        env_seconds=batch.stats.env_seconds,
-        generated_tokens=batch.stats.generated_tokens,
-    )
 
 
 ACCESS_RULES = rules_for(

@@ -94,6 +94,32 @@ def vllm_options(spec: ModelSpec, settings: RolloutSettings, device: str) -> dic
     return options
 
 
+# ``vllm.SamplingParams`` of the probe: log p of each prompt token given the ones before it, at
+# temperature 1 (one token is generated and thrown away).
+PROBE_OPTIONS: dict[str, Any] = {
+    "max_tokens": 1,
+    "temperature": 1.0,
+    "prompt_logprobs": 0,
+    "detokenize": False,
+}
+
+
+def sampling_options(
+    sampling: SamplingParams, seed: int, *, greedy: bool, eos: int
+) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments of one request (pure; tested on CPU)."""
+    return {
+        "n": 1,
+        "temperature": 0.0 if greedy else sampling.temperature,  # 0 = argmax in vLLM
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "max_tokens": sampling.max_new_tokens,
+        "seed": seed,
+        "logprobs": 0,  # the sampled token's logprob only
+        "stop_token_ids": [eos],
+        "detokenize": False,  # the agent loop decodes what it needs
+    }
+
+
 class VllmEngine:
     """A ``vllm.LLM`` behind the GenerationEngine Protocol (see the module docstring)."""
 
@@ -178,14 +204,7 @@ class VllmEngine:
         import vllm
 
         return vllm.SamplingParams(
-            n=1,
-            temperature=0.0 if greedy else sampling.temperature,  # 0 = argmax in vLLM
-            top_p=1.0 if greedy else sampling.top_p,
-            max_tokens=sampling.max_new_tokens,
-            seed=seed,
-            logprobs=0,  # the sampled token's logprob only
-            stop_token_ids=[self.eos_token_id],
-            detokenize=False,  # the agent loop decodes what it needs
+            **sampling_options(sampling, seed, greedy=greedy, eos=self.eos_token_id)
         )
 
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
@@ -235,9 +254,7 @@ class VllmEngine:
         import vllm
 
         ids = list(token_ids)
-        params = vllm.SamplingParams(
-            max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False
-        )
+        params = vllm.SamplingParams(**PROBE_OPTIONS)
         outputs = self.llm.generate(
             [{"prompt_token_ids": ids}], params, use_tqdm=False, lora_request=self.lora_request
         )
@@ -247,18 +264,24 @@ class VllmEngine:
         """Free the GPU memory and the adapter folders (tests start several engines)."""
         if self.adapters is not None:
             shutil.rmtree(self.adapters.root, ignore_errors=True)
-        llm, self.llm = self.llm, None
-        engine = getattr(llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None) or getattr(
-            getattr(engine, "engine_core", None), "shutdown", None
-        )
-        if callable(shutdown):
-            shutdown()
-        del llm, engine, shutdown
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        shutdown_llm(self)
 
-        cleanup_dist_env_and_memory()  # vLLM's own teardown: process groups, caches
-        gc.collect()
+
+def shutdown_llm(owner: Any) -> None:
+    """Stop ``owner.llm`` (a ``vllm.LLM``) and free its GPU memory; ``owner.llm`` becomes
+    None first, so that the collection below finds the last reference gone."""
+    llm, owner.llm = owner.llm, None
+    engine = getattr(llm, "llm_engine", None)
+    shutdown = getattr(engine, "shutdown", None) or getattr(
+        getattr(engine, "engine_core", None), "shutdown", None
+    )
+    if callable(shutdown):
+        shutdown()
+    del llm, engine, shutdown
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()  # vLLM's own teardown: process groups, caches
+    gc.collect()
 
 
 def _loggable(options: Mapping[str, Any]) -> dict[str, Any]:

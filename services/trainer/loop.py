@@ -11,13 +11,9 @@ worker thread so the process's gRPC server stays responsive during a step.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
@@ -26,11 +22,12 @@ from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
 
 from . import checkpoints
-from .batch import CollectedBatch, Episode
+from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
 from .errors import CheckpointError
-from .pipeline import BatchPipeline, BatchSource, usable_episodes
+from .job_types import Outcome, ProgressReporter, RolloutSession, TrainerStatus
+from .pipeline import BatchPipeline, usable_episodes
 from .policy import Policy
 from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
@@ -41,56 +38,12 @@ from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
 from .training import TrainStats, rl_update
-from .validation import EvalRollout, Validation
-from .weight_sync import WeightReceiver, verified_sync
+from .validation import Validation
+from .weight_sync import verified_sync
 
 log = structlog.get_logger()
 
 REWARD_WINDOW = 10  # steps in the moving reward mean used by stop_at_reward and final metrics
-
-
-class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):
-    roles: tuple[str, ...]  # the env's roles once open (multi-agent self-play); () = one agent
-
-    async def open(self, *, job_id: str, spec: JobSpec, timeout_s: float) -> str: ...
-
-    async def collect(
-        self, *, batch_index: int, num_groups: int, group_size: int, timeout_s: float
-    ) -> CollectedBatch: ...
-
-    async def close(self, *, reason: str, timeout_s: float) -> None: ...
-
-
-class ProgressReporter(Protocol):
-    async def report_step(
-        self, step: int, policy_version: int, metrics: Mapping[str, float]
-    ) -> bool: ...
-
-    async def report_result(
-        self, checkpoint_uri: str, final_metrics: Mapping[str, float]
-    ) -> None: ...
-
-    async def report_failure(self, reason: str) -> None: ...
-
-    async def report_log(self, message: str) -> bool: ...
-
-
-class Outcome(enum.Enum):
-    SUCCEEDED = "succeeded"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-
-@dataclass
-class TrainerStatus:
-    """What GetTrainerStatus answers; the loop updates it after every step."""
-
-    job_id: str
-    finetune: str
-    trainable_parameters: int = 0
-    step: int = 0
-    policy_version: int = 0
-    last_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RlLoop:

@@ -124,7 +124,12 @@ class JobRun:
             return await self._supervise(None, trainer)
         if self._shared is not None and shares_engine(self.job, self.device_ids):
             base_model = self.job.spec.model.base_model
-            shared_address = await self._shared.join(self.job.job_id, base_model)
+            shared_address = await self._shared.join(
+                self.job.job_id,
+                base_model,
+                device_ids=self.device_ids,
+                rank=self.job.spec.model.lora.rank,
+            )
             if shared_address is not None:  # else full: a private rollout, as below
                 try:
                     return await self._train_on(shared_address, launch_path, env, handover)

@@ -51,9 +51,16 @@ class WorkerSettings(BaseSettings):
         sys.executable, "-m", "opentinker.services.trainer",
     ]  # fmt: skip
     rollout_start_timeout_s: float = Field(300.0, gt=0, description="wait for rollout.addr")
-    # LoRA RL jobs on CPU share one rollout engine per base model on this node, up to this many
+    # LoRA RL jobs share one rollout engine per base model on this node, up to this many
     # jobs (adapters) each (shared_rollouts.py); 0 = off: every job has a private rollout.
     shared_lora_capacity: int = Field(0, ge=0, description="adapters per shared rollout")
+    shared_lora_max_rank: int = Field(
+        64,
+        ge=1,
+        le=512,
+        description="(GPU) the largest LoRA rank a shared vLLM engine admits (it sizes its LoRA "
+        "slots by it); a job of a larger rank gets a private rollout",
+    )
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM -> SIGKILL delay")
     connect_timeout_s: float = Field(10.0, gt=0, description="wait for the scheduler's answer")
     reconnect_initial_s: float = Field(0.5, gt=0)

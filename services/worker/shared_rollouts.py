@@ -1,10 +1,17 @@
 """Placement of LoRA jobs onto this node's shared rollouts (one per base model).
 
-With ``shared_lora_capacity > 0`` a LoRA RL job on CPU devices does not get a rollout process
-of its own: it joins the node's shared rollout of its base model (rollout/shared_server.py)
-when that one has room, and the worker starts one when there is none yet. A full engine, a full
-fine-tuning job, SFT, inference or a GPU lease keeps the private rollout of before. The shared
-process ends when its last job leaves. Each job's trainer still talks to it with the job's own
+With ``shared_lora_capacity > 0`` a LoRA RL job does not get a rollout process of its own: it
+joins the node's shared rollout of its base model (rollout/shared_server.py) when that one has
+room, and the worker starts one when there is none yet. A full engine, a full fine-tuning job,
+SFT, inference, or a lease mixing CPU and GPU devices keeps the private rollout of before. The
+shared process ends when its last job leaves.
+
+On a GPU node the shared rollout is started on the GPUs of the job that starts it
+(``CUDA_VISIBLE_DEVICES``), and picks its engine as a private rollout does (vLLM's multi-LoRA
+when vllm is installed); the jobs that join it may hold other GPUs of the node (their trainers
+reach it over gRPC). Its LoRA slots are sized for ``shared_lora_max_rank``: a job of a larger
+rank gets a private rollout, and so does a job whose lease is of another kind (CPU or GPU)
+than the engine's. Each job's trainer still talks to it with the job's own
 token, and the rollout lets a token reach only its own job's adapter and trajectories.
 
 The scheduler is not involved: it leases devices as before, and sharing happens among the jobs
@@ -23,21 +30,28 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.services.common.launch import wait_for_file
+from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.supervisor import ManagedProcess
 
 log = structlog.get_logger(__name__)
 
 
+def lease_kind(device_ids: list[str]) -> str | None:
+    """ "cpu" or "cuda" when every leased device is of that kind, else None (mixed, or none)."""
+    kinds = {d.rsplit("/", 1)[-1].split(":", 1)[0] for d in device_ids}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"cpu", "cuda"} else None
+
+
 def shares_engine(job: common_pb2.Job, device_ids: list[str]) -> bool:
-    """Whether a job may join a shared engine: LoRA RL training on CPU devices (the shared
-    engine is transformers + peft; on GPU the vLLM engine's multi-LoRA will serve instead)."""
+    """Whether a job may join a shared engine: LoRA RL training on CPU devices (peft's mixed
+    batches) or on CUDA devices (vLLM's multi-LoRA; peft's without vllm), not both."""
     spec = job.spec
     return (
         spec.kind == common_pb2.JOB_KIND_RL
         and spec.model.finetune == common_pb2.FINETUNE_MODE_LORA
         and bool(spec.model.base_model)
-        and all(d.rsplit("/", 1)[-1].startswith("cpu") for d in device_ids)
+        and lease_kind(device_ids) is not None
     )
 
 
@@ -46,6 +60,7 @@ class _Engine:
     base_model: str
     process: ManagedProcess
     address: str
+    kind: str  # "cpu" or "cuda": the devices it runs on
     jobs: set[str] = field(default_factory=set)
 
 
@@ -64,9 +79,19 @@ class SharedRollouts:
         engine = self._engines.get(base_model)
         return sorted(engine.jobs) if engine else []
 
-    async def join(self, job_id: str, base_model: str) -> str | None:
-        """The address of the shared rollout ``job_id`` now uses, or None when it must have a
-        private one (the engine is full, or it could not be started)."""
+    async def join(
+        self, job_id: str, base_model: str, *, device_ids: list[str], rank: int = 0
+    ) -> str | None:
+        """The address of the shared rollout ``job_id`` (leasing ``device_ids``, LoRA of
+        ``rank``) now uses, or None when it must have a private one (the engine is full, runs
+        on devices of another kind, its slots are too small for the rank, or it could not be
+        started)."""
+        kind = lease_kind(device_ids)
+        if kind is None:
+            return None
+        if kind == "cuda" and rank > self.settings.shared_lora_max_rank:
+            log.info("shared_rollout_rank_too_large", job_id=job_id, rank=rank)
+            return None
         async with self._lock:
             engine = self._engines.get(base_model)
             if engine is not None and not engine.process.running:
@@ -76,10 +101,13 @@ class SharedRollouts:
                 del self._engines[base_model]
                 engine = None
             if engine is None:
-                engine = await self._start(base_model)
+                engine = await self._start(base_model, kind, device_ids)
                 if engine is None:
                     return None
                 self._engines[base_model] = engine
+            if engine.kind != kind:
+                log.info("shared_rollout_other_devices", base_model=base_model, kind=engine.kind)
+                return None
             if len(engine.jobs) >= self.capacity:
                 log.info("shared_rollout_full", base_model=base_model, jobs=len(engine.jobs))
                 return None
@@ -108,7 +136,7 @@ class SharedRollouts:
         for engine in engines:
             await engine.process.terminate(self.settings.stop_grace_s)
 
-    async def _start(self, base_model: str) -> _Engine | None:
+    async def _start(self, base_model: str, kind: str, device_ids: list[str]) -> _Engine | None:
         digest = hashlib.sha256(base_model.encode()).hexdigest()[:12]
         folder = (Path(self.settings.run_root) / "shared-rollouts" / digest).resolve()
         addr_file = folder / "rollout.addr"
@@ -117,12 +145,15 @@ class SharedRollouts:
             *self.settings.rollout_command,
             "--shared-base", base_model,
             "--capacity", str(self.capacity),
+            "--max-lora-rank", str(self.settings.shared_lora_max_rank),
             "--addr-file", str(addr_file),
             "--scheduler-address", self.settings.scheduler_address,
             "--envhub-address", self.settings.envhub_address,
         ]  # fmt: skip
+        # The GPUs of the job that starts it (none on CPU: as a CPU job's processes see).
+        env = {**self._env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(device_ids)}
         process = await ManagedProcess.start(
-            "shared-rollout", argv, log_path=folder / "rollout.log", env=self._env, cwd=folder
+            "shared-rollout", argv, log_path=folder / "rollout.log", env=env, cwd=folder
         )
         gone = threading.Event()  # set once the wait below is abandoned or the process exits
         exited = asyncio.create_task(process.wait())
@@ -147,4 +178,4 @@ class SharedRollouts:
             gone.set()
             exited.cancel()
         log.info("shared_rollout_started", base_model=base_model, address=address, pid=process.pid)
-        return _Engine(base_model, process, address)
+        return _Engine(base_model, process, address, kind)

@@ -22,7 +22,7 @@ from opentinker.spec import JobSpec, SftConfig
 
 from .. import checkpoints
 from ..errors import CheckpointError
-from ..loop import Outcome, ProgressReporter, TrainerStatus
+from ..job_types import Outcome, ProgressReporter, TrainerStatus
 from ..policy import Policy
 from ..reporter import report_failure_logged
 from ..settings import TrainerSettings
