@@ -20,15 +20,13 @@ import grpc
 import torch
 
 from opentinker.common.v1 import common_pb2
-from opentinker.inference_rows import episode_row, wire_row
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from opentinker.services.modeling.vision_inputs import ImageInput
 from opentinker.services.modeling.weights import ChangedTensors, pack_weights
-from opentinker.services.rollout.seeds import eval_episode_seed
-from opentinker.spec import JobSpec, to_proto
+from opentinker.spec import JobSpec
 
-from .batch import CollectedBatch, Episode
+from .batch import CollectedBatch
 from .errors import RolloutError
+from .rollout_wire import episode_from_proto, eval_row, open_request
 from .weight_transport import StreamTransport, TransportSetting
 
 
@@ -228,7 +226,7 @@ class GrpcRolloutSession:
                 f"expected {batch_index}"
             )
         return CollectedBatch(
-            episodes=[_episode(t) for t in batch.trajectories],
+            episodes=[episode_from_proto(t) for t in batch.trajectories],
             generate_seconds=batch.generate_seconds,
             env_seconds=batch.env_seconds,
             generated_tokens=batch.generated_tokens,
@@ -261,7 +259,7 @@ class GrpcRolloutSession:
                 f"rollout at {self._address} answered evaluation batch {batch.batch_index} with "
                 f"{games} episodes, expected {batch_index} with {episodes}"
             )
-        return [_row(t, self._seed) for t in batch.trajectories]
+        return [eval_row(t, self._seed) for t in batch.trajectories]
 
     async def close(self, *, reason: str, timeout_s: float) -> None:
         """Send CloseRollout and wait for RolloutClosed (or the stream's end); never raises."""
@@ -358,87 +356,3 @@ class GrpcRolloutSession:
             f"rollout at {self._address} unreachable or broken while {doing}: {name}: {details}",
             code=name,
         )
-
-
-def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:
-    """The OpenRollout of an RL job (training and validation) or an inference job."""
-    pb = to_proto(spec)
-    if spec.inference is not None:
-        c, model = pb.inference, common_pb2.ModelSpec()
-        model.CopyFrom(pb.model)
-        model.finetune = common_pb2.FINETUNE_MODE_FULL  # served as is, never trained
-        return rollout_pb2.OpenRollout(
-            job_id=job_id,
-            model=model,
-            env_name=c.env_name,
-            env_options=c.env_options,
-            sampling=c.sampling,
-            max_turns=c.max_turns,
-            max_episode_tokens=c.max_episode_tokens,
-            seed=c.seed,
-            adapter_dir=c.adapter_dir,
-        )
-    r = pb.rl
-    return rollout_pb2.OpenRollout(
-        job_id=job_id,
-        model=pb.model,
-        env_name=r.env_name,
-        env_options=r.env_options,
-        sampling=r.sampling,
-        max_turns=r.max_turns,
-        max_episode_tokens=r.max_episode_tokens,
-        seed=r.seed,
-        eval_env_options=r.val_env_options,
-        role_adapters=(
-            spec.rl is not None
-            and spec.rl.role_adapters == "per_role"
-            and spec.model.finetune == "lora"
-        ),
-    )
-
-
-def _row(t: rollout_pb2.Trajectory, seed: int) -> dict[str, Any]:
-    """A result row of an evaluation episode (its group_index is its episode index)."""
-    row = episode_row(
-        episode_id=t.episode_id,
-        index=t.group_index,
-        env_seed=eval_episode_seed(seed, t.group_index),
-        reward=t.reward,
-        turns=t.num_turns,
-        finish_reason=rollout_pb2.FinishReason.Name(t.finish_reason).removeprefix("FINISH_REASON_"),
-        finish_detail=t.finish_detail,
-        info=t.info,
-        env_retries=t.env_retries,
-        completion_tokens=sum(t.loss_mask),
-    )
-    if t.role:  # a self-play game's row per role
-        row["role"] = t.role
-    return wire_row(row, t.completion_text)
-
-
-_TRUNCATED_BY = {
-    rollout_pb2.FINISH_REASON_MAX_TURNS: "max_turns",
-    rollout_pb2.FINISH_REASON_MAX_TOKENS: "max_tokens",
-}
-
-
-def _episode(t: rollout_pb2.Trajectory) -> Episode:
-    return Episode(
-        group_index=t.group_index,
-        policy_version=t.policy_version,
-        token_ids=list(t.token_ids),
-        prompt_length=t.prompt_length,
-        logprobs=list(t.logprobs),
-        loss_mask=list(t.loss_mask),
-        reward=t.reward,
-        env_error=t.finish_reason == rollout_pb2.FINISH_REASON_ENV_ERROR,
-        finish_detail=t.finish_detail,
-        num_turns=t.num_turns,
-        outcome=t.info.get("outcome", ""),
-        truncated_by=_TRUNCATED_BY.get(t.finish_reason, ""),
-        turn_rewards=tuple(t.turn_rewards),
-        turn_ends=tuple(t.turn_ends),
-        images=tuple(ImageInput(i.data, i.mime_type) for i in t.images),
-        role=t.role,
-        episode_id=t.episode_id,
-    )
