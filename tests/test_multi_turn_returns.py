@@ -17,7 +17,7 @@ from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.services.trainer.advantages import token_advantages, turn_rewards_per_token
 from opentinker.services.trainer.batch import collate
 from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import _episode
+from opentinker.services.trainer.rollout_wire import episode_from_proto
 from opentinker.services.trainer.training import UpdateConfig, rl_update
 from opentinker.spec import ModelSpec
 
@@ -55,7 +55,7 @@ def test_multi_turn_episodes_train_on_their_per_turn_returns(model_dir: Path) ->
     sessions = [GameSession(Paydays()) for _ in range(4)]
     trajectories = play(engine, sessions, max_turns=3, max_new_tokens=3)
     # the wire carries the new fields (rollout service -> trainer client)
-    episodes = [_episode(trajectory_to_proto(t)) for t in trajectories]
+    episodes = [episode_from_proto(trajectory_to_proto(t)) for t in trajectories]
     for t, ep in zip(trajectories, episodes, strict=True):
         assert ep.turn_rewards == PAYDAYS and ep.reward == pytest.approx(sum(PAYDAYS))
         assert len(ep.turn_ends) == 3 and list(ep.turn_ends) == sorted(ep.turn_ends)

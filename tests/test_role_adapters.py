@@ -24,7 +24,7 @@ from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.role_training import role_update
-from opentinker.services.trainer.rollout_client import _episode
+from opentinker.services.trainer.rollout_wire import episode_from_proto
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 ROLES = ("black", "white")
@@ -94,7 +94,7 @@ def test_each_role_trains_its_own_adapter_and_the_sync_proves_both(
         ]
         trajectories, _ = asyncio.run(AgentLoop(engine, config, env).run(requests, seed=step))
         assert sorted(t.role for t in trajectories) == ["black"] * 8 + ["white"] * 8
-        episodes = [_episode(trajectory_to_proto(t)) for t in trajectories]
+        episodes = [episode_from_proto(trajectory_to_proto(t)) for t in trajectories]
         assert {e.role for e in episodes} == set(ROLES)
         stats = role_update(policy, episodes, update)
         assert stats.optimizer_steps == 2  # one per role
