@@ -302,13 +302,7 @@ class AgentLoop:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
         link to the envs) died."""
         reopen = ep.request.reopen
-        kind, why = restart_after(
-            err,
-            can_reopen=reopen is not None,
-            retries=ep.retries,
-            restarts=ep.restarts,
-            config=self.config,
-        )
+        kind, why = restart_after(err, ep, self.config)
         if not kind or reopen is None:
             ep.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return

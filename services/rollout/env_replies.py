@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Protocol
 
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import InvalidArgumentError, OpenTinkerError, UnavailableError
 
-from .loop_config import LoopConfig
+from .loop_config import EpisodeRequest, LoopConfig
 from .types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
 
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
@@ -39,19 +40,23 @@ def is_restartable(err: OpenTinkerError | TimeoutError) -> bool:
     return isinstance(err, TimeoutError) or err.code in RESTARTABLE_CODES
 
 
+class Restartable(Protocol):
+    """An episode of the agent loop or a game of the self-play coordinator: its request (which
+    can ``reopen`` a session, or not), its restarts so far and how many used its env retries."""
+
+    request: EpisodeRequest
+    retries: int
+    restarts: int
+
+
 def restart_after(
-    err: OpenTinkerError | TimeoutError,
-    *,
-    can_reopen: bool,
-    retries: int,
-    restarts: int,
-    config: LoopConfig,
+    err: OpenTinkerError | TimeoutError, item: Restartable, config: LoopConfig
 ) -> tuple[str, str]:
-    """How an episode (or game) goes on after ``err``, given its ``restarts`` so far of which
-    ``retries`` used its env retries: ("link", "") = start over without using its retries (the
-    link to the envs broke), ("env", "") = start over using one (its env instance died),
-    ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
-    link_restarts = restarts - retries
+    """How an episode (or game) goes on after ``err``: ("link", "") = start over without
+    using its retries (the link to the envs broke), ("env", "") = start over using one (its env
+    instance died), ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    can_reopen, retries = item.request.reopen is not None, item.retries
+    link_restarts = item.restarts - retries
     max_retries, max_link_restarts = config.max_episode_retries, config.max_link_restarts
     why = ""
     if isinstance(err, EnvLinkLostError) and can_reopen:

@@ -267,13 +267,7 @@ class MultiAgentLoop:
     async def _fail(self, game: Game, what: str, err: OpenTinkerError | TimeoutError) -> None:
         """End the game with ENV_ERROR, or play it again from Reset when its env died."""
         reopen = game.request.reopen
-        kind, why = restart_after(
-            err,
-            can_reopen=reopen is not None,
-            retries=game.retries,
-            restarts=game.restarts,
-            config=self.config,
-        )
+        kind, why = restart_after(err, game, self.config)
         if not kind or reopen is None:
             game.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return
