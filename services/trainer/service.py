@@ -27,6 +27,7 @@ from opentinker.services.modeling.preload import Preload
 from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
+from .distributed import Rank
 from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
@@ -142,22 +143,9 @@ async def run_job(
             retry_for_s=settings.report_retry_s,
         )
         try:
-            spec = from_proto(job.spec)
+            spec, settings = _spec_and_placement(launch, settings, me, job_log)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
-        try:  # the rollout reads the same lease by the same rule: both agree (placement.py)
-            placement = placement_here(launch.device_ids, override=settings.device)
-        except ConfigError as err:
-            return await _report_failure(reporter, str(err), job_log)
-        settings = settings.model_copy(update={"device": rank_device(placement.device)})
-        job_log.info("placement", device=settings.device, dtype=str(placement.dtype))
-        if me is not None:
-            try:
-                check_data_parallel(spec, me.world_size)
-            except ConfigError as err:
-                return await _report_failure(reporter, str(err), job_log)
-        elif placement.num_devices > 1:  # the worker starts ranks for RL jobs only
-            job_log.warning("one_rank_of_many", leased_devices=placement.num_devices)
         if spec.kind != "sft" and not rollout_address:
             reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
             return await _report_failure(reporter, reason, job_log)
@@ -179,6 +167,26 @@ async def run_job(
             )
         finally:
             await server.stop(grace=1.0)
+
+
+def _spec_and_placement(
+    launch: LaunchConfig,
+    settings: TrainerSettings,
+    me: Rank | None,
+    job_log: structlog.stdlib.BoundLogger,
+) -> tuple[JobSpec, TrainerSettings]:
+    """The job's spec and the settings on its leased device; ConfigError names what is wrong
+    (a bad spec, a lease this process cannot use, a spec several ranks cannot shard)."""
+    spec = from_proto(launch.job.spec)
+    # The rollout reads the same lease by the same rule: both agree (placement.py).
+    placement = placement_here(launch.device_ids, override=settings.device)
+    settings = settings.model_copy(update={"device": rank_device(placement.device)})
+    job_log.info("placement", device=settings.device, dtype=str(placement.dtype))
+    if me is not None:
+        check_data_parallel(spec, me.world_size)
+    elif placement.num_devices > 1:  # the worker starts ranks for RL jobs only
+        job_log.warning("one_rank_of_many", leased_devices=placement.num_devices)
+    return spec, settings
 
 
 async def _train(
