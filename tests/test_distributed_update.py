@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
@@ -21,6 +20,7 @@ from opentinker.services.trainer.distributed import (
     data_parallel_step,
     full_state,
     init_rank,
+    leave_group,
     rank_rows,
     shard_policy,
 )
@@ -74,16 +74,22 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: Path, out: Path
     )
     torch.set_num_threads(1)
     me = init_rank("cpu")
+    ended_in_order = False
     try:
-        policy = make_policy(model_dir)
-        episodes = make_episodes(policy)
-        shard_policy(policy)
-        grad_norm = data_parallel_step(policy, episodes, CONFIG, me)
-        state = full_state(policy)
-        if me.is_leader:
-            torch.save({"grad_norm": grad_norm, "state": state}, out)
-    finally:
-        dist.destroy_process_group()
+        _one_sharded_step(me, model_dir, out)
+        ended_in_order = True
+    finally:  # the sharded policy is unreachable by now: leave_group frees the group with it
+        leave_group(peers_alive=ended_in_order)
+
+
+def _one_sharded_step(me: Rank, model_dir: Path, out: Path) -> None:
+    policy = make_policy(model_dir)
+    episodes = make_episodes(policy)
+    shard_policy(policy)
+    grad_norm = data_parallel_step(policy, episodes, CONFIG, me)
+    state = full_state(policy)
+    if me.is_leader:
+        torch.save({"grad_norm": grad_norm, "state": state}, out)
 
 
 def _free_port() -> int:
@@ -113,50 +119,56 @@ def test_two_gloo_ranks_compute_the_single_process_update(tmp_path: Path) -> Non
 def _leader_or_follower(
     rank: int, world_size: int, port: int, model_dir: Path, out: Path, ckpt: Path
 ) -> None:
-    """Rank 0 drives a LeaderPolicy through an update, a weight gather, the probe, a
-    checkpoint, a second update and a resume from that checkpoint; rank 1 follows."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
     torch.set_num_threads(1)
     me = init_rank("cpu", timeout_s=120)
+    ended_in_order = False
     try:
-        policy = make_policy(model_dir)
-        episodes = make_episodes(policy)
-        shard_policy(policy)
-        if not me.is_leader:
-            follow(policy, me)
-            return
-        leader = LeaderPolicy(policy, me)
-        stats = leader.update(episodes, CONFIG)
-        after_1 = leader.trainable_state()
-        probe = leader.probe_logprobs(policy.probe_token_ids)
-        state = checkpoints.TrainerState(
-            job_id="j", step=1, policy_version=1, rewards=[0.5], data_cursor=1
-        )
-        path = checkpoints.save(leader, state, ckpt, keep=2)
-        optimizer_1 = leader.optimizer.state_dict()
-        leader.update(episodes, CONFIG)
-        moved = leader.trainable_state()
-        checkpoints.load(leader, path)
-        resumed = leader.trainable_state()
-        optimizer_resumed = leader.optimizer.state_dict()
-        leader.stop()
-        torch.save(
-            {
-                "stats": stats,
-                "after_1": after_1,
-                "probe": probe,
-                "moved": moved,
-                "resumed": resumed,
-                "optimizer_1": optimizer_1,
-                "optimizer_resumed": optimizer_resumed,
-                "path": str(path),
-            },
-            out,
-        )
+        _drive_or_follow(me, model_dir, out, ckpt)
+        ended_in_order = True
     finally:
-        dist.destroy_process_group()
+        leave_group(peers_alive=ended_in_order)
+
+
+def _drive_or_follow(me: Rank, model_dir: Path, out: Path, ckpt: Path) -> None:
+    """Rank 0 drives a LeaderPolicy through an update, a weight gather, the probe, a
+    checkpoint, a second update and a resume from that checkpoint; rank 1 follows."""
+    policy = make_policy(model_dir)
+    episodes = make_episodes(policy)
+    shard_policy(policy)
+    if not me.is_leader:
+        follow(policy, me)
+        return
+    leader = LeaderPolicy(policy, me)
+    stats = leader.update(episodes, CONFIG)
+    after_1 = leader.trainable_state()
+    probe = leader.probe_logprobs(policy.probe_token_ids)
+    state = checkpoints.TrainerState(
+        job_id="j", step=1, policy_version=1, rewards=[0.5], data_cursor=1
+    )
+    path = checkpoints.save(leader, state, ckpt, keep=2)
+    optimizer_1 = leader.optimizer.state_dict()
+    leader.update(episodes, CONFIG)
+    moved = leader.trainable_state()
+    checkpoints.load(leader, path)
+    resumed = leader.trainable_state()
+    optimizer_resumed = leader.optimizer.state_dict()
+    leader.stop()
+    torch.save(
+        {
+            "stats": stats,
+            "after_1": after_1,
+            "probe": probe,
+            "moved": moved,
+            "resumed": resumed,
+            "optimizer_1": optimizer_1,
+            "optimizer_resumed": optimizer_resumed,
+            "path": str(path),
+        },
+        out,
+    )
 
 
 @pytest.mark.integration  # ~25 s: two spawned processes

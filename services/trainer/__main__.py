@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -56,6 +57,9 @@ def main() -> None:
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
     code = asyncio.run(_main(launch, args.rollout_address or None, settings, preload))
+    # A rank's sharded policy holds its (left) process group: free both while the interpreter
+    # is whole; gloo's threads abort the process when the group is freed during exit.
+    gc.collect()
     log.info("trainer_exit", code=code)
     sys.exit(code)
 

@@ -21,6 +21,7 @@ CUDA, gloo on CPU. How rank 0 drives the others through a job: ranks.py.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +71,23 @@ def init_rank(device: str, *, timeout_s: float = 1800.0) -> Rank:
     if device.startswith("cuda"):
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     return Rank(rank, dist.get_world_size())
+
+
+def leave_group(*, peers_alive: bool) -> None:
+    """Leave the job's process group for good, once the caller has dropped its sharded policy.
+
+    ``peers_alive``: the job ended in order, so wait for every rank first (no rank tears its
+    connections down while a peer is still in a collective); skipped after a failure, when a
+    peer may be dead. The sharded modules hold the group, so collect them before destroying it:
+    a group left for the interpreter's exit to free can abort the process (SIGABRT from gloo's
+    threads, seen on a follower that had returned cleanly).
+    """
+    if not dist.is_initialized():
+        return
+    if peers_alive:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def shard_policy(policy: Policy) -> None:

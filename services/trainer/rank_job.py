@@ -12,14 +12,13 @@ import asyncio
 import os
 
 import structlog
-import torch.distributed as dist
 
 from opentinker.errors import ConfigError
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.modeling.placement import placement_here
-from opentinker.spec import from_proto
+from opentinker.spec import JobSpec, from_proto
 
-from .distributed import Rank, init_rank, shard_policy
+from .distributed import Rank, init_rank, leave_group, shard_policy
 from .policy import Policy
 from .ranks import LeaderPolicy, check_data_parallel, follow
 from .settings import TrainerSettings
@@ -51,14 +50,14 @@ async def lead(policy: Policy, settings: TrainerSettings) -> LeaderPolicy:
 
 
 def release(leader: LeaderPolicy) -> None:
-    """Tell the followers to stop, then leave the group (best effort: a broken group has
-    already failed the job)."""
+    """Tell the followers to stop, then leave the group with them (best effort: a broken
+    group has already failed the job)."""
     try:
         leader.stop()
+        leave_group(peers_alive=True)
     except (RuntimeError, ValueError) as err:  # a dead peer: the worker ends the rest
         log.warning("followers_not_released", error=str(err))
-    finally:
-        dist.destroy_process_group()
+        leave_group(peers_alive=False)
 
 
 async def run_follower(launch: LaunchConfig, settings: TrainerSettings, me: Rank) -> int:
@@ -72,23 +71,25 @@ async def run_follower(launch: LaunchConfig, settings: TrainerSettings, me: Rank
     except ConfigError as err:
         rank_log.info("rank_not_needed", reason=str(err))
         return 0
-    assert spec.rl is not None  # check_data_parallel: an RL job
     device = rank_device(placement.device)
+    released = False
     try:
         rank = await asyncio.to_thread(init_rank, device, timeout_s=settings.rank_timeout_s)
-        policy = await asyncio.to_thread(
-            Policy,
-            spec.model,
-            learning_rate=spec.rl.learning_rate,
-            device=device,
-            seed=spec.rl.seed,
-        )
-        await asyncio.to_thread(shard_policy, policy)
-        await asyncio.to_thread(follow, policy, rank)
+        await asyncio.to_thread(_follow_job, spec, device, rank)
+        released = True
     except Exception as err:  # a peer died or timed out: say so and end this rank
         rank_log.error("rank_failed", error=f"{type(err).__name__}: {err}")
         return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    finally:  # the sharded policy died with _follow_job: the group goes with it
+        await asyncio.to_thread(leave_group, peers_alive=released)
     return 0
+
+
+def _follow_job(spec: JobSpec, device: str, rank: Rank) -> None:
+    """Load and shard the job's policy, then follow rank 0 until it says stop."""
+    assert spec.rl is not None  # check_data_parallel: an RL job
+    policy = Policy(
+        spec.model, learning_rate=spec.rl.learning_rate, device=device, seed=spec.rl.seed
+    )
+    shard_policy(policy)
+    follow(policy, rank)
