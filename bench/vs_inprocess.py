@@ -51,7 +51,7 @@ class Run:
     seconds_to_target: float | None = None
     train_seconds: float = 0.0  # start of training -> last step
     wall_seconds: float = 0.0  # everything, start-up included
-    step_times: dict[str, float] | None = None  # mean time_* metrics (mesh only)
+    step_times: dict[str, float] | None = None  # mean time_* figures of a step
 
     @property
     def seconds_per_step(self) -> float:
@@ -97,9 +97,11 @@ def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
     config = UpdateConfig.from_rl(rl)
     run = Run("in-process")
     rewards: list[float] = []
+    split = {"time_generate_s": 0.0, "time_train_s": 0.0}
     started = time.monotonic()
     while run.steps < rl.steps:
         letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
+        generate_started = time.monotonic()
         episodes, _ = sample_group_batch(
             policy,
             letters,
@@ -109,13 +111,17 @@ def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
             True,
             alphabet,
         )
+        train_started = time.monotonic()
         rl_update(policy, episodes, config)
+        split["time_generate_s"] += train_started - generate_started
+        split["time_train_s"] += time.monotonic() - train_started
         rewards.append(sum(e.reward for e in episodes) / len(episodes))
         run.steps += 1
         if first_reaching(rewards, rl.stop_at_reward or 1.0) is not None:
             run.seconds_to_target = time.monotonic() - started
             break
     run.train_seconds = run.wall_seconds = time.monotonic() - started
+    run.step_times = {k: v / max(1, run.steps) for k, v in split.items()}
     return run
 
 
@@ -151,7 +157,7 @@ def report(runs: list[Run], target: float) -> None:
                 f"ratio {r.name} / in-process (s/step): "
                 f"{r.seconds_per_step / base.seconds_per_step:.2f}x\n"
             )
-    for r in runs[:-1]:
+    for r in runs:
         if r.step_times:
             split = "  ".join(
                 f"{k.removeprefix('time_').removesuffix('_s')} {v:.4f}"

@@ -4,6 +4,7 @@ deadlines as over gRPC, only the transport skipped."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -108,6 +109,57 @@ def test_envhub_routes_its_builtins_in_process() -> None:
         try:
             (instance,) = deps.registry.instances("letter")
             assert isinstance(deps.channels.stub(instance.address), LocalEnvironmentStub)
+        finally:
+            await deps.close()
+
+    asyncio.run(scenario())
+
+
+class WhereCalled(AbstractGame):
+    """Reports the thread its reset ran on (the observation)."""
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, **options: str) -> str:
+        return threading.current_thread().name
+
+    def step(self, action: str) -> StepResult:
+        if action == "boom":
+            raise RuntimeError("kaboom")
+        return StepResult(observation="", reward=1.0, done=True)
+
+
+def test_microsecond_builtins_run_on_the_event_loop_the_rest_on_pool_threads() -> None:
+    async def scenario() -> None:
+        table = EpisodeTable(WhereCalled, env_name="where", capacity=8, idle_timeout_s=60)
+        servicer = EnvironmentServicer(table, spec_of(WhereCalled(), "where"))
+        inline = LocalEnvironmentStub(servicer, max_workers=4, inline=True)
+        pooled = LocalEnvironmentStub(servicer, max_workers=4)
+        loop_thread = threading.current_thread().name
+        on_loop = await inline.Reset(env_pb.ResetRequest(episode_id="a"), timeout=1)
+        on_pool = await pooled.Reset(env_pb.ResetRequest(episode_id="b"), timeout=1)
+        assert on_loop.observation == loop_thread
+        assert on_pool.observation.startswith("local-env"), on_pool.observation
+        # An inline call reports a game's error as the served port would.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await inline.Step(env_pb.StepRequest(episode_id="a", action="boom"), timeout=1)
+        assert info.value.code() == grpc.StatusCode.INTERNAL and "kaboom" in info.value.details()
+        inline.close()
+        pooled.close()
+
+    asyncio.run(scenario())
+
+
+def test_envhub_calls_letter_inline_and_math_on_threads() -> None:
+    async def scenario() -> None:
+        deps = EnvHubDeps.create(EnvHubSettings(port=0, builtin_envs=["letter", "math"]))
+        try:
+            for name, inline in (("letter", True), ("math", False)):
+                (instance,) = deps.registry.instances(name)
+                stub = deps.channels.stub(instance.address)
+                assert isinstance(stub, LocalEnvironmentStub)
+                assert stub.inline is inline, name
         finally:
             await deps.close()
 

@@ -260,7 +260,11 @@ def test_open_sync_weights_with_probe_collect_groups_and_close(model_dir: Path) 
                 assert prompts[0] != prompts[1], "groups get different prompts"
                 assert batch.generated_tokens == sum(sum(t.loss_mask) for t in batch.trajectories)
                 assert batch.generate_seconds > 0 and batch.env_seconds > 0
-                # Every episode was closed on the env server before the batch came back.
+                # Every episode is closed on the env server: the closes follow the batch (the
+                # batch does not wait for them to be written).
+                deadline = time.monotonic() + 30
+                while len(m.env.table) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
                 assert len(m.env.table) == 0
 
                 await trainer.send(close=rollout_pb2.CloseRollout(reason="done"))

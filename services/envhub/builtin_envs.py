@@ -39,6 +39,12 @@ DEFAULT_BUILTIN_ENVS: tuple[str, ...] = (
 )
 
 
+# Games whose Reset and Step take microseconds (letter and bandit ~5 us, gomoku_selfplay
+# ~20 us; gomoku's opponent ~0.5 ms, math's grader up to 0.3 s): EnvHub calls them on its event
+# loop instead of a pool thread (local_envs.py).
+INLINE_BUILTINS: frozenset[str] = frozenset({"letter", "bandit", "gomoku_selfplay"})
+
+
 def start_builtin_envs(
     names: list[str], registry: Registry, *, capacity: int, max_observation_chars: int
 ) -> list[EnvServerHandle]:

@@ -11,7 +11,11 @@ from opentinker.env_servicer import EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc
 from opentinker.services.common.auth import AuthInterceptor, IdentityServiceAuthenticator
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
-from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, start_builtin_envs
+from opentinker.services.envhub.builtin_envs import (
+    BUILTIN_GAMES,
+    INLINE_BUILTINS,
+    start_builtin_envs,
+)
 from opentinker.services.envhub.episodes import EnvChannels
 from opentinker.services.envhub.health_watch import HealthWatch
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
@@ -51,6 +55,7 @@ class EnvHubDeps:
                 LocalEnvironmentStub(
                     EnvironmentServicer(handle.table, spec),
                     max_workers=(settings.builtin_capacity or 64) + 8,  # as serve() sizes it
+                    inline=name in INLINE_BUILTINS,
                 ),
             )
         health_watch = HealthWatch(

@@ -33,6 +33,7 @@ from opentinker.services.modeling.vision_inputs import (
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .multimodal import generate_each_with_images
+from .settings import DEFAULT_MAX_BATCH_SIZE
 from .types import Completion
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -86,7 +87,7 @@ class TransformersEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -109,7 +110,7 @@ class TransformersEngine:
         cls,
         spec: ModelSpec,
         *,
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         device: str | None = None,
         adapter_dir: str | None = None,
         preloaded: PreloadedModel | None = None,

@@ -208,10 +208,12 @@ class EnvHubClient:
             self._pending.pop(episode_id, None)
 
     async def close_episode(self, episode_id: str) -> None:
-        """Tell EnvHub the episode is over (no reply is expected)."""
-        if self._broken is None:
+        """Tell EnvHub the episode is over. No reply is expected, so the close is only queued
+        for the next message (written right after, in order; ``close`` flushes what is left):
+        a batch's episodes end without waiting for their closes to be written."""
+        if self._broken is None and self._call is not None:
             close = environment_pb2.CloseEpisodeRequest(episode_id=episode_id)
-            await self._send_call(episode_id, "close", close)
+            self._queue_call(episode_id, "close", close)
 
     async def _send_call(self, episode_id: str, kind: str, payload: object) -> None:
         """Queue a call into the next EpisodeCalls message; returns once that is written."""
@@ -219,13 +221,18 @@ class EnvHubClient:
             raise self._broken or UnavailableError(
                 f"no open stream for environment '{self.env_name}'"
             )
+        await asyncio.shield(self._queue_call(episode_id, kind, payload))
+
+    def _queue_call(self, episode_id: str, kind: str, payload: object) -> asyncio.Future[None]:
+        """Add a call to the outbox (the sender writes it this tick); the future of its
+        message's write."""
         if not self._outbox or not self._outbox[-1].takes(episode_id, kind):
             self._outbox.append(_OutgoingCalls())
         batch = self._outbox[-1]
         batch.add(episode_id, kind, payload)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_outbox(), name="envhub-send")
-        await asyncio.shield(batch.sent)
+        return batch.sent
 
     async def _send_outbox(self) -> None:
         """Write queued batches in order; calls issued in the same tick share one message."""

@@ -39,6 +39,7 @@ from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
+from .settings import DEFAULT_MAX_BATCH_SIZE
 from .types import Trajectory
 
 log = structlog.get_logger("opentinker.rollout.inference")
@@ -52,7 +53,7 @@ def load_inference_engine(
     *,
     adapter_dir: str | None = None,
     device: str | None = None,
-    max_batch_size: int = 64,
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> TransformersEngine:
     """An engine for ``model``: a base model or full checkpoint (anything ``from_pretrained``
     loads), or a PEFT adapter directory (``adapter_config.json``), applied to the base model

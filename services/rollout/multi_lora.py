@@ -36,6 +36,7 @@ from opentinker.services.modeling.vision_inputs import load_image_processor
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .engine import copy_checked, cut_at_eos, eos_and_pad_ids, left_padded
+from .settings import DEFAULT_MAX_BATCH_SIZE
 from .types import Completion
 
 # The adapter name the trainer's tensors carry (peft's default): mapped to the job's own here.
@@ -123,7 +124,7 @@ class SharedLoraEngine:
         tokenizer: PreTrainedTokenizerBase,
         *,
         base_model: str,
-        max_batch_size: int = 64,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         self.base = model
         self.tokenizer = tokenizer
@@ -143,7 +144,7 @@ class SharedLoraEngine:
 
     @classmethod
     def load(
-        cls, base_model: str, *, device: str = "cpu", max_batch_size: int = 64
+        cls, base_model: str, *, device: str = "cpu", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     ) -> SharedLoraEngine:
         """``base_model`` (a local folder or hub id) on ``device`` with the trainer's dtype."""
         transformers.utils.logging.disable_progress_bar()

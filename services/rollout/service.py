@@ -145,6 +145,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             stream.incoming.close()
             if tenancy is not None:
                 await asyncio.to_thread(tenancy.release)
+            await session.close()  # the job's episode stream: after what others wait for
 
     def _tenancy(self, context: grpc.aio.ServicerContext) -> Tenancy:
         """A shared engine's stream: only a job's own processes, one stream per job."""

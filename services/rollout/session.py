@@ -70,6 +70,7 @@ class RolloutSession:
         self._loop: AgentLoop | None = None
         self._loading_seconds = 0.0  # applying the chunks of the update in progress
         self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent), once open
+        self._link: EnvHubLink | None = None  # the job's episode stream, kept across batches
 
     async def open(self, config: RolloutConfig) -> GenerationEngine:
         """Check the environment is reachable, then load the model (policy version 0)."""
@@ -196,18 +197,18 @@ class RolloutSession:
                 code="INVALID_ARGUMENT",
             )
         config = self.config
-        async with self._envhub(config) as envhub:
-            requests = []
-            for g in range(num_groups):
-                group_seed = derive_seed(config.seed, "env", batch_index, g)  # one prompt per group
-                for i in range(group_size):
-                    eid = episode_id(config.job_id, batch_index, g, i)
-                    requests.append(
-                        EpisodeRequest(eid, g, group_seed, envhub.session(eid), envhub.session)
-                    )
-            trajectories, stats = await self._loop.run(
-                requests, seed=derive_seed(config.seed, "sample", batch_index)
-            )
+        envhub = await self._episode_link(config)
+        requests = []
+        for g in range(num_groups):
+            group_seed = derive_seed(config.seed, "env", batch_index, g)  # one prompt per group
+            for i in range(group_size):
+                eid = episode_id(config.job_id, batch_index, g, i)
+                requests.append(
+                    EpisodeRequest(eid, g, group_seed, envhub.session(eid), envhub.session)
+                )
+        trajectories, stats = await self._loop.run(
+            requests, seed=derive_seed(config.seed, "sample", batch_index)
+        )
         if envhub.gone is not None:  # EnvHub stayed away: say so, not "N episodes failed"
             raise envhub.gone
         failed = [t for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
@@ -260,15 +261,15 @@ class RolloutSession:
             ),
             self._loop.env,
         )
-        async with self._envhub(config) as envhub:
-            requests = []
-            for i in range(first_episode, first_episode + episodes):
-                eid = f"{config.job_id}-v{batch_index}-e{i}"
-                seed = eval_episode_seed(config.seed, i)
-                requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
-            trajectories, stats = await loop.run(
-                requests, seed=derive_seed(config.seed, "sample", first_episode)
-            )
+        envhub = await self._episode_link(config)
+        requests = []
+        for i in range(first_episode, first_episode + episodes):
+            eid = f"{config.job_id}-v{batch_index}-e{i}"
+            seed = eval_episode_seed(config.seed, i)
+            requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
+        trajectories, stats = await loop.run(
+            requests, seed=derive_seed(config.seed, "sample", first_episode)
+        )
         if envhub.gone is not None:
             raise envhub.gone
         log.info(
@@ -323,6 +324,29 @@ class RolloutSession:
         check_token_ids(engine, token_ids, "token_ids")
         logprobs = await asyncio.to_thread(engine.logprobs_of, list(token_ids))
         return logprobs, engine.policy_version
+
+    async def _episode_link(self, config: RolloutConfig) -> EnvHubLink:
+        """The job's link to EnvHub, opened at the first batch and kept for the next ones (a
+        stream per batch cost a connection, its authentication and two round trips every
+        step); one that gave up (EnvHub away past the bound) is replaced by a fresh one."""
+        if self._link is not None and self._link.gone is not None:
+            await self._link.close()
+            self._link = None
+        if self._link is None:
+            link = self._envhub(config)
+            try:
+                await link.open()
+            except BaseException:
+                await link.close()
+                raise
+            self._link = link
+        return self._link
+
+    async def close(self) -> None:
+        """End the job's episode stream (EnvHub closes what is still open on it)."""
+        if self._link is not None:
+            link, self._link = self._link, None
+            await link.close()
 
     def _envhub(self, config: RolloutConfig) -> EnvHubLink:
         """A link to EnvHub for the job's env that rides out EnvHub restarts (see envhub_link)."""
