@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.session import RolloutSession
@@ -39,3 +42,11 @@ def assert_one_prompt_per_group(batch: TrajectoryBatch, num_groups: int) -> None
             tuple(t.token_ids[: t.prompt_length]) for t in batch.trajectories if t.group_index == g
         }
         assert len(prompts) == 1, f"group {g} has {len(prompts)} different prompts"
+
+
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
+    """A transformers engine on a fresh random-init tiny Qwen2 (CPU)."""
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+    return TransformersEngine.load(
+        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
+    )

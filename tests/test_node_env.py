@@ -21,20 +21,20 @@ from pathlib import Path
 
 import pytest
 from identity_helpers import user_channel, user_key
+from rollout_helpers import tiny_engine
 
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.errors import EnvironmentError_
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_client import EnvHubClient
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.services.worker.supervisor import with_parent_death_signal
-from opentinker.spec import ModelSpec, SamplingParams
+from opentinker.spec import SamplingParams
 
 pytestmark = pytest.mark.integration
 
@@ -248,10 +248,7 @@ def test_node_env_registers_and_a_correct_guess_wins(node_env_dir: Path, tmp_pat
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    return TransformersEngine.load(
-        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
-    )
+    return tiny_engine(tmp_path_factory)
 
 
 def split_turns(t: Trajectory) -> list[tuple[int, list[int]]]:

@@ -13,6 +13,7 @@ import math
 import grpc
 import pytest
 from identity_helpers import user_channel, user_key
+from rollout_helpers import tiny_engine
 
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2, environment_pb2_grpc
@@ -20,13 +21,12 @@ from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_client import EnvHubClient
 from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.types import FinishReason, Trajectory
-from opentinker.spec import ModelSpec, SamplingParams
+from opentinker.spec import SamplingParams
 
 pytestmark = pytest.mark.integration
 
@@ -80,10 +80,7 @@ class Sloppy(AbstractGame):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    return TransformersEngine.load(
-        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
-    )
+    return tiny_engine(tmp_path_factory)
 
 
 async def play(

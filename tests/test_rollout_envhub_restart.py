@@ -13,19 +13,17 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from rollout_helpers import assert_one_prompt_per_group, open_two_turn_session
+from rollout_helpers import assert_one_prompt_per_group, open_two_turn_session, tiny_engine
 
 from opentinker.env_server import serve
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_link import EnvHubUnreachableError
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.types import FinishReason
-from opentinker.spec import ModelSpec
 
 pytestmark = pytest.mark.integration
 
@@ -68,10 +66,7 @@ class Gated(AbstractGame):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    return TransformersEngine.load(
-        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
-    )
+    return tiny_engine(tmp_path_factory)
 
 
 class Hub:

@@ -260,16 +260,21 @@ def test_open_sync_weights_with_probe_collect_groups_and_close(model_dir: Path) 
                 assert prompts[0] != prompts[1], "groups get different prompts"
                 assert batch.generated_tokens == sum(sum(t.loss_mask) for t in batch.trajectories)
                 assert batch.generate_seconds > 0 and batch.env_seconds > 0
-                # Every episode is closed on the env server: the closes follow the batch (the
-                # batch does not wait for them to be written).
+                # Batch 4's episodes are closed on the env server (the closes follow the batch,
+                # not awaited), and batch 5's are already reset, while the trainer trains on 4.
                 deadline = time.monotonic() + 30
-                while len(m.env.table) and time.monotonic() < deadline:
+                while len(m.env.table) != 6 and time.monotonic() < deadline:
                     await asyncio.sleep(0.01)
-                assert len(m.env.table) == 0
+                assert len(m.env.table) == 6
 
                 await trainer.send(close=rollout_pb2.CloseRollout(reason="done"))
                 assert (await trainer.recv()).closed.reason == "done"
                 assert await trainer.ended()
+                # The stream's end closed the episodes reset ahead: nothing is left open.
+                deadline = time.monotonic() + 30
+                while len(m.env.table) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                assert len(m.env.table) == 0
                 assert [r.seq for r in trainer.replies] == list(range(1, len(trainer.replies) + 1))
             finally:
                 await trainer.close()

@@ -118,6 +118,13 @@ class _Episode:
         self.finish_detail = detail
 
 
+@dataclass(frozen=True)
+class ResetEpisodes:
+    """Episodes reset ahead of their batch (``AgentLoop.reset_ahead``), ready to generate."""
+
+    episodes: list[_Episode]
+
+
 class AgentLoop:
     """Plays batches of episodes with one engine; knows nothing of gRPC."""
 
@@ -146,15 +153,30 @@ class AgentLoop:
                 reason="the model's chat template ignores tools=; the model is not shown them",
             )
 
+    async def reset_ahead(self, requests: Sequence[EpisodeRequest]) -> ResetEpisodes:
+        """Reset the episodes of ``requests`` now, for a later ``run`` to play (a Reset needs
+        no weights: the rollout does it while the trainer updates; batch_ahead.py)."""
+        episodes = [_Episode(request, request.session) for request in requests]
+        await asyncio.gather(*(self._reset(ep) for ep in episodes))
+        return ResetEpisodes(episodes)
+
+    async def close_unplayed(self, ready: ResetEpisodes) -> None:
+        """End the env sessions of episodes reset ahead that will not be played."""
+        await asyncio.gather(*(self._close(ep) for ep in ready.episodes))
+
     async def run(
-        self, requests: Sequence[EpisodeRequest], *, seed: int
+        self, requests: Sequence[EpisodeRequest] | ResetEpisodes, *, seed: int
     ) -> tuple[list[Trajectory], RolloutStats]:
-        """Play every episode to the end; ``seed`` fixes the sampling of every round.
+        """Play every episode to the end (``ResetEpisodes``: from their reset ahead); ``seed``
+        fixes the sampling of every round.
 
         An env with roles plays each episode as a self-play game: one trajectory per role."""
-        if self.multi_agent is not None:
+        if isinstance(requests, ResetEpisodes):
+            episodes = requests.episodes
+        elif self.multi_agent is not None:
             return await self.multi_agent.run(requests, seed=seed)
-        episodes = [_Episode(request, request.session) for request in requests]
+        else:
+            episodes = [_Episode(request, request.session) for request in requests]
         stats = RolloutStats()
         policy_version = self.engine.policy_version
         if self.config.scheduling == "async":
@@ -168,7 +190,7 @@ class AgentLoop:
         """Every episode at its own pace; the time not spent generating counts as env time."""
         started = time.monotonic()
         steps = EpisodeSteps(
-            start=self._reset,
+            start=self._start,
             generate=lambda batch, call_seed: self._generate(batch, call_seed, stats),
             interact=self._interact,
             generating=lambda ep: ep.state is EpisodeState.GENERATING,
@@ -182,7 +204,7 @@ class AgentLoop:
         self, episodes: list[_Episode], seed: int, stats: RolloutStats
     ) -> None:
         started = time.monotonic()
-        await asyncio.gather(*(self._reset(ep) for ep in episodes))
+        await asyncio.gather(*(self._start(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
 
         round_index = 0
@@ -196,6 +218,11 @@ class AgentLoop:
         started = time.monotonic()
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
+
+    async def _start(self, ep: _Episode) -> None:
+        """Reset the episode, unless it was reset ahead."""
+        if ep.state is EpisodeState.PENDING:
+            await self._reset(ep)
 
     async def _reset(self, ep: _Episode) -> None:
         try:

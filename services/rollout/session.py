@@ -24,6 +24,7 @@ from opentinker.rollout.v1 import rollout_pb2
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop
+from .batch_ahead import BatchAhead, BatchKey, batch_requests
 from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
 from .engine_choice import engine_factory, vllm_installed
@@ -55,10 +56,6 @@ class WeightsResult:
     apply_seconds: float
 
 
-def episode_id(job_id: str, batch_index: int, group: int, sample: int) -> str:
-    return f"{job_id}-b{batch_index}-g{group}-s{sample}"
-
-
 class RolloutSession:
     """Serves one job: its engine, its environment, its batches."""
 
@@ -71,6 +68,7 @@ class RolloutSession:
         self._loading_seconds = 0.0  # applying the chunks of the update in progress
         self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent), once open
         self._link: EnvHubLink | None = None  # the job's episode stream, kept across batches
+        self._ahead: BatchAhead | None = None  # the next batch's episodes, reset early
 
     async def open(self, config: RolloutConfig) -> GenerationEngine:
         """Check the environment is reachable, then load the model (policy version 0)."""
@@ -113,6 +111,8 @@ class RolloutSession:
             ),
             env,
         )
+        if self.settings.reset_ahead and self._loop.multi_agent is None:
+            self._ahead = BatchAhead(self._loop)
         log.info(
             "rollout_opened",
             job_id=config.job_id,
@@ -198,16 +198,11 @@ class RolloutSession:
             )
         config = self.config
         envhub = await self._episode_link(config)
-        requests = []
-        for g in range(num_groups):
-            group_seed = derive_seed(config.seed, "env", batch_index, g)  # one prompt per group
-            for i in range(group_size):
-                eid = episode_id(config.job_id, batch_index, g, i)
-                requests.append(
-                    EpisodeRequest(eid, g, group_seed, envhub.session(eid), envhub.session)
-                )
+        key = BatchKey(batch_index, num_groups, group_size)
+        ready = await self._ahead.take(key, envhub) if self._ahead is not None else None
         trajectories, stats = await self._loop.run(
-            requests, seed=derive_seed(config.seed, "sample", batch_index)
+            ready or batch_requests(config, envhub, key),
+            seed=derive_seed(config.seed, "sample", batch_index),
         )
         if envhub.gone is not None:  # EnvHub stayed away: say so, not "N episodes failed"
             raise envhub.gone
@@ -230,7 +225,10 @@ class RolloutSession:
             generate_s=round(stats.generate_seconds, 3),
             env_s=round(stats.env_seconds, 3),
             tokens=stats.generated_tokens,
+            reset_ahead=ready is not None,
         )
+        if self._ahead is not None:  # the next batch's resets, while the trainer trains
+            self._ahead.start(key.next(), envhub, batch_requests(config, envhub, key.next()))
         return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
 
     async def evaluate(
@@ -344,6 +342,8 @@ class RolloutSession:
 
     async def close(self) -> None:
         """End the job's episode stream (EnvHub closes what is still open on it)."""
+        if self._ahead is not None:
+            await self._ahead.close()
         if self._link is not None:
             link, self._link = self._link, None
             await link.close()

@@ -43,6 +43,11 @@ class RolloutSettings(BaseSettings):
     max_observation_chars: int = Field(
         16384, ge=1, description="a longer env observation ends its episode with ENV_ERROR"
     )
+    reset_ahead: bool = Field(
+        True,
+        description="reset the next training batch's episodes while the trainer trains on "
+        "this one (batch_ahead.py)",
+    )
     agent_loop: Literal["async", "lockstep"] = Field(
         "async",
         description="async: each episode generates again as soon as its env replied (engine "

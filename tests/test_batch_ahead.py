@@ -1,0 +1,121 @@
+"""Once a training batch is played, the rollout resets the next batch's episodes while the
+trainer trains (batch_ahead.py): the request for that batch finds them ready and resets
+nothing, plays exactly the episodes a fresh request would (same ids, same seeds, same
+prompts), and a request of another batch closes them. Real EnvHub, real env server, tiny
+model."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from rollout_helpers import open_two_turn_session, tiny_engine
+
+from opentinker.env_server import EnvServerHandle, serve
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.types import TrajectoryBatch
+
+pytestmark = pytest.mark.integration
+
+RESETS: list[int] = []  # the seed of every reset the env server played
+LOCK = threading.Lock()
+
+
+class Counted(AbstractGame):
+    """One step, reward 1; every reset is recorded."""
+
+    name = "counted"
+
+    def get_system_prompt(self) -> str:
+        return "One step."
+
+    def reset(self, *, seed: int = 0) -> str:
+        with LOCK:
+            RESETS.append(seed)
+        return f"Episode {seed}."
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("", 1.0, True, {})
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
+    return tiny_engine(tmp_path_factory)
+
+
+@contextlib.asynccontextmanager
+async def hub_with_env() -> AsyncIterator[tuple[str, EnvServerHandle]]:
+    settings = EnvHubSettings(port=0, builtin_envs=[])
+    deps = EnvHubDeps.create(settings)
+    server, port = await create_envhub(settings, deps)
+    address = f"127.0.0.1:{port}"
+    env = await asyncio.to_thread(serve, Counted, envhub_address=address, block=False)
+    try:
+        yield address, env
+    finally:
+        await asyncio.to_thread(env.stop, 0)
+        await server.stop(0)
+        await deps.close()
+
+
+def resets() -> int:
+    with LOCK:
+        return len(RESETS)
+
+
+async def until(condition, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.01)
+
+
+def prompts(batch: TrajectoryBatch) -> list[tuple[str, tuple[int, ...]]]:
+    return [(t.episode_id, tuple(t.token_ids[: t.prompt_length])) for t in batch.trajectories]
+
+
+def test_the_next_batch_is_reset_while_the_trainer_trains(engine: TransformersEngine) -> None:
+    async def scenario() -> None:
+        RESETS.clear()
+        async with hub_with_env() as (address, env):
+            session = await open_two_turn_session(
+                address, engine, env_name="counted", job_id="job-a"
+            )
+            await session.collect(0, num_groups=2, group_size=3)
+            # Batch 1's six episodes are reset before anyone asks for batch 1.
+            await until(lambda: resets() == 12 and len(env.table) == 6, "batch 1 reset ahead")
+            batch_1 = await session.collect(1, num_groups=2, group_size=3)
+            assert resets() == 12, "the request found batch 1 reset: it reset nothing itself"
+            assert [t.reward for t in batch_1.trajectories] == [1.0] * 6
+
+            # The same batch requested of a rollout that does not reset ahead: the very same
+            # episodes (ids, group seeds, prompts).
+            plain = await open_two_turn_session(
+                address, engine, env_name="counted", job_id="job-a", reset_ahead=False
+            )
+            assert prompts(await plain.collect(1, num_groups=2, group_size=3)) == prompts(batch_1)
+            await plain.close()
+
+            # A request for another batch closes batch 2's episodes and plays its own.
+            await until(lambda: resets() == 24, "batch 2 reset ahead")
+            batch_7 = await session.collect(7, num_groups=1, group_size=2)
+            assert [t.episode_id for t in batch_7.trajectories] == [
+                "job-a-b7-g0-s0",
+                "job-a-b7-g0-s1",
+            ]
+            assert resets() == 26
+            # The stream's end closes batch 8's episodes, reset ahead: nothing stays open.
+            await until(lambda: resets() == 28, "batch 8 reset ahead")
+            await session.close()
+            await until(lambda: len(env.table) == 0, "every episode closed")
+
+    asyncio.run(scenario())
