@@ -41,13 +41,10 @@ _CALL_RANK = {"reset": 0, "step": 1, "close": 2}  # EnvHub runs a batch's calls 
 
 @dataclass
 class _OutgoingCalls:
-    """Calls waiting to go out in one message; ``sent`` resolves once it is written."""
+    """Calls waiting to go out in one message."""
 
     calls: envhub_pb2.EpisodeCalls = field(default_factory=envhub_pb2.EpisodeCalls)
     last_rank: dict[str, int] = field(default_factory=dict)  # per episode
-    sent: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
 
     def takes(self, episode_id: str, kind: str) -> bool:
         """Whether a call can join without running before an earlier call of its episode."""
@@ -196,7 +193,9 @@ class EnvHubClient:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[episode_id] = (kind, future)
         try:
-            await self._send_call(episode_id, kind, payload)
+            # Not waiting for the write: a stream that cannot be written fails every pending
+            # reply (``_fail_all``), this one included.
+            self._queue(episode_id, kind, payload)
             return await asyncio.wait_for(future, self.timeout_s)
         except TimeoutError:
             raise UnavailableError(
@@ -213,52 +212,33 @@ class EnvHubClient:
         a batch's episodes end without waiting for their closes to be written."""
         if self._broken is None and self._call is not None:
             close = environment_pb2.CloseEpisodeRequest(episode_id=episode_id)
-            self._queue_call(episode_id, "close", close)
+            self._queue(episode_id, "close", close)
 
-    async def _send_call(self, episode_id: str, kind: str, payload: object) -> None:
-        """Queue a call into the next EpisodeCalls message; returns once that is written."""
+    def _queue(self, episode_id: str, kind: str, payload: object) -> None:
+        """Add a call to the outbox; the sender writes every call queued in this tick as one
+        EpisodeCalls message (and the next ones in order)."""
         if self._call is None:
             raise self._broken or UnavailableError(
                 f"no open stream for environment '{self.env_name}'"
             )
-        await asyncio.shield(self._queue_call(episode_id, kind, payload))
-
-    def _queue_call(self, episode_id: str, kind: str, payload: object) -> asyncio.Future[None]:
-        """Add a call to the outbox (the sender writes it this tick); the future of its
-        message's write."""
         if not self._outbox or not self._outbox[-1].takes(episode_id, kind):
             self._outbox.append(_OutgoingCalls())
         batch = self._outbox[-1]
         batch.add(episode_id, kind, payload)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_outbox(), name="envhub-send")
-        return batch.sent
 
     async def _send_outbox(self) -> None:
-        """Write queued batches in order; calls issued in the same tick share one message."""
+        """Write queued batches in order; calls issued in the same tick share one message.
+        A failed write ends the stream (``_write``: every pending reply fails with it)."""
         await asyncio.sleep(0)  # let every task woken in this tick add its call
         while self._outbox:
             batch = self._outbox.popleft()
             try:
                 await self._write(envhub_pb2.RunEpisodesRequest(calls=batch.calls))
-            except OpenTinkerError as err:
-                batch.sent.set_exception(err)
-                batch.sent.exception()  # retrieved: its callers may have given up
-            except asyncio.CancelledError:
-                self._fail_outbox(batch)
-                raise
-            else:
-                batch.sent.set_result(None)
-
-    def _fail_outbox(self, *batches: _OutgoingCalls) -> None:
-        error = self._broken or UnavailableError(
-            f"the episode stream of environment '{self.env_name}' was closed"
-        )
-        for batch in (*batches, *self._outbox):
-            if not batch.sent.done():
-                batch.sent.set_exception(error)
-                batch.sent.exception()
-        self._outbox.clear()
+            except OpenTinkerError:
+                self._outbox.clear()
+                return
 
     async def _write(self, message: envhub_pb2.RunEpisodesRequest) -> None:
         message.seq = next(self._seq)
@@ -369,4 +349,4 @@ class EnvHubClient:
         for _, future in self._pending.values():
             if not future.done():
                 future.set_exception(self._broken)
-        self._fail_outbox()
+        self._outbox.clear()
