@@ -1,0 +1,77 @@
+"""What a second CPU thread buys the demo's compute: generate and train, 1 thread vs 2.
+
+The demo task in one process (bench/vs_inprocess.py's in-process run: tiny Qwen2, letter
+reward, 16 prompts x 8 samples, lr 1e-4, full fine-tuning); steps alternate between 1 and 2
+torch threads, and the second half of the run (when groups have mixed rewards, so training
+has rows to train on) is averaged per thread count. When 2 threads are close to 2x one,
+splitting the cores between the rollout and the trainer (staleness >= 1, each on its own core)
+can beat running both in turn on all cores; when they are far from it, it cannot.
+
+    .venv/bin/python bench/thread_scaling.py [--steps 700]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from learn_letters_inprocess import sample_group_batch  # bench/ is sys.path[0]
+
+from opentinker.services.launcher.demo import demo_spec
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.training import rl_update
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=700)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="opentinker-thread-scaling-"))
+    spec = demo_spec(ensure_tiny_model(root / "tiny-qwen2"), threshold=1.0, max_steps=args.steps)
+    rl = spec.rl
+    assert rl is not None
+    torch.manual_seed(rl.seed)
+    policy = Policy(spec.model, learning_rate=rl.learning_rate)
+    config = UpdateConfig.from_rl(rl)
+    rng = random.Random(rl.seed)
+    alphabet = string.ascii_uppercase[: int(rl.env_options["num_letters"])]
+    totals = {1: [0.0, 0.0, 0], 2: [0.0, 0.0, 0]}  # threads -> generate s, train s, steps
+    for step in range(args.steps):
+        threads = 1 + step % 2
+        torch.set_num_threads(threads)
+        letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
+        started = time.monotonic()
+        episodes, _ = sample_group_batch(
+            policy,
+            letters,
+            rl.samples_per_prompt,
+            rl.sampling.max_new_tokens,
+            rl.sampling.temperature,
+            True,
+            alphabet,
+        )
+        generated = time.monotonic()
+        rl_update(policy, episodes, config)
+        if step >= args.steps // 2:
+            total = totals[threads]
+            total[0] += generated - started
+            total[1] += time.monotonic() - generated
+            total[2] += 1
+    out = sys.stdout
+    means = {t: (g / n, tr / n) for t, (g, tr, n) in totals.items()}
+    for threads, (generate, train) in means.items():
+        out.write(f"{threads} thread(s): generate {generate:.4f} s, train {train:.4f} s a step\n")
+    (g1, t1), (g2, t2) = means[1], means[2]
+    out.write(f"2 threads vs 1: generate {g1 / g2:.2f}x faster, train {t1 / t2:.2f}x faster\n")
+
+
+if __name__ == "__main__":
+    main()
