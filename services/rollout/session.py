@@ -198,6 +198,7 @@ class RolloutSession:
             )
         config = self.config
         envhub = await self._episode_link(config)
+        reconnects = envhub.reconnects  # the link lives on: count this batch's own
         key = BatchKey(batch_index, num_groups, group_size)
         ready = await self._ahead.take(key, envhub) if self._ahead is not None else None
         trajectories, stats = await self._loop.run(
@@ -220,7 +221,7 @@ class RolloutSession:
             episodes=len(trajectories),
             env_errors=len(failed),
             env_retries=stats.env_retries,
-            envhub_reconnects=envhub.reconnects,
+            envhub_reconnects=envhub.reconnects - reconnects,
             policy_version=engine.policy_version,
             generate_s=round(stats.generate_seconds, 3),
             env_s=round(stats.env_seconds, 3),
