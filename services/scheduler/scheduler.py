@@ -25,11 +25,11 @@ from collections.abc import AsyncIterator, Sequence
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import OpenTinkerError, PermissionDeniedError
+from opentinker.errors import PermissionDeniedError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
+from opentinker.services.scheduler.attempt_ends import AttemptEnds
 from opentinker.services.scheduler.dispatch import Dispatcher
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
@@ -37,7 +37,6 @@ from opentinker.services.scheduler.errors import (
 )
 from opentinker.services.scheduler.event_log import state_change
 from opentinker.services.scheduler.job_store import (
-    ACTIVE_STATES,
     TERMINAL_STATES,
     JobPage,
     state_name,
@@ -46,7 +45,7 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
-from opentinker.services.scheduler.spanning import end_parts, holds_part, release_job_leases
+from opentinker.services.scheduler.spanning import holds_part, release_job_leases
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
@@ -90,8 +89,10 @@ class Scheduler:
         self.reports = ProgressReports(stores.jobs, stores.events, self._quotas)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
-        self.max_attempts = max_attempts
         self._sessions: dict[str, WorkerSession] = {}
+        self._ends = AttemptEnds(
+            stores, self._states, self._sessions, max_attempts=max_attempts, wake=self.wake
+        )
         self._dispatcher = Dispatcher(
             stores,
             self._quotas,
@@ -103,7 +104,7 @@ class Scheduler:
             self._jobs,
             self._ledger,
             self._sessions,
-            requeue=self._requeue,
+            requeue=self._ends.requeue,
             mark_running=self._mark_running,
             reconnect_grace_s=reconnect_grace_s,
         )
@@ -295,46 +296,8 @@ class Scheduler:
     async def job_exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
     ) -> None:
-        """Decide how the attempt ended; the lease is released first, whatever happened.
-
-        A result and exit code 0: SUCCEEDED. A process killed by a signal: an infrastructure
-        fault, re-queued to resume from its last checkpoint (see ``_requeue``). Anything else
-        (the trainer reported a failure, or exited non-zero by itself): FAILED."""
-        lease_id = session.running.pop((job_id, attempt), None)
-        if lease_id is not None:  # the processes are gone: free (and account) their devices
-            await self._ledger.release(lease_id)  # before anyone can see the job end
-        try:
-            job = await self._jobs.get(job_id)
-            if job.state not in ACTIVE_STATES or job.attempt != attempt:
-                log.info(
-                    "exit_ignored", job_id=job_id, attempt=attempt, state=state_name(job.state)
-                )
-                return
-            if job.worker_ids:  # a part of a multi-worker attempt
-                if exit_code == 0 and session.worker_id != job.worker_id:
-                    return  # finished its part: rank 0's exit decides the job
-                why = f"its part on worker {session.worker_id} exited (code {exit_code})"
-                await self._end_parts(job, why, except_worker=session.worker_id)
-            report = await self._jobs.report(job_id, attempt)
-            if exit_code == 0 and report.result is not None:
-                await self._states.change(
-                    job_id,
-                    SUCCEEDED,
-                    report.session_end or "trainer finished",
-                    expect_attempt=attempt,
-                    result=report.result,
-                )
-                return
-            if ended_by_signal(exit_code):
-                lost = reason or f"a process of the attempt was killed (exit code {exit_code})"
-                await self._requeue(job_id, job.worker_id, lost)
-                return
-            why = report.failure_reason or reason or f"trainer exited with code {exit_code}"
-            if exit_code == 0 and not (report.failure_reason or reason):
-                why += " without reporting a result"
-            await self._states.change(job_id, FAILED, why, expect_attempt=attempt)
-        finally:
-            self.wake()
+        """Decide how the attempt ended (attempt_ends.py)."""
+        await self._ends.exited(session, job_id, attempt, exit_code, reason)
 
     async def disconnect_worker(
         self, session: WorkerSession, reason: str, *, reclaim: bool = False
@@ -379,35 +342,6 @@ class Scheduler:
                 reason = f"no heartbeat for {silent_s:.1f} s"
                 await self.disconnect_worker(session, reason, reclaim=True)
                 session.send(CloseCommand(reason))
-
-    async def _requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
-        """Put an active job whose attempt was lost (``why``; default: its worker was lost)
-        back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
-        with the reason of every attempt instead."""
-        why = why or f"worker {worker_id} lost"
-        try:
-            job = await self._jobs.get(job_id)
-            if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):
-                return
-            if job.worker_ids:  # the attempt is one unit: end every part before re-queueing
-                await self._end_parts(job, f"{why}; the whole attempt is re-queued", worker_id)
-            await self._jobs.record_lost(job_id, job.attempt, why)
-            if job.attempt >= self.max_attempts:
-                history = await attempt_history(self._jobs, job_id, job.attempt)
-                reason = f"gave up after {job.attempt} attempts: {history}"
-                await self._states.change(job_id, FAILED, reason, expect_attempt=job.attempt)
-                return
-            reason = f"{why}; re-queued"
-            await self._states.change(
-                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt
-            )
-        except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
-            return
-        await self._queue.push_front(job_id)
-
-    async def _end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
-        await end_parts(job, reason, except_worker, self._sessions, self._ledger)
-        self.wake()
 
     async def _release_job_leases(self, worker_id: str, job_id: str) -> None:
         await release_job_leases(worker_id, job_id, self._sessions, self._ledger)

@@ -1,0 +1,128 @@
+"""How an attempt ends: the worker says its processes exited, or the attempt was lost.
+
+``exited``: a result and exit code 0 is SUCCEEDED; a process killed by a signal is an
+infrastructure fault, re-queued to resume from its last checkpoint; anything else (the trainer
+reported a failure, or exited non-zero by itself) is FAILED. ``requeue``: an active job whose
+attempt was lost (its worker closed or went silent, a process was killed) goes back to the
+front of the queue with its attempt count; after ``max_attempts`` lost attempts it fails with
+the history of why. The parts of a multi-worker attempt end together (spanning.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+
+from opentinker.common.v1 import common_pb2
+from opentinker.errors import OpenTinkerError
+from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
+from opentinker.services.scheduler.job_store import ACTIVE_STATES, state_name
+from opentinker.services.scheduler.spanning import end_parts, holds_part
+from opentinker.services.scheduler.stores import Stores
+from opentinker.services.scheduler.transitions import JobStates
+from opentinker.services.scheduler.worker_session import WorkerSession
+
+log = structlog.get_logger(__name__)
+
+QUEUED = common_pb2.JOB_STATE_QUEUED
+SUCCEEDED = common_pb2.JOB_STATE_SUCCEEDED
+FAILED = common_pb2.JOB_STATE_FAILED
+
+
+class AttemptEnds:
+    """Decides what becomes of a job when its attempt ends; ``wake``: a dispatch round soon."""
+
+    def __init__(
+        self,
+        stores: Stores,
+        states: JobStates,
+        sessions: dict[str, WorkerSession],
+        *,
+        max_attempts: int,
+        wake: Callable[[], None],
+    ) -> None:
+        self._jobs = stores.jobs
+        self._queue = stores.queue
+        self._ledger = stores.ledger
+        self._states = states
+        self._sessions = sessions
+        self.max_attempts = max_attempts
+        self._wake = wake
+
+    async def exited(
+        self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
+    ) -> None:
+        """The attempt's processes on ``session``'s worker exited; its lease is released
+        first, whatever happened."""
+        lease_id = session.running.pop((job_id, attempt), None)
+        if lease_id is not None:  # the processes are gone: free (and account) their devices
+            await self._ledger.release(lease_id)  # before anyone can see the job end
+        try:
+            job = await self._jobs.get(job_id)
+            if job.state not in ACTIVE_STATES or job.attempt != attempt:
+                log.info(
+                    "exit_ignored", job_id=job_id, attempt=attempt, state=state_name(job.state)
+                )
+                return
+            if job.worker_ids:  # a part of a multi-worker attempt
+                if exit_code == 0 and session.worker_id != job.worker_id:
+                    return  # finished its part: rank 0's exit decides the job
+                why = f"its part on worker {session.worker_id} exited (code {exit_code})"
+                await self.end_parts(job, why, except_worker=session.worker_id)
+            await self._decide(job, session, exit_code, reason)
+        finally:
+            self._wake()
+
+    async def _decide(
+        self, job: common_pb2.Job, session: WorkerSession, exit_code: int, reason: str
+    ) -> None:
+        job_id, attempt = job.job_id, job.attempt
+        report = await self._jobs.report(job_id, attempt)
+        if exit_code == 0 and report.result is not None:
+            await self._states.change(
+                job_id,
+                SUCCEEDED,
+                report.session_end or "trainer finished",
+                expect_attempt=attempt,
+                result=report.result,
+            )
+            return
+        if ended_by_signal(exit_code):
+            lost = reason or f"a process of the attempt was killed (exit code {exit_code})"
+            await self.requeue(job_id, job.worker_id, lost)
+            return
+        why = report.failure_reason or reason or f"trainer exited with code {exit_code}"
+        if exit_code == 0 and not (report.failure_reason or reason):
+            why += " without reporting a result"
+        await self._states.change(job_id, FAILED, why, expect_attempt=attempt)
+
+    async def requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
+        """Put an active job whose attempt was lost (``why``; default: its worker was lost)
+        back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
+        with the reason of every attempt instead."""
+        why = why or f"worker {worker_id} lost"
+        try:
+            job = await self._jobs.get(job_id)
+            if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):
+                return
+            if job.worker_ids:  # the attempt is one unit: end every part before re-queueing
+                await self.end_parts(job, f"{why}; the whole attempt is re-queued", worker_id)
+            await self._jobs.record_lost(job_id, job.attempt, why)
+            if job.attempt >= self.max_attempts:
+                history = await attempt_history(self._jobs, job_id, job.attempt)
+                reason = f"gave up after {job.attempt} attempts: {history}"
+                await self._states.change(job_id, FAILED, reason, expect_attempt=job.attempt)
+                return
+            reason = f"{why}; re-queued"
+            await self._states.change(
+                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt
+            )
+        except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
+            return
+        await self._queue.push_front(job_id)
+
+    async def end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
+        """Stop the attempt's other parts and free their devices."""
+        await end_parts(job, reason, except_worker, self._sessions, self._ledger)
+        self._wake()
