@@ -17,7 +17,6 @@ capacity holds only one batch's episodes).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,6 +98,7 @@ class BatchAhead:
         the episode stream's end closes the ones EnvHub had opened)."""
         if cancel:
             pending.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            ready = await pending.task
-            await self._loop.close_unplayed(ready)
+        await asyncio.wait({pending.task})  # our own cancellation still reaches us
+        if pending.task.cancelled() or pending.task.exception() is not None:
+            return
+        await self._loop.close_unplayed(pending.task.result())

@@ -65,6 +65,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # The session of each caller's open Rollout stream, by the caller's job id (a private
         # rollout has one caller): SampleTokens samples with its engine and weights.
         self._sessions: dict[str, RolloutSession] = {}
+        self._endings: set[asyncio.Task[None]] = set()  # streams' cleanups still running
 
     def _open_session(self, rpc: str) -> RolloutSession:
         session = self._sessions.get(current_principal().job_id)
@@ -142,10 +143,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            stream.incoming.close()
-            if tenancy is not None:
-                await asyncio.to_thread(tenancy.release)
-            await session.close()  # the job's episode stream: after what others wait for
+            # A client that got its last answer may end the call at once, cancelling this
+            # handler: the stream's cleanup runs as its own task, shielded, held until done.
+            ending = asyncio.create_task(_end_stream(stream, session, tenancy))
+            self._endings.add(ending)
+            ending.add_done_callback(self._endings.discard)
+            await asyncio.shield(ending)
 
     def _tenancy(self, context: grpc.aio.ServicerContext) -> Tenancy:
         """A shared engine's stream: only a job's own processes, one stream per job."""
@@ -163,6 +166,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 code="FAILED_PRECONDITION",
             )
         return Tenancy(self._shared, caller.job_id)
+
+
+async def _end_stream(
+    stream: _RolloutStream, session: RolloutSession, tenancy: Tenancy | None
+) -> None:
+    """Free what a finished Rollout stream held: its shared-memory mappings, its adapter on a
+    shared engine (first: other jobs may wait for the room), its episode stream to EnvHub."""
+    stream.incoming.close()
+    if tenancy is not None:
+        await asyncio.to_thread(tenancy.release)
+    await session.close()
 
 
 # Weight chunks (each up to weights.DEFAULT_CHUNK_BYTES) read ahead of the one being applied.
