@@ -17,17 +17,15 @@ import random
 import string
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from learn_letters_inprocess import sample_group_batch  # bench/ is sys.path[0]
+from vs_inprocess import demo_step  # bench/ is sys.path[0]
 
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.training import rl_update
 
 
 def main() -> None:
@@ -47,23 +45,11 @@ def main() -> None:
     for step in range(args.steps):
         threads = 1 + step % 2
         torch.set_num_threads(threads)
-        letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
-        started = time.monotonic()
-        episodes, _ = sample_group_batch(
-            policy,
-            letters,
-            rl.samples_per_prompt,
-            rl.sampling.max_new_tokens,
-            rl.sampling.temperature,
-            True,
-            alphabet,
-        )
-        generated = time.monotonic()
-        rl_update(policy, episodes, config)
+        _, generate_s, train_s = demo_step(policy, rl, config, rng, alphabet)
         if step >= args.steps // 2:
             total = totals[threads]
-            total[0] += generated - started
-            total[1] += time.monotonic() - generated
+            total[0] += generate_s
+            total[1] += train_s
             total[2] += 1
     out = sys.stdout
     means = {t: (g / n, tr / n) for t, (g, tr, n) in totals.items()}

@@ -34,10 +34,11 @@ from opentinker.jobs import JobEvent
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.training import rl_update
-from opentinker.spec import JobSpec
+from opentinker.spec import JobSpec, RlConfig
 
 WINDOW = 10  # the loop's reward window (stop_at_reward is a 10-step mean)
 
@@ -100,21 +101,9 @@ def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
     split = {"time_generate_s": 0.0, "time_train_s": 0.0}
     started = time.monotonic()
     while run.steps < rl.steps:
-        letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
-        generate_started = time.monotonic()
-        episodes, _ = sample_group_batch(
-            policy,
-            letters,
-            rl.samples_per_prompt,
-            rl.sampling.max_new_tokens,
-            rl.sampling.temperature,
-            True,
-            alphabet,
-        )
-        train_started = time.monotonic()
-        rl_update(policy, episodes, config)
-        split["time_generate_s"] += train_started - generate_started
-        split["time_train_s"] += time.monotonic() - train_started
+        episodes, generate_s, train_s = demo_step(policy, rl, config, rng, alphabet)
+        split["time_generate_s"] += generate_s
+        split["time_train_s"] += train_s
         rewards.append(sum(e.reward for e in episodes) / len(episodes))
         run.steps += 1
         if first_reaching(rewards, rl.stop_at_reward or 1.0) is not None:
@@ -123,6 +112,28 @@ def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
     run.train_seconds = run.wall_seconds = time.monotonic() - started
     run.step_times = {k: v / max(1, run.steps) for k, v in split.items()}
     return run
+
+
+def demo_step(
+    policy: Policy, rl: RlConfig, config: UpdateConfig, rng: random.Random, alphabet: str
+) -> tuple[list[Episode], float, float]:
+    """One in-process GRPO step of the demo task: sample a group per prompt with
+    ``model.generate``, reward directly, update. Returns the episodes and the seconds spent
+    generating and training."""
+    letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
+    started = time.monotonic()
+    episodes, _ = sample_group_batch(
+        policy,
+        letters,
+        rl.samples_per_prompt,
+        rl.sampling.max_new_tokens,
+        rl.sampling.temperature,
+        True,
+        alphabet,
+    )
+    generated = time.monotonic()
+    rl_update(policy, episodes, config)
+    return episodes, generated - started, time.monotonic() - generated
 
 
 def first_reaching(rewards: list[float], target: float) -> int | None:

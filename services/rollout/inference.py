@@ -118,12 +118,11 @@ def run_inference(
     be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
     """
     _check_budgets(episodes, concurrency, max_turns, max_episode_tokens)
-    options = options_with_split(env_options or {}, split)
     config = LoopConfig(
         sampling=sampling or SamplingParams(),
         max_turns=max_turns,
         max_episode_tokens=max_episode_tokens,
-        env_options=options,
+        env_options=options_with_split(env_options or {}, split),
         max_episode_retries=max_episode_retries,
         max_observation_chars=max_observation_chars,
         greedy=greedy,
