@@ -12,13 +12,20 @@ event time minus its step time; in-process: the first sample), so process start-
 load are not in it; the mesh's whole wall-clock (submit -> success) is printed beside it.
 
     .venv/bin/python bench/vs_inprocess.py [--staleness 0,1] [--target 0.95] [--max-steps 1500]
+    .venv/bin/python bench/vs_inprocess.py --repeat 3   # rounds interleaved; medians, spread
     .venv/bin/python bench/vs_inprocess.py --quick      # 3 steps each: the figures, not a race
+
+One run of each is noisy on a shared 2-core machine (the same configuration moves by +-10%
+between runs minutes apart), so ``--repeat N`` plays N rounds, each round every mesh run then
+the in-process one, and prints each round's ratios (a round's runs are minutes apart, so they
+share the machine's state) and their median with the lowest and highest.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import string
 import sys
 import tempfile
@@ -136,6 +143,40 @@ def demo_step(
     return episodes, generated - started, time.monotonic() - generated
 
 
+def report_rounds(rounds: list[list[Run]]) -> None:
+    """Across rounds: each run's seconds to target and each mesh run's ratio to the same
+    round's in-process run, as median [lowest, highest]."""
+    out = sys.stdout
+    out.write(f"\nover {len(rounds)} rounds: median [lowest, highest]\n")
+    for position, first in enumerate(rounds[0]):
+        seconds = _spread([r[position].seconds_to_target for r in rounds], "s")
+        per_step = _spread([r[position].seconds_per_step or None for r in rounds], "s", 4)
+        out.write(f"{first.name:<20} s to target {seconds}   s/step {per_step}\n")
+    for position, first in enumerate(rounds[0][:-1]):
+        to_target = [_ratio(r[position].seconds_to_target, r[-1].seconds_to_target) for r in rounds]
+        per_step = [_ratio(r[position].seconds_per_step, r[-1].seconds_per_step) for r in rounds]
+        out.write(
+            f"ratio {first.name} / in-process (same round): s to target "
+            f"{_spread(to_target, 'x')}   s/step {_spread(per_step, 'x')}\n"
+        )
+
+
+def _ratio(mesh: float | None, base: float | None) -> float | None:
+    return mesh / base if mesh and base else None
+
+
+def _spread(values: list[float | None], unit: str, digits: int = 2) -> str:
+    """``median [lowest, highest]`` of the values measured (None: not reached)."""
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return "n/a (not reached)"
+    missed = len(values) - len(reached)
+    low, mid, high = (
+        f"{v:.{digits}f}" for v in (min(reached), statistics.median(reached), max(reached))
+    )
+    return f"{mid}{unit} [{low}, {high}]" + (f" ({missed} not reached)" if missed else "")
+
+
 def first_reaching(rewards: list[float], target: float) -> int | None:
     """Index of the first step whose 10-step mean reward is >= target (after 10 steps)."""
     for i in range(WINDOW - 1, len(rewards)):
@@ -183,15 +224,24 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--quick", action="store_true", help="3 steps per run (a smoke test)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every run, interleaved")
     args = parser.parse_args()
     max_steps = 3 if args.quick else args.max_steps
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-vs-inprocess-"))
     model_dir = ensure_tiny_model(root / "tiny-qwen2")
     spec = demo_spec(model_dir, threshold=args.target, max_steps=max_steps)
-    runs = [mesh_run(spec, root, int(s)) for s in args.staleness.split(",")]
-    runs.append(inprocess_run(spec, model_dir))
-    report(runs, args.target)
+    rounds: list[list[Run]] = []
+    for index in range(args.repeat):
+        round_root = root / f"round-{index}"
+        runs = [mesh_run(spec, round_root, int(s)) for s in args.staleness.split(",")]
+        runs.append(inprocess_run(spec, model_dir))
+        if args.repeat > 1:
+            sys.stdout.write(f"\n== round {index + 1} of {args.repeat}")
+        report(runs, args.target)
+        rounds.append(runs)
+    if args.repeat > 1:
+        report_rounds(rounds)
 
 
 if __name__ == "__main__":

@@ -85,3 +85,23 @@ def test_multi_lora_with_vllm_says_what_it_needs_where_it_cannot_run() -> None:
         timeout=120,
     )
     assert out.returncode != 0 and "needs a CUDA GPU and the vllm extra" in out.stderr
+
+
+@pytest.mark.unit
+def test_vs_inprocess_rounds_give_medians_and_spread_per_round(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sys.path.insert(0, str(BENCH))
+    from vs_inprocess import Run, report_rounds  # noqa: PLC0415 - bench/ is not a package
+
+    def round_of(mesh_s: float | None, base_s: float) -> list[Run]:
+        mesh = Run("mesh, staleness 0", steps=10, seconds_to_target=mesh_s, train_seconds=2.0)
+        return [mesh, Run("in-process", steps=10, seconds_to_target=base_s, train_seconds=1.0)]
+
+    report_rounds([round_of(30.0, 10.0), round_of(None, 20.0), round_of(60.0, 20.0)])
+    text = capsys.readouterr().out
+    assert "over 3 rounds" in text
+    # each ratio pairs a mesh run with its own round's in-process run: 3.00x and 3.00x
+    assert "s to target 3.00x [3.00, 3.00] (1 not reached)" in text, text
+    assert "s/step 2.00x [2.00, 2.00]" in text, text
+    assert "in-process           s to target 20.00s [10.00, 20.00]" in text, text
