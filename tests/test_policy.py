@@ -174,13 +174,38 @@ def test_skipping_zero_advantage_groups_gives_the_full_batch_update(tiny_model_d
         assert torch.allclose(a, b, atol=1e-6), name
 
 
-def test_a_batch_without_signal_takes_no_step(tiny_model_dir: Path) -> None:
-    policy = Policy(ModelSpec(base_model=str(tiny_model_dir), finetune="full"), learning_rate=1e-3)
-    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+def test_a_batch_without_signal_steps_on_zero_gradients(tiny_model_dir: Path) -> None:
+    """No forward or backward, but AdamW's step still runs on zero gradients, as a plain loop's
+    backward of a zero loss gives: nothing moves on a fresh optimizer, and after a step with
+    signal the weights move by the optimizer's momentum exactly as in that plain loop."""
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune="full")
+    ours, plain = Policy(spec, learning_rate=1e-3), Policy(spec, learning_rate=1e-3)
+    before = {n: p.detach().clone() for n, p in ours.model.named_parameters()}
+    signal = episodes_with_signal(ours)
     same = [
         Episode(0, 0, e.token_ids, e.prompt_length, e.logprobs, e.loss_mask, 0.0, False)
-        for e in episodes_with_signal(policy)
+        for e in signal
     ]
-    stats = grpo_update(policy, same, clip_epsilon=0.2, temperature=1.0)
-    assert stats.trained_tokens == 0 and stats.grad_norm == 0.0 and stats.entropy > 0
-    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())
+
+    def plain_zero_step(policy: Policy) -> None:  # a zero loss, its backward, the step
+        sum(p.sum() * 0.0 for p in policy.trainable_parameters()).backward()
+        policy.optimizer_step(1.0)
+
+    fresh = grpo_update(ours, same, clip_epsilon=0.2, temperature=1.0)
+    plain_zero_step(plain)
+    assert fresh.trained_tokens == 0 and fresh.grad_norm == 0.0 and fresh.entropy > 0
+    assert fresh.optimizer_steps == 1
+    assert all(torch.equal(before[n], p) for n, p in ours.model.named_parameters())
+
+    for policy in (ours, plain):  # the same step with signal on both
+        grpo_update(policy, signal, clip_epsilon=0.2, temperature=1.0)
+    after_signal = {n: p.detach().clone() for n, p in ours.model.named_parameters()}
+    stats = grpo_update(ours, same, clip_epsilon=0.2, temperature=1.0)
+    assert stats.optimizer_steps == 1 and stats.trained_tokens == 0
+    plain_zero_step(plain)
+    moved = [n for n, p in ours.model.named_parameters() if not torch.equal(after_signal[n], p)]
+    assert moved, "the optimizer's momentum moved no weight"
+    for (name, a), (_, b) in zip(
+        ours.model.named_parameters(), plain.model.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-7), name

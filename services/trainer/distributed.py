@@ -42,7 +42,14 @@ from .batch import Episode
 from .batch_work import UpdateConfig, prepare
 from .logprobs import causal_lm_parts
 from .policy import Policy
-from .training import TrainStats, _no_signal_stats, _stats, _Tally, backward_minibatch
+from .training import (
+    TrainStats,
+    _no_signal_stats,
+    _stats,
+    _Tally,
+    backward_minibatch,
+    zero_gradient_step,
+)
 
 # Token-weighted figures of an update summed over ranks (each rank tallies its own rows).
 _TOKEN_FIGURES = ("entropy", "logprob_gap", "clip_fraction", "ratio_mean")
@@ -134,17 +141,18 @@ def data_parallel_update(
     policy: Policy, episodes: list[Episode], config: UpdateConfig, rank: Rank
 ) -> TrainStats:
     """``data_parallel_step`` with the figures ``rl_update`` reports, summed over the ranks'
-    rows (every rank gets the same TrainStats). No step when no sequence has signal (every
-    rank sees the whole batch, so all decide alike)."""
+    rows (every rank gets the same TrainStats). When no sequence has signal every rank takes
+    the step on zero gradients (every rank sees the whole batch, so all decide alike)."""
     _check_data_parallel(config)
     work = prepare(policy, episodes, config, reference=None, critic=None)
     signal_B = (work.advantages_B_T.abs() * work.full.loss_mask_B_T).sum(dim=1) > 0
+    limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
     if not bool(signal_B.any()):
-        return _no_signal_stats(episodes)
+        zero_gradient_step(policy, limit)
+        return _no_signal_stats(episodes, optimizer_steps=1)
     minibatch = list(range(len(episodes)))
     tally = _Tally()
     backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), config, tally=tally)
-    limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
     grad_norm = policy.optimizer_step(limit)
     sums = [tally.token_sums.get(n, 0.0) for n in _TOKEN_FIGURES]
     counts = [float(tally.tokens.get(n, 0)) for n in _TOKEN_FIGURES]
