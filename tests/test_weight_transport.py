@@ -322,7 +322,10 @@ def test_a_rollout_with_its_own_dev_shm_gets_the_bytes_inline(tmp_path) -> None:
         policy = Policy(
             ModelSpec(base_model=str(model_dir), finetune="full"), learning_rate=1e-3, seed=0
         )
-        own_shm = ["unshare", "-r", "--mount", "sh", "-c", 'mount -t tmpfs t /dev/shm && "$@"', "-"]
+        # exec: the rollout replaces the shell, so killing the process kills the rollout (a
+        # shell left in between would orphan it, running on after the test)
+        script = 'mount -t tmpfs t /dev/shm && exec "$@"'
+        own_shm = ["unshare", "-r", "--mount", "sh", "-c", script, "-"]
         process, address = _rollout_process(own_shm)
         try:
             rollout, wire, result = await _sync_once(address, model_dir, policy)
