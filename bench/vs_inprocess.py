@@ -218,13 +218,23 @@ def report(runs: list[Run], target: float) -> None:
             out.write(f"step split ({r.name}, mean s): {split}\n")
 
 
+def _positive(text: str) -> int:
+    """argparse type: an int >= 1 (0 rounds would print nothing at all)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs at least 1 round, got {value}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--staleness", default="0,1", help="mesh runs, comma-separated")
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--quick", action="store_true", help="3 steps per run (a smoke test)")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of every run, interleaved")
+    parser.add_argument(
+        "--repeat", type=_positive, default=1, help="rounds of every run, interleaved"
+    )
     args = parser.parse_args()
     max_steps = 3 if args.quick else args.max_steps
 
