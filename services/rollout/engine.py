@@ -34,6 +34,7 @@ from opentinker.spec import ModelSpec, SamplingParams
 
 from .multimodal import generate_each_with_images
 from .settings import DEFAULT_MAX_BATCH_SIZE
+from .shared_prefill import prompt_inputs
 from .types import Completion
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -208,11 +209,10 @@ class TransformersEngine:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *, greedy: bool = False
     ) -> list[Completion]:
-        input_ids_B_T, attention_mask_B_T = left_padded(prompts, self.pad_token_id)
-        width = input_ids_B_T.shape[1]
+        inputs = prompt_inputs(self.model, prompts, self.pad_token_id, self.device)
+        width = inputs["input_ids"].shape[1]
         result = self.model.generate(  # type: ignore[operator]  # peft wrapper hides the type
-            input_ids=input_ids_B_T.to(self.device),
-            attention_mask=attention_mask_B_T.to(self.device),
+            **inputs,
             **_decoding(sampling, greedy=greedy),
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=self.eos_token_id,
@@ -262,21 +262,6 @@ def eos_and_pad_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
         raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
     eos: int = tokenizer.eos_token_id
     return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-
-
-def left_padded(
-    prompts: Sequence[Sequence[int]], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids_B_T, attention_mask_B_T): the prompts right-aligned, padded on the left."""
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("cannot generate from an empty prompt")
-    width = max(len(p) for p in prompts)
-    input_ids_B_T = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
-    attention_mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids_B_T[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-        attention_mask_B_T[row, width - len(prompt) :] = 1
-    return input_ids_B_T, attention_mask_B_T
 
 
 def cut_at_eos(ids: list[int], logprobs: list[float], eos_token_id: int) -> Completion:

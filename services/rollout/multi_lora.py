@@ -35,8 +35,9 @@ from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_image_processor
 from opentinker.spec import ModelSpec, SamplingParams
 
-from .engine import copy_checked, cut_at_eos, eos_and_pad_ids, left_padded
+from .engine import copy_checked, cut_at_eos, eos_and_pad_ids
 from .settings import DEFAULT_MAX_BATCH_SIZE
+from .shared_prefill import prompt_inputs
 from .types import Completion
 
 # The adapter name the trainer's tensors carry (peft's default): mapped to the job's own here.
@@ -205,13 +206,20 @@ class SharedLoraEngine:
 
     def _generate_chunk(self, rows: Sequence[LoraRow]) -> list[Completion]:
         assert self.model is not None, "rows name loaded adapters"
-        input_ids_B_T, attention_mask_B_T = left_padded([r.prompt for r in rows], self.pad_token_id)
-        width = input_ids_B_T.shape[1]
+        adapters = [r.adapter for r in rows]
+        inputs = prompt_inputs(
+            self.model,
+            [r.prompt for r in rows],
+            self.pad_token_id,
+            self.device,
+            tags=adapters,  # a prompt is shared only under the same adapter
+            forward_kwargs=lambda distinct: self._adapters_of([adapters[b] for b in distinct]),
+        )
+        width = inputs["input_ids"].shape[1]
         sampler = RowSampler(rows, self.device)
         result = self.model.generate(
-            input_ids=input_ids_B_T.to(self.device),
-            attention_mask=attention_mask_B_T.to(self.device),
-            **self._adapters_of([r.adapter for r in rows]),
+            **inputs,
+            **self._adapters_of(adapters),
             do_sample=False,  # the choice is the sampler's argmax of logprob + Gumbel noise
             temperature=None,
             top_p=None,
