@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 from .batch import SequenceBatch
 from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 from .policy import Policy
+from .shared_prompts import PromptGroups, shared_prompt_logprobs
 from .vision_logprobs import vision_hidden_states
 
 
@@ -31,14 +32,38 @@ class ForwardOut:
 
 
 def policy_forward(
-    policy: Policy, batch: SequenceBatch, *, temperature: float, hidden: bool = False
+    policy: Policy,
+    batch: SequenceBatch,
+    *,
+    temperature: float,
+    hidden: bool = False,
+    groups: PromptGroups | None = None,
 ) -> ForwardOut:
-    """The policy's logprobs and entropy for ``batch``, and its hidden states when asked."""
+    """The policy's logprobs and entropy for ``batch``, and its hidden states when asked.
+
+    groups: rows that share a prompt (RL episodes of one group); each prompt then runs once
+    (shared_prompts.py) and positions before a row's last prompt token hold 0, where its loss
+    mask is 0. Not with hidden states, images, gradient checkpointing (which turns the KV
+    cache off) or sharded ranks: those take the plain forward."""
+    if groups is not None and not hidden and _can_share_prompts(policy, batch):
+        logprobs_B_T, entropy_B_T = shared_prompt_logprobs(
+            policy.model,
+            batch,
+            groups,
+            temperature=temperature,
+            device=policy.device,
+            chunk_positions=policy.logit_chunk_positions,
+        )
+        return ForwardOut(logprobs_B_T, entropy_B_T, None)
     hidden_B_L_H = policy.hidden_states(batch)
     logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
         batch, hidden_B_L_H, temperature=temperature
     )
     return ForwardOut(logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None)
+
+
+def _can_share_prompts(policy: Policy, batch: SequenceBatch) -> bool:
+    return not (batch.images or policy.hidden_through_root or policy.spec.gradient_checkpointing)
 
 
 def model_forward(

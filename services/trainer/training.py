@@ -26,6 +26,7 @@ from .losses.value import explained_variance, value_loss
 from .microbatch import group_by_token_budget
 from .policy import Policy
 from .reference import ReferencePolicy
+from .shared_prompts import prompt_groups
 
 __all__ = ["TrainStats", "UpdateConfig", "episode_advantages", "grpo_update", "rl_update"]
 
@@ -196,7 +197,8 @@ def _micro_step(
     first_pass: bool,
 ) -> float:
     """Forward and backward of one micro-batch; returns its share of the policy loss."""
-    sub = collate([work.episodes[i] for i in idx], policy.pad_id)
+    chosen = [work.episodes[i] for i in idx]
+    sub = collate(chosen, policy.pad_id)
     t = sub.loss_mask_B_T.shape[1]
     mask_B_T = sub.loss_mask_B_T.to(policy.device)
     weights_B_T = mask_B_T * torch.tensor([scale[i] for i in idx], device=policy.device)[:, None]
@@ -205,6 +207,7 @@ def _micro_step(
         sub,
         temperature=config.temperature,
         hidden=critic is not None,
+        groups=prompt_groups(chosen),
     )
     old_B_T = sub.old_logprobs_B_T.to(policy.device)
     pg, clip = clipped_policy_loss(

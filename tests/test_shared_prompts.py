@@ -1,0 +1,135 @@
+"""Each prompt of a GRPO group run once in training (services/trainer/shared_prompts.py):
+the same logprobs, entropies and gradients as the plain forward, and the same update."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer import forward, training
+from opentinker.services.trainer.batch import Episode, collate
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.forward import policy_forward
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.shared_prompts import prompt_groups
+from opentinker.spec import LoraConfig, ModelSpec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+def spec(model_dir: Path, finetune: str) -> ModelSpec:
+    if finetune == "lora":
+        return ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4))
+    return ModelSpec(base_model=str(model_dir), finetune="full")
+
+
+def grouped_episodes() -> list[Episode]:
+    """Three prompts of 7, 12 and 4 tokens (the first two have 3 samples, the last one), rows
+    interleaved, completions of 1-5 tokens, some with env tokens (loss mask 0) inside."""
+    prompts = [list(range(40, 47)), list(range(100, 112)), [7, 8, 9, 10]]
+    rows = [(0, [65]), (1, [66, 67, 68]), (0, [69, 70, 71, 72, 73]), (2, [74, 75]),
+            (1, [76]), (0, [77, 78]), (1, [79, 80, 81, 82])]  # fmt: skip
+    episodes = []
+    for i, (group, completion) in enumerate(rows):
+        mask = [0 if k == 1 and len(completion) > 2 else 1 for k in range(len(completion))]
+        episodes.append(
+            Episode(
+                group_index=group,
+                policy_version=0,
+                token_ids=prompts[group] + completion,
+                prompt_length=len(prompts[group]),
+                logprobs=[-1.0 - 0.1 * k for k in range(len(completion))],
+                loss_mask=mask,
+                reward=float(i % 2),
+                env_error=False,
+            )
+        )
+    return episodes
+
+
+def test_prompt_groups_name_each_distinct_prompt_once() -> None:
+    episodes = grouped_episodes()
+    groups = prompt_groups(episodes)
+    assert groups is not None
+    assert groups.distinct_rows == (0, 1, 3)
+    assert groups.slot_of_row == (0, 1, 0, 2, 1, 0, 1)
+    assert groups.prompt_lengths == (7, 12, 7, 4, 12, 7, 12)
+    assert prompt_groups([episodes[0], episodes[1], episodes[3]]) is None  # nothing shared
+    short = [Episode(0, 0, [5, 6], 1, [-1.0], [1], 0.0, False)] * 2
+    assert prompt_groups(short) is None  # a 1-token prompt has nothing before its last token
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_shared_prompts_give_the_plain_forwards_logprobs_and_gradients(
+    model_dir: Path, finetune: str
+) -> None:
+    policy = Policy(spec(model_dir, finetune), learning_rate=1e-3)
+    episodes = grouped_episodes()
+    batch = collate(episodes, policy.pad_id)
+    mask_B_T = batch.loss_mask_B_T
+    figures = {}
+    for name, groups in (("plain", None), ("shared", prompt_groups(episodes))):
+        policy.model.zero_grad()
+        out = policy_forward(policy, batch, temperature=0.7, groups=groups)
+        # A loss reading logprobs and entropies on trained tokens, unequal weights per token.
+        weights_B_T = mask_B_T * torch.linspace(0.5, 1.5, mask_B_T.numel()).view_as(mask_B_T)
+        ((out.logprobs_B_T + 0.1 * out.entropy_B_T) * weights_B_T).sum().backward()
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+        figures[name] = (out.logprobs_B_T.detach(), out.entropy_B_T.detach(), grads)
+    plain_lp, plain_ent, plain_grads = figures["plain"]
+    shared_lp, shared_ent, shared_grads = figures["shared"]
+    for b, ep in enumerate(episodes):
+        computed = slice(ep.prompt_length - 1, len(ep.token_ids) - 1)
+        torch.testing.assert_close(shared_lp[b, computed], plain_lp[b, computed])
+        torch.testing.assert_close(shared_ent[b, computed], plain_ent[b, computed])
+        assert not shared_lp[b, : ep.prompt_length - 1].any()  # not computed: 0
+    assert all(g.abs().max() > 0 for n, g in plain_grads.items() if "lora_A" not in n)
+    for name, grad in plain_grads.items():  # (LoRA's A gets no gradient while B is 0)
+        scale = max(float(grad.abs().max()), 1e-12)
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5 * scale, rtol=1e-4)
+
+
+def test_an_update_with_shared_prompts_moves_the_weights_as_the_plain_one(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rl_update end to end (two micro-batches, two minibatches): the same weights after."""
+    policy = Policy(spec(model_dir, "full"), learning_rate=1e-3)
+    twin = copy.deepcopy(policy)
+    start = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    config = UpdateConfig(
+        clip_epsilon=0.2, temperature=1.0, minibatch_size=4, micro_batch_tokens=40
+    )
+    calls = []
+    real = forward.shared_prompt_logprobs
+    monkeypatch.setattr(
+        forward, "shared_prompt_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    shared_stats = training.rl_update(policy, grouped_episodes(), config)
+    assert calls  # some micro-batch did share its prompts
+    monkeypatch.setattr(training, "prompt_groups", lambda episodes: None)  # the plain forward
+    plain_stats = training.rl_update(twin, grouped_episodes(), config)
+    assert shared_stats.optimizer_steps == plain_stats.optimizer_steps == 2
+    assert shared_stats.loss == pytest.approx(plain_stats.loss, rel=1e-4, abs=1e-6)
+    # Adam's first steps move an element by about lr * sign(g): where g is near 0 (~1e-8),
+    # the 1e-9 rounding of another summation order moves it by up to a few % of lr. A wrong
+    # gradient would move most elements differently by ~lr.
+    lr = 1e-3
+    elements = off = 0
+    for (name, after), (_, plain_after) in zip(
+        policy.model.named_parameters(), twin.model.named_parameters(), strict=True
+    ):
+        gap = (after - plain_after).detach().abs()
+        assert float(gap.max()) < 0.1 * lr, name
+        off += int((gap > 1e-6).sum())
+        elements += gap.numel()
+        assert not torch.equal(after, start[name]), f"{name} did not move"
+    assert off < 1e-3 * elements
