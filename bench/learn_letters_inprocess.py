@@ -1,6 +1,7 @@
 """How fast does a random-init tiny Qwen2 learn the `letter` task with GRPO? (one process, no gRPC)
 
-The trainer's own Policy and grpo_update, with sampling done in-process by model.generate.
+The trainer's own Policy and grpo_update, with sampling done in-process by the rollout's
+TransformersEngine on the policy's model.
 Task: system "You answer with a single capital letter.", user "Answer with the letter K."
 (K uniform among the first --num-letters letters); reward 1.0 iff the stripped response starts
 with K. Prints the mean reward every --report-every steps and steps/s, and writes a JSON
@@ -23,10 +24,11 @@ from pathlib import Path
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.training import grpo_update
-from opentinker.spec import ModelSpec
+from opentinker.spec import ModelSpec, SamplingParams
 
 SYSTEM = "You answer with a single capital letter."
 
@@ -63,37 +65,20 @@ def sample_group_batch(
     """Sample group_size completions per letter; return episodes and generated token count."""
     tok = policy.tokenizer
     prompts = [letter_prompt(tok, k, with_system) for k in letters for _ in range(group_size)]
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), policy.pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    for i, p in enumerate(prompts):  # left padding for generation
-        input_ids[i, width - len(p) :] = torch.tensor(p)
-        attention[i, width - len(p) :] = 1
+    # The rollout's own engine on the policy's model: the same sampling code as the mesh's.
+    engine = TransformersEngine(policy.model, tok)
     policy.model.eval()
-    out = policy.model.generate(
-        input_ids=input_ids,
-        attention_mask=attention,
-        do_sample=True,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=0,
-        max_new_tokens=max_new_tokens,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=policy.pad_id,
-        eos_token_id=tok.eos_token_id,
+    completions = engine.generate(
+        prompts,
+        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        seed=int(torch.randint(2**31, ())),  # from torch's RNG, which the caller seeds
     )
     policy.model.train()
-    new_B_S = out.sequences[:, width:]
-    logp_B_S_V = torch.log_softmax(torch.stack(out.logits, dim=1).float() / temperature, dim=-1)
-    logp_B_S = logp_B_S_V.gather(-1, new_B_S.unsqueeze(-1)).squeeze(-1)
     episodes: list[Episode] = []
     generated = 0
-    for i, prompt in enumerate(prompts):
-        ids = new_B_S[i].tolist()
-        n = ids.index(tok.eos_token_id) + 1 if tok.eos_token_id in ids else len(ids)
-        completion = ids[:n]
-        generated += n
+    for i, (prompt, sampled) in enumerate(zip(prompts, completions, strict=True)):
+        completion = sampled.token_ids  # up to and including eos
+        generated += len(completion)
         letter = letters[i // group_size]
         text = tok.decode(completion, skip_special_tokens=True)
         episodes.append(
@@ -102,8 +87,8 @@ def sample_group_batch(
                 policy_version=0,
                 token_ids=prompt + completion,
                 prompt_length=len(prompt),
-                logprobs=logp_B_S[i, :n].tolist(),
-                loss_mask=[1] * n,
+                logprobs=sampled.logprobs,
+                loss_mask=[1] * len(completion),
                 reward=letter_reward(text, letter, alphabet, format_reward),
                 env_error=False,
             )

@@ -4,8 +4,9 @@ The demo's job (services/launcher/demo.py: tiny random-init Qwen2, env ``letter`
 letters, 16 prompts x 8 samples, lr 1e-4, full fine-tuning, one token per answer) runs first
 through the real single-node mesh (Redis, scheduler, EnvHub, worker -> trainer + rollout, each
 its own process), once per ``--staleness`` value, then in one process: the trainer's own
-``rl_update`` with the same UpdateConfig, sampling by ``model.generate`` and the letter game's
-reward computed directly. Each run stops when the 10-step mean reward reaches ``--target``.
+``rl_update`` with the same UpdateConfig, sampling by the rollout's ``TransformersEngine`` and
+the letter game's reward computed directly. Each run stops when the 10-step mean reward
+reaches ``--target``.
 
 Seconds to target count from the start of training (the mesh: the first step's start, i.e. its
 event time minus its step time; in-process: the first sample), so process start-up and model
@@ -95,7 +96,7 @@ def mesh_run(spec: JobSpec, root: Path, staleness: int) -> Run:
 
 
 def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
-    """The same GRPO in this process: sample with model.generate, reward directly."""
+    """The same GRPO in this process: sample with the rollout's engine, reward directly."""
     assert spec.rl is not None
     rl = spec.rl
     torch.manual_seed(rl.seed)
@@ -124,9 +125,9 @@ def inprocess_run(spec: JobSpec, model_dir: Path) -> Run:
 def demo_step(
     policy: Policy, rl: RlConfig, config: UpdateConfig, rng: random.Random, alphabet: str
 ) -> tuple[list[Episode], float, float]:
-    """One in-process GRPO step of the demo task: sample a group per prompt with
-    ``model.generate``, reward directly, update. Returns the episodes and the seconds spent
-    generating and training."""
+    """One in-process GRPO step of the demo task: sample a group per prompt with the rollout's
+    ``TransformersEngine``, reward directly, update. Returns the episodes and the seconds
+    spent generating and training."""
     letters = [rng.choice(alphabet) for _ in range(rl.prompts_per_step)]
     started = time.monotonic()
     episodes, _ = sample_group_batch(
