@@ -179,7 +179,7 @@ def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
     redis_server = RedisProcess(tmp_path / "redis").start()
     config = redis.Redis.from_url(redis_server.url, decode_responses=True)
     settings = config.config_get("append*")
-    assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "everysec")
+    assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "always")
     config.close()
 
     async def main() -> None:

@@ -5,8 +5,13 @@ Example::
     with RedisProcess(data_dir=Path("runs/redis")) as redis_server:
         scheduler_settings = SchedulerSettings(redis_url=redis_server.url)
 
-The data directory keeps an append-only file (``appendonly yes``), so a restarted server on the
-same folder finds every job, lease and event again.
+The data directory keeps an append-only file (``appendonly yes``, ``appendfsync always``), so
+a restarted server on the same folder finds every job, lease and event again, also after a
+SIGKILL: with ``everysec`` Redis answers a write before it reaches the file whenever the
+previous second's fsync is still running (up to 2 s of acknowledged writes; a test run lost a
+step event that way once steps took 40 ms), while ``always`` costs ~0.14 ms a write here
+(0.07 -> 0.21 ms per awaited SET on this machine's disk; writes of one event-loop turn share
+one fsync).
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ class RedisProcess:
             "--port", str(self.port),
             "--dir", str(self.data_dir.resolve()),
             "--appendonly", "yes",
-            "--appendfsync", "everysec",
+            "--appendfsync", "always",  # acknowledged = on disk (module docstring)
             "--save", "",
             "--daemonize", "no",
             "--protected-mode", "yes",
