@@ -27,7 +27,8 @@ from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 12
+# Enough steps that the fault lands mid-job: a step of this job takes ~40 ms on 2 CPU cores.
+STEPS = 30
 
 
 @pytest.fixture(scope="module")
