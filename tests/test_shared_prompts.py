@@ -133,3 +133,24 @@ def test_an_update_with_shared_prompts_moves_the_weights_as_the_plain_one(
         elements += gap.numel()
         assert not torch.equal(after, start[name]), f"{name} did not move"
     assert off < 1e-3 * elements
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_the_reference_policy_shares_prompts_too(model_dir: Path, finetune: str) -> None:
+    """The KL term's reference (a frozen copy, or LoRA's base with the adapter off): the same
+    logprobs from the last prompt token on, after the policy has moved away from it."""
+    from opentinker.services.trainer.reference import ReferencePolicy
+
+    policy = Policy(spec(model_dir, finetune), learning_rate=1e-2)
+    reference = ReferencePolicy.from_policy(policy)
+    episodes = grouped_episodes()
+    training.rl_update(policy, episodes, UpdateConfig(clip_epsilon=0.2, temperature=1.0))
+    batch = collate(episodes, policy.pad_id)
+    plain = reference.logprobs(batch, temperature=0.8)
+    shared = reference.logprobs(batch, temperature=0.8, groups=prompt_groups(episodes))
+    moved = policy_forward(policy, batch, temperature=0.8).logprobs_B_T.detach()
+    for b, ep in enumerate(episodes):
+        computed = slice(ep.prompt_length - 1, len(ep.token_ids) - 1)
+        torch.testing.assert_close(shared[b, computed], plain[b, computed])
+        assert not shared[b, : ep.prompt_length - 1].any()
+    assert not torch.allclose(moved, plain, atol=1e-4)  # the reference is not the policy

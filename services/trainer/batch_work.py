@@ -24,6 +24,7 @@ from .losses.policy_gradient import Normalization
 from .microbatch import group_by_token_budget
 from .policy import Policy
 from .reference import ReferencePolicy
+from .shared_prompts import PromptGroups, prompt_groups
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ def prepare(
             full,
             config.micro_batch_tokens,
             policy.pad_id,
-            lambda sub: reference.logprobs(sub, temperature=config.temperature),
+            lambda sub, groups: reference.logprobs(
+                sub, temperature=config.temperature, groups=groups
+            ),
         )
     penalty_B_T = None
     if config.kl_in_reward and ref_B_T is not None:
@@ -132,7 +135,7 @@ def prepare(
         full,
         config.micro_batch_tokens,
         policy.pad_id,
-        lambda sub: _values(policy, critic, sub, config.temperature),
+        lambda sub, _groups: _values(policy, critic, sub, config.temperature),  # hidden states
     )
     advantages_B_T, returns_B_T = gae_token_advantages(
         episodes,
@@ -157,12 +160,14 @@ def _per_micro_batch(
     full: SequenceBatch,
     budget: int,
     pad_id: int,
-    compute: Callable[[SequenceBatch], torch.Tensor],
+    compute: Callable[[SequenceBatch, PromptGroups | None], torch.Tensor],
 ) -> torch.Tensor:
-    """``compute`` over micro-batches of at most ``budget`` tokens, assembled to ``[B, T]``."""
+    """``compute`` over micro-batches of at most ``budget`` tokens (each with its rows' prompt
+    groups), assembled to ``[B, T]``."""
     out_B_T = torch.zeros_like(full.loss_mask_B_T)
     for idx in group_by_token_budget([len(e.token_ids) for e in episodes], budget):
-        sub = collate([episodes[i] for i in idx], pad_id)
-        part = compute(sub).detach().float().cpu()
+        chosen = [episodes[i] for i in idx]
+        sub = collate(chosen, pad_id)
+        part = compute(sub, prompt_groups(chosen)).detach().float().cpu()
         out_B_T[idx, : part.shape[1]] = part
     return out_B_T

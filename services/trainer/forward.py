@@ -45,7 +45,7 @@ def policy_forward(
     (shared_prompts.py) and positions before a row's last prompt token hold 0, where its loss
     mask is 0. Not with hidden states, images, gradient checkpointing (which turns the KV
     cache off) or sharded ranks: those take the plain forward."""
-    if groups is not None and not hidden and _can_share_prompts(policy, batch):
+    if groups is not None and not hidden and can_share_prompts(policy, batch):
         logprobs_B_T, entropy_B_T = shared_prompt_logprobs(
             policy.model,
             batch,
@@ -62,7 +62,8 @@ def policy_forward(
     return ForwardOut(logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None)
 
 
-def _can_share_prompts(policy: Policy, batch: SequenceBatch) -> bool:
+def can_share_prompts(policy: Policy, batch: SequenceBatch) -> bool:
+    """Whether ``batch`` may run with shared prompts on ``policy``'s model (or a frozen copy)."""
     return not (batch.images or policy.hidden_through_root or policy.spec.gradient_checkpointing)
 
 

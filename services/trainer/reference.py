@@ -13,8 +13,9 @@ import torch
 from transformers import PreTrainedModel
 
 from .batch import SequenceBatch
-from .forward import model_forward
+from .forward import can_share_prompts, model_forward
 from .policy import Policy
+from .shared_prompts import PromptGroups, shared_prompt_logprobs
 
 
 class ReferencePolicy:
@@ -36,8 +37,15 @@ class ReferencePolicy:
         return cls(policy, frozen)
 
     @torch.no_grad()
-    def logprobs(self, batch: SequenceBatch, *, temperature: float) -> torch.Tensor:
+    def logprobs(
+        self, batch: SequenceBatch, *, temperature: float, groups: PromptGroups | None = None
+    ) -> torch.Tensor:
+        """groups: rows that share a prompt; each prompt then runs once (shared_prompts.py) and
+        positions before a row's last prompt token hold 0, where its loss mask is 0."""
+        shared = groups if groups is not None and can_share_prompts(self.policy, batch) else None
         if self.frozen is not None:
+            if shared is not None:
+                return self._shared(self.frozen, batch, shared, temperature)
             return model_forward(
                 self.frozen,
                 batch,
@@ -46,5 +54,24 @@ class ReferencePolicy:
                 image_processor=self.policy.image_processor,
             ).logprobs_B_T
         with self.policy.model.disable_adapter():  # type: ignore[operator]
+            if shared is not None:
+                return self._shared(self.policy.model, batch, shared, temperature)
             logprobs_B_T, _ = self.policy.token_logprobs_and_entropy(batch, temperature=temperature)
+        return logprobs_B_T
+
+    def _shared(
+        self,
+        model: torch.nn.Module,
+        batch: SequenceBatch,
+        groups: PromptGroups,
+        temperature: float,
+    ) -> torch.Tensor:
+        logprobs_B_T, _ = shared_prompt_logprobs(
+            model,
+            batch,
+            groups,
+            temperature=temperature,
+            device=self.policy.device,
+            chunk_positions=self.policy.logit_chunk_positions,
+        )
         return logprobs_B_T
