@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from opentinker.services.common.cpu_share import follow_worker_share
+from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
@@ -95,6 +96,8 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
         factory = preloaded_engine_factory(
             preload, factory, max_batch_size=settings.max_batch_size, device=settings.device or None
         )
+    if launch is not None:  # one job's process: its engine stays loaded to the end
+        factory = frozen_after(factory, "engine")
     server, port = await create_server(
         settings,
         engine_factory=factory,

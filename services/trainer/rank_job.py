@@ -14,6 +14,7 @@ import os
 import structlog
 
 from opentinker.errors import ConfigError
+from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.modeling.placement import placement_here
 from opentinker.spec import JobSpec, from_proto
@@ -92,4 +93,5 @@ def _follow_job(spec: JobSpec, device: str, rank: Rank) -> None:
         spec.model, learning_rate=spec.rl.learning_rate, device=device, seed=spec.rl.seed
     )
     shard_policy(policy)
+    freeze_loaded_heap("policy")
     follow(policy, rank)

@@ -21,6 +21,7 @@ from opentinker.services.common.auth import (
     rules_for,
 )
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server, mark_serving
+from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
@@ -217,6 +218,7 @@ async def _train(
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _report_failure(reporter, reason, log.bind(job_id=job_id))
+    freeze_loaded_heap("policy")
     if spec.kind == "sft":
         outcome = await SftLoop(
             job_id=job_id,

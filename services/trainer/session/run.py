@@ -19,6 +19,7 @@ from opentinker.services.common.auth import (
     OwnCredentialAuthenticator,
 )
 from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.modeling.preload import Preload
 from opentinker.session_config import SessionConfig
@@ -110,7 +111,7 @@ async def _load_policy(
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(config.seed)
     preloaded = preload.take(spec.model.base_model) if preload is not None else None
-    return await asyncio.to_thread(
+    policy = await asyncio.to_thread(
         Policy,
         spec.model,
         learning_rate=1e-5,  # replaced by each optim_step's AdamParams
@@ -118,6 +119,8 @@ async def _load_policy(
         preloaded=preloaded,
         seed=config.seed,
     )
+    freeze_loaded_heap("policy")
+    return policy
 
 
 async def _serve_until_ended(
