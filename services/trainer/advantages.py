@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from .batch import Episode
+from .batch import Episode, row_positions
 from .estimators.gae import gae_advantages
 from .estimators.grpo import ADVANTAGE_EPS, group_advantages
 from .estimators.reinforce import batch_baseline_advantages
@@ -99,13 +99,20 @@ def token_advantages(
     episodes = [_shifted(ep, reward_shift_B, b) for b, ep in enumerate(episodes)]
     first_B = first_returns(episodes, gamma=gamma)
     advantages_B, scales_B = baseline_advantages(first_B, episodes, loss)
-    out_B_T = torch.zeros((len(episodes), width))
+    advantages, first, scales = advantages_B.tolist(), first_B.tolist(), scales_B.tolist()
+    values: list[float] = []  # every completion token's advantage, row after row
     for b, ep in enumerate(episodes):
+        if not ep.turn_rewards:  # one turn: every token's return is G_0, its advantage the row's
+            values.extend([advantages[b]] * ep.completion_length)
+            continue
         rewards, ends = ep.turns()
         per_token = token_returns(rewards, ends, ep.completion_length, gamma)
-        start = ep.prompt_length - 1
-        advantage = advantages_B[b] + (per_token - first_B[b]) * scales_B[b]
-        out_B_T[b, start : start + ep.completion_length] = advantage
+        values.extend((advantages[b] + (per_token - first[b]) * scales[b]).tolist())
+    out_B_T = torch.zeros((len(episodes), width))
+    rows, cols = row_positions(
+        [e.completion_length for e in episodes], [e.prompt_length - 1 for e in episodes]
+    )
+    out_B_T[rows, cols] = torch.tensor(values, dtype=torch.float32)
     return out_B_T
 
 
