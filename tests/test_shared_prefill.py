@@ -123,3 +123,29 @@ def test_prompts_too_short_to_share_take_the_plain_path(engine: TransformersEngi
     assert "past_key_values" not in inputs
     with pytest.raises(ValueError, match="empty prompt"):
         prompt_inputs(engine.model, [[], [3, 4]], engine.pad_token_id, engine.device)
+
+
+def test_a_vision_language_engine_keeps_the_plain_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its rope positions are 3-D and its generate keeps rope state between calls: no cache
+    made outside generate, also for text-only prompts."""
+    from opentinker.services.modeling.tiny_vl_model import build_tiny_vl_model
+    from opentinker.services.rollout import engine as engine_module
+    from opentinker.spec import SamplingParams
+
+    vl = TransformersEngine.load(
+        ModelSpec(base_model=str(build_tiny_vl_model(tmp_path / "vl")), finetune="full"),
+        device="cpu",
+    )
+    assert vl.image_processor is not None
+    shares: list[bool] = []
+    real = engine_module.prompt_inputs
+    monkeypatch.setattr(
+        engine_module,
+        "prompt_inputs",
+        lambda *args, **kwargs: shares.append(kwargs["share"]) or real(*args, **kwargs),
+    )
+    prompt = vl.tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    completions = vl.generate([prompt] * 4, SamplingParams(max_new_tokens=2), seed=0)
+    assert len(completions) == 4 and shares == [False]

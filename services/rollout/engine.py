@@ -209,7 +209,13 @@ class TransformersEngine:
     def _generate_batch(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *, greedy: bool = False
     ) -> list[Completion]:
-        inputs = prompt_inputs(self.model, prompts, self.pad_token_id, self.device)
+        inputs = prompt_inputs(
+            self.model,
+            prompts,
+            self.pad_token_id,
+            self.device,
+            share=self.image_processor is None,  # vision-language: 3-D rope positions
+        )
         width = inputs["input_ids"].shape[1]
         result = self.model.generate(  # type: ignore[operator]  # peft wrapper hides the type
             **inputs,

@@ -28,6 +28,7 @@ def prompt_inputs(
     *,
     tags: Sequence[Hashable] | None = None,
     forward_kwargs: Callable[[list[int]], dict[str, Any]] = lambda rows: {},
+    share: bool = True,
 ) -> dict[str, Any]:
     """``input_ids``, ``attention_mask`` (the prompts left-padded) and, when some rows share a
     prompt, ``past_key_values``: every distinct prompt's all-but-last tokens, run once, then
@@ -36,13 +37,15 @@ def prompt_inputs(
     tags: per row, what else must match for two rows to share (e.g. their LoRA adapter).
     forward_kwargs: the model's extra arguments for the given rows (e.g. their adapter names),
     for the one forward of the distinct prompts (given the row each distinct prompt came from).
+    share: False for a model whose positions are not one number per token (a vision-language
+    model's 3-D rope): the plain inputs.
     """
     keys = [(tuple(p), tags[row] if tags is not None else None) for row, p in enumerate(prompts)]
     first_row: dict[tuple, int] = {}
     for row, key in enumerate(keys):
         first_row.setdefault(key, row)
     distinct = list(first_row.values())
-    if len(distinct) == len(prompts) or min(len(p) for p in prompts) < 2:
+    if not share or len(distinct) == len(prompts) or min(len(p) for p in prompts) < 2:
         input_ids_B_T, attention_mask_B_T = left_padded(prompts, pad_token_id)
         return {
             "input_ids": input_ids_B_T.to(device),

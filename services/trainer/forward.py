@@ -43,8 +43,8 @@ def policy_forward(
 
     groups: rows that share a prompt (RL episodes of one group); each prompt then runs once
     (shared_prompts.py) and positions before a row's last prompt token hold 0, where its loss
-    mask is 0. Not with hidden states, images, gradient checkpointing (which turns the KV
-    cache off) or sharded ranks: those take the plain forward."""
+    mask is 0. Not with hidden states, a vision-language model, gradient checkpointing (which
+    turns the KV cache off) or sharded ranks: those take the plain forward."""
     if groups is not None and not hidden and can_share_prompts(policy, batch):
         logprobs_B_T, entropy_B_T = shared_prompt_logprobs(
             policy.model,
@@ -64,7 +64,12 @@ def policy_forward(
 
 def can_share_prompts(policy: Policy, batch: SequenceBatch) -> bool:
     """Whether ``batch`` may run with shared prompts on ``policy``'s model (or a frozen copy)."""
-    return not (batch.images or policy.hidden_through_root or policy.spec.gradient_checkpointing)
+    return not (
+        batch.images
+        or policy.image_processor is not None  # vision-language: 3-D rope positions
+        or policy.hidden_through_root
+        or policy.spec.gradient_checkpointing
+    )
 
 
 def model_forward(
