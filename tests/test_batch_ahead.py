@@ -52,12 +52,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
 
 
 @contextlib.asynccontextmanager
-async def hub_with_env() -> AsyncIterator[tuple[str, EnvServerHandle]]:
-    settings = EnvHubSettings(port=0, builtin_envs=[])
+async def hub_with_env(
+    *, capacity: int = 64, capacity_wait_s: float = 10.0
+) -> AsyncIterator[tuple[str, EnvServerHandle]]:
+    settings = EnvHubSettings(port=0, builtin_envs=[], capacity_wait_s=capacity_wait_s)
     deps = EnvHubDeps.create(settings)
     server, port = await create_envhub(settings, deps)
     address = f"127.0.0.1:{port}"
-    env = await asyncio.to_thread(serve, Counted, envhub_address=address, block=False)
+    env = await asyncio.to_thread(
+        serve, Counted, envhub_address=address, block=False, capacity=capacity
+    )
     try:
         yield address, env
     finally:
@@ -117,5 +121,27 @@ def test_the_next_batch_is_reset_while_the_trainer_trains(engine: TransformersEn
             await until(lambda: resets() == 28, "batch 8 reset ahead")
             await session.close()
             await until(lambda: len(env.table) == 0, "every episode closed")
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_larger_than_the_envs_capacity_is_reset_ahead_only_as_far_as_it_fits(
+    engine: TransformersEngine,
+) -> None:
+    """8 episodes a batch, an env of capacity 4: the 4 reset ahead hold every slot until
+    played, so the other 4 find the env full. They are not failed: they are reset when played
+    (as the played ones free their slots), and from then on only 4 are reset ahead."""
+
+    async def scenario() -> None:
+        async with hub_with_env(capacity=4, capacity_wait_s=3.0) as (address, _env):
+            session = await open_two_turn_session(
+                address, engine, env_name="counted", job_id="job-c"
+            )
+            for batch_index in range(3):
+                batch = await session.collect(batch_index, num_groups=2, group_size=4)
+                assert [t.reward for t in batch.trajectories] == [1.0] * 8, batch_index
+                assert all(t.finish_reason.name != "ENV_ERROR" for t in batch.trajectories)
+            assert session._ahead is not None and session._ahead.limit == 4
+            await session.close()
 
     asyncio.run(scenario())

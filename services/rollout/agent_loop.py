@@ -120,9 +120,15 @@ class _Episode:
 
 @dataclass(frozen=True)
 class ResetEpisodes:
-    """Episodes reset ahead of their batch (``AgentLoop.reset_ahead``), ready to generate."""
+    """Episodes reset ahead of their batch (``AgentLoop.reset_ahead``), ready to generate;
+    those still PENDING (not reset ahead: beyond the limit, or their env was at capacity)
+    are reset when played."""
 
     episodes: list[_Episode]
+
+    @property
+    def not_reset(self) -> int:
+        return sum(ep.state is EpisodeState.PENDING for ep in self.episodes)
 
 
 class AgentLoop:
@@ -153,11 +159,16 @@ class AgentLoop:
                 reason="the model's chat template ignores tools=; the model is not shown them",
             )
 
-    async def reset_ahead(self, requests: Sequence[EpisodeRequest]) -> ResetEpisodes:
-        """Reset the episodes of ``requests`` now, for a later ``run`` to play (a Reset needs
-        no weights: the rollout does it while the trainer updates; batch_ahead.py)."""
+    async def reset_ahead(
+        self, requests: Sequence[EpisodeRequest], *, limit: int | None = None
+    ) -> ResetEpisodes:
+        """Reset the episodes of ``requests`` (the first ``limit`` of them) now, for a later
+        ``run`` to play (a Reset needs no weights: the rollout does it while the trainer
+        updates; batch_ahead.py). An episode whose env is at capacity is not failed: it stays
+        PENDING and is reset when played, once the played episodes free their slots."""
         episodes = [_Episode(request, request.session) for request in requests]
-        await asyncio.gather(*(self._reset(ep) for ep in episodes))
+        ahead = episodes if limit is None else episodes[:limit]
+        await asyncio.gather(*(self._reset(ep, ahead=True) for ep in ahead))
         return ResetEpisodes(episodes)
 
     async def close_unplayed(self, ready: ResetEpisodes) -> None:
@@ -224,10 +235,12 @@ class AgentLoop:
         if ep.state is EpisodeState.PENDING:
             await self._reset(ep)
 
-    async def _reset(self, ep: _Episode) -> None:
+    async def _reset(self, ep: _Episode, *, ahead: bool = False) -> None:
         try:
             reset = await ep.session.reset(ep.request.seed, self.config.env_options)
         except (OpenTinkerError, TimeoutError) as err:
+            if ahead and isinstance(err, OpenTinkerError) and err.code == "RESOURCE_EXHAUSTED":
+                return  # every instance is full: PENDING, reset when played (reset_ahead)
             await self._fail(ep, f"reset failed: {err}", err)
             return
         if problem := reset_problem(reset, self.config.max_observation_chars):

@@ -10,8 +10,8 @@ EnvHub link, closes them and resets its own; the end of the stream closes them t
 max_staleness >= 1 the request for k+1 is already queued, and the reset ahead merely starts
 a little earlier.
 
-Off with ``OPENTINKER_ROLLOUT_RESET_AHEAD=false`` (an env whose Reset is costly, or whose
-capacity holds only one batch's episodes).
+Off with ``OPENTINKER_ROLLOUT_RESET_AHEAD=false`` (an env whose Reset is costly). A batch
+larger than its env's capacity is reset ahead only as far as it fits (``BatchAhead``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from .agent_loop import AgentLoop, ResetEpisodes
 from .config import RolloutConfig
 from .envhub_link import EnvHubLink
 from .loop_config import EpisodeRequest
 from .seeds import derive_seed
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,24 @@ class _Ahead:
 
 
 class BatchAhead:
-    """At most one batch reset ahead of its request."""
+    """At most one batch reset ahead of its request.
+
+    A batch larger than its env's capacity cannot be reset ahead whole: the episodes reset
+    ahead hold every slot until they are played, so the others wait at EnvHub
+    (``capacity_wait_s``) and come back at capacity. They are reset when played instead, and
+    from then on only as many episodes as found a slot are reset ahead (``limit``), so the
+    wait happens once, not every step."""
 
     def __init__(self, loop: AgentLoop) -> None:
         self._loop = loop
         self._pending: _Ahead | None = None
+        self.limit: int | None = None  # episodes reset ahead at most; None = all
 
     def start(self, key: BatchKey, link: EnvHubLink, requests: Sequence[EpisodeRequest]) -> None:
         """Reset ``requests`` (batch ``key``'s episodes on ``link``) in the background."""
         task = asyncio.create_task(
-            self._loop.reset_ahead(requests), name=f"reset-ahead-{key.batch_index}"
+            self._loop.reset_ahead(requests, limit=self.limit),
+            name=f"reset-ahead-{key.batch_index}",
         )
         self._pending = _Ahead(key, link, task)
 
@@ -83,7 +95,17 @@ class BatchAhead:
         if pending is None:
             return None
         if pending.key == key and pending.link is link:
-            return await pending.task
+            ready = await pending.task
+            tried = len(ready.episodes) if self.limit is None else self.limit
+            if ready.not_reset > len(ready.episodes) - tried:  # some found their env full
+                self.limit = tried - (ready.not_reset - (len(ready.episodes) - tried))
+                log.warning(
+                    "reset_ahead_limited",
+                    batch_size=len(ready.episodes),
+                    reset_ahead=self.limit,
+                    reason="the env was at capacity; the rest are reset when played",
+                )
+            return ready
         await self._discard(pending, cancel=False)
         return None
 
