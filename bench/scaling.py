@@ -125,7 +125,9 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", default="1,2,4", help="concurrent job counts")
-    parser.add_argument("--steps", type=int, default=12, help="steps per concurrent job")
+    parser.add_argument(
+        "--steps", type=int, default=100, help="steps per concurrent job (enough to overlap)"
+    )
     parser.add_argument("--batches", default="128,256,512,1024", help="episodes per step")
     parser.add_argument("--batch-steps", type=int, default=4, help="steps per batch-size job")
     args = parser.parse_args()
