@@ -25,20 +25,18 @@ missing fields) end the episode with ENV_ERROR; the other episodes go on.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import structlog
 
 from opentinker.errors import OpenTinkerError
-from opentinker.services.modeling.vision_inputs import ImageInput
 
 from .chat_format import ChatFormat, decode
 from .engine import GenerationEngine
 from .env_replies import reset_problem, restart_after, step_problem
+from .episode_record import EpisodeState, PlayedEpisode, ResetEpisodes
 from .episode_scheduler import EpisodeScheduler, EpisodeSteps
 from .loop_config import (
     EnvSession,
@@ -63,72 +61,6 @@ from .types import (
 )
 
 log = structlog.get_logger("opentinker.rollout.agent_loop")
-
-
-class EpisodeState(enum.Enum):
-    PENDING = "PENDING"
-    GENERATING = "GENERATING"
-    INTERACTING = "INTERACTING"
-    TERMINATED = "TERMINATED"
-
-
-@dataclass
-class _Episode:
-    request: EpisodeRequest
-    session: EnvSession  # the request's, or the one of its latest restart
-    state: EpisodeState = EpisodeState.PENDING
-    token_ids: list[int] = field(default_factory=list)
-    prompt_length: int = 0
-    logprobs: list[float] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    turn_start: int = 0  # index in token_ids where the current model turn begins
-    reward: float = 0.0
-    num_turns: int = 0
-    turn_rewards: list[float] = field(default_factory=list)  # one per env step
-    turn_ends: list[int] = field(default_factory=list)  # completion index after the turn's tokens
-    finish_reason: FinishReason | None = None
-    finish_detail: str = ""
-    info: dict[str, str] = field(default_factory=dict)
-    retries: int = 0  # restarts after env failures (bounded by max_episode_retries)
-    restarts: int = 0  # every restart, also those after the link to the envs was lost
-    messages: list[ChatMessage] = field(default_factory=list)
-    images: list[ImageInput] = field(default_factory=list)  # shown so far (vision envs)
-
-    def start_over(self, session: EnvSession, *, env_failure: bool) -> None:
-        """Forget everything played so far; the episode is PENDING on a new session."""
-        self.session = session
-        self.state = EpisodeState.PENDING
-        self.token_ids, self.logprobs, self.loss_mask, self.messages = [], [], [], []
-        self.images = []
-        self.turn_rewards, self.turn_ends = [], []
-        self.prompt_length = self.turn_start = self.num_turns = 0
-        self.reward = 0.0
-        self.info = {}
-        self.retries += env_failure
-        self.restarts += 1
-
-    def append(self, ids: Sequence[int], logprobs: Sequence[float], mask: int) -> None:
-        self.token_ids.extend(ids)
-        self.logprobs.extend(logprobs)
-        self.loss_mask.extend([mask] * len(ids))
-
-    def finish(self, reason: FinishReason, detail: str = "") -> None:
-        self.state = EpisodeState.TERMINATED
-        self.finish_reason = reason
-        self.finish_detail = detail
-
-
-@dataclass(frozen=True)
-class ResetEpisodes:
-    """Episodes reset ahead of their batch (``AgentLoop.reset_ahead``), ready to generate;
-    those still PENDING (not reset ahead: beyond the limit, or their env was at capacity)
-    are reset when played."""
-
-    episodes: list[_Episode]
-
-    @property
-    def not_reset(self) -> int:
-        return sum(ep.state is EpisodeState.PENDING for ep in self.episodes)
 
 
 class AgentLoop:
@@ -166,10 +98,10 @@ class AgentLoop:
         ``run`` to play (a Reset needs no weights: the rollout does it while the trainer
         updates; batch_ahead.py). An episode whose env is at capacity is not failed: it stays
         PENDING and is reset when played, once the played episodes free their slots."""
-        episodes = [_Episode(request, request.session) for request in requests]
-        ahead = episodes if limit is None else episodes[:limit]
-        await asyncio.gather(*(self._reset(ep, ahead=True) for ep in ahead))
-        return ResetEpisodes(episodes)
+        episodes = [PlayedEpisode(request, request.session) for request in requests]
+        tried = len(episodes) if limit is None else min(limit, len(episodes))
+        await asyncio.gather(*(self._reset(ep, ahead=True) for ep in episodes[:tried]))
+        return ResetEpisodes(episodes, tried)
 
     async def close_unplayed(self, ready: ResetEpisodes) -> None:
         """End the env sessions of episodes reset ahead that will not be played."""
@@ -187,7 +119,7 @@ class AgentLoop:
         elif self.multi_agent is not None:
             return await self.multi_agent.run(requests, seed=seed)
         else:
-            episodes = [_Episode(request, request.session) for request in requests]
+            episodes = [PlayedEpisode(request, request.session) for request in requests]
         stats = RolloutStats()
         policy_version = self.engine.policy_version
         if self.config.scheduling == "async":
@@ -197,7 +129,9 @@ class AgentLoop:
         stats.env_retries += sum(ep.retries for ep in episodes)
         return [self._trajectory(ep, policy_version) for ep in episodes], stats
 
-    async def _play_async(self, episodes: list[_Episode], seed: int, stats: RolloutStats) -> None:
+    async def _play_async(
+        self, episodes: list[PlayedEpisode], seed: int, stats: RolloutStats
+    ) -> None:
         """Every episode at its own pace; the time not spent generating counts as env time."""
         started = time.monotonic()
         steps = EpisodeSteps(
@@ -212,7 +146,7 @@ class AgentLoop:
         stats.env_seconds += time.monotonic() - started - stats.generate_seconds
 
     async def _play_lockstep(
-        self, episodes: list[_Episode], seed: int, stats: RolloutStats
+        self, episodes: list[PlayedEpisode], seed: int, stats: RolloutStats
     ) -> None:
         started = time.monotonic()
         await asyncio.gather(*(self._start(ep) for ep in episodes))
@@ -230,12 +164,12 @@ class AgentLoop:
         await asyncio.gather(*(self._close(ep) for ep in episodes))
         stats.env_seconds += time.monotonic() - started
 
-    async def _start(self, ep: _Episode) -> None:
+    async def _start(self, ep: PlayedEpisode) -> None:
         """Reset the episode, unless it was reset ahead."""
         if ep.state is EpisodeState.PENDING:
             await self._reset(ep)
 
-    async def _reset(self, ep: _Episode, *, ahead: bool = False) -> None:
+    async def _reset(self, ep: PlayedEpisode, *, ahead: bool = False) -> None:
         try:
             reset = await ep.session.reset(ep.request.seed, self.config.env_options)
         except (OpenTinkerError, TimeoutError) as err:
@@ -268,7 +202,7 @@ class AgentLoop:
             return
         ep.state = EpisodeState.GENERATING
 
-    async def _generate(self, active: list[_Episode], seed: int, stats: RolloutStats) -> None:
+    async def _generate(self, active: list[PlayedEpisode], seed: int, stats: RolloutStats) -> None:
         """One batched engine call for every GENERATING episode; appends each model turn."""
         limits, sampling = turn_budgets(self.config, [len(ep.token_ids) for ep in active])
         started = time.monotonic()
@@ -289,7 +223,7 @@ class AgentLoop:
             ep.state = EpisodeState.INTERACTING
             stats.generated_tokens += len(ids)
 
-    async def _interact(self, ep: _Episode) -> None:
+    async def _interact(self, ep: PlayedEpisode) -> None:
         turn = ep.token_ids[ep.turn_start :]
         action = self._decode(turn, skip_special_tokens=True)
         ep.messages.append(ChatMessage("assistant", action))
@@ -331,14 +265,16 @@ class AgentLoop:
         ep.images.extend(outcome.images)
         ep.state = EpisodeState.GENERATING
 
-    async def _step(self, ep: _Episode, action: str) -> StepOutcome:
+    async def _step(self, ep: PlayedEpisode, action: str) -> StepOutcome:
         """Step the env with the turn's raw text; an env with tools also gets the parsed calls."""
         if not self.env.tools:
             return await ep.session.step(action)
         calls = parse_tool_calls(action, self._tool_names, self.chat.tool_call_style)
         return await ep.session.step(action, calls)
 
-    async def _fail(self, ep: _Episode, what: str, err: OpenTinkerError | TimeoutError) -> None:
+    async def _fail(
+        self, ep: PlayedEpisode, what: str, err: OpenTinkerError | TimeoutError
+    ) -> None:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
         link to the envs) died."""
         reopen = ep.request.reopen
@@ -350,7 +286,7 @@ class AgentLoop:
 
     async def _start_over(
         self,
-        ep: _Episode,
+        ep: PlayedEpisode,
         reopen: Callable[[str], EnvSession],
         err: OpenTinkerError | TimeoutError,
         *,
@@ -369,13 +305,13 @@ class AgentLoop:
         ep.start_over(reopen(env_episode_id), env_failure=env_failure)
         await self._reset(ep)
 
-    async def _close(self, ep: _Episode) -> None:
+    async def _close(self, ep: PlayedEpisode) -> None:
         await close_session(ep.session, ep.request.episode_id)
 
     def _decode(self, ids: list[int], *, skip_special_tokens: bool) -> str:
         return decode(self.engine.tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
-    def _trajectory(self, ep: _Episode, policy_version: int) -> Trajectory:
+    def _trajectory(self, ep: PlayedEpisode, policy_version: int) -> Trajectory:
         assert ep.finish_reason is not None, "every episode ends with a reason"
         completion = ep.token_ids[ep.prompt_length :]
         return Trajectory(

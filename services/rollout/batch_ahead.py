@@ -96,9 +96,8 @@ class BatchAhead:
             return None
         if pending.key == key and pending.link is link:
             ready = await pending.task
-            tried = len(ready.episodes) if self.limit is None else self.limit
-            if ready.not_reset > len(ready.episodes) - tried:  # some found their env full
-                self.limit = tried - (ready.not_reset - (len(ready.episodes) - tried))
+            if ready.found_env_full:
+                self.limit = ready.tried - ready.found_env_full  # what fit this time
                 log.warning(
                     "reset_ahead_limited",
                     batch_size=len(ready.episodes),
