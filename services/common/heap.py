@@ -1,14 +1,14 @@
 """Keep Python's cyclic garbage collector off a loaded model's heap.
 
 After torch, transformers and a model are loaded a process holds ~450k objects that the
-cyclic collector tracks, and a full collection walks every one of them: 287 ms on the 2-core
-CPU machine, a stall of whatever step triggers it (the rollout and the trainer make thousands
-of short-lived objects a step, so one comes every few hundred steps). ``gc.freeze()`` moves
-every object alive now into a permanent generation the collector never walks; objects made
-later are collected as before. An object frozen that later becomes part of an unreachable cycle
-is never freed, so only a process that serves one job freezes (the trainer's and the
-rollout's job processes, once their model is loaded; not a server that loads many models, nor
-a test process).
+cyclic collector tracks, and a full collection walks every one of them: 234-287 ms on the
+2-core CPU machine, a stall of whatever step triggers it (the rollout and the trainer make
+thousands of short-lived objects a step, so one comes every few hundred steps).
+``gc.freeze()`` moves every object alive now into a permanent generation the collector never
+walks; objects made later are collected as before (bench/shared_prompts.py measures both).
+An object frozen that later becomes part of an unreachable cycle is never freed, so only a
+process that serves one job freezes (the trainer's and the rollout's job processes, once
+their model is loaded; not a server that loads many models, nor a test process).
 """
 
 from __future__ import annotations

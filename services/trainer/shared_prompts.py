@@ -6,7 +6,8 @@ a KV cache, with gradient; the cache is repeated to one row per sample, and each
 its last prompt token and its completion on top of it. The backward pass sums each row's
 gradient through the repeat back into its prompt, which is the plain forward's gradient to
 float rounding (tests/test_shared_prompts.py). The demo's batch (16 prompts x 8 samples, 30
-prompt tokens, 1-2 completion tokens) on the tiny model: forward + backward 107 -> 28 ms.
+prompt tokens, one answer token) on the tiny model: forward + backward 113 -> 28 ms
+(bench/shared_prompts.py).
 
 Only positions from the last prompt token on are computed: the logprobs and entropies of
 earlier positions are 0, where the RL loss mask is 0 anyway. The prompts run right-padded, so
