@@ -9,13 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from opentinker.common.v1 import common_pb2
 from opentinker.services.common.cpu_share import (
     SHARE_FILE_ENV,
     ThreadShareFile,
     ThreadShareReader,
     follow_worker_share,
 )
+from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
+from opentinker.spec import JobSpec, RlConfig, SftConfig, to_proto
 
 
 def cpus(n: int) -> list[Device]:
@@ -88,3 +91,41 @@ def test_without_a_worker_share_nothing_changes(monkeypatch: pytest.MonkeyPatch)
         return follow_worker_share()
 
     assert not asyncio.run(main())
+
+
+def launch_of(spec: JobSpec, tmp_path: Path) -> LaunchConfig:
+    job = common_pb2.Job(job_id="j", spec=to_proto(spec), attempt=1)
+    return LaunchConfig.for_job(
+        job, lease_id="l", device_ids=["h/cpu:0"], scheduler_address="s", envhub_address="e",
+        run_dir=tmp_path, job_token="t",
+    )  # fmt: skip
+
+
+def test_a_job_whose_rollout_plays_ahead_splits_its_share_between_rollout_and_trainer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With max_staleness >= 1 the rollout generates the next batch while the trainer trains:
+    each takes half the job's threads. Strictly on-policy they take turns and each takes all."""
+    env = {"env_name": "letter"}
+    assert launch_of(JobSpec(rl=RlConfig(**env)), tmp_path).computing_at_once == 2  # default 1
+    assert launch_of(JobSpec(rl=RlConfig(**env, max_staleness=3)), tmp_path).computing_at_once == 2
+    assert launch_of(JobSpec(rl=RlConfig(**env, max_staleness=0)), tmp_path).computing_at_once == 1
+    sft = JobSpec(kind="sft", sft=SftConfig(dataset_path="/data/chat.jsonl"))
+    assert launch_of(sft, tmp_path).computing_at_once == 1
+
+    share = ThreadShareFile(tmp_path / "share", cores=8)
+    share.publish(1)
+    monkeypatch.setenv(SHARE_FILE_ENV, str(share.path))
+    before = torch.get_num_threads()
+
+    async def threads(computing_at_once: int) -> int:
+        assert follow_worker_share(computing_at_once=computing_at_once)
+        return await asyncio.to_thread(torch.get_num_threads)
+
+    try:
+        assert asyncio.run(threads(1)) == 8
+        assert asyncio.run(threads(2)) == 4
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two trainer ranks split the trainer's half
+        assert asyncio.run(threads(2)) == 2
+    finally:
+        torch.set_num_threads(before)

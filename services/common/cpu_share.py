@@ -104,14 +104,24 @@ class CpuShareExecutor(ThreadPoolExecutor):
         return super().submit(_shared, self._reader, fn, args, kwargs)
 
 
-def follow_worker_share(loop: asyncio.AbstractEventLoop | None = None) -> bool:
+def follow_worker_share(
+    loop: asyncio.AbstractEventLoop | None = None, *, computing_at_once: int = 1
+) -> bool:
     """Make the running loop's default executor follow the worker's share (``asyncio.to_thread``
-    and ``run_in_executor(None, ...)`` then use it). False when no worker asked for it."""
+    and ``run_in_executor(None, ...)`` then use it). False when no worker asked for it.
+
+    ``computing_at_once``: how many of the job's processes compute at the same time
+    (``LaunchConfig.computing_at_once``): each takes that part of the job's share. An RL job
+    whose rollout plays the next batch while the trainer trains gives each half: with the whole
+    share each, their OpenMP threads oversubscribe the cores and the demo's staleness-1 step ran
+    0.049 s against 0.042 s with one thread each on 2 cores (bench/vs_inprocess.py).
+    """
     path = os.environ.get(SHARE_FILE_ENV)
     if not path:
         return False
     # A job's trainer ranks on this worker (worker/ranks.py) split one process's share.
-    reader = ThreadShareReader(Path(path), sharers=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    reader = ThreadShareReader(Path(path), sharers=ranks * max(1, computing_at_once))
     with contextlib.suppress(Exception):  # apply it to this thread too (e.g. model loading)
         apply_share(reader)
     (loop or asyncio.get_running_loop()).set_default_executor(CpuShareExecutor(reader))

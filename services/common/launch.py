@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.common.v1 import common_pb2
+from opentinker.spec import from_proto as spec_from_proto
 
 
 class LaunchConfig(BaseModel):
@@ -40,6 +41,16 @@ class LaunchConfig(BaseModel):
     @property
     def job(self) -> common_pb2.Job:
         return json_format.Parse(self.job_json, common_pb2.Job())
+
+    @property
+    def computing_at_once(self) -> int:
+        """How many of the job's processes compute at the same time: 2 for an RL job whose
+        rollout plays the next batch while the trainer trains (max_staleness >= 1), else 1
+        (strictly on-policy they take turns; other kinds have one computing process)."""
+        job = self.job
+        if job.spec.kind != common_pb2.JOB_KIND_RL:
+            return 1
+        return 2 if spec_from_proto(job.spec).rl.max_staleness >= 1 else 1
 
     @classmethod
     def for_job(cls, job: common_pb2.Job, **fields) -> LaunchConfig:

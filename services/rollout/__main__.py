@@ -75,8 +75,9 @@ async def _until_signalled() -> None:
 
 
 async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
-    follow_worker_share()  # compute threads by the jobs the worker runs now
     launch = LaunchConfig.read(args.launch) if args.launch else None
+    # compute threads by the jobs the worker runs now, and the job's processes computing at once
+    follow_worker_share(computing_at_once=launch.computing_at_once if launch else 1)
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
     settings = RolloutSettings.with_overrides(
         envhub_address=envhub_address,

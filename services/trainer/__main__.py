@@ -30,7 +30,8 @@ async def _main(
     settings: TrainerSettings,
     preload: Preload | None,
 ) -> int:
-    follow_worker_share()  # compute threads by the jobs the worker runs now
+    # compute threads by the jobs the worker runs now, and the job's processes computing at once
+    follow_worker_share(computing_at_once=launch.computing_at_once)
     task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
