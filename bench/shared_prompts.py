@@ -4,7 +4,8 @@ On the demo's batch (tiny random-init Qwen2, 16 prompts x 8 samples of the lette
 prompt tokens, one answer token), calls alternating between the two sides:
 - sampling: ``prompt_inputs`` with each distinct prompt run once into a shared KV cache, vs
   the same call with sharing off (``share=False``), each followed by the same ``generate``;
-- training: ``policy_forward`` with the batch's prompt groups vs without, each with a backward.
+- training: ``policy_forward`` with the batch's prompt groups vs without, each with a backward,
+  and the same with gradient checkpointing on (the backward recomputes every layer);
 Also the pause of one full garbage collection in this process (torch, transformers and the
 model loaded) before and after ``gc.freeze()`` (services/common/heap.py).
 
@@ -117,6 +118,11 @@ def main() -> None:
               f"   {plain / shared:4.1f}x\n")  # fmt: skip
     shared, plain = training(policy, episodes, args.calls)
     out.write(f"training (forward + backward)  shared {shared:7.1f} ms   plain {plain:7.1f} ms"
+              f"   {plain / shared:4.1f}x\n")  # fmt: skip
+    del policy
+    checkpointed = spec.model.model_copy(update={"gradient_checkpointing": True})
+    shared, plain = training(Policy(checkpointed, learning_rate=1e-4), episodes, args.calls)
+    out.write(f"  with gradient checkpointing  shared {shared:7.1f} ms   plain {plain:7.1f} ms"
               f"   {plain / shared:4.1f}x\n")  # fmt: skip
     before = statistics.median(full_collection_ms() for _ in range(3))
     tracked = len(gc.get_objects())

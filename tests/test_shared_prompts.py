@@ -26,10 +26,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
 
 
-def spec(model_dir: Path, finetune: str) -> ModelSpec:
+def spec(model_dir: Path, finetune: str, *, checkpointing: bool = False) -> ModelSpec:
+    common = {"base_model": str(model_dir), "gradient_checkpointing": checkpointing}
     if finetune == "lora":
-        return ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4))
-    return ModelSpec(base_model=str(model_dir), finetune="full")
+        return ModelSpec(**common, finetune="lora", lora=LoraConfig(rank=4))
+    return ModelSpec(**common, finetune="full")
 
 
 def grouped_episodes() -> list[Episode]:
@@ -68,11 +69,24 @@ def test_prompt_groups_name_each_distinct_prompt_once() -> None:
     assert prompt_groups(short) is None  # a 1-token prompt has nothing before its last token
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointed"])
 @pytest.mark.parametrize("finetune", ["full", "lora"])
 def test_shared_prompts_give_the_plain_forwards_logprobs_and_gradients(
-    model_dir: Path, finetune: str
+    model_dir: Path, finetune: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    policy = Policy(spec(model_dir, finetune), learning_rate=1e-3)
+    """Also under gradient checkpointing, whose backward recomputes every layer with the
+    prompts' caches (a cache that appended would be appended to again: wrong shapes)."""
+    policy = Policy(spec(model_dir, finetune, checkpointing=checkpointing), learning_rate=1e-3)
+    assert policy.model.is_gradient_checkpointing == checkpointing
+    recomputed = []
+    layer = policy.model.get_decoder().layers[0]
+    if checkpointing:  # count the layer's recomputations in the backward passes
+        real = layer._gradient_checkpointing_func
+        monkeypatch.setattr(
+            layer, "_gradient_checkpointing_func", lambda f, *a, **k: real(
+                lambda *x, **y: recomputed.append(torch.is_grad_enabled()) or f(*x, **y), *a, **k
+            ),
+        )  # fmt: skip
     episodes = grouped_episodes()
     batch = collate(episodes, policy.pad_id)
     mask_B_T = batch.loss_mask_B_T
@@ -93,6 +107,9 @@ def test_shared_prompts_give_the_plain_forwards_logprobs_and_gradients(
         torch.testing.assert_close(shared_ent[b, computed], plain_ent[b, computed])
         assert not shared_lp[b, : ep.prompt_length - 1].any()  # not computed: 0
     assert all(g.abs().max() > 0 for n, g in plain_grads.items() if "lora_A" not in n)
+    # checkpointed: the plain pass runs the layer once, the shared two (prompts, rows), and
+    # each backward runs it again
+    assert len(recomputed) == (6 if checkpointing else 0)
     for name, grad in plain_grads.items():  # (LoRA's A gets no gradient while B is 0)
         scale = max(float(grad.abs().max()), 1e-12)
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5 * scale, rtol=1e-4)

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from .batch import SequenceBatch
 from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 from .policy import Policy
-from .shared_prompts import PromptGroups, shared_prompt_logprobs
+from .shared_prompts import PromptGroups, has_full_attention_only, shared_prompt_logprobs
 from .vision_logprobs import vision_hidden_states
 
 
@@ -43,8 +43,8 @@ def policy_forward(
 
     groups: rows that share a prompt (RL episodes of one group); each prompt then runs once
     (shared_prompts.py) and positions before a row's last prompt token hold 0, where its loss
-    mask is 0. Not with hidden states, a vision-language model, gradient checkpointing (which
-    turns the KV cache off) or sharded ranks: those take the plain forward."""
+    mask is 0. Not with hidden states, a vision-language model, sliding-window or linear
+    attention layers, or sharded ranks: those take the plain forward."""
     if groups is not None and not hidden and can_share_prompts(policy, batch):
         logprobs_B_T, entropy_B_T = shared_prompt_logprobs(
             policy.model,
@@ -68,7 +68,7 @@ def can_share_prompts(policy: Policy, batch: SequenceBatch) -> bool:
         batch.images
         or policy.image_processor is not None  # vision-language: 3-D rope positions
         or policy.hidden_through_root
-        or policy.spec.gradient_checkpointing
+        or not has_full_attention_only(policy.model)
     )
 
 

@@ -12,15 +12,26 @@ prompt tokens, one answer token) on the tiny model: forward + backward 113 -> 28
 Only positions from the last prompt token on are computed: the logprobs and entropies of
 earlier positions are 0, where the RL loss mask is 0 anyway. The prompts run right-padded, so
 no query row is all padding.
+
+Gradient checkpointing recomputes each layer in the backward pass, and transformers drops a KV
+cache from a checkpointed layer unless the layer only reads it (``_can_checkpoint_with_cache``):
+a cache that appends would be appended to again by the recomputation. So the caches here have
+no such side effect: the prompt pass's layer sets its keys and values (a recomputation sets the
+same), and the rows' layer reads the prompt's, repeated to the rows, and stores nothing. Models
+with sliding-window layers keep the plain forward (their cache layers keep a window).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .batch import Episode, SequenceBatch
 from .logprobs import causal_lm_parts, logit_softcap, logprobs_from_hidden
@@ -82,26 +93,31 @@ def shared_prompt_logprobs(
     positions_U_W = torch.arange(width, device=device).expand(len(prefix_U), -1)
     prefix_mask_U_W = (positions_U_W < prefix_U[:, None]).long()
     prefix_ids_U_W = tokens_B_L[list(groups.distinct_rows), :width] * prefix_mask_U_W
-    cache = body(
-        input_ids=prefix_ids_U_W,
-        attention_mask=prefix_mask_U_W,
-        position_ids=positions_U_W,
-        use_cache=True,
-    ).past_key_values
-    cache.batch_select_indices(slot_B)  # one row per sample; the backward sums them back
+    prompts = Cache(layer_class_to_replicate=_PromptLayer)
+    with _layers_read_caches(body):
+        body(
+            input_ids=prefix_ids_U_W,
+            attention_mask=prefix_mask_U_W,
+            position_ids=positions_U_W,
+            past_key_values=prompts,
+            use_cache=False,  # the layers fill the cache passed in; none to make or return
+        )
+    # One row per sample; the backward sums the rows' gradients back into their prompt.
+    cache = Cache(layers=[_RowsLayer(layer, slot_B) for layer in prompts.layers])
     # Each row from its last prompt token to its end, right-padded, on top of its prompt.
     span = int((lengths_B - prompt_B).max()) + 1
     positions_B_S = (prompt_B - 1)[:, None] + torch.arange(span, device=device)
     suffix_mask_B_S = (positions_B_S < lengths_B[:, None]).long()
     last = tokens_B_L.shape[1] - 1
     suffix_B_S = tokens_B_L.gather(1, positions_B_S.clamp(max=last)) * suffix_mask_B_S
-    hidden_B_S_H = body(
-        input_ids=suffix_B_S,
-        attention_mask=torch.cat([prefix_mask_U_W[slot_B], suffix_mask_B_S], dim=1),
-        position_ids=positions_B_S,
-        past_key_values=cache,
-        use_cache=True,
-    ).last_hidden_state
+    with _layers_read_caches(body):
+        hidden_B_S_H = body(
+            input_ids=suffix_B_S,
+            attention_mask=torch.cat([prefix_mask_U_W[slot_B], suffix_mask_B_S], dim=1),
+            position_ids=positions_B_S,
+            past_key_values=cache,
+            use_cache=False,
+        ).last_hidden_state
     logprobs_B_J, entropy_B_J = logprobs_from_hidden(
         head,
         hidden_B_S_H,
@@ -124,3 +140,57 @@ def _at_batch_positions(
     index_B_J = (prompt_B - 1)[:, None] + torch.arange(span, device=values_B_J.device)
     wide = values_B_J.new_zeros(size, positions + span)
     return wide.scatter(1, index_B_J, values_B_J)[:, :positions]
+
+
+def has_full_attention_only(model: nn.Module) -> bool:
+    """Whether every attention layer of ``model`` sees the whole sequence (no sliding window,
+    no linear attention): the only layers the caches here stand in for."""
+    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or ()
+    return all(kind == "full_attention" for kind in layer_types)
+
+
+class _PromptLayer(DynamicLayer):
+    """The prompt pass's cache layer: ``update`` sets the keys and values rather than appending
+    them, so a checkpointed layer's recomputation sets the same tensors again."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return key_states, value_states
+
+
+class _RowsLayer(DynamicLayer):
+    """The rows' pass: each row's prompt keys and values (``prompt`` at ``slot_B``) before its
+    own; nothing is stored, so a recomputation reads the same. The repeat is made per call and
+    not kept: under checkpointing only the prompts' ``[U, ...]`` tensors stay alive."""
+
+    def __init__(self, prompt: DynamicLayer, slot_B: torch.Tensor) -> None:
+        super().__init__()
+        self.lazy_initialization(prompt.keys, prompt.values)
+        self.keys, self.values, self._slot_B = prompt.keys, prompt.values, slot_B
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.cat([self.keys[self._slot_B], key_states], dim=-2),
+            torch.cat([self.values[self._slot_B], value_states], dim=-2),
+        )
+
+
+@contextlib.contextmanager
+def _layers_read_caches(body: nn.Module) -> Iterator[None]:
+    """Let checkpointed layers keep the caches above (transformers drops a cache from a
+    checkpointed layer unless the layer says it only reads it; ours have no side effect a
+    recomputation could repeat)."""
+    layers = [m for m in body.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # back to the class's False
