@@ -30,9 +30,19 @@ def test_the_cores_are_divided_among_the_jobs_running_now(
 ) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    share = cpu_share_of(cpus(4), tmp_path / "share")
+    share = cpu_share_of(cpus(4), tmp_path / "share", reserved=0)
     assert share is not None
     assert [share.threads_for(jobs) for jobs in (0, 1, 2, 4, 32)] == [16, 16, 8, 4, 1]
+    # One core left to the services and the jobs' event loops (the default): 15 to divide.
+    share = cpu_share_of(cpus(4), tmp_path / "share")
+    assert share is not None
+    assert [share.threads_for(jobs) for jobs in (1, 2, 4, 32)] == [15, 7, 3, 1]
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # never below one thread
+    share = cpu_share_of(cpus(1), tmp_path / "share")
+    assert share is not None and share.threads_for(1) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    share = cpu_share_of(cpus(4), tmp_path / "share", reserved=0)
+    assert share is not None
     # Before a process first reads the share it starts with the cores divided among the slots.
     assert cpu_thread_env(cpus(4), share) == {
         "OMP_NUM_THREADS": "4",  # 16 cores / 4 slots

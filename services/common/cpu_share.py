@@ -5,9 +5,11 @@ A fixed split (cores / CPU slots, set once as OMP_NUM_THREADS) keeps concurrent 
 oversubscribing the cores (bench/scaling.py), but a job running alone then uses a fraction of
 the machine: the demo job on the 2-slot local mesh ran 0.225 s/step with 1 thread per process
 against 0.098 s/step for the same GRPO in one process with 2 (bench/vs_inprocess.py). So the
-worker publishes cores // (jobs it runs now) in a one-number file (``ThreadShareFile``) and
-updates it as jobs start and end; a job process runs its compute on a thread pool
-(``CpuShareExecutor``, asyncio's default executor) that applies the number before each task.
+worker publishes (cores - reserved) // (jobs it runs now) in a one-number file
+(``ThreadShareFile``; one core is reserved for the services and the jobs' event loops,
+worker/devices.py) and updates it as jobs start and end; a job process runs its compute on a
+thread pool (``CpuShareExecutor``, asyncio's default executor) that applies the number before
+each task.
 
 torch's intra-op thread count is per OS thread (each thread picks the global value the first
 time it computes, and keeps its own after), so the count is set in the thread that computes,

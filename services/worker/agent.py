@@ -52,9 +52,11 @@ class WorkerAgent:
         self._lost_since: float | None = None  # monotonic; set while jobs wait for a scheduler
         self._flush_lock = asyncio.Lock()
         self._stopping = False
-        # Job processes' share of the CPU: cores // jobs running now, re-published on each
-        # launch and exit (cpu_share.py).
-        self._cpu_share = cpu_share_of(devices, _share_path(settings))
+        # Job processes' share of the CPU: (cores - reserved) // jobs running now, re-published
+        # on each launch and exit (cpu_share.py).
+        self._cpu_share = cpu_share_of(
+            devices, _share_path(settings), reserved=settings.cpu_cores_reserved
+        )
         self._thread_env = cpu_thread_env(devices, self._cpu_share)
         self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
         self.shared_rollouts = (

@@ -55,15 +55,19 @@ def cuda_visible_devices(device_ids: list[str] | tuple[str, ...]) -> str:
     return ",".join(indices)
 
 
-def cpu_share_of(devices: list[Device], path: Path) -> ThreadShareFile | None:
-    """How job processes share this machine's CPU: the cores divided among the jobs running
-    now, published at ``path`` (cpu_share.py). torch's default (every core in every process)
-    oversubscribes the cores as soon as two jobs run, and their OpenMP threads then spin
+def cpu_share_of(devices: list[Device], path: Path, *, reserved: int = 1) -> ThreadShareFile | None:
+    """How job processes share this machine's CPU: the cores but ``reserved`` divided among the
+    jobs running now, published at ``path`` (cpu_share.py). torch's default (every core in every
+    process) oversubscribes the cores as soon as two jobs run, and their OpenMP threads then spin
     against each other (bench/scaling.py); a fixed split by slots starves a job running alone.
+    Even one job's threads on every core stall whenever another process runs (its rollout's or
+    trainer's event loop, EnvHub, the scheduler): on 2 cores the demo's strictly on-policy step
+    took 0.067 s with 2 threads a process against 0.051 s with 1 (bench/vs_inprocess.py).
     None when the worker offers GPUs or the operator set OMP_NUM_THREADS."""
     if not any(d.kind == "cpu" for d in devices) or "OMP_NUM_THREADS" in os.environ:
         return None
-    return ThreadShareFile(path.resolve(), cores=os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
+    return ThreadShareFile(path.resolve(), cores=max(1, cores - reserved))
 
 
 def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:

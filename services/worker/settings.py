@@ -39,6 +39,13 @@ class WorkerSettings(BaseSettings):
     # None: <run_root>/checkpoints.
     checkpoint_root: Path | None = None
     num_cpu_slots: int = Field(1, ge=1, description="CPU slots offered when there is no GPU")
+    cpu_cores_reserved: int = Field(
+        1,
+        ge=0,
+        description="(CPU workers) cores the jobs' compute threads leave to the rest: the "
+        "services, the jobs' event loops (gRPC, env calls, reports), the envs. Threads that "
+        "claim every core stall at each OpenMP barrier whenever one of those runs",
+    )
     # Override device detection, e.g. OPENTINKER_DEVICES="cuda:0,cuda:1" or "cpu:0"; each entry
     # becomes "<hostname>/<entry>" and its kind is the part before ":".
     devices: Annotated[list[str], NoDecode] = []
