@@ -106,7 +106,7 @@ def new_step(
         (-(logprobs_B_T * weights_B_1 * mask_B_T).sum() / total).backward()
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])
@@ -134,14 +134,14 @@ def measure(path: str, batch: int, seq_len: int, budget: int, device_name: str, 
         before = torch.cuda.memory_allocated()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS now
-        before = _status_kib("VmRSS") * 1024
+        before = status_kib("VmRSS") * 1024
     started = time.perf_counter()
     run(episodes)
     if device.type == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = _status_kib("VmHWM") * 1024
+        peak = status_kib("VmHWM") * 1024
     return {"peak_mib": (peak - before) / 2**20, "seconds": time.perf_counter() - started}
 
 

@@ -38,6 +38,15 @@ def test_trainer_memory_measures_both_paths() -> None:
     assert rows and rows[0][2].isdigit() and rows[0][3].isdigit()  # both measured, no error
 
 
+def test_shared_prompt_memory_measures_both_paths_with_and_without_checkpointing() -> None:
+    text = run_bench("shared_prompt_memory.py", "--quick")
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1]
+            in (["off"], ["on"])}  # fmt: skip
+    assert set(rows) == {"off", "on"}, text
+    for row in rows.values():  # plain and shared MiB and seconds all measured, no error
+        assert all(float(cell.rstrip("x")) >= 0 for cell in row[1:]), text
+
+
 def test_gateway_overhead_measures_the_sdk_through_the_gateway_and_grpc() -> None:
     text = run_bench("gateway_overhead.py", "--calls", "2")
     assert "forward_backward" in text and "sample" in text and "overhead" in text
