@@ -3,9 +3,10 @@
 The demo task in one process (bench/vs_inprocess.py's in-process run: tiny Qwen2, letter
 reward, 16 prompts x 8 samples, lr 1e-4, full fine-tuning); steps alternate between 1 and 2
 torch threads, and the second half of the run (when groups have mixed rewards, so training
-has rows to train on) is averaged per thread count. When 2 threads are close to 2x one,
-splitting the cores between the rollout and the trainer (staleness >= 1, each on its own core)
-can beat running both in turn on all cores; when they are far from it, it cannot.
+has rows to train on) is averaged per thread count. Splitting the cores between the rollout
+and the trainer (staleness >= 1, each on its own core) costs a step at least max(generate,
+train) on 1 thread; running both in turn on 2 threads costs generate + train on 2. When 2
+threads are close to 2x one, the split cannot win; the further from it, the more it can.
 
     .venv/bin/python bench/thread_scaling.py [--steps 700]
 """
