@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer import forward, training
+from opentinker.services.trainer import batch_work, forward, training
 from opentinker.services.trainer.batch import Episode, collate
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.forward import policy_forward
@@ -171,3 +171,60 @@ def test_the_reference_policy_shares_prompts_too(model_dir: Path, finetune: str)
         torch.testing.assert_close(shared[b, computed], plain[b, computed])
         assert not shared[b, : ep.prompt_length - 1].any()
     assert not torch.allclose(moved, plain, atol=1e-4)  # the reference is not the policy
+
+
+def test_a_critic_reads_the_same_hidden_states_and_ppo_moves_the_weights_as_the_plain_one(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PPO's value head reads the last hidden state at each completion position: the shared
+    forward gives the plain one's there, and a whole PPO update (values before it, GAE, value
+    loss) moves the policy and the critic as the plain path does."""
+    from opentinker.services.trainer.batch_work import prepare
+    from opentinker.services.trainer.critic import Critic
+
+    policy = Policy(spec(model_dir, "full"), learning_rate=1e-3)
+    episodes = grouped_episodes()
+    batch = collate(episodes, policy.pad_id)
+    groups = prompt_groups(episodes)
+    plain = policy_forward(policy, batch, temperature=1.0, hidden=True).hidden_B_T_H
+    shared = policy_forward(policy, batch, temperature=1.0, hidden=True, groups=groups)
+    assert plain is not None and shared.hidden_B_T_H is not None
+    for b, ep in enumerate(episodes):
+        computed = slice(ep.prompt_length - 1, len(ep.token_ids) - 1)
+        torch.testing.assert_close(shared.hidden_B_T_H[b, computed], plain[b, computed])
+        assert not shared.hidden_B_T_H[b, : ep.prompt_length - 1].any()
+
+    config = UpdateConfig(loss="ppo", ppo_epochs=2, minibatch_size=4, gamma=1.0, gae_lambda=0.95)
+    twin, sides = copy.deepcopy(policy), {}
+    shared_calls = []
+    for module, name in ((batch_work, "shared_prompt_hidden"), (forward, "shared_prompt_logprobs")):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _real=real, _name=name, **k: shared_calls.append(_name)
+            or _real(*a, **k),
+        )  # fmt: skip
+    for name, model in (("shared", policy), ("plain", twin)):
+        critic = Critic(policy.model.config.hidden_size, learning_rate=1e-2, device=model.device)
+        torch.nn.init.normal_(
+            critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(1)
+        )
+        if name == "plain":  # every forward (values, update) on the plain path
+            monkeypatch.setattr(training, "prompt_groups", lambda episodes: None)
+            monkeypatch.setattr(batch_work, "prompt_groups", lambda episodes: None)
+        work = prepare(model, grouped_episodes(), config, reference=None, critic=critic)
+        stats = training.rl_update(model, grouped_episodes(), config, critic=critic)
+        sides[name] = (work, stats, critic.head.weight.detach().clone())
+        if name == "shared":  # the values and the update's forwards did share the prompts
+            assert {"shared_prompt_hidden", "shared_prompt_logprobs"} <= set(shared_calls)
+            shared_calls.clear()
+    assert not shared_calls  # the plain side did not
+    (work, stats, head), (plain_work, plain_stats, plain_head) = sides["shared"], sides["plain"]
+    assert work.old_values_B_T is not None and plain_work.old_values_B_T is not None
+    assert work.old_values_B_T.abs().max() > 0  # a non-zero head: the values mean something
+    torch.testing.assert_close(work.old_values_B_T, plain_work.old_values_B_T)
+    assert stats.value_loss == pytest.approx(plain_stats.value_loss, rel=1e-4)
+    torch.testing.assert_close(head, plain_head, atol=1e-6, rtol=1e-4)
+    for (name, after), (_, plain_after) in zip(
+        policy.model.named_parameters(), twin.model.named_parameters(), strict=True
+    ):
+        assert float((after - plain_after).detach().abs().max()) < 0.1 * 1e-3, name  # as above

@@ -19,12 +19,13 @@ from opentinker.spec import RlConfig
 from .advantages import gae_token_advantages, token_advantages
 from .batch import Episode, SequenceBatch, collate
 from .critic import Critic
+from .forward import can_share_prompts
 from .losses.kl import KlEstimator, kl_reward_penalty
 from .losses.policy_gradient import Normalization
 from .microbatch import group_by_token_budget
 from .policy import Policy
 from .reference import ReferencePolicy
-from .shared_prompts import PromptGroups, prompt_groups
+from .shared_prompts import PromptGroups, prompt_groups, shared_prompt_hidden
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def prepare(
         full,
         config.micro_batch_tokens,
         policy.pad_id,
-        lambda sub, _groups: _values(policy, critic, sub, config.temperature),  # hidden states
+        lambda sub, groups: _values(policy, critic, sub, groups),
     )
     advantages_B_T, returns_B_T = gae_token_advantages(
         episodes,
@@ -149,10 +150,17 @@ def prepare(
 
 
 @torch.no_grad()
-def _values(policy: Policy, critic: Critic, sub: SequenceBatch, temperature: float) -> torch.Tensor:
-    """The critic's values ``[B, T]`` (read from the hidden state at each position t)."""
-    hidden_B_T_H = policy.hidden_states(sub)[:, :-1].float()
-    return critic.values(hidden_B_T_H).cpu()
+def _values(
+    policy: Policy, critic: Critic, sub: SequenceBatch, groups: PromptGroups | None
+) -> torch.Tensor:
+    """The critic's values ``[B, T]`` (read from the hidden state at each position t); with
+    ``groups``, each prompt runs once and positions before a row's last prompt token (where
+    its loss mask is 0) read a hidden state of 0."""
+    if groups is not None and can_share_prompts(policy, sub):
+        hidden_B_T_H = shared_prompt_hidden(policy.model, sub, groups, device=policy.device)
+    else:
+        hidden_B_T_H = policy.hidden_states(sub)[:, :-1]
+    return critic.values(hidden_B_T_H.float()).cpu()
 
 
 def _per_micro_batch(

@@ -42,19 +42,22 @@ def policy_forward(
     """The policy's logprobs and entropy for ``batch``, and its hidden states when asked.
 
     groups: rows that share a prompt (RL episodes of one group); each prompt then runs once
-    (shared_prompts.py) and positions before a row's last prompt token hold 0, where its loss
-    mask is 0. Not with hidden states, a vision-language model, sliding-window or linear
+    (shared_prompts.py) and positions before a row's last prompt token hold 0 (hidden states
+    too), where its loss mask is 0. Not with a vision-language model, sliding-window or linear
     attention layers, or sharded ranks: those take the plain forward."""
-    if groups is not None and not hidden and can_share_prompts(policy, batch):
-        logprobs_B_T, entropy_B_T = shared_prompt_logprobs(
+    if groups is not None and can_share_prompts(policy, batch):
+        logprobs_B_T, entropy_B_T, hidden_B_T_H = shared_prompt_logprobs(
             policy.model,
             batch,
             groups,
             temperature=temperature,
             device=policy.device,
             chunk_positions=policy.logit_chunk_positions,
+            hidden=hidden,
         )
-        return ForwardOut(logprobs_B_T, entropy_B_T, None)
+        return ForwardOut(
+            logprobs_B_T, entropy_B_T, None if hidden_B_T_H is None else hidden_B_T_H.float()
+        )
     hidden_B_L_H = policy.hidden_states(batch)
     logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
         batch, hidden_B_L_H, temperature=temperature

@@ -66,7 +66,7 @@ class ReferencePolicy:
         groups: PromptGroups,
         temperature: float,
     ) -> torch.Tensor:
-        logprobs_B_T, _ = shared_prompt_logprobs(
+        logprobs_B_T, _, _ = shared_prompt_logprobs(
             model,
             batch,
             groups,

@@ -79,10 +79,44 @@ def shared_prompt_logprobs(
     temperature: float,
     device: torch.device,
     chunk_positions: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Next-token logprobs and entropies ``[B, T]`` of ``batch`` (as ``logprobs_from_hidden``
-    gives them) from the last prompt token on; 0 before it. Differentiable."""
-    body, head = causal_lm_parts(model)
+    gives them) from the last prompt token on; 0 before it. Differentiable. ``hidden``: also
+    the last layer's hidden states ``[B, T, H]`` (a critic's input), 0 before it."""
+    _, head = causal_lm_parts(model)
+    hidden_B_S_H, suffix_B_S, prompt_B = _rows_hidden(model, batch, groups, device)
+    logprobs_B_J, entropy_B_J = logprobs_from_hidden(
+        head,
+        hidden_B_S_H,
+        suffix_B_S,
+        temperature=temperature,
+        chunk_positions=chunk_positions,
+        softcap=logit_softcap(model),
+    )
+    positions = batch.tokens_B_L.shape[1] - 1
+    return (
+        _at_batch_positions(logprobs_B_J, prompt_B, positions),
+        _at_batch_positions(entropy_B_J, prompt_B, positions),
+        _at_batch_positions(hidden_B_S_H, prompt_B, positions) if hidden else None,
+    )
+
+
+def shared_prompt_hidden(
+    model: nn.Module, batch: SequenceBatch, groups: PromptGroups, *, device: torch.device
+) -> torch.Tensor:
+    """The last layer's hidden states ``[B, T, H]`` (position t: before token t + 1) from the
+    last prompt token on; 0 before it (a critic's values, without the logprobs)."""
+    hidden_B_S_H, _, prompt_B = _rows_hidden(model, batch, groups, device)
+    return _at_batch_positions(hidden_B_S_H, prompt_B, batch.tokens_B_L.shape[1] - 1)
+
+
+def _rows_hidden(
+    model: nn.Module, batch: SequenceBatch, groups: PromptGroups, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's hidden states ``[B, S, H]`` from its last prompt token to its end (right-
+    padded), those tokens ``[B, S]``, and the rows' prompt lengths ``[B]``."""
+    body, _ = causal_lm_parts(model)
     tokens_B_L = batch.tokens_B_L.to(device)
     lengths_B = batch.attention_mask_B_L.sum(dim=1).to(device)
     prompt_B = torch.tensor(groups.prompt_lengths, device=device)
@@ -118,28 +152,21 @@ def shared_prompt_logprobs(
             past_key_values=cache,
             use_cache=False,
         ).last_hidden_state
-    logprobs_B_J, entropy_B_J = logprobs_from_hidden(
-        head,
-        hidden_B_S_H,
-        suffix_B_S,
-        temperature=temperature,
-        chunk_positions=chunk_positions,
-        softcap=logit_softcap(model),
-    )
-    return _at_batch_positions(logprobs_B_J, prompt_B, last), _at_batch_positions(
-        entropy_B_J, prompt_B, last
-    )
+    return hidden_B_S_H, suffix_B_S, prompt_B
 
 
 def _at_batch_positions(
     values_B_J: torch.Tensor, prompt_B: torch.Tensor, positions: int
 ) -> torch.Tensor:
-    """``[B, positions]``: row b's value j moved to position prompt_b - 1 + j (the batch's
-    next-token position of that target); positions past the end are padding and dropped."""
-    size, span = values_B_J.shape
+    """``[B, positions, ...]``: row b's value j (a number, or a vector) moved to position
+    prompt_b - 1 + j (the batch's next-token position of that target); positions past the end
+    are padding and dropped."""
+    size, span = values_B_J.shape[:2]
     index_B_J = (prompt_B - 1)[:, None] + torch.arange(span, device=values_B_J.device)
-    wide = values_B_J.new_zeros(size, positions + span)
-    return wide.scatter(1, index_B_J, values_B_J)[:, :positions]
+    trailing = values_B_J.shape[2:]
+    index = index_B_J.view(size, span, *([1] * len(trailing))).expand_as(values_B_J)
+    wide = values_B_J.new_zeros(size, positions + span, *trailing)
+    return wide.scatter(1, index, values_B_J)[:, :positions]
 
 
 def has_full_attention_only(model: nn.Module) -> bool:
