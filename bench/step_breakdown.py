@@ -14,20 +14,25 @@ adds on top of the game logic itself.
 
 With --staleness 1 generation and env work overlap training: their rows then say how long they
 took on the rollout, "rollout_wait" how long the trainer waited for its batch, and the shares
-add up to more than 100%.
+add up to more than 100%. Last, the CPU each of the mesh's processes used per step (from
+/proc, between step 2 and the last step; bench/process_cpu.py): where the cores went.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from process_cpu import cpu_by_service, per_step  # bench/ is sys.path[0]
+
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.jobs import JobEvent
 from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
@@ -69,11 +74,21 @@ def main() -> None:
         ),
     )
     steps = []
+    cpu: list[dict[str, float]] = []  # CPU used by the mesh's processes at steps 2 and last
+
+    def on_event(event: JobEvent) -> None:
+        if event.kind == "step":
+            steps.append(event)
+            if len(steps) in (2, args.steps):
+                cpu.append(cpu_by_service())
+
     with (
-        LocalMesh(MeshSettings(run_root=root / "mesh")) as mesh,
+        # No warm spares: one starting for the next job would load its model during the steps
+        # measured, and its CPU would count as this job's.
+        LocalMesh(MeshSettings(run_root=root / "mesh", warm_spares=0)) as mesh,
         opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
     ):
-        job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
+        job = client.fit(spec, on_event=on_event)
     steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)
     keys = [
         "time_generate_s",
@@ -115,6 +130,19 @@ def main() -> None:
         f"steps/s: {1 / step_s:.2f}; tokens/s: "
         f"{statistics.fmean(s.metrics.get('tokens_per_s', 0.0) for s in steps):.0f}\n"
     )
+    if len(cpu) == 2:
+        _write_cpu(per_step(cpu[0], cpu[1], args.steps - 2), step_s)
+
+
+def _write_cpu(ms_per_step: dict[str, float], step_s: float) -> None:
+    """CPU each process used per step, against the wall time the cores offered."""
+    cores = os.cpu_count() or 1
+    out = sys.stdout
+    out.write(f"\nCPU per step by process (ms; {cores} cores x {step_s * 1000:.1f} ms a step "
+              f"= {cores * step_s * 1000:.1f} ms on offer)\n")  # fmt: skip
+    for name, ms in ms_per_step.items():
+        out.write(f"  {name:<26}{ms:>8.1f}\n")
+    out.write(f"  {'all':<26}{sum(ms_per_step.values()):>8.1f}\n")
 
 
 if __name__ == "__main__":

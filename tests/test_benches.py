@@ -24,6 +24,10 @@ def run_bench(name: str, *args: str) -> str:
 def test_step_breakdown_measures_a_real_mesh_step() -> None:
     text = run_bench("step_breakdown.py", "--steps", "3")
     assert "step total" in text and "mesh cost per step" in text
+    cpu = {line.split()[0]: line.split()[-1] for line in text.split("CPU per step")[-1].splitlines()
+           if line.startswith("  ")}  # fmt: skip
+    assert {"rollout", "trainer", "envhub", "scheduler", "redis", "all"} <= set(cpu), text
+    assert float(cpu["all"]) > 0, text
 
 
 def test_env_throughput_measures_envhub_against_in_process() -> None:
