@@ -266,7 +266,6 @@ class Policy:
         )
 
     @torch.no_grad()
-    @torch.no_grad()  # a list of floats: no graph to build
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
         """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1.
         With one adapter per role: those of every role's adapter, in role order."""
