@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from google.protobuf import json_format
 
 from opentinker.common.v1 import common_pb2
 from opentinker.services.common.cpu_share import (
@@ -122,6 +123,14 @@ def test_a_job_whose_rollout_plays_ahead_splits_its_share_between_rollout_and_tr
     assert launch_of(JobSpec(rl=RlConfig(**env, max_staleness=0)), tmp_path).computing_at_once == 1
     sft = JobSpec(kind="sft", sft=SftConfig(dataset_path="/data/chat.jsonl"))
     assert launch_of(sft, tmp_path).computing_at_once == 1
+    # A spec that fails validation (no env name) is the job start's to report, not a crash here.
+    broken = to_proto(JobSpec(rl=RlConfig(**env)))
+    broken.rl.env_name = ""
+    job = common_pb2.Job(job_id="j", spec=broken, attempt=1)
+    launch = launch_of(JobSpec(rl=RlConfig(**env)), tmp_path).model_copy(
+        update={"job_json": json_format.MessageToJson(job)}
+    )
+    assert launch.computing_at_once == 2
 
     share = ThreadShareFile(tmp_path / "share", cores=8)
     share.publish(1)

@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.common.v1 import common_pb2
-from opentinker.spec import from_proto as spec_from_proto
+from opentinker.spec import RlConfig
 
 
 class LaunchConfig(BaseModel):
@@ -47,10 +47,16 @@ class LaunchConfig(BaseModel):
         """How many of the job's processes compute at the same time: 2 for an RL job whose
         rollout plays the next batch while the trainer trains (max_staleness >= 1), else 1
         (strictly on-policy they take turns; other kinds have one computing process)."""
-        job = self.job
-        if job.spec.kind != common_pb2.JOB_KIND_RL:
+        spec = self.job.spec
+        if spec.kind != common_pb2.JOB_KIND_RL:
             return 1
-        return 2 if spec_from_proto(job.spec).rl.max_staleness >= 1 else 1
+        # Read off the wire, not through the whole spec's validation: a spec that fails it is
+        # reported by the job's own start (run_job), not crashed on here.
+        if spec.rl.HasField("max_staleness"):
+            staleness = spec.rl.max_staleness
+        else:
+            staleness = RlConfig.model_fields["max_staleness"].default
+        return 2 if staleness >= 1 else 1
 
     @classmethod
     def for_job(cls, job: common_pb2.Job, **fields) -> LaunchConfig:
