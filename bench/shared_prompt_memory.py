@@ -8,8 +8,8 @@ keys and values for the rows. This measures both through the trainer's own ``pol
 on a random-init Qwen2 built here (no download): hidden 256, 4 layers, full fine-tuning.
 
 Each (checkpointing, path) runs in a fresh forked process after a small warm-up step there;
-peak = the growth of the resident set's high-water mark over the step (VmHWM, reset through
-/proc/self/clear_refs right before it), as in bench/trainer_memory.py.
+peak = the growth of the resident set's high-water mark over the step (bench/trainer_memory.py's
+``peak_growth`` and ``in_fresh_process``).
 
     .venv/bin/python bench/shared_prompt_memory.py [--prompts 4] [--samples 8]
         [--prompt-tokens 384] [--completion-tokens 32] [--quick]
@@ -18,14 +18,11 @@ peak = the growth of the resident set's high-water mark over the step (VmHWM, re
 from __future__ import annotations
 
 import argparse
-import gc
-import multiprocessing as mp
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from trainer_memory import status_kib  # bench/ is sys.path[0]
+from trainer_memory import in_fresh_process, peak_growth  # bench/ is sys.path[0]
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.trainer.batch import Episode, collate
@@ -70,31 +67,7 @@ def measure(model_dir: Path, checkpointing: bool, shared: bool, args: argparse.N
     step(grpo_episodes(2, 2, 8, 4, seed=1))  # warm-up: allocator, thread pools, autograd
     policy.model.zero_grad(set_to_none=True)
     episodes = grpo_episodes(args.prompts, args.samples, args.prompt_tokens, args.completion_tokens)
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS now
-    before = status_kib("VmRSS") * 1024
-    started = time.perf_counter()
-    step(episodes)
-    seconds = time.perf_counter() - started
-    peak = status_kib("VmHWM") * 1024
-    return {"peak_mib": (peak - before) / 2**20, "seconds": seconds}
-
-
-def _measure_into(conn, *args) -> None:
-    try:
-        conn.send(measure(*args))
-    except Exception as err:  # noqa: BLE001 - reported in the table
-        conn.send({"error": f"{type(err).__name__}: {err}"[:60]})
-
-
-def in_fresh_process(*args) -> dict:
-    ctx = mp.get_context("fork")  # CPU only: a forked heap starts from this one's
-    receive, send = ctx.Pipe(duplex=False)
-    worker = ctx.Process(target=_measure_into, args=(send, *args))
-    worker.start()
-    result = receive.recv() if receive.poll(900) else {"error": "timed out"}
-    worker.join(timeout=60)
-    return result
+    return peak_growth(lambda: step(episodes), policy.device)
 
 
 def main() -> None:
@@ -119,8 +92,8 @@ def main() -> None:
         print(f"{'checkpointing':>13} {'plain MiB':>10} {'shared MiB':>11} {'ratio':>6} "
               f"{'plain s':>8} {'shared s':>9} {'ratio':>6}")  # fmt: skip
         for checkpointing in (False, True):
-            plain = in_fresh_process(model_dir, checkpointing, False, args)
-            shared = in_fresh_process(model_dir, checkpointing, True, args)
+            plain = in_fresh_process(measure, model_dir, checkpointing, False, args)
+            shared = in_fresh_process(measure, model_dir, checkpointing, True, args)
             print(_row(checkpointing, plain, shared), flush=True)
 
 

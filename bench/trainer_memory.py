@@ -25,6 +25,7 @@ import argparse
 import gc
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -106,13 +107,6 @@ def new_step(
         (-(logprobs_B_T * weights_B_1 * mask_B_T).sum() / total).backward()
 
 
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure(path: str, batch: int, seq_len: int, budget: int, device_name: str, chunk: int) -> dict:
     """Run one step in this process; its peak memory growth (MiB) and seconds."""
     device = torch.device(device_name)
@@ -127,6 +121,13 @@ def measure(path: str, batch: int, seq_len: int, budget: int, device_name: str, 
     run(random_episodes(2, 16, seed=1))  # warm-up: allocator, thread pools, autograd engine
     model.zero_grad(set_to_none=True)
     episodes = random_episodes(batch, seq_len)
+    return peak_growth(lambda: run(episodes), device)
+
+
+def peak_growth(step: Callable[[], object], device: torch.device) -> dict:
+    """Run ``step``; the growth of peak memory over what was in use before it (MiB), and its
+    seconds. CUDA: max_memory_allocated over memory_allocated. CPU: the resident set's
+    high-water mark (VmHWM, reset through /proc/self/clear_refs right before) over VmRSS."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -136,7 +137,7 @@ def measure(path: str, batch: int, seq_len: int, budget: int, device_name: str, 
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS now
         before = status_kib("VmRSS") * 1024
     started = time.perf_counter()
-    run(episodes)
+    step()
     if device.type == "cuda":
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
@@ -145,22 +146,26 @@ def measure(path: str, batch: int, seq_len: int, budget: int, device_name: str, 
     return {"peak_mib": (peak - before) / 2**20, "seconds": time.perf_counter() - started}
 
 
-def _measure_into(conn, *args) -> None:
+def status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _measure_into(conn, measure_fn: Callable[..., dict], *args) -> None:
     try:
-        conn.send(measure(*args))
+        conn.send(measure_fn(*args))
     except Exception as err:  # noqa: BLE001 - reported in the table (e.g. out of memory)
         conn.send({"error": f"{type(err).__name__}: {err}"[:60]})
 
 
-def in_fresh_process(path: str, batch: int, seq_len: int, args: argparse.Namespace) -> dict:
-    """``measure`` in a new process: forked on CPU (fast, and its heap starts empty), spawned
-    on CUDA (a CUDA context never crosses a fork)."""
-    ctx = mp.get_context("spawn" if args.device.startswith("cuda") else "fork")
+def in_fresh_process(measure_fn: Callable[..., dict], *args, spawn: bool = False) -> dict:
+    """``measure_fn(*args)`` in a new process: forked (fast, and its heap starts empty), or
+    spawned for CUDA (a CUDA context never crosses a fork)."""
+    ctx = mp.get_context("spawn" if spawn else "fork")
     receive, send = ctx.Pipe(duplex=False)
-    worker = ctx.Process(
-        target=_measure_into,
-        args=(send, path, batch, seq_len, args.budget, args.device, args.chunk),
-    )
+    worker = ctx.Process(target=_measure_into, args=(send, measure_fn, *args))
     worker.start()
     result = receive.recv() if receive.poll(900) else {"error": "timed out"}
     worker.join(timeout=60)
@@ -191,11 +196,13 @@ def main() -> None:
     print(f"{'batch':>5} {'seq':>5} {'old MiB':>9} {'new MiB':>9} {'ratio':>7} ", end="")
     print(f"{'old s':>7} {'new s':>7}")
     for batch, seq_len in configs:
+        sizes = (batch, seq_len, args.budget, args.device, args.chunk)
+        spawn = args.device.startswith("cuda")
         if batch * seq_len <= args.max_old_tokens:
-            old = in_fresh_process("old", batch, seq_len, args)
+            old = in_fresh_process(measure, "old", *sizes, spawn=spawn)
         else:
             old = {"error": "skipped"}
-        new = in_fresh_process("new", batch, seq_len, args)
+        new = in_fresh_process(measure, "new", *sizes, spawn=spawn)
         print(_row(batch, seq_len, old, new), flush=True)
 
 
