@@ -32,7 +32,7 @@ from process_cpu import cpu_by_service, per_step  # bench/ is sys.path[0]
 
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
-from opentinker.jobs import JobEvent
+from opentinker.jobs import JobEvent, JobInfo
 from opentinker.services.envhub.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
@@ -48,6 +48,17 @@ def inprocess_env_seconds(episodes: int) -> float:
     return time.perf_counter() - started
 
 
+KEYS = [
+    "time_generate_s",
+    "time_env_s",
+    "time_rollout_wait_s",
+    "time_train_s",
+    "time_weight_sync_s",
+    "time_mesh_s",
+]
+WARM_UP_STEPS = 2  # the first steps include warm-up (allocator, caches): not averaged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -56,10 +67,16 @@ def main() -> None:
     parser.add_argument("--finetune", choices=["full", "lora"], default="full")
     parser.add_argument("--staleness", type=int, default=0, help="RlConfig.max_staleness")
     args = parser.parse_args()
-
+    if args.steps <= WARM_UP_STEPS:
+        parser.error(f"--steps must be above the {WARM_UP_STEPS} warm-up steps, got {args.steps}")
     root = Path(tempfile.mkdtemp(prefix="opentinker-bench-"))
-    model = ensure_tiny_model(root / "tiny-qwen2")
-    spec = JobSpec(
+    job, steps, cpu = run_job(job_spec(args, ensure_tiny_model(root / "tiny-qwen2")), root)
+    step_s = write_split(job, steps[WARM_UP_STEPS:], args)
+    _write_cpu(per_step(cpu[0], cpu[1], len(steps) - WARM_UP_STEPS), step_s)
+
+
+def job_spec(args: argparse.Namespace, model: Path) -> JobSpec:
+    return JobSpec(
         name="bench-step-breakdown",
         model=ModelSpec(base_model=str(model), finetune=args.finetune),
         rl=RlConfig(
@@ -73,13 +90,19 @@ def main() -> None:
             max_staleness=args.staleness,
         ),
     )
-    steps = []
-    cpu: list[dict[str, float]] = []  # CPU used by the mesh's processes at steps 2 and last
+
+
+def run_job(spec: JobSpec, root: Path) -> tuple[JobInfo, list[JobEvent], list[dict[str, float]]]:
+    """The job through a fresh local mesh: its final state, its step events, and the CPU the
+    mesh's processes had used when the last warm-up step and the last step were reported."""
+    assert spec.rl is not None
+    steps: list[JobEvent] = []
+    cpu: list[dict[str, float]] = []
 
     def on_event(event: JobEvent) -> None:
         if event.kind == "step":
             steps.append(event)
-            if len(steps) in (2, args.steps):
+            if len(steps) in (WARM_UP_STEPS, spec.rl.steps):
                 cpu.append(cpu_by_service())
 
     with (
@@ -89,29 +112,26 @@ def main() -> None:
         opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
     ):
         job = client.fit(spec, on_event=on_event)
-    steps = steps[2:] or steps  # the first steps include warm-up (allocator, caches)
-    keys = [
-        "time_generate_s",
-        "time_env_s",
-        "time_rollout_wait_s",
-        "time_train_s",
-        "time_weight_sync_s",
-        "time_mesh_s",
-    ]
-    mean = {k: statistics.fmean(s.metrics.get(k, 0.0) for s in steps) for k in keys}
+    if len(cpu) != 2:
+        raise SystemExit(f"job {job.job_id} {job.state} after {len(steps)} steps: {job.reason}")
+    return job, steps, cpu
+
+
+def write_split(job: JobInfo, steps: list[JobEvent], args: argparse.Namespace) -> float:
+    """Print the mean split of a step and the mesh's cost; returns the mean step seconds."""
+    mean = {k: statistics.fmean(s.metrics.get(k, 0.0) for s in steps) for k in KEYS}
     step_s = statistics.fmean(s.metrics["time_step_s"] for s in steps)
     episodes = args.prompts * args.samples
     env_direct = inprocess_env_seconds(episodes)
     env_rpc_overhead = max(mean["time_env_s"] - env_direct, 0.0)
     mesh_cost = mean["time_mesh_s"] + env_rpc_overhead + mean["time_weight_sync_s"]
-
     out = sys.stdout
     out.write(
         f"job {job.job_id} {job.state}: {len(steps)} steps measured, "
         f"{episodes} episodes/step, {args.finetune} fine-tuning, max_staleness {args.staleness}\n"
     )
     out.write(f"{'part':<28}{'s/step':>10}{'share':>9}\n")
-    for key in keys:
+    for key in KEYS:
         out.write(
             f"{key.removeprefix('time_').removesuffix('_s'):<28}{mean[key]:>10.4f}"
             f"{mean[key] / step_s:>9.1%}\n"
@@ -130,8 +150,7 @@ def main() -> None:
         f"steps/s: {1 / step_s:.2f}; tokens/s: "
         f"{statistics.fmean(s.metrics.get('tokens_per_s', 0.0) for s in steps):.0f}\n"
     )
-    if len(cpu) == 2:
-        _write_cpu(per_step(cpu[0], cpu[1], args.steps - 2), step_s)
+    return step_s
 
 
 def _write_cpu(ms_per_step: dict[str, float], step_s: float) -> None:
