@@ -76,24 +76,8 @@ async def run_session(
                 timeout_s=settings.open_timeout_s,
             )
             await sampler.publish(policy, timeout_s=settings.weight_sync_timeout_s)
-            checkpoint_dir = Path(launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints")
-            session = TrainingSession(
-                job_id=job.job_id,
-                tenant_id=job.tenant_id,
-                policy=policy,
-                sampler=sampler,
-                config=config,
-                checkpoint_root=checkpoint_dir.resolve().parent,  # every job's folder is in it
-                settings=settings,
-                report_step=reporter.report_step,
-            )
-            authenticator = SessionAuthenticator(
-                OwnCredentialAuthenticator(
-                    launch.job_token, job_id=job.job_id, attempt=job.attempt
-                ),
-                IdentityServiceAuthenticator(identity_channel, address=launch.scheduler_address),
-            )
-            server, port = await serve(settings, session, authenticator)
+            session = _training_session(launch, policy, sampler, config, settings, reporter)
+            server, port = await serve(settings, session, _authenticator(launch, identity_channel))
             try:
                 return await _serve_until_ended(session, launch, settings, port, reporter)
             finally:
@@ -102,6 +86,39 @@ async def run_session(
             return await _fail(reporter, str(err), job_log)
         finally:
             await sampler.close(reason="session ended", timeout_s=settings.close_timeout_s)
+
+
+def _training_session(
+    launch: LaunchConfig,
+    policy: Policy,
+    sampler: SessionSampler,
+    config: SessionConfig,
+    settings: TrainerSettings,
+    reporter: SchedulerReporter,
+) -> TrainingSession:
+    job = launch.job
+    checkpoint_dir = Path(launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints")
+    return TrainingSession(
+        job_id=job.job_id,
+        tenant_id=job.tenant_id,
+        policy=policy,
+        sampler=sampler,
+        config=config,
+        checkpoint_root=checkpoint_dir.resolve().parent,  # every job's folder is in it
+        settings=settings,
+        report_step=reporter.report_step,
+    )
+
+
+def _authenticator(
+    launch: LaunchConfig, identity_channel: grpc.aio.Channel
+) -> SessionAuthenticator:
+    """The session's callers: its own job credential, or a key the scheduler vouches for."""
+    job = launch.job
+    return SessionAuthenticator(
+        OwnCredentialAuthenticator(launch.job_token, job_id=job.job_id, attempt=job.attempt),
+        IdentityServiceAuthenticator(identity_channel, address=launch.scheduler_address),
+    )
 
 
 async def _load_policy(
