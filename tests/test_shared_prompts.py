@@ -228,3 +228,17 @@ def test_a_critic_reads_the_same_hidden_states_and_ppo_moves_the_weights_as_the_
         policy.model.named_parameters(), twin.model.named_parameters(), strict=True
     ):
         assert float((after - plain_after).detach().abs().max()) < 0.1 * 1e-3, name  # as above
+
+
+def test_a_model_with_sliding_window_layers_keeps_the_plain_forward() -> None:
+    """The shared caches keep every key; a sliding-window layer must not see past its window,
+    so such a model is not given them."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from opentinker.services.trainer.shared_prompts import has_full_attention_only
+
+    sizes = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip
+    assert has_full_attention_only(Qwen2ForCausalLM(Qwen2Config(**sizes)))
+    windowed = Qwen2Config(**sizes, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    assert not has_full_attention_only(Qwen2ForCausalLM(windowed))
