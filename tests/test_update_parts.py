@@ -75,6 +75,25 @@ def test_multi_turn_tokens_get_their_turns_returns() -> None:
     assert torch.allclose(adv, torch.tensor([[0.0, 0.5, 1.0, 1.0], [0.0, -0.5, -0.5, -0.5]]))
 
 
+def test_one_turn_given_as_turn_rewards_is_a_single_turn_episode() -> None:
+    # The rollout sends every episode's turn rewards, a single-turn one's too: its tokens all
+    # carry G_0 (after the turn's end as well: env tokens), so each gets the row's advantage,
+    # the same as without turn rewards, for any gamma.
+    stated = [
+        _episode(0, 1.0, 3, turn_rewards=(1.0,), turn_ends=(2,)),
+        _episode(0, 0.0, 3, turn_rewards=(0.0,), turn_ends=(3,)),
+    ]
+    plain = [_episode(0, 1.0, 3), _episode(0, 0.0, 3)]
+    for loss in ("grpo", "rloo", "reinforce"):
+        adv = token_advantages(stated, 4, loss=loss, gamma=0.5)
+        assert torch.equal(adv, token_advantages(plain, 4, loss=loss, gamma=0.5))
+    expected = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, -1.0, -1.0, -1.0]])
+    assert torch.allclose(token_advantages(stated, 4, loss="grpo", gamma=0.5), expected, atol=1e-5)
+    beyond = _episode(0, 1.0, 3, turn_rewards=(1.0,), turn_ends=(4,))  # past the completion
+    with pytest.raises(ValueError, match="turn ends"):
+        token_advantages([beyond, plain[1]], 4, loss="grpo", gamma=1.0)
+
+
 def test_turn_rewards_sit_on_each_turns_last_model_token() -> None:
     # completion [m, m, e, m] (e = env token, mask 0), turns end at 2 and 4, rewards [0.3, 1]
     # positions: completion token k at t = prompt_length - 1 + k = 1 + k -> last model token of

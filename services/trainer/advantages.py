@@ -102,10 +102,11 @@ def token_advantages(
     advantages, first, scales = advantages_B.tolist(), first_B.tolist(), scales_B.tolist()
     values: list[float] = []  # every completion token's advantage, row after row
     for b, ep in enumerate(episodes):
-        if not ep.turn_rewards:  # one turn: every token's return is G_0, its advantage the row's
+        rewards, ends = ep.turns()
+        if len(rewards) == 1 and 0 <= ends[0] <= ep.completion_length:
+            # One turn: every token's return is G_0, its advantage the row's.
             values.extend([advantages[b]] * ep.completion_length)
             continue
-        rewards, ends = ep.turns()
         per_token = token_returns(rewards, ends, ep.completion_length, gamma)
         values.extend((advantages[b] + (per_token - first[b]) * scales[b]).tolist())
     out_B_T = torch.zeros((len(episodes), width))
