@@ -15,6 +15,12 @@ load are not in it; the mesh's whole wall-clock (submit -> success) is printed b
     .venv/bin/python bench/vs_inprocess.py [--staleness 0,1] [--target 0.95] [--max-steps 1500]
     .venv/bin/python bench/vs_inprocess.py --repeat 3   # rounds interleaved; medians, spread
     .venv/bin/python bench/vs_inprocess.py --quick      # 3 steps each: the figures, not a race
+    .venv/bin/python bench/vs_inprocess.py --hidden-size 512 --layers 4 --target 1 --max-steps 60
+
+``--hidden-size`` and ``--layers`` build a larger random-init Qwen2 of the same shape family
+(MLP 4 x hidden): the mesh's own cost per step is about constant, so its ratio to in-process
+should fall as the model's compute grows. A random model of another size learns at another
+pace; ``--target 1 --max-steps N`` runs exactly N steps each and compares s/step only.
 
 One run of each is noisy on a shared 2-core machine (the same configuration moves by +-10%
 between runs minutes apart), so ``--repeat N`` plays N rounds, each round every mesh run then
@@ -36,6 +42,7 @@ from pathlib import Path
 
 import torch
 from learn_letters_inprocess import sample_group_batch  # bench/ is sys.path[0]
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import opentinker
 from opentinker.jobs import JobEvent
@@ -223,8 +230,15 @@ def _positive(text: str) -> int:
     """argparse type: an int >= 1 (0 rounds would print nothing at all)."""
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"needs at least 1 round, got {value}")
+        raise argparse.ArgumentTypeError(f"needs at least 1, got {value}")
     return value
+
+
+def parameter_count(model_dir: Path) -> int:
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def main() -> None:
@@ -236,11 +250,22 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=_positive, default=1, help="rounds of every run, interleaved"
     )
+    parser.add_argument("--hidden-size", type=_positive, default=128, help="128: the demo's")
+    parser.add_argument("--layers", type=_positive, default=2, help="2: the demo's")
     args = parser.parse_args()
     max_steps = 3 if args.quick else args.max_steps
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-vs-inprocess-"))
-    model_dir = ensure_tiny_model(root / "tiny-qwen2")
+    model_dir = ensure_tiny_model(
+        root / "qwen2",
+        hidden_size=args.hidden_size,
+        num_layers=args.layers,
+        intermediate_size=4 * args.hidden_size,
+    )
+    sys.stdout.write(
+        f"model: random-init Qwen2, hidden {args.hidden_size}, {args.layers} layers, "
+        f"{parameter_count(model_dir) / 1e6:.1f}M parameters\n"
+    )
     spec = demo_spec(model_dir, threshold=args.target, max_steps=max_steps)
     rounds: list[list[Run]] = []
     for index in range(args.repeat):
