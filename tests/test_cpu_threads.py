@@ -17,9 +17,10 @@ from opentinker.services.common.cpu_share import (
     ThreadShareReader,
     follow_worker_share,
 )
-from opentinker.services.common.launch import LaunchConfig
+from opentinker.services.common.launch import SMALL_MODEL_BYTES, LaunchConfig
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
-from opentinker.spec import JobSpec, RlConfig, SftConfig, to_proto
+from opentinker.spec import JobSpec, ModelSpec, RlConfig, SftConfig, to_proto
 
 
 def cpus(n: int) -> list[Device]:
@@ -38,6 +39,10 @@ def test_the_cores_are_divided_among_the_jobs_running_now(
     share = cpu_share_of(cpus(4), tmp_path / "share")
     assert share is not None
     assert [share.threads_for(jobs) for jobs in (1, 2, 4, 32)] == [15, 7, 3, 1]
+    # ... and every core for a job whose model is large enough to use them.
+    every_core = [share.threads_for(jobs, reserve=False) for jobs in (1, 2, 4, 32)]
+    assert every_core == [16, 8, 4, 1]
+    assert share.publish(2) == 7 and share.path.read_text() == "7 8\n"
     monkeypatch.setattr(os, "cpu_count", lambda: 1)  # never below one thread
     share = cpu_share_of(cpus(1), tmp_path / "share")
     assert share is not None and share.threads_for(1) == 1
@@ -71,6 +76,36 @@ def test_the_reader_sees_every_publish_even_two_within_one_clock_tick(tmp_path: 
         assert reader.threads() == threads
     share.path.write_text("garbage\n")
     assert reader.threads() is None
+
+
+def test_a_job_takes_the_share_with_or_without_the_reserved_cores(tmp_path: Path) -> None:
+    share = ThreadShareFile(tmp_path / "share", cores=8, reserved=2)
+    small, large = ThreadShareReader(share.path), ThreadShareReader(share.path, reserve=False)
+    for jobs, reserved, every_core in ((1, 6, 8), (2, 3, 4), (16, 1, 1)):
+        share.publish(jobs)
+        assert (small.threads(), large.threads()) == (reserved, every_core)
+    share.path.write_text("3\n")  # a worker that publishes one number: both take it
+    assert (small.threads(), large.threads()) == (3, 3)
+
+
+def test_only_a_small_local_models_job_leaves_the_reserved_cores(tmp_path: Path) -> None:
+    tiny = ensure_tiny_model(tmp_path / "tiny")  # 0.6M parameters, 2.4 MB
+    env = {"env_name": "letter"}
+
+    def launch_for(base_model: str) -> LaunchConfig:
+        spec = JobSpec(model=ModelSpec(base_model=base_model), rl=RlConfig(**env))
+        return launch_of(spec, tmp_path)
+
+    assert launch_for(str(tiny)).leaves_cores_to_services
+    large = tmp_path / "large"
+    large.mkdir()
+    (large / "config.json").write_text("{}")
+    with open(large / "model-00001-of-00002.safetensors", "wb") as f:
+        f.truncate(SMALL_MODEL_BYTES)  # sparse: the size counts, not the disk it takes
+    assert not launch_for(str(large)).leaves_cores_to_services
+    (large / "model-00001-of-00002.safetensors").unlink()  # no weight file: not known small
+    assert not launch_for(str(large)).leaves_cores_to_services
+    assert not launch_for("Qwen/Qwen2.5-1.5B").leaves_cores_to_services  # a hub name
 
 
 def test_compute_threads_follow_the_share_between_tasks(

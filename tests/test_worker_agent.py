@@ -243,8 +243,9 @@ def test_cancel_stops_both_processes(redis_url: str, tmp_path: Path) -> None:
             processes = pids(run_dir)
             assert all(alive(pid) for pid in processes)
             if "OMP_NUM_THREADS" not in os.environ:  # the CPU share counts the running job
-                share = mesh.run_root / ".cpu-threads-agent-1"  # one core left to the rest
-                assert share.read_text() == f"{max(1, (os.cpu_count() or 1) - 1)}\n"
+                share = mesh.run_root / ".cpu-threads-agent-1"
+                cores = os.cpu_count() or 1  # one core left to the rest; and every core
+                assert share.read_text() == f"{max(1, cores - 1)} {cores}\n"
             await mesh.stub.CancelJob(
                 scheduler_pb2.CancelJobRequest(job_id=job.job_id, reason="user stop"),
                 timeout=RPC_TIMEOUT_S,

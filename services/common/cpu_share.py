@@ -5,9 +5,11 @@ A fixed split (cores / CPU slots, set once as OMP_NUM_THREADS) keeps concurrent 
 oversubscribing the cores (bench/scaling.py), but a job running alone then uses a fraction of
 the machine: the demo job on the 2-slot local mesh ran 0.225 s/step with 1 thread per process
 against 0.098 s/step for the same GRPO in one process with 2 (bench/vs_inprocess.py). So the
-worker publishes (cores - reserved) // (jobs it runs now) in a one-number file
-(``ThreadShareFile``; one core is reserved for the services and the jobs' event loops,
-worker/devices.py) and updates it as jobs start and end; a job process runs its compute on a
+worker publishes (cores - reserved) // (jobs it runs now) and cores // (jobs it runs now) in a
+small file (``ThreadShareFile``; by default one core is reserved for the services and the
+jobs' event loops, worker/devices.py, and a job of a small model takes the first number, any
+other the second: ``LaunchConfig.leaves_cores_to_services``) and updates it as jobs start and
+end; a job process runs its compute on a
 thread pool (``CpuShareExecutor``, asyncio's default executor) that applies the number before
 each task.
 
@@ -35,21 +37,27 @@ _T = TypeVar("_T")
 
 
 class ThreadShareFile:
-    """The worker's side: ``path`` holds the threads each job process may use now."""
+    """The worker's side: ``path`` holds the threads each job process may use now, twice: with
+    ``reserved`` of the ``cores`` left to the services, and with every core (for a job whose
+    model is large enough to use them; ``ThreadShareReader.reserve``)."""
 
-    def __init__(self, path: Path, *, cores: int) -> None:
+    def __init__(self, path: Path, *, cores: int, reserved: int = 0) -> None:
         self.path = path
         self._cores = max(1, cores)
+        self._reserved = max(0, reserved)
 
-    def threads_for(self, running_jobs: int) -> int:
-        return max(1, self._cores // max(1, running_jobs))
+    def threads_for(self, running_jobs: int, *, reserve: bool = True) -> int:
+        cores = self._cores - self._reserved if reserve else self._cores
+        return max(1, cores // max(1, running_jobs))
 
     def publish(self, running_jobs: int) -> int:
-        """Write the share for ``running_jobs`` jobs (atomically: readers never see half)."""
+        """Write the shares for ``running_jobs`` jobs (atomically: readers never see half);
+        returns the one with the cores reserved."""
         threads = self.threads_for(running_jobs)
+        every_core = self.threads_for(running_jobs, reserve=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(f"{threads}\n")
+        tmp.write_text(f"{threads} {every_core}\n")
         tmp.replace(self.path)
         return threads
 
@@ -57,11 +65,14 @@ class ThreadShareFile:
 class ThreadShareReader:
     """A job process's side: the number in the worker's file, re-read only when it changed.
     ``sharers``: processes of the job splitting that number (a job's trainer ranks on one
-    worker, LOCAL_WORLD_SIZE), each taking an equal part of it (at least 1)."""
+    worker, LOCAL_WORLD_SIZE), each taking an equal part of it (at least 1). ``reserve``: take
+    the share that leaves the worker's reserved cores to the services (the first number), or
+    the one of every core (the second; a file with one number has only the first)."""
 
-    def __init__(self, path: Path, *, sharers: int = 1) -> None:
+    def __init__(self, path: Path, *, sharers: int = 1, reserve: bool = True) -> None:
         self.path = path
         self.sharers = max(1, sharers)
+        self.reserve = reserve
         self._stamp: tuple[int, int] | None = None
         self._threads: int | None = None
 
@@ -71,9 +82,11 @@ class ThreadShareReader:
             stat = self.path.stat()  # a new inode per publish: mtimes can tie within a tick
             stamp = (stat.st_ino, stat.st_mtime_ns)
             if stamp != self._stamp:
-                self._threads = max(1, int(self.path.read_text().strip()) // self.sharers)
+                numbers = self.path.read_text().split()
+                number = numbers[0] if self.reserve or len(numbers) < 2 else numbers[1]
+                self._threads = max(1, int(number) // self.sharers)
                 self._stamp = stamp
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             return None
         return self._threads
 
@@ -107,7 +120,10 @@ class CpuShareExecutor(ThreadPoolExecutor):
 
 
 def follow_worker_share(
-    loop: asyncio.AbstractEventLoop | None = None, *, computing_at_once: int = 1
+    loop: asyncio.AbstractEventLoop | None = None,
+    *,
+    computing_at_once: int = 1,
+    reserve: bool = True,
 ) -> bool:
     """Make the running loop's default executor follow the worker's share (``asyncio.to_thread``
     and ``run_in_executor(None, ...)`` then use it). False when no worker asked for it.
@@ -117,13 +133,17 @@ def follow_worker_share(
     whose rollout plays the next batch while the trainer trains gives each half: with the whole
     share each, their OpenMP threads oversubscribe the cores and the demo's staleness-1 step ran
     0.049 s against 0.042 s with one thread each on 2 cores (bench/vs_inprocess.py).
+    ``reserve``: leave the worker's reserved cores to the services
+    (``LaunchConfig.leaves_cores_to_services``: a small model's job).
     """
     path = os.environ.get(SHARE_FILE_ENV)
     if not path:
         return False
     # A job's trainer ranks on this worker (worker/ranks.py) split one process's share.
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    reader = ThreadShareReader(Path(path), sharers=ranks * max(1, computing_at_once))
+    reader = ThreadShareReader(
+        Path(path), sharers=ranks * max(1, computing_at_once), reserve=reserve
+    )
     with contextlib.suppress(Exception):  # apply it to this thread too (e.g. model loading)
         apply_share(reader)
     (loop or asyncio.get_running_loop()).set_default_executor(CpuShareExecutor(reader))

@@ -77,7 +77,10 @@ async def _until_signalled() -> None:
 async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
     launch = LaunchConfig.read(args.launch) if args.launch else None
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
-    follow_worker_share(computing_at_once=launch.computing_at_once if launch else 1)
+    follow_worker_share(
+        computing_at_once=launch.computing_at_once if launch else 1,
+        reserve=launch.leaves_cores_to_services if launch else True,
+    )
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
     settings = RolloutSettings.with_overrides(
         envhub_address=envhub_address,

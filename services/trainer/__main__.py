@@ -31,7 +31,9 @@ async def _main(
     preload: Preload | None,
 ) -> int:
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
-    follow_worker_share(computing_at_once=launch.computing_at_once)
+    follow_worker_share(
+        computing_at_once=launch.computing_at_once, reserve=launch.leaves_cores_to_services
+    )
     task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)

@@ -62,12 +62,13 @@ def cpu_share_of(devices: list[Device], path: Path, *, reserved: int = 1) -> Thr
     against each other (bench/scaling.py); a fixed split by slots starves a job running alone.
     Even one job's threads on every core stall whenever another process runs (its rollout's or
     trainer's event loop, EnvHub, the scheduler): on 2 cores the demo's strictly on-policy step
-    took 0.067 s with 2 threads a process against 0.051 s with 1 (bench/vs_inprocess.py).
-    None when the worker offers GPUs or the operator set OMP_NUM_THREADS."""
+    took 0.067 s with 2 threads a process against 0.051 s with 1 (bench/vs_inprocess.py). A
+    larger model's compute is coarse enough to use every core: its job takes the share without
+    the reserve (``LaunchConfig.leaves_cores_to_services``). None when the worker offers GPUs
+    or the operator set OMP_NUM_THREADS."""
     if not any(d.kind == "cpu" for d in devices) or "OMP_NUM_THREADS" in os.environ:
         return None
-    cores = os.cpu_count() or 1
-    return ThreadShareFile(path.resolve(), cores=max(1, cores - reserved))
+    return ThreadShareFile(path.resolve(), cores=os.cpu_count() or 1, reserved=reserved)
 
 
 def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:
