@@ -17,7 +17,7 @@ from opentinker.services.common.cpu_share import (
     ThreadShareReader,
     follow_worker_share,
 )
-from opentinker.services.common.launch import SMALL_MODEL_BYTES, LaunchConfig
+from opentinker.services.common.launch import SMALL_MODEL_BYTES, LaunchConfig, is_small_model
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SftConfig, to_proto
@@ -88,7 +88,9 @@ def test_a_job_takes_the_share_with_or_without_the_reserved_cores(tmp_path: Path
     assert (small.threads(), large.threads()) == (3, 3)
 
 
-def test_only_a_small_local_models_job_leaves_the_reserved_cores(tmp_path: Path) -> None:
+def test_only_a_small_local_models_job_leaves_the_reserved_cores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     tiny = ensure_tiny_model(tmp_path / "tiny")  # 0.6M parameters, 2.4 MB
     env = {"env_name": "letter"}
 
@@ -106,6 +108,8 @@ def test_only_a_small_local_models_job_leaves_the_reserved_cores(tmp_path: Path)
     (large / "model-00001-of-00002.safetensors").unlink()  # no weight file: not known small
     assert not launch_for(str(large)).leaves_cores_to_services
     assert not launch_for("Qwen/Qwen2.5-1.5B").leaves_cores_to_services  # a hub name
+    monkeypatch.chdir(tiny)  # an empty name is no model, not the working directory's files
+    assert not is_small_model("")
 
 
 def test_compute_threads_follow_the_share_between_tasks(

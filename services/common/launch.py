@@ -90,6 +90,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 def is_small_model(base_model: str) -> bool:
     """A local model folder whose weight files hold under SMALL_MODEL_BYTES; a hub name, a
     folder that cannot be read or one without weight files counts as large."""
+    if not base_model:  # Path("") is the working directory
+        return False
     folder = Path(base_model)
     try:
         sizes = [f.stat().st_size for f in folder.iterdir() if f.name.endswith(WEIGHT_SUFFIXES)]
