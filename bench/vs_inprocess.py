@@ -48,7 +48,7 @@ import opentinker
 from opentinker.jobs import JobEvent
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.modeling.tiny_model import ensure_scaled_model
 from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.batch_work import UpdateConfig
 from opentinker.services.trainer.policy import Policy
@@ -256,11 +256,8 @@ def main() -> None:
     max_steps = 3 if args.quick else args.max_steps
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-vs-inprocess-"))
-    model_dir = ensure_tiny_model(
-        root / "qwen2",
-        hidden_size=args.hidden_size,
-        num_layers=args.layers,
-        intermediate_size=4 * args.hidden_size,
+    model_dir = ensure_scaled_model(
+        root / "qwen2", hidden_size=args.hidden_size, num_layers=args.layers
     )
     sys.stdout.write(
         f"model: random-init Qwen2, hidden {args.hidden_size}, {args.layers} layers, "

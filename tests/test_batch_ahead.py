@@ -94,6 +94,7 @@ def test_the_next_batch_is_reset_while_the_trainer_trains(engine: TransformersEn
             session = await open_two_turn_session(
                 address, engine, env_name="counted", job_id="job-a"
             )
+            assert engine.prefixes is not None, "two turns: a turn continues the one before"
             await session.collect(0, num_groups=2, group_size=3)
             # Batch 1's six episodes are reset before anyone asks for batch 1.
             await until(lambda: resets() == 12 and len(env.table) == 6, "batch 1 reset ahead")

@@ -63,6 +63,20 @@ def test_vs_inprocess_measures_the_mesh_and_one_process() -> None:
     assert "step split (mesh, staleness 1" in text
 
 
+def test_vs_inprocess_builds_the_model_size_asked_for() -> None:
+    text = run_bench(
+        "vs_inprocess.py", "--quick", "--staleness", "0", "--hidden-size", "64", "--layers", "1"
+    )
+    assert "hidden 64, 1 layers, 0.1M parameters" in text, text
+    assert "ratio mesh, staleness 0 / in-process (s/step):" in text, text
+
+
+def test_prefix_cache_measures_continued_turns_against_plain_ones() -> None:
+    text = run_bench("prefix_cache.py", "--episodes", "4", "--turns", "3", "--rounds", "1")
+    assert "every prompt again" in text and "continued" in text, text
+    assert "x as fast" in text, text
+
+
 def test_scaling_measures_concurrent_jobs_and_batch_sizes() -> None:
     sizes = ("--jobs", "2", "--steps", "3", "--batches", "16", "--batch-steps", "3")
     text = run_bench("scaling.py", *sizes)

@@ -235,7 +235,7 @@ def test_a_model_with_sliding_window_layers_keeps_the_plain_forward() -> None:
     so such a model is not given them."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from opentinker.services.trainer.shared_prompts import has_full_attention_only
+    from opentinker.services.modeling.attention import has_full_attention_only
 
     sizes = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 2, "num_key_value_heads": 1}  # fmt: skip

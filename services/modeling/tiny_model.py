@@ -151,6 +151,17 @@ def ensure_tiny_model(out_dir: Path, **kwargs) -> Path:
     return out_dir
 
 
+def ensure_scaled_model(out_dir: Path, *, hidden_size: int, num_layers: int) -> Path:
+    """The tiny model's shape at another size (MLP 4 x hidden, as the tiny one's 128 -> 512),
+    for benchmarks that measure how a cost moves with the model's compute."""
+    return ensure_tiny_model(
+        out_dir,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        intermediate_size=4 * hidden_size,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build the tiny local Qwen2 model.")
     parser.add_argument("--out", type=Path, required=True)

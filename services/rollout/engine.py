@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import peft
 import torch
 import transformers
 from transformers import (
     AutoTokenizer,
+    DynamicCache,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
@@ -33,6 +35,7 @@ from opentinker.services.modeling.vision_inputs import (
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .multimodal import generate_each_with_images
+from .prefix_cache import PrefixCache, continued_inputs, row_prefix
 from .settings import DEFAULT_MAX_BATCH_SIZE
 from .shared_prefill import prompt_inputs
 from .types import Completion
@@ -100,6 +103,8 @@ class TransformersEngine:
         self.image_processor: object | None = None
         # Multi-agent self-play with one LoRA adapter per role (``use_role_adapters``).
         self.role_adapters: tuple[str, ...] = ()
+        # Multi-turn episodes' keys and values between turns (``keep_prefixes``); None = off.
+        self.prefixes: PrefixCache | None = None
         # A checkpoint's own sampling defaults (top_k, repetition_penalty, ...) would change the
         # distribution we sample from without the logprobs knowing; start from a clean config.
         self.model.generation_config = GenerationConfig(
@@ -168,6 +173,17 @@ class TransformersEngine:
         """Serve one LoRA adapter per role, as the trainer trains them (role_adapters.py)."""
         add_role_adapters(self.model, roles)
         self.role_adapters = tuple(roles)
+        if self.prefixes is not None:
+            self.prefixes.clear()
+
+    def keep_prefixes(self, capacity_bytes: int) -> None:
+        """Keep finished rows' keys and values for the prompts that continue them (multi-turn
+        episodes; prefix_cache.py), up to ``capacity_bytes``. Text models whose every layer
+        attends to the whole sequence only; 0 turns it off."""
+        if capacity_bytes <= 0 or self.image_processor is not None:
+            self.prefixes = None
+        elif has_full_attention_only(self.model):
+            self.prefixes = PrefixCache(capacity_bytes, self.eos_token_id)
 
     @torch.no_grad()
     def generate(
@@ -201,15 +217,23 @@ class TransformersEngine:
             for start in range(0, len(prompts), self.max_batch_size):
                 out.extend(
                     self._generate_batch(
-                        prompts[start : start + self.max_batch_size], sampling, greedy=greedy
+                        prompts[start : start + self.max_batch_size],
+                        sampling,
+                        greedy=greedy,
+                        adapter=adapter,
                     )
                 )
             return out
 
     def _generate_batch(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, *, greedy: bool = False
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        *,
+        greedy: bool = False,
+        adapter: str | None = None,
     ) -> list[Completion]:
-        inputs = prompt_inputs(
+        inputs = self._continued(prompts, adapter) or prompt_inputs(
             self.model,
             prompts,
             self.pad_token_id,
@@ -231,10 +255,40 @@ class TransformersEngine:
         logits_B_N_V = torch.stack(result.logits, dim=1).float().cpu()
         logprobs_B_N_V = torch.log_softmax(logits_B_N_V / sampling.temperature, dim=-1)
         sampled_B_N = logprobs_B_N_V.gather(-1, new_B_N.unsqueeze(-1)).squeeze(-1)
-        return [
+        completions = [
             cut_at_eos(new_B_N[row].tolist(), sampled_B_N[row].tolist(), self.eos_token_id)
             for row in range(len(prompts))
         ]
+        self._keep(prompts, completions, result.past_key_values, width, adapter)
+        return completions
+
+    def _continued(
+        self, prompts: Sequence[Sequence[int]], adapter: str | None
+    ) -> dict[str, Any] | None:
+        """generate()'s inputs continuing the rows' cached prefixes; None without any."""
+        if self.prefixes is None:
+            return None
+        found = [self.prefixes.take(prompt, adapter) for prompt in prompts]
+        if not any(found):
+            return None
+        return continued_inputs(self.model, prompts, found, self.pad_token_id, self.device)
+
+    def _keep(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Completion],
+        cache: object,
+        width: int,
+        adapter: str | None,
+    ) -> None:
+        """Keep each row's keys and values of its prompt and completion (but the last token)."""
+        if self.prefixes is None or not isinstance(cache, DynamicCache):
+            return
+        for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            if completion.token_ids and completion.token_ids[-1] == self.eos_token_id:
+                start, end = width - len(prompt), width + len(completion.token_ids) - 1
+                entry = row_prefix(cache, row, start, end)
+                self.prefixes.put([*prompt, *completion.token_ids], entry, adapter)
 
     @torch.no_grad()
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
@@ -244,6 +298,8 @@ class TransformersEngine:
             unknown=f"which this model does not have ({type(self.model).__name__}; is the LoRA "
             f"config the same as the trainer's?)",
         )
+        if self.prefixes is not None:  # keys and values of the old weights
+            self.prefixes.clear()
         self.policy_version = policy_version
 
     @torch.no_grad()

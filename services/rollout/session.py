@@ -113,6 +113,8 @@ class RolloutSession:
         )
         if self.settings.reset_ahead and self._loop.multi_agent is None:
             self._ahead = BatchAhead(self._loop)
+        if self._loop.max_turns > 1 and isinstance(engine, TransformersEngine):
+            engine.keep_prefixes(self.settings.prefix_cache_mb * 2**20)  # turns continue turns
         log.info(
             "rollout_opened",
             job_id=config.job_id,

@@ -49,6 +49,12 @@ class RolloutSettings(BaseSettings):
         description="reset the next training batch's episodes while the trainer trains on "
         "this one (batch_ahead.py)",
     )
+    prefix_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="(transformers engine) keys and values a multi-turn job's episodes keep "
+        "between their turns, so a turn computes only its new tokens (prefix_cache.py); 0 = off",
+    )
     agent_loop: Literal["async", "lockstep"] = Field(
         "async",
         description="async: each episode generates again as soon as its env replied (engine "

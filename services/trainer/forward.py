@@ -13,10 +13,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from opentinker.services.modeling.attention import has_full_attention_only
+
 from .batch import SequenceBatch
 from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
 from .policy import Policy
-from .shared_prompts import PromptGroups, has_full_attention_only, shared_prompt_logprobs
+from .shared_prompts import PromptGroups, shared_prompt_logprobs
 from .vision_logprobs import vision_hidden_states
 
 

@@ -169,13 +169,6 @@ def _at_batch_positions(
     return wide.scatter(1, index, values_B_J)[:, :positions]
 
 
-def has_full_attention_only(model: nn.Module) -> bool:
-    """Whether every attention layer of ``model`` sees the whole sequence (no sliding window,
-    no linear attention): the only layers the caches here stand in for."""
-    layer_types = getattr(getattr(model, "config", None), "layer_types", None) or ()
-    return all(kind == "full_attention" for kind in layer_types)
-
-
 class _PromptLayer(DynamicLayer):
     """The prompt pass's cache layer: ``update`` sets the keys and values rather than appending
     them, so a checkpointed layer's recomputation sets the same tensors again."""

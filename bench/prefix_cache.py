@@ -1,0 +1,126 @@
+"""Multi-turn generation on the transformers engine: each turn continuing the previous turn's
+keys and values (``TransformersEngine.keep_prefixes``, services/rollout/prefix_cache.py) vs
+computing every prompt again, in one run.
+
+``--episodes`` episodes play ``--turns`` turns: a turn samples up to ``--new-tokens`` tokens,
+then the next prompt is the prompt, the completion and ``--reply-tokens`` tokens of an env's
+reply (random ids). The random-init model is first nudged to end its turns with eos, as a chat
+model does (a turn that ends without eos is never continued). Rounds alternate between the
+two engines (each on its own copy of the same weights, the same seeds); the median round of
+each is printed with the ratio, and the tokens each computed (padding included).
+
+    .venv/bin/python bench/prefix_cache.py [--episodes 32] [--turns 6] [--rounds 6] \
+        [--hidden-size 128 --layers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from opentinker.services.modeling.tiny_model import ensure_scaled_model
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.spec import SamplingParams
+
+
+def eos_nudged(model_dir: Path, steps: int) -> tuple[torch.nn.Module, object]:
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    ids_B_T = torch.randint(0, len(tokenizer), (8, 64))
+    for _ in range(steps):
+        logp_B_T = torch.log_softmax(model(input_ids=ids_B_T).logits, -1)
+        (-logp_B_T[..., tokenizer.eos_token_id].mean()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval(), tokenizer
+
+
+def one_round(engine: TransformersEngine, args: argparse.Namespace, seed: int) -> dict:
+    """Seconds for every turn of every episode, tokens computed, turns ended with eos."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = len(engine.tokenizer)
+    prompts = torch.randint(0, vocab, (args.episodes, args.prompt_tokens), generator=generator)
+    prompts = prompts.tolist()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
+    fed = [0]
+    hook = engine.model.register_forward_pre_hook(
+        lambda _m, _a, kw: fed.__setitem__(0, fed[0] + kw["input_ids"].numel()), with_kwargs=True
+    )
+    ended = 0
+    started = time.perf_counter()
+    for turn in range(args.turns):
+        completions = engine.generate(prompts, sampling, seed=seed * 100 + turn)
+        ended += sum(c.token_ids[-1:] == [engine.eos_token_id] for c in completions)
+        replies = torch.randint(0, vocab, (args.episodes, args.reply_tokens), generator=generator)
+        prompts = [
+            p + c.token_ids + r
+            for p, c, r in zip(prompts, completions, replies.tolist(), strict=True)
+        ]
+    seconds = time.perf_counter() - started
+    hook.remove()
+    if engine.prefixes is not None:
+        engine.prefixes.clear()  # the next round starts as the plain one does
+    return {"seconds": seconds, "tokens": fed[0], "ended": ended, "last_prompt": len(prompts[0])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--prompt-tokens", type=int, default=60)
+    parser.add_argument("--reply-tokens", type=int, default=40)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--nudge-steps", type=int, default=3, help="Adam steps towards eos")
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="opentinker-prefix-cache-"))
+    model_dir = ensure_scaled_model(
+        root / "qwen2", hidden_size=args.hidden_size, num_layers=args.layers
+    )
+    model, tokenizer = eos_nudged(model_dir, args.nudge_steps)
+    plain = TransformersEngine(copy.deepcopy(model), tokenizer)
+    continued = TransformersEngine(copy.deepcopy(model), tokenizer)
+    continued.keep_prefixes(1 << 30)
+    one_round(plain, args, seed=0)  # warm-up, both
+    one_round(continued, args, seed=0)
+    results: dict[str, list[dict]] = {"every prompt again": [], "continued": []}
+    for index in range(args.rounds):
+        results["every prompt again"].append(one_round(plain, args, seed=index + 1))
+        results["continued"].append(one_round(continued, args, seed=index + 1))
+    out = sys.stdout
+    out.write(
+        f"{args.episodes} episodes x {args.turns} turns (prompt {args.prompt_tokens}, up to "
+        f"{args.new_tokens} new, reply {args.reply_tokens} tokens a turn), hidden "
+        f"{args.hidden_size}, {args.layers} layers, {torch.get_num_threads()} threads, "
+        f"{args.rounds} rounds\n"
+    )
+    turns_total = args.episodes * args.turns
+    median = {}
+    for name, rounds in results.items():
+        median[name] = statistics.median(r["seconds"] for r in rounds)
+        tokens = statistics.median(r["tokens"] for r in rounds)
+        ended = statistics.median(r["ended"] for r in rounds) / turns_total
+        last = statistics.median(r["last_prompt"] for r in rounds)
+        out.write(
+            f"{name:<20} {median[name]:.3f} s   {tokens:,.0f} tokens computed   "
+            f"turns ended with eos {ended:.0%}   last prompt {last:.0f} tokens\n"
+        )
+    ratio = median["every prompt again"] / median["continued"]
+    out.write(f"continued is {ratio:.2f}x as fast\n")
+
+
+if __name__ == "__main__":
+    main()
