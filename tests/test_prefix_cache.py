@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.prefix_cache import CachedPrefix, PrefixCache
+from opentinker.services.rollout.prefix_cache import CachedPrefix, PrefixCache, row_prefix
 from opentinker.services.rollout.types import Completion
 from opentinker.spec import SamplingParams
 
@@ -112,6 +112,41 @@ def test_a_weight_update_drops_what_the_old_weights_computed(eos_model) -> None:
     # Play on from the new weights: as an engine that never kept anything.
     fresh = TransformersEngine(copy.deepcopy(cached.model), tokenizer)
     assert_same_turns(play_turns(cached, 3, seed=2), play_turns(fresh, 3, seed=2))
+
+
+def test_new_episodes_beside_continued_ones_compute_a_shared_prompt_once(eos_model) -> None:
+    """The async loop batches whichever episodes are ready: four on their second turn beside a
+    new GRPO group (one prompt, four samples), whose prompt is computed once."""
+    model, tokenizer = eos_model
+    plain = TransformersEngine(copy.deepcopy(model), tokenizer)
+    cached_model = copy.deepcopy(model)
+    cached = TransformersEngine(cached_model, tokenizer)
+    cached.keep_prefixes(64 * 2**20)
+    assert cached.prefixes is not None
+    generator = torch.Generator().manual_seed(3)
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(0, 500, (n,), generator=generator).tolist()
+
+    played = [tokens(30) + [tokenizer.eos_token_id] for _ in range(4)]  # first turns, ended
+    for turn in played:
+        cached.prefixes.put(turn, cached_entry(cached, turn[:-1]))
+    group = tokens(50)
+    # Each old episode's turn, then the env's reply: 21 tokens not cached.
+    prompts = [turn + tokens(20) for turn in played] + [group] * 4
+    count = fed_tokens(cached_model)
+    got = cached.generate(prompts, SAMPLING, seed=5)
+    want = plain.generate(prompts, SAMPLING, seed=5)
+    assert_same_turns([got], [want])
+    assert cached.prefixes.hits == 4
+    # The group's first 50 - 21 tokens once, then generate: 21 tokens a row, one per step.
+    assert count[0] <= (50 - 21) + 8 * 21 + 8 * (SAMPLING.max_new_tokens - 1), count
+
+
+def cached_entry(engine: TransformersEngine, tokens: list[int]) -> CachedPrefix:
+    """The keys and values of ``tokens`` as the engine would keep them."""
+    out = engine.model(input_ids=torch.tensor([tokens]), use_cache=True)
+    return row_prefix(out.past_key_values, 0, 0, len(tokens))
 
 
 def entry(length: int, layers: int = 2) -> CachedPrefix:

@@ -141,10 +141,15 @@ def _prefill(
     pad_token_id: int,
     device: torch.device,
 ) -> list[CachedPrefix]:
-    """Each prompt's keys and values, computed in one left-padded forward."""
+    """Each prompt's keys and values, computed in one left-padded forward; a prompt that
+    several rows share (a GRPO group's new episodes) is computed once."""
     if not prompts:
         return []
-    input_ids_B_T, attention_mask_B_T = left_padded(prompts, pad_token_id)
+    slots: dict[tuple[int, ...], int] = {}
+    for prompt in prompts:
+        slots.setdefault(tuple(prompt), len(slots))
+    distinct = list(slots)
+    input_ids_B_T, attention_mask_B_T = left_padded(distinct, pad_token_id)
     input_ids_B_T, attention_mask_B_T = input_ids_B_T.to(device), attention_mask_B_T.to(device)
     out = model(
         input_ids=input_ids_B_T,
@@ -154,10 +159,11 @@ def _prefill(
         logits_to_keep=1,
     )
     width = input_ids_B_T.shape[1]
-    return [
+    computed = [
         row_prefix(out.past_key_values, row, width - len(prompt), width)
-        for row, prompt in enumerate(prompts)
+        for row, prompt in enumerate(distinct)
     ]
+    return [computed[slots[tuple(prompt)]] for prompt in prompts]
 
 
 def row_prefix(cache: DynamicCache, row: int, start: int, end: int) -> CachedPrefix:
