@@ -16,6 +16,7 @@ go first past ``capacity_bytes``.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -49,25 +50,28 @@ class PrefixCache:
         self.hits = 0  # prompts that continued an entry
         self.reused_tokens = 0  # tokens those prompts did not compute again
         self._entries: OrderedDict[tuple[Hashable, tuple[int, ...]], CachedPrefix] = OrderedDict()
+        self._lock = threading.Lock()  # calls may come from the compute pool's threads
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
 
     def take(self, prompt: Sequence[int], tag: Hashable = None) -> CachedPrefix | None:
         """The entry of the longest prefix of ``prompt`` ending at one of its eos tokens, removed
         from the cache; None when there is none."""
         ends = [i + 1 for i, token in enumerate(prompt) if token == self.eos_token_id]
-        for end in reversed(ends):
-            entry = self._entries.pop((tag, tuple(prompt[:end])), None)
-            if entry is not None:
-                self.nbytes -= entry.nbytes
-                self.hits += 1
-                self.reused_tokens += entry.length
-                return entry
+        with self._lock:
+            for end in reversed(ends):
+                entry = self._entries.pop((tag, tuple(prompt[:end])), None)
+                if entry is not None:
+                    self.nbytes -= entry.nbytes
+                    self.hits += 1
+                    self.reused_tokens += entry.length
+                    return entry
         return None
 
     def put(self, tokens: Sequence[int], entry: CachedPrefix, tag: Hashable = None) -> None:
@@ -75,14 +79,15 @@ class PrefixCache:
         if not tokens or tokens[-1] != self.eos_token_id or entry.nbytes > self.capacity_bytes:
             return
         key = (tag, tuple(tokens))
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
-        self._entries[key] = entry
-        self.nbytes += entry.nbytes
-        while self.nbytes > self.capacity_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self.nbytes -= evicted.nbytes
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.nbytes -= old.nbytes
+            self._entries[key] = entry
+            self.nbytes += entry.nbytes
+            while self.nbytes > self.capacity_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self.nbytes -= evicted.nbytes
 
 
 def continued_inputs(
