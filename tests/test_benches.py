@@ -77,6 +77,13 @@ def test_prefix_cache_measures_continued_turns_against_plain_ones() -> None:
     assert "x as fast" in text, text
 
 
+def test_multi_turn_job_runs_the_mesh_with_the_prefix_cache_on_and_off() -> None:
+    args = ["--steps", "3", "--turns", "2", "--prompts", "2", "--samples", "2", "--rounds", "1"]
+    text = run_bench("multi_turn_job.py", *args)
+    assert "prefix cache" in text and "every prompt again" in text, text
+    assert "x faster" in text, text
+
+
 def test_scaling_measures_concurrent_jobs_and_batch_sizes() -> None:
     sizes = ("--jobs", "2", "--steps", "3", "--batches", "16", "--batch-steps", "3")
     text = run_bench("scaling.py", *sizes)
