@@ -191,3 +191,7 @@ def test_off_for_zero_bytes_and_for_models_with_windowed_attention(
     engine = TransformersEngine(windowed, tokenizer)
     engine.keep_prefixes(1 << 20)
     assert engine.prefixes is None
+    engine = TransformersEngine(copy.deepcopy(model), tokenizer)  # a one-turn job's session
+    engine.keep_prefixes(1 << 20)
+    engine.keep_prefixes(0)
+    assert engine.prefixes is None

@@ -180,10 +180,9 @@ class TransformersEngine:
         """Keep finished rows' keys and values for the prompts that continue them (multi-turn
         episodes; prefix_cache.py), up to ``capacity_bytes``. Text models whose every layer
         attends to the whole sequence only; 0 turns it off."""
-        if capacity_bytes <= 0 or self.image_processor is not None:
-            self.prefixes = None
-        elif has_full_attention_only(self.model):
-            self.prefixes = PrefixCache(capacity_bytes, self.eos_token_id)
+        usable = self.image_processor is None and has_full_attention_only(self.model)
+        keep = usable and capacity_bytes > 0
+        self.prefixes = PrefixCache(capacity_bytes, self.eos_token_id) if keep else None
 
     @torch.no_grad()
     def generate(

@@ -113,8 +113,9 @@ class RolloutSession:
         )
         if self.settings.reset_ahead and self._loop.multi_agent is None:
             self._ahead = BatchAhead(self._loop)
-        if self._loop.max_turns > 1 and isinstance(engine, TransformersEngine):
-            engine.keep_prefixes(self.settings.prefix_cache_mb * 2**20)  # turns continue turns
+        if isinstance(engine, TransformersEngine):  # multi-turn: a turn continues the last
+            multi_turn = self._loop.max_turns > 1
+            engine.keep_prefixes(self.settings.prefix_cache_mb * 2**20 if multi_turn else 0)
         log.info(
             "rollout_opened",
             job_id=config.job_id,
