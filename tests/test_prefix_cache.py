@@ -195,3 +195,34 @@ def test_off_for_zero_bytes_and_for_models_with_windowed_attention(
     engine.keep_prefixes(1 << 20)
     engine.keep_prefixes(0)
     assert engine.prefixes is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+def test_on_a_gpu_in_bfloat16_continued_turns_score_as_a_full_forward(eos_model) -> None:
+    """The GPU path: keys and values kept on the device, turns continued in bfloat16; each
+    sampled token's logprob is what one forward over the whole sequence gives (to bf16
+    rounding), so the trainer recomputes what was sampled."""
+    model, tokenizer = eos_model
+    engine = TransformersEngine(copy.deepcopy(model).to("cuda", torch.bfloat16), tokenizer)
+    engine.keep_prefixes(64 * 2**20)
+    assert engine.prefixes is not None
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 500, (30,), generator=generator).tolist() for _ in range(8)]
+    for turn in range(4):
+        completions = engine.generate(prompts, SAMPLING, seed=turn)
+        for prompt, completion in zip(prompts, completions, strict=True):
+            ids = torch.tensor([prompt + completion.token_ids], device="cuda")
+            with torch.no_grad():
+                logits = engine.model(input_ids=ids).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            start = len(prompt) - 1
+            expected = [
+                logprobs[start + t, tok].item() for t, tok in enumerate(completion.token_ids)
+            ]
+            assert completion.logprobs == pytest.approx(expected, abs=0.05), turn
+        replies = torch.randint(0, 500, (8, 20), generator=generator).tolist()
+        prompts = [
+            p + c.token_ids + r for p, c, r in zip(prompts, completions, replies, strict=True)
+        ]
+    assert engine.prefixes.hits > 0
