@@ -72,8 +72,11 @@ PY
 }
 
 tests() {
+  # Every test file holding a `gpu` test (grep -l "mark.gpu" tests/*.py): the marker alone
+  # over tests/ would import every module, some of them needing packages the image lacks.
   OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
-    tests/test_vllm_multi_lora_gpu.py tests/test_rollout_engine.py 2>&1 | tee "$OUT/gpu_tests.log"
+    tests/test_vllm_multi_lora_gpu.py tests/test_rollout_engine.py tests/test_prefix_cache.py \
+    tests/test_weight_transport.py tests/test_checkpoints.py 2>&1 | tee "$OUT/gpu_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || failed tests "pytest, see above"
   ! grep -q "^SKIPPED" "$OUT/gpu_tests.log" || failed tests "a gpu test was skipped, the reason above"
   passed tests

@@ -139,3 +139,18 @@ def test_vs_inprocess_rounds_give_medians_and_spread_per_round(
     assert "s to target 3.00x [3.00, 3.00] (1 not reached)" in text, text
     assert "s/step 2.00x [2.00, 2.00]" in text, text
     assert "in-process           s to target 20.00s [10.00, 20.00]" in text, text
+
+
+@pytest.mark.unit
+def test_the_gpu_check_runs_every_test_file_that_holds_a_gpu_test() -> None:
+    """A `gpu` test runs only on a lent GPU machine, through bench/gpu_check.sh's file list."""
+    script = (BENCH / "gpu_check.sh").read_text()
+    tests = BENCH.parent / "tests"
+    holding = {
+        f.name
+        for f in tests.glob("test_*.py")
+        if any(line.strip() == "@pytest.mark.gpu" for line in f.read_text().splitlines())
+    }
+    assert "test_prefix_cache.py" in holding
+    missing = sorted(name for name in holding if f"tests/{name}" not in script)
+    assert not missing, f"bench/gpu_check.sh's tests step leaves out {missing}"
