@@ -21,8 +21,8 @@ from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.modeling.shared_weights import SEGMENT_PREFIX, SegmentWriter
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.rollout.engine_choice import default_engine_factory
 from opentinker.services.rollout.service import create_server as create_rollout
-from opentinker.services.rollout.session import default_engine_factory
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.errors import RolloutError
 from opentinker.services.trainer.policy import Policy

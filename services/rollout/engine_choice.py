@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import structlog
+import torch
 
 from opentinker.errors import ConfigError
 from opentinker.spec import ModelSpec
@@ -120,3 +121,11 @@ def shared_engine_loader(
     return name, lambda: SharedLoraEngine.load(
         base_model, device=device, max_batch_size=settings.max_batch_size
     )
+
+
+def default_engine_factory(settings: RolloutSettings) -> Callable[[ModelSpec], GenerationEngine]:
+    """The engine ``settings.engine`` picks for the rollout's device: vLLM on CUDA when
+    installed, transformers otherwise."""
+    return engine_factory(
+        settings, cuda_available=torch.cuda.is_available(), vllm_importable=vllm_installed()
+    )[1]

@@ -39,7 +39,8 @@ from opentinker.services.common.grpc_server import abort_with, create_aio_server
 from opentinker.services.modeling.weights import WeightStream
 
 from .config import RolloutConfig, config_from_proto, sampling_from_proto
-from .session import EngineFactory, RolloutSession, default_engine_factory
+from .engine_choice import default_engine_factory
+from .session import EngineFactory, RolloutSession
 from .settings import RolloutSettings
 from .shared_engine import SharedAdapters, Tenancy
 from .weight_transports import IncomingWeights, accept_offer

@@ -27,7 +27,6 @@ from .agent_loop import AgentLoop
 from .batch_ahead import BatchAhead, BatchKey, batch_requests
 from .config import RolloutConfig
 from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
-from .engine_choice import engine_factory, vllm_installed
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
@@ -392,11 +391,3 @@ def _serve_role_adapters(engine: GenerationEngine, roles: tuple[str, ...]) -> No
         engine.use_role_adapters(roles)
     except ValueError as err:
         raise InvalidArgumentError(f"one adapter per role: {err}", code="INVALID_ARGUMENT") from err
-
-
-def default_engine_factory(settings: RolloutSettings) -> EngineFactory:
-    """The engine ``settings.engine`` picks for the rollout's device: vLLM on CUDA when
-    installed, transformers otherwise (engine_choice.py)."""
-    return engine_factory(
-        settings, cuda_available=torch.cuda.is_available(), vllm_importable=vllm_installed()
-    )[1]
