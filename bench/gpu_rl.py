@@ -19,19 +19,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from step_breakdown import KEYS  # bench/ is sys.path[0]: the same step split
+
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
-
-KEYS = [
-    "time_generate_s",
-    "time_env_s",
-    "time_rollout_wait_s",
-    "time_train_s",
-    "time_weight_sync_s",
-    "time_mesh_s",
-]
 
 
 def main() -> None:
