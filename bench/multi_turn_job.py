@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from prefix_cache import eos_nudged  # bench/ is sys.path[0]
+from arguments import positive_int  # bench/ is sys.path[0]
+from prefix_cache import eos_nudged
 
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
@@ -73,12 +74,12 @@ def run_job(spec: JobSpec, root: Path, cache_mb: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=positive_int, default=12)
+    parser.add_argument("--turns", type=positive_int, default=6)
+    parser.add_argument("--prompts", type=positive_int, default=4)
+    parser.add_argument("--samples", type=positive_int, default=4)
+    parser.add_argument("--new-tokens", type=positive_int, default=8)
+    parser.add_argument("--rounds", type=positive_int, default=2)
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-multi-turn-job-"))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from arguments import positive_int  # bench/ is sys.path[0]
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
@@ -75,15 +76,15 @@ def one_round(engine: TransformersEngine, args: argparse.Namespace, seed: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--prompt-tokens", type=int, default=60)
-    parser.add_argument("--reply-tokens", type=int, default=40)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--episodes", type=positive_int, default=32)
+    parser.add_argument("--turns", type=positive_int, default=6)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=60)
+    parser.add_argument("--reply-tokens", type=positive_int, default=40)
+    parser.add_argument("--new-tokens", type=positive_int, default=16)
+    parser.add_argument("--rounds", type=positive_int, default=6)
     parser.add_argument("--nudge-steps", type=int, default=3, help="Adam steps towards eos")
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=positive_int, default=128)
+    parser.add_argument("--layers", type=positive_int, default=2)
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-prefix-cache-"))

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from learn_letters_inprocess import sample_group_batch  # bench/ is sys.path[0]
+from arguments import positive_int  # bench/ is sys.path[0]
+from learn_letters_inprocess import sample_group_batch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import opentinker
@@ -226,14 +227,6 @@ def report(runs: list[Run], target: float) -> None:
             out.write(f"step split ({r.name}, mean s): {split}\n")
 
 
-def _positive(text: str) -> int:
-    """argparse type: an int >= 1 (0 rounds would print nothing at all)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"needs at least 1, got {value}")
-    return value
-
-
 def parameter_count(model_dir: Path) -> int:
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
@@ -248,10 +241,10 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=1500)
     parser.add_argument("--quick", action="store_true", help="3 steps per run (a smoke test)")
     parser.add_argument(
-        "--repeat", type=_positive, default=1, help="rounds of every run, interleaved"
+        "--repeat", type=positive_int, default=1, help="rounds of every run, interleaved"
     )
-    parser.add_argument("--hidden-size", type=_positive, default=128, help="128: the demo's")
-    parser.add_argument("--layers", type=_positive, default=2, help="2: the demo's")
+    parser.add_argument("--hidden-size", type=positive_int, default=128, help="128: the demo's")
+    parser.add_argument("--layers", type=positive_int, default=2, help="2: the demo's")
     args = parser.parse_args()
     max_steps = 3 if args.quick else args.max_steps
 

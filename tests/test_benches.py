@@ -154,3 +154,14 @@ def test_the_gpu_check_runs_every_test_file_that_holds_a_gpu_test() -> None:
     assert "test_prefix_cache.py" in holding
     missing = sorted(name for name in holding if f"tests/{name}" not in script)
     assert not missing, f"bench/gpu_check.sh's tests step leaves out {missing}"
+
+
+@pytest.mark.unit
+def test_the_size_and_turn_benches_refuse_counts_that_measure_nothing() -> None:
+    """0 rounds crashed prefix_cache.py on an empty median; 0 turns divided by zero."""
+    for name, arg in (("prefix_cache.py", "--rounds"), ("multi_turn_job.py", "--turns")):
+        out = subprocess.run(
+            [sys.executable, str(BENCH / name), arg, "0"], capture_output=True, text=True
+        )
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert f"argument {arg}: needs at least 1, got 0" in out.stderr
