@@ -15,6 +15,7 @@ from opentinker.services.common.cpu_share import (
     SHARE_FILE_ENV,
     ThreadShareFile,
     ThreadShareReader,
+    follow_job_share,
     follow_worker_share,
 )
 from opentinker.services.common.launch import SMALL_MODEL_BYTES, LaunchConfig, is_small_model
@@ -110,6 +111,40 @@ def test_only_a_small_local_models_job_leaves_the_reserved_cores(
     assert not launch_for("Qwen/Qwen2.5-1.5B").leaves_cores_to_services  # a hub name
     monkeypatch.chdir(tiny)  # an empty name is no model, not the working directory's files
     assert not is_small_model("")
+
+
+def test_a_jobs_launch_sets_the_threads_its_processes_compute_with(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What the trainer's and the rollout's first line does (``follow_job_share``): 8 cores,
+    1 reserved. A small model's on-policy job takes 7, a large one's 8, and with its rollout
+    playing ahead each of its two processes half of that; a process without a launch, 7."""
+    share = ThreadShareFile(tmp_path / "share", cores=8, reserved=1)
+    share.publish(1)
+    monkeypatch.setenv(SHARE_FILE_ENV, str(share.path))
+    large = tmp_path / "large"
+    large.mkdir()
+    with open(large / "model.safetensors", "wb") as f:
+        f.truncate(SMALL_MODEL_BYTES)
+    tiny = str(ensure_tiny_model(tmp_path / "tiny"))
+
+    def launch(base_model: str, staleness: int) -> LaunchConfig:
+        rl = RlConfig(env_name="letter", max_staleness=staleness)
+        return launch_of(JobSpec(model=ModelSpec(base_model=base_model), rl=rl), tmp_path)
+
+    async def threads(job: LaunchConfig | None) -> int:
+        assert follow_job_share(job)
+        return await asyncio.to_thread(torch.get_num_threads)
+
+    before = torch.get_num_threads()
+    try:
+        assert asyncio.run(threads(launch(tiny, 0))) == 7
+        assert asyncio.run(threads(launch(str(large), 0))) == 8
+        assert asyncio.run(threads(launch(tiny, 1))) == 3
+        assert asyncio.run(threads(launch(str(large), 1))) == 4
+        assert asyncio.run(threads(None)) == 7
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_compute_threads_follow_the_share_between_tasks(

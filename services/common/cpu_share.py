@@ -26,9 +26,12 @@ import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
+
+if TYPE_CHECKING:
+    from .launch import LaunchConfig
 
 SHARE_FILE_ENV = "OPENTINKER_CPU_THREADS_FILE"  # set by the worker on every job process
 
@@ -148,3 +151,14 @@ def follow_worker_share(
         apply_share(reader)
     (loop or asyncio.get_running_loop()).set_default_executor(CpuShareExecutor(reader))
     return True
+
+
+def follow_job_share(launch: LaunchConfig | None) -> bool:
+    """``follow_worker_share`` as a job's launch sets it: how many of its processes compute at
+    once, and whether its model leaves the worker's reserved cores to the services. A process
+    without a launch (a node's shared rollout) computes alone and leaves them."""
+    if launch is None:
+        return follow_worker_share()
+    return follow_worker_share(
+        computing_at_once=launch.computing_at_once, reserve=launch.leaves_cores_to_services
+    )

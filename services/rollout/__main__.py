@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from opentinker.services.common.cpu_share import follow_worker_share
+from opentinker.services.common.cpu_share import follow_job_share
 from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
@@ -77,10 +77,7 @@ async def _until_signalled() -> None:
 async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
     launch = LaunchConfig.read(args.launch) if args.launch else None
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
-    follow_worker_share(
-        computing_at_once=launch.computing_at_once if launch else 1,
-        reserve=launch.leaves_cores_to_services if launch else True,
-    )
+    follow_job_share(launch)
     envhub_address = args.envhub_address or (launch.envhub_address if launch else None)
     settings = RolloutSettings.with_overrides(
         envhub_address=envhub_address,

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from opentinker.services.common.cpu_share import follow_worker_share
+from opentinker.services.common.cpu_share import follow_job_share
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
@@ -31,9 +31,7 @@ async def _main(
     preload: Preload | None,
 ) -> int:
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
-    follow_worker_share(
-        computing_at_once=launch.computing_at_once, reserve=launch.leaves_cores_to_services
-    )
+    follow_job_share(launch)
     task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
