@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -88,10 +87,9 @@ def test_a_turn_continues_the_previous_turns_keys_and_values(eos_model) -> None:
     assert_same_turns(got, want)
     ended = sum(c.token_ids[-1:] == [tokenizer.eos_token_id] for turn in got[:-1] for c in turn)
     assert ended >= 10, "the nudged model ends some turns with eos"
-    assert cached.prefixes.hits >= ended // 2
+    assert cached.prefixes.hits == ended  # each turn ended with eos is continued by the next
     assert cached.prefixes.reused_tokens > 0
     saved = plain_count[0] - cached_count[0]
-    print(f"tokens computed: {plain_count[0]} plain, {cached_count[0]} continued")
     assert saved >= cached.prefixes.reused_tokens // 2, (plain_count, cached_count)
 
 
@@ -180,7 +178,7 @@ def test_the_oldest_entries_go_past_the_capacity() -> None:
 
 
 def test_off_for_zero_bytes_and_for_models_with_windowed_attention(
-    eos_model, tmp_path: Path
+    eos_model,
 ) -> None:
     model, tokenizer = eos_model
     engine = TransformersEngine(copy.deepcopy(model), tokenizer)
