@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .shared_prefill import left_padded
+from .shared_prefill import left_padded, prefill
 
 
 @dataclass(frozen=True)
@@ -155,18 +155,10 @@ def _prefill(
         slots.setdefault(tuple(prompt), len(slots))
     distinct = list(slots)
     input_ids_B_T, attention_mask_B_T = left_padded(distinct, pad_token_id)
-    input_ids_B_T, attention_mask_B_T = input_ids_B_T.to(device), attention_mask_B_T.to(device)
-    out = model(
-        input_ids=input_ids_B_T,
-        attention_mask=attention_mask_B_T,
-        position_ids=(attention_mask_B_T.cumsum(-1) - 1).clamp(min=0),
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    cache = prefill(model, input_ids_B_T.to(device), attention_mask_B_T.to(device))
     width = input_ids_B_T.shape[1]
     computed = [
-        row_prefix(out.past_key_values, row, width - len(prompt), width)
-        for row, prompt in enumerate(distinct)
+        row_prefix(cache, row, width - len(prompt), width) for row, prompt in enumerate(distinct)
     ]
     return [computed[slots[tuple(prompt)]] for prompt in prompts]
 

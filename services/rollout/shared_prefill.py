@@ -53,25 +53,35 @@ def prompt_inputs(
         }
     input_ids_U_T, attention_mask_U_T = left_padded([prompts[r] for r in distinct], pad_token_id)
     input_ids_U_T, attention_mask_U_T = input_ids_U_T.to(device), attention_mask_U_T.to(device)
-    mask_U_P = attention_mask_U_T[:, :-1]
-    prefix = model(
-        input_ids=input_ids_U_T[:, :-1],
-        attention_mask=mask_U_P,
-        # Positions count real tokens only, as generate() numbers left-padded rows.
-        position_ids=(mask_U_P.cumsum(-1) - 1).clamp(min=0),
-        use_cache=True,
-        logits_to_keep=1,
-        **forward_kwargs(distinct),
+    cache = prefill(
+        model, input_ids_U_T[:, :-1], attention_mask_U_T[:, :-1], **forward_kwargs(distinct)
     )
     slot = {key: u for u, key in enumerate(first_row)}
     rows_B = torch.tensor([slot[key] for key in keys], device=device)
-    cache = prefix.past_key_values
     cache.batch_select_indices(rows_B)  # one row per sample, in the batch's order
     return {
         "input_ids": input_ids_U_T[rows_B],
         "attention_mask": attention_mask_U_T[rows_B],
         "past_key_values": cache,
     }
+
+
+def prefill(
+    model: torch.nn.Module,
+    input_ids_B_T: torch.Tensor,
+    attention_mask_B_T: torch.Tensor,
+    **forward_kwargs: Any,
+) -> Any:
+    """The KV cache of left-padded rows, in one forward. Positions count real tokens only, as
+    generate() numbers left-padded rows, so generate can continue from it."""
+    return model(
+        input_ids=input_ids_B_T,
+        attention_mask=attention_mask_B_T,
+        position_ids=(attention_mask_B_T.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+        **forward_kwargs,
+    ).past_key_values
 
 
 def left_padded(
