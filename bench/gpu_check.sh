@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The GPU check of the vLLM rollout engine, run on a lent GPU machine (no internet there).
-# Prepare the wheels first, here: `bash bench/gpu_wheels.sh` (prints the calls below). Then,
-# back to back (the machine is given back after 30 s idle, with what was staged on it):
+# Prepare the wheels first, here: `bash bench/gpu_wheels.sh` (prints the calls below). A
+# session has 15 device minutes in all, and the machine goes back after 30 s idle with what
+# was staged on it, so the calls go back to back, most important first:
 #
-#   bash bench/gpu_check.sh stage          # once per part, with carry=['.whl/pNN']
-#   bash bench/gpu_check.sh install tests  # install the wheels + this repo; the gpu tests
-#   bash bench/gpu_check.sh bench          # tokens/s vs vLLM's LLM.generate; weight sync s
-#   bash bench/gpu_check.sh rl lora        # a short RL job on the mesh, LoRA ...
-#   bash bench/gpu_check.sh rl full        # ... and full fine-tuning: step time split
-#   bash bench/gpu_check.sh multilora      # k jobs' LoRAs on one vLLM engine: tokens/s
+#   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
+#   bash bench/gpu_check.sh stage install tests     # the last part; the gpu tests
+#   bash bench/gpu_check.sh bench rl lora           # tokens/s vs LLM.generate; a LoRA RL job
+#   bash bench/gpu_check.sh rl full multilora       # if >= 5 device minutes are left
 #
 # Each step ends with "GPU CHECK <step>: PASSED" or "GPU CHECK <step>: FAILED (<what>)" and
-# the lines that say why; logs also go to $OUT (they come back with the call).
+# the lines that say why; logs also go to $OUT (they come back with the call). A failed step
+# does not stop the ones after it (except stage and install, which all others need), and each
+# step is cut at its time limit (`limit_s` below, or GPU_CHECK_STEP_LIMIT_S for all), so one
+# hang cannot take the whole call: the combined calls above stay under a call's 600 s. The last line sums up: "GPU CHECK SUMMARY: passed ...; failed ...".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=/tmp/opentinker-whl
@@ -25,8 +27,13 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE/ot:$SITE/deps${PYTHONPATH:+:$PYTHONPATH}"
 
+limit_s() {  # seconds a step may take
+  if [ -n "${GPU_CHECK_STEP_LIMIT_S:-}" ]; then echo "$GPU_CHECK_STEP_LIMIT_S" && return; fi
+  case "$1" in stage) echo 60 ;; install) echo 180 ;; tests) echo 330 ;; *) echo 270 ;; esac
+}
+
 passed() { echo "GPU CHECK $1: PASSED"; }
-failed() {
+failed() {  # ends the step (each runs in a subshell), not the check
   echo "GPU CHECK $1: FAILED ($2)"
   exit 1
 }
@@ -112,17 +119,62 @@ rl() {
   passed "rl $finetune"
 }
 
-[ $# -gt 0 ] || set -- install tests
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
-while [ $# -gt 0 ]; do
+# What a step left running: the mesh's services run in process sessions of their own (so
+# the step's timeout does not reach them), vLLM's engine core is renamed VLLM::EngineCore.
+# Left alive they would hold GPU memory that the next step needs.
+LEFTOVERS='opentinker\.services\.|VLLM::'
+sweep() {
+  pkill -TERM -f "$LEFTOVERS" || return 0
+  sleep 3
+  pkill -KILL -f "$LEFTOVERS"
+  echo "GPU CHECK: ended the processes the step left"
+}
+
+# One step in a subshell under its time limit: `timeout` sends TERM to the step's process
+# group (the step's pytest or bench, and the pipes), then the sweep takes the rest.
+run_step() {
+  local name=$1 limit
+  shift
+  limit=$(limit_s "$1")
+  timeout -k 10 "$limit" bash "$0" --one "$@"
+  local rc=$?
+  [ "$rc" = 124 ] && echo "GPU CHECK $name: FAILED (over its $limit s limit)"
+  sweep
+  return "$rc"
+}
+
+if [ "${1:-}" = --one ]; then  # inside run_step
+  shift
   case "$1" in
     stage) stage ;;
     install) install ;;
     tests) tests ;;
     bench) bench ;;
-    rl) rl "${2:-lora}"; shift ;;
+    rl) rl "${2:-lora}" ;;
     multilora) multilora ;;
-    *) failed "$1" "unknown step; use stage, install, tests, bench, rl lora|full, multilora" ;;
   esac
+  exit
+fi
+
+[ $# -gt 0 ] || set -- install tests
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null
+passed_steps=() failed_steps=()
+while [ $# -gt 0 ]; do
+  step=$1 args=("$1")
+  if [ "$1" = rl ]; then
+    case "${2:-}" in lora | full) step="rl $2" args=(rl "$2") && shift ;; *) step="rl lora" args=(rl lora) ;; esac
+  fi
   shift
+  case "${args[0]}" in
+    stage | install | tests | bench | rl | multilora) run_step "$step" "${args[@]}" ;;
+    *) echo "GPU CHECK $step: FAILED (unknown step; use stage, install, tests, bench, rl lora|full, multilora)" && false ;;
+  esac
+  if [ $? = 0 ]; then
+    passed_steps+=("$step")
+  else
+    failed_steps+=("$step")
+    case "$step" in stage | install) echo "GPU CHECK: the steps after $step need it; stopping" && break ;; esac
+  fi
 done
+echo "GPU CHECK SUMMARY: passed ${passed_steps[*]:-none}; failed ${failed_steps[*]:-none}"
+[ ${#failed_steps[@]} = 0 ]

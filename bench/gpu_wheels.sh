@@ -26,10 +26,12 @@ for part in .whl/part-*; do
 done
 printf 'parts=%s\nsha256=%s\n' "$total" "$sum" >.whl/p00/MANIFEST  # checked there
 echo "$(du -sh .whl/dl | cut -f1) of wheels in $parts parts. On the GPU machine, back to back"
-echo "(it is given back after 30 s idle, and the staged parts with it):"
+echo "(it is given back after 30 s idle, and the staged parts with it; 15 device minutes in all):"
+last=$(ls -d .whl/p[0-9]* | tail -1)
 for dir in .whl/p[0-9]*; do
+  [ "$dir" = "$last" ] && break
   echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
 done
-for step in "install tests" bench "rl lora" "rl full"; do
-  echo "  run(command='bash bench/gpu_check.sh $step', timeout_s=600)"
-done
+echo "  run(command='bash bench/gpu_check.sh stage install tests', carry=['$last'], timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh bench rl lora', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh rl full multilora', timeout_s=600)  # if >= 5 min are left"

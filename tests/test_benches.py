@@ -157,6 +157,37 @@ def test_the_gpu_check_runs_every_test_file_that_holds_a_gpu_test() -> None:
 
 
 @pytest.mark.unit
+def test_the_gpu_check_goes_on_after_a_failed_step_and_ends_what_a_hung_one_left(
+    tmp_path: Path,
+) -> None:
+    """One call runs several steps of a 15-minute device budget: a failure or a hang in one
+    must not cost the others, nor leave a process holding the GPU (the mesh's services run in
+    sessions of their own, out of the step timeout's reach)."""
+    fake_bin = tmp_path / "bin"  # python3 stands in for pytest: it hangs after leaving a service
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text(
+        "#!/bin/sh\nsetsid sh -c 'sleep 60' opentinker.services.leftover-$$ &\nsleep 60\n"
+    )
+    (fake_bin / "python3").chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "GPU_CHECK_STEP_LIMIT_S": "2"}  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), "no-such-step", "tests", "rl"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "GPU CHECK no-such-step: FAILED (unknown step" in text, text
+    assert "GPU CHECK tests: FAILED (over its 2 s limit)" in text, text
+    assert "GPU CHECK rl lora: FAILED (over its 2 s limit)" in text, text  # ran after both
+    assert "ended the processes the step left" in text, text
+    summary = "GPU CHECK SUMMARY: passed none; failed no-such-step tests rl lora"
+    assert text.rstrip().endswith(summary), text
+    left = subprocess.run(["pgrep", "-f", "opentinker.services.leftover-"], capture_output=True)
+    assert left.returncode == 1, left.stdout  # none is left
+
+
+@pytest.mark.unit
 def test_the_size_and_turn_benches_refuse_counts_that_measure_nothing() -> None:
     """0 rounds crashed prefix_cache.py on an empty median; 0 turns divided by zero."""
     for name, arg in (("prefix_cache.py", "--rounds"), ("multi_turn_job.py", "--turns")):
