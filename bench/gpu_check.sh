@@ -120,26 +120,34 @@ rl() {
 }
 
 # What a step left running: the mesh's services run in process sessions of their own (so
-# the step's timeout does not reach them), vLLM's engine core is renamed VLLM::EngineCore.
-# Left alive they would hold GPU memory that the next step needs.
-LEFTOVERS='opentinker\.services\.|VLLM::'
+# the step's timeout does not reach them), and left alive they (vLLM's engine core too) would
+# hold GPU memory that the next step needs. Every process the step started inherits its
+# GPU_CHECK_STEP mark, so the sweep finds exactly those, whatever their session or name.
+step_processes() {
+  grep -lsz "^GPU_CHECK_STEP=$1\$" /proc/[0-9]*/environ | cut -d/ -f3
+}
 sweep() {
-  pkill -TERM -f "$LEFTOVERS" || return 0
+  local pids
+  pids=$(step_processes "$1")
+  [ -n "$pids" ] || return 0
+  kill -TERM $pids 2>/dev/null
   sleep 3
-  pkill -KILL -f "$LEFTOVERS"
+  pids=$(step_processes "$1")
+  [ -z "$pids" ] || kill -KILL $pids 2>/dev/null
   echo "GPU CHECK: ended the processes the step left"
 }
 
 # One step in a subshell under its time limit: `timeout` sends TERM to the step's process
 # group (the step's pytest or bench, and the pipes), then the sweep takes the rest.
 run_step() {
-  local name=$1 limit
+  local name=$1 limit mark
   shift
   limit=$(limit_s "$1")
-  timeout -k 10 "$limit" bash "$0" --one "$@"
+  mark="$$.$RANDOM.$1"
+  GPU_CHECK_STEP=$mark timeout -k 10 "$limit" bash "$0" --one "$@"
   local rc=$?
   [ "$rc" = 124 ] && echo "GPU CHECK $name: FAILED (over its $limit s limit)"
-  sweep
+  sweep "$mark"
   return "$rc"
 }
 

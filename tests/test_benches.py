@@ -162,13 +162,14 @@ def test_the_gpu_check_goes_on_after_a_failed_step_and_ends_what_a_hung_one_left
 ) -> None:
     """One call runs several steps of a 15-minute device budget: a failure or a hang in one
     must not cost the others, nor leave a process holding the GPU (the mesh's services run in
-    sessions of their own, out of the step timeout's reach)."""
+    sessions of their own, out of the step timeout's reach). Processes it did not start stay."""
     fake_bin = tmp_path / "bin"  # python3 stands in for pytest: it hangs after leaving a service
     fake_bin.mkdir()
     (fake_bin / "python3").write_text(
         "#!/bin/sh\nsetsid sh -c 'sleep 60' opentinker.services.leftover-$$ &\nsleep 60\n"
     )
     (fake_bin / "python3").chmod(0o755)
+    bystander = subprocess.Popen(["sh", "-c", "sleep 60", "opentinker.services.bystander"])
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
            "GPU_CHECK_STEP_LIMIT_S": "2"}  # fmt: skip
     out = subprocess.run(
@@ -185,6 +186,8 @@ def test_the_gpu_check_goes_on_after_a_failed_step_and_ends_what_a_hung_one_left
     assert text.rstrip().endswith(summary), text
     left = subprocess.run(["pgrep", "-f", "opentinker.services.leftover-"], capture_output=True)
     assert left.returncode == 1, left.stdout  # none is left
+    assert bystander.poll() is None  # a process the check did not start is left alone
+    bystander.kill()
 
 
 @pytest.mark.unit
