@@ -77,6 +77,15 @@ def test_prefix_cache_measures_continued_turns_against_plain_ones() -> None:
     assert "x as fast" in text, text
 
 
+def test_loss_positions_measures_the_head_on_trained_tokens_against_every_position() -> None:
+    args = ["--calls", "1", "--vocab", "4096", "--hidden-size", "64", "--layers", "1"]
+    text = run_bench("loss_positions.py", *args, "--prompt-tokens", "8", "--model-tokens", "4",
+                     "--env-tokens", "6")  # fmt: skip
+    # 2 groups x 4 samples of 1-3 turns (15 in all, 4 trained tokens each), 8 x (32 - 1) positions
+    assert "8 episodes, 248 positions, 60 trained (24%)" in text, text
+    assert "head everywhere" in text and "on trained tokens" in text and "x\n" in text, text
+
+
 def test_multi_turn_job_runs_the_mesh_with_the_prefix_cache_on_and_off() -> None:
     args = ["--steps", "3", "--turns", "2", "--prompts", "2", "--samples", "2", "--rounds", "1"]
     text = run_bench("multi_turn_job.py", *args)

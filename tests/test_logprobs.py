@@ -253,3 +253,62 @@ def test_given_targets_are_scored_instead_of_the_next_tokens(tiny_model_dir: Pat
     want_B_T = full_B_T_V.gather(-1, targets_B_T.unsqueeze(-1)).squeeze(-1)
     mask = batch.attention_mask_B_L[:, 1:].bool()
     assert torch.allclose(got_B_T[mask], want_B_T[mask], atol=1e-5)
+
+
+def rows_seen_by_head(head: torch.nn.Module) -> tuple[list[int], object]:
+    """How many positions each call of ``head`` computed (forward and recomputing backward)."""
+    seen: list[int] = []
+    return seen, head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+
+
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_the_head_runs_only_at_wanted_positions_with_the_same_values_and_gradients(
+    tiny_model_dir: Path, finetune: str
+) -> None:
+    """A multi-turn loss mask (model tokens, an env reply at 0, model tokens) and padding: the
+    head computes only the positions the loss reads, which hold the values and give the
+    gradients of the all-positions pass (an entropy bonus included); every other is 0."""
+    torch.manual_seed(2)
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune=finetune)
+    policy = Policy(spec, learning_rate=1e-3)
+    policy.logit_chunk_positions = 4
+    batch = padded_batch(policy.pad_id)
+    mask_B_T = batch.loss_mask_B_T.clone()
+    mask_B_T[1, 4:8] = 0  # row 1: an env reply in the middle of its completion
+    batch = SequenceBatch(batch.tokens_B_L, batch.attention_mask_B_L, mask_B_T,
+                          batch.old_logprobs_B_T)  # fmt: skip
+    wanted_B_T = mask_B_T > 0
+    _, head = causal_lm_parts(policy.model)
+    every, wanted = {}, {}
+    for given, figures in ((None, every), (wanted_B_T, wanted)):
+        seen, hook = rows_seen_by_head(head)
+        figures["values"] = values_and_grads(
+            policy,
+            batch,
+            lambda g=given: policy.token_logprobs_and_entropy(
+                batch, temperature=0.7, wanted_B_T=g
+            ),  # fmt: skip
+            entropy_coef=0.3,
+        )
+        hook.remove()
+        figures["rows"] = sum(seen)
+    lp, ent, grads = wanted["values"]
+    all_lp, all_ent, all_grads = every["values"]
+    assert torch.allclose(lp[wanted_B_T], all_lp[wanted_B_T], atol=1e-6)
+    assert torch.allclose(ent[wanted_B_T], all_ent[wanted_B_T], atol=1e-6)
+    assert not lp[~wanted_B_T].any() and not ent[~wanted_B_T].any()
+    assert grads.keys() == all_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, all_grads[name], atol=1e-6), name
+    # forward + the backward's recomputation: 2 passes over 36 positions, or over the 15 read
+    count = int(wanted_B_T.sum())
+    assert count == 15 and every["rows"] == 2 * 36 and wanted["rows"] == 2 * count
+
+
+def test_nothing_wanted_gives_zeros_and_a_backward_that_runs(tiny_model_dir: Path) -> None:
+    policy = Policy(ModelSpec(base_model=str(tiny_model_dir), finetune="full"), learning_rate=1e-3)
+    batch = padded_batch(policy.pad_id)
+    nothing_B_T = torch.zeros_like(batch.loss_mask_B_T, dtype=torch.bool)
+    lp, ent = policy.token_logprobs_and_entropy(batch, wanted_B_T=nothing_B_T)
+    assert lp.shape == ent.shape == (3, 12) and not lp.any() and not ent.any()
+    (lp * 0.0).sum().backward()  # a micro-batch without trained tokens still steps

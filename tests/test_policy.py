@@ -170,10 +170,11 @@ def test_skipping_zero_advantage_groups_gives_the_full_batch_update(
     assert stats.sequences == 6 and stats.trained_tokens == 6  # only groups 0 and 1 trained
 
     batch = collate(episodes, full.pad_id)
-    new_B_T, _ = full.token_logprobs_and_entropy(batch, temperature=1.0)
-    loss, _ = grpo_loss(
-        new_B_T, batch.old_logprobs_B_T, episode_advantages(episodes), batch.loss_mask_B_T, 0.2
-    )
+    # the head on the positions the update computes (the trained groups'): the same sums
+    advantages_B = episode_advantages(episodes)
+    wanted_B_T = (batch.loss_mask_B_T > 0) & (advantages_B != 0)[:, None]
+    new_B_T, _ = full.token_logprobs_and_entropy(batch, temperature=1.0, wanted_B_T=wanted_B_T)
+    loss, _ = grpo_loss(new_B_T, batch.old_logprobs_B_T, advantages_B, batch.loss_mask_B_T, 0.2)
     assert loss.item() == pytest.approx(stats.loss, abs=1e-6)
     loss.backward()
     full.optimizer_step(1.0)

@@ -115,6 +115,42 @@ def test_shared_prompts_give_the_plain_forwards_logprobs_and_gradients(
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5 * scale, rtol=1e-4)
 
 
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_shared_prompts_run_the_head_only_at_the_loss_positions(
+    model_dir: Path, finetune: str
+) -> None:
+    """With the loss mask as the wanted positions, the shared pass computes the head on the
+    trained tokens only (not on the env tokens inside completions, nor on each row's last
+    prompt token), with the plain pass's values there and its gradients."""
+    policy = Policy(spec(model_dir, finetune), learning_rate=1e-3)
+    episodes = grouped_episodes()
+    batch = collate(episodes, policy.pad_id)
+    wanted_B_T = batch.loss_mask_B_T > 0
+    head = policy.model.get_output_embeddings()
+    figures = {}
+    for name, groups, wanted in (("plain", None, None),
+                                 ("shared", prompt_groups(episodes), wanted_B_T)):  # fmt: skip
+        seen: list[int] = []
+        hook = head.register_forward_hook(lambda _m, a, _o, seen=seen: seen.append(a[0].shape[0]))
+        policy.model.zero_grad()
+        out = policy_forward(policy, batch, temperature=0.7, groups=groups, wanted_B_T=wanted)
+        ((out.logprobs_B_T + 0.1 * out.entropy_B_T) * batch.loss_mask_B_T).sum().backward()
+        hook.remove()
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+        figures[name] = (out.logprobs_B_T.detach(), out.entropy_B_T.detach(), grads, sum(seen))
+    plain_lp, plain_ent, plain_grads, plain_rows = figures["plain"]
+    lp, ent, grads, rows = figures["shared"]
+    torch.testing.assert_close(lp[wanted_B_T], plain_lp[wanted_B_T])
+    torch.testing.assert_close(ent[wanted_B_T], plain_ent[wanted_B_T])
+    assert not lp[~wanted_B_T].any() and not ent[~wanted_B_T].any()
+    for name, grad in plain_grads.items():
+        scale = max(float(grad.abs().max()), 1e-12)
+        torch.testing.assert_close(grads[name], grad, atol=1e-5 * scale, rtol=1e-4)
+    trained = int(wanted_B_T.sum())  # 18 completion tokens, 3 of them env tokens
+    assert trained == 15 and rows == 2 * trained  # forward + the backward's recomputation
+    assert plain_rows == 2 * batch.loss_mask_B_T.numel()
+
+
 def test_an_update_with_shared_prompts_moves_the_weights_as_the_plain_one(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,8 +40,12 @@ def policy_forward(
     temperature: float,
     hidden: bool = False,
     groups: PromptGroups | None = None,
+    wanted_B_T: torch.Tensor | None = None,
 ) -> ForwardOut:
     """The policy's logprobs and entropy for ``batch``, and its hidden states when asked.
+
+    wanted_B_T: the positions the caller reads (its loss mask); the output head runs there
+    only and the logprobs and entropies elsewhere are 0 (logprobs.logprobs_from_hidden).
 
     groups: rows that share a prompt (RL episodes of one group); each prompt then runs once
     (shared_prompts.py) and positions before a row's last prompt token hold 0 (hidden states
@@ -56,13 +60,14 @@ def policy_forward(
             device=policy.device,
             chunk_positions=policy.logit_chunk_positions,
             hidden=hidden,
+            wanted_B_T=wanted_B_T,
         )
         return ForwardOut(
             logprobs_B_T, entropy_B_T, None if hidden_B_T_H is None else hidden_B_T_H.float()
         )
     hidden_B_L_H = policy.hidden_states(batch)
     logprobs_B_T, entropy_B_T = policy.logprobs_from_hidden(
-        batch, hidden_B_L_H, temperature=temperature
+        batch, hidden_B_L_H, temperature=temperature, wanted_B_T=wanted_B_T
     )
     return ForwardOut(logprobs_B_T, entropy_B_T, hidden_B_L_H[:, :-1].float() if hidden else None)
 
@@ -84,9 +89,11 @@ def model_forward(
     temperature: float,
     device: torch.device,
     image_processor: Any = None,
+    wanted_B_T: torch.Tensor | None = None,
 ) -> ForwardOut:
     """Logprobs and entropy of any causal LM (e.g. a frozen reference copy); a batch with
-    images needs the vision-language model's ``image_processor``."""
+    images needs the vision-language model's ``image_processor``. ``wanted_B_T``: as in
+    ``policy_forward``."""
     tokens_B_L = batch.tokens_B_L.to(device)
     attention_B_L = batch.attention_mask_B_L.to(device)
     if batch.images:
@@ -97,6 +104,11 @@ def model_forward(
         hidden_B_L_H = hidden_states(model, tokens_B_L, attention_B_L)
     _, head = causal_lm_parts(model)
     logprobs_B_T, entropy_B_T = logprobs_from_hidden(
-        head, hidden_B_L_H, tokens_B_L, temperature=temperature, softcap=logit_softcap(model)
+        head,
+        hidden_B_L_H,
+        tokens_B_L,
+        temperature=temperature,
+        softcap=logit_softcap(model),
+        wanted_B_T=None if wanted_B_T is None else wanted_B_T.to(device),
     )
     return ForwardOut(logprobs_B_T, entropy_B_T, None)

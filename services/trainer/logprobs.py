@@ -180,20 +180,34 @@ def logprobs_from_hidden(
     chunk_positions: int | None = None,
     softcap: float | None = None,
     targets_B_T: torch.Tensor | None = None,
+    wanted_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token logprobs ``[B, T]`` and entropies ``[B, T]``, both differentiable.
 
     ``T = L - 1``; position t holds log p(token t+1 | tokens 0..t) (or of ``targets_B_T[t]``
     when given: any token, as Tinker's target_tokens) under
-    softmax(head(hidden) / temperature). The ``B * T`` positions are cut into chunks of
+    softmax(head(hidden) / temperature). The positions are cut into chunks of
     ``chunk_positions`` (default: ``chunk_positions_for(V)``); the backward pass recomputes
     one chunk's logits at a time.
+
+    wanted_B_T: where the caller reads the result (a loss mask's nonzero positions): the head
+    then runs there only, and every other position holds 0. A loss that ignores prompts, env
+    replies and padding thus pays the head (for a 150k vocabulary, up to a third of a small
+    model's training compute per position) only on the tokens it trains.
     """
     if chunk_positions is not None and chunk_positions < 1:
         raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
     size, length, width = hidden_B_L_H.shape
     hidden_N_H = hidden_B_L_H[:, :-1].reshape(-1, width)
     targets_N = (tokens_B_L[:, 1:] if targets_B_T is None else targets_B_T).reshape(-1)
+    where_M, nothing = None, False
+    if wanted_B_T is not None:
+        where_M = wanted_B_T.reshape(-1).nonzero().squeeze(-1)
+        nothing = where_M.numel() == 0
+        if nothing:  # one position, times 0 below, keeps the loss connected to the graph
+            where_M = where_M.new_zeros(1)
+        hidden_N_H = hidden_N_H.index_select(0, where_M.to(hidden_N_H.device))
+        targets_N = targets_N.index_select(0, where_M.to(targets_N.device))
     chunk = chunk_positions or chunk_positions_for(_vocab_size(head))
     params = tuple(head.parameters())
     logprobs, entropies = [], []
@@ -208,8 +222,19 @@ def logprobs_from_hidden(
         )
         logprobs.append(lp)
         entropies.append(ent)
+    logprobs_N, entropies_N = torch.cat(logprobs), torch.cat(entropies)
+    if nothing:
+        logprobs_N, entropies_N = logprobs_N * 0.0, entropies_N * 0.0
+    if where_M is not None:
+        logprobs_N = _at_positions(logprobs_N, where_M, size * (length - 1))
+        entropies_N = _at_positions(entropies_N, where_M, size * (length - 1))
     shape = (size, length - 1)
-    return torch.cat(logprobs).view(shape), torch.cat(entropies).view(shape)
+    return logprobs_N.view(shape), entropies_N.view(shape)
+
+
+def _at_positions(values_M: torch.Tensor, where_M: torch.Tensor, count: int) -> torch.Tensor:
+    """``[count]`` zeros holding ``values_M`` at ``where_M`` (differentiable in the values)."""
+    return values_M.new_zeros(count).index_put((where_M.to(values_M.device),), values_M)
 
 
 def token_logprobs_and_entropy(
@@ -220,8 +245,10 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     chunk_positions: int | None = None,
     position_ids_B_L: torch.Tensor | None = None,
+    wanted_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The causal LM's next-token logprobs and entropies ``[B, L - 1]``, chunked (see module)."""
+    """The causal LM's next-token logprobs and entropies ``[B, L - 1]``, chunked (see module);
+    only at ``wanted_B_T`` when given (0 elsewhere)."""
     _, head = causal_lm_parts(model)
     hidden_B_L_H = hidden_states(
         model, tokens_B_L, attention_B_L, position_ids_B_L=position_ids_B_L
@@ -233,6 +260,7 @@ def token_logprobs_and_entropy(
         temperature=temperature,
         chunk_positions=chunk_positions,
         softcap=logit_softcap(model),
+        wanted_B_T=wanted_B_T,
     )
 
 

@@ -232,6 +232,7 @@ class Policy:
         *,
         temperature: float = 1.0,
         targets_B_T: torch.Tensor | None = None,
+        wanted_B_T: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``token_logprobs_and_entropy`` from hidden states already computed for ``batch``."""
         return logprobs_from_hidden(
@@ -242,6 +243,7 @@ class Policy:
             chunk_positions=self.logit_chunk_positions,
             softcap=logit_softcap(self.model),
             targets_B_T=None if targets_B_T is None else targets_B_T.to(self.device),
+            wanted_B_T=None if wanted_B_T is None else wanted_B_T.to(self.device),
         )
 
     def token_logprobs_and_entropy(
@@ -250,6 +252,7 @@ class Policy:
         *,
         temperature: float = 1.0,
         targets_B_T: torch.Tensor | None = None,
+        wanted_B_T: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-token logprobs ``[B, T]`` (with gradient) and entropies ``[B, T]`` (detached).
 
@@ -259,10 +262,15 @@ class Policy:
         Computed in chunks of positions (see logprobs.py): the logits of the whole batch are
         never held, in the forward or the backward pass. ``targets_B_T``: the token each
         position's logprob is of, when not the next one (Tinker's target_tokens).
+        ``wanted_B_T``: the positions read (0 elsewhere; the head runs there only).
         """
         hidden_B_L_H = self.hidden_states(batch)
         return self.logprobs_from_hidden(
-            batch, hidden_B_L_H, temperature=temperature, targets_B_T=targets_B_T
+            batch,
+            hidden_B_L_H,
+            temperature=temperature,
+            targets_B_T=targets_B_T,
+            wanted_B_T=wanted_B_T,
         )
 
     @torch.no_grad()

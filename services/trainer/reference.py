@@ -40,9 +40,11 @@ class ReferencePolicy:
     def logprobs(
         self, batch: SequenceBatch, *, temperature: float, groups: PromptGroups | None = None
     ) -> torch.Tensor:
-        """groups: rows that share a prompt; each prompt then runs once (shared_prompts.py) and
-        positions before a row's last prompt token hold 0, where its loss mask is 0."""
+        """The reference logprobs at the batch's loss positions, 0 elsewhere (the KL reads
+        them there only). groups: rows that share a prompt; each prompt then runs once
+        (shared_prompts.py)."""
         shared = groups if groups is not None and can_share_prompts(self.policy, batch) else None
+        wanted_B_T = batch.loss_mask_B_T > 0
         if self.frozen is not None:
             if shared is not None:
                 return self._shared(self.frozen, batch, shared, temperature)
@@ -52,11 +54,14 @@ class ReferencePolicy:
                 temperature=temperature,
                 device=self.policy.device,
                 image_processor=self.policy.image_processor,
+                wanted_B_T=wanted_B_T,
             ).logprobs_B_T
         with self.policy.model.disable_adapter():  # type: ignore[operator]
             if shared is not None:
                 return self._shared(self.policy.model, batch, shared, temperature)
-            logprobs_B_T, _ = self.policy.token_logprobs_and_entropy(batch, temperature=temperature)
+            logprobs_B_T, _ = self.policy.token_logprobs_and_entropy(
+                batch, temperature=temperature, wanted_B_T=wanted_B_T
+            )
         return logprobs_B_T
 
     def _shared(
@@ -73,5 +78,6 @@ class ReferencePolicy:
             temperature=temperature,
             device=self.policy.device,
             chunk_positions=self.policy.logit_chunk_positions,
+            wanted_B_T=batch.loss_mask_B_T > 0,
         )
         return logprobs_B_T

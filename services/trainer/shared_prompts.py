@@ -80,12 +80,15 @@ def shared_prompt_logprobs(
     device: torch.device,
     chunk_positions: int | None = None,
     hidden: bool = False,
+    wanted_B_T: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Next-token logprobs and entropies ``[B, T]`` of ``batch`` (as ``logprobs_from_hidden``
-    gives them) from the last prompt token on; 0 before it. Differentiable. ``hidden``: also
-    the last layer's hidden states ``[B, T, H]`` (a critic's input), 0 before it."""
+    gives them) from the last prompt token on; 0 before it (and, given ``wanted_B_T``, 0
+    wherever it is 0). Differentiable. ``hidden``: also the last layer's hidden states
+    ``[B, T, H]`` (a critic's input), 0 before it."""
     _, head = causal_lm_parts(model)
     hidden_B_S_H, suffix_B_S, prompt_B = _rows_hidden(model, batch, groups, device)
+    positions = batch.tokens_B_L.shape[1] - 1
     logprobs_B_J, entropy_B_J = logprobs_from_hidden(
         head,
         hidden_B_S_H,
@@ -93,8 +96,10 @@ def shared_prompt_logprobs(
         temperature=temperature,
         chunk_positions=chunk_positions,
         softcap=logit_softcap(model),
+        wanted_B_T=None
+        if wanted_B_T is None
+        else _from_batch_positions(wanted_B_T.to(device), prompt_B, suffix_B_S.shape[1] - 1),
     )
-    positions = batch.tokens_B_L.shape[1] - 1
     return (
         _at_batch_positions(logprobs_B_J, prompt_B, positions),
         _at_batch_positions(entropy_B_J, prompt_B, positions),
@@ -153,6 +158,17 @@ def _rows_hidden(
             use_cache=False,
         ).last_hidden_state
     return hidden_B_S_H, suffix_B_S, prompt_B
+
+
+def _from_batch_positions(
+    values_B_T: torch.Tensor, prompt_B: torch.Tensor, span: int
+) -> torch.Tensor:
+    """``[B, span]``: row b's value at batch position prompt_b - 1 + j, as its j-th (the
+    inverse of ``_at_batch_positions``); 0 past the batch's positions."""
+    index_B_J = (prompt_B - 1)[:, None] + torch.arange(span, device=values_B_T.device)
+    inside_B_J = index_B_J < values_B_T.shape[1]
+    last = values_B_T.shape[1] - 1
+    return values_B_T.gather(1, index_B_J.clamp(max=last)) * inside_B_J
 
 
 def _at_batch_positions(

@@ -208,6 +208,7 @@ def _micro_step(
         temperature=config.temperature,
         hidden=critic is not None,
         groups=prompt_groups(chosen),
+        wanted_B_T=mask_B_T > 0,
     )
     old_B_T = sub.old_logprobs_B_T.to(policy.device)
     pg, clip = clipped_policy_loss(

@@ -25,16 +25,19 @@ def _logprobs_and_weights(policy: Policy, batch: SftBatch) -> tuple[torch.Tensor
 
     Computed in chunks of positions (logprobs.py), with position_ids and no attention mask, so
     attention stays within each packed conversation (see batches.py); no KV cache, which
-    would turn that off.
+    would turn that off. The output head runs only where a weight is not 0 (prompts and
+    padding hold 0).
     """
+    weights_B_T = batch.weights_B_L[:, 1:].to(policy.device)
     logprobs_B_T, _ = token_logprobs_and_entropy(
         policy.model,
         batch.tokens_B_L.to(policy.device),
         None,
         position_ids_B_L=batch.position_ids_B_L.to(policy.device),
         chunk_positions=policy.logit_chunk_positions,
+        wanted_B_T=weights_B_T != 0,
     )
-    return logprobs_B_T, batch.weights_B_L[:, 1:].to(policy.device)
+    return logprobs_B_T, weights_B_T
 
 
 def train_step(policy: Policy, batch: SftBatch, *, max_grad_norm: float) -> SftStepStats:
