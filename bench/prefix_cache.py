@@ -10,7 +10,10 @@ two engines (each on its own copy of the same weights, the same seeds); the medi
 each is printed with the ratio, and the tokens each computed (padding included).
 
     .venv/bin/python bench/prefix_cache.py [--episodes 32] [--turns 6] [--rounds 6] \
-        [--hidden-size 128 --layers 2]
+        [--hidden-size 128 --layers 2] [--adapters K]
+
+``--adapters K``: the shared multi-LoRA engine (services/rollout/multi_lora.py) with K jobs'
+adapters instead, episode i played by adapter i % K, every adapter keeping its prefixes.
 """
 
 from __future__ import annotations
@@ -29,7 +32,50 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
 from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.spec import SamplingParams
+from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
+from opentinker.services.rollout.types import Completion
+from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
+
+
+class SharedRows:
+    """A shared multi-LoRA engine played as one engine: episode i by adapter i % ``adapters``."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, adapters: int, keep: bool) -> None:  # noqa: ANN001
+        self.engine = SharedLoraEngine(model, tokenizer, base_model="bench")
+        self.adapters = [f"job-{k}" for k in range(adapters)]
+        spec = ModelSpec(base_model="bench", finetune="lora", lora=LoraConfig(rank=8))
+        for adapter in self.adapters:
+            self.engine.add_adapter(adapter, spec)
+            if keep:
+                self.engine.keep_prefixes(adapter, 1 << 30)
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_token_id = self.engine.eos_token_id
+
+    @property
+    def prefixes(self):  # noqa: ANN201
+        return self.engine.prefixes
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, seed: int
+    ) -> list[Completion]:
+        rows = [
+            LoraRow(p, self.adapters[i % len(self.adapters)], sampling, seed * 1000 + i)
+            for i, p in enumerate(prompts)
+        ]
+        return self.engine.generate_rows(rows)
+
+
+def engines(args: argparse.Namespace, model: torch.nn.Module, tokenizer) -> tuple:  # noqa: ANN001
+    """(plain, continued) engines, each on its own copy of ``model``."""
+    if args.adapters:
+        return (
+            SharedRows(copy.deepcopy(model), tokenizer, args.adapters, keep=False),
+            SharedRows(copy.deepcopy(model), tokenizer, args.adapters, keep=True),
+        )
+    plain = TransformersEngine(copy.deepcopy(model), tokenizer)
+    continued = TransformersEngine(copy.deepcopy(model), tokenizer)
+    continued.keep_prefixes(1 << 30)
+    return plain, continued
 
 
 def eos_nudged(model_dir: Path, steps: int) -> tuple[torch.nn.Module, object]:
@@ -46,7 +92,7 @@ def eos_nudged(model_dir: Path, steps: int) -> tuple[torch.nn.Module, object]:
     return model.eval(), tokenizer
 
 
-def one_round(engine: TransformersEngine, args: argparse.Namespace, seed: int) -> dict:
+def one_round(engine: TransformersEngine | SharedRows, args: argparse.Namespace, seed: int) -> dict:
     """Seconds for every turn of every episode, tokens computed, turns ended with eos."""
     generator = torch.Generator().manual_seed(seed)
     vocab = len(engine.tokenizer)
@@ -85,16 +131,17 @@ def main() -> None:
     parser.add_argument("--nudge-steps", type=int, default=3, help="Adam steps towards eos")
     parser.add_argument("--hidden-size", type=positive_int, default=128)
     parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--adapters", type=int, default=0, help="K > 0: a shared LoRA engine")
     args = parser.parse_args()
+    if args.adapters < 0:
+        parser.error(f"--adapters needs 0 (a private engine) or more, got {args.adapters}")
 
     root = Path(tempfile.mkdtemp(prefix="opentinker-prefix-cache-"))
     model_dir = ensure_scaled_model(
         root / "qwen2", hidden_size=args.hidden_size, num_layers=args.layers
     )
     model, tokenizer = eos_nudged(model_dir, args.nudge_steps)
-    plain = TransformersEngine(copy.deepcopy(model), tokenizer)
-    continued = TransformersEngine(copy.deepcopy(model), tokenizer)
-    continued.keep_prefixes(1 << 30)
+    plain, continued = engines(args, model, tokenizer)
     one_round(plain, args, seed=0)  # warm-up, both
     one_round(continued, args, seed=0)
     results: dict[str, list[dict]] = {"every prompt again": [], "continued": []}
@@ -106,7 +153,8 @@ def main() -> None:
         f"{args.episodes} episodes x {args.turns} turns (prompt {args.prompt_tokens}, up to "
         f"{args.new_tokens} new, reply {args.reply_tokens} tokens a turn), hidden "
         f"{args.hidden_size}, {args.layers} layers, {torch.get_num_threads()} threads, "
-        f"{args.rounds} rounds\n"
+        f"{args.rounds} rounds"
+        + (f", a shared engine with {args.adapters} LoRA adapters\n" if args.adapters else "\n")
     )
     turns_total = args.episodes * args.turns
     median = {}

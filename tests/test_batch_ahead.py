@@ -20,8 +20,13 @@ from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.batcher import MixedBatcher
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import TrajectoryBatch
+from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +151,22 @@ def test_a_batch_larger_than_the_envs_capacity_is_reset_ahead_only_as_far_as_it_
             await session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_multi_turn_job_on_a_shared_engine_keeps_its_prefixes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The session turns the prefix cache on for its job's adapter on a shared multi-LoRA
+    engine as on a private one; another job's adapter there stays off."""
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-shared"))
+    shared = SharedAdapters(MixedBatcher(SharedLoraEngine.load(str(model_dir))), capacity=2)
+    lora = ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4))
+    mine, other = shared.attach("job-a", lora), shared.attach("job-b", lora)
+
+    async def scenario() -> None:
+        async with hub_with_env() as (address, _):
+            await open_two_turn_session(address, mine, env_name="counted", job_id="job-a")
+
+    asyncio.run(scenario())
+    assert shared.engine.keeps_prefixes(mine.adapter)
+    assert not shared.engine.keeps_prefixes(other.adapter)

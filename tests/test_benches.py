@@ -75,6 +75,9 @@ def test_prefix_cache_measures_continued_turns_against_plain_ones() -> None:
     text = run_bench("prefix_cache.py", "--episodes", "4", "--turns", "3", "--rounds", "1")
     assert "every prompt again" in text and "continued" in text, text
     assert "x as fast" in text, text
+    shared = ("--episodes", "4", "--turns", "3", "--rounds", "1", "--adapters", "2")
+    text = run_bench("prefix_cache.py", *shared)
+    assert "a shared engine with 2 LoRA adapters" in text and "x as fast" in text, text
 
 
 def test_loss_positions_measures_the_head_on_trained_tokens_against_every_position() -> None:

@@ -11,12 +11,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
 from opentinker.services.rollout.prefix_cache import CachedPrefix, PrefixCache, row_prefix
 from opentinker.services.rollout.types import Completion
-from opentinker.spec import SamplingParams
+from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 EOS = 9
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=8)
+JOBS = ("job-a", "job-b", "job-c")
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +141,70 @@ def test_new_episodes_beside_continued_ones_compute_a_shared_prompt_once(eos_mod
     assert cached.prefixes.hits == 4
     # The group's first 50 - 21 tokens once, then generate: 21 tokens a row, one per step.
     assert count[0] <= (50 - 21) + 8 * 21 + 8 * (SAMPLING.max_new_tokens - 1), count
+
+
+def shared_lora_engine(
+    model: PreTrainedModel, tokenizer, keep: tuple[str, ...]
+) -> SharedLoraEngine:  # noqa: ANN001
+    """Three jobs' adapters (random, lora_B too: each adapter samples its own tokens) on one
+    shared engine; ``keep``: the jobs whose episodes take several turns."""
+    engine = SharedLoraEngine(copy.deepcopy(model), tokenizer, base_model="tiny")
+    for k, job in enumerate(JOBS):
+        engine.add_adapter(job, ModelSpec(base_model="tiny", finetune="lora",
+                                          lora=LoraConfig(rank=4)))  # fmt: skip
+        generator = torch.Generator().manual_seed(k)
+        with torch.no_grad():
+            for name, param in sorted(engine._params[job].items()):
+                scale = 0.01 if "lora_B" in name else 0.3  # small: the nudged eos still ends turns
+                param.copy_(scale * torch.randn(param.shape, generator=generator))
+    for job in keep:
+        engine.keep_prefixes(job, 64 * 2**20)
+    return engine
+
+
+def play_shared_turns(engine: SharedLoraEngine, turns: int) -> list[list[Completion]]:
+    """``turns`` turns of 4 episodes per job, all jobs' rows in each call."""
+    generator = torch.Generator().manual_seed(4)
+    jobs = [job for job in JOBS for _ in range(4)]
+    prompts = [torch.randint(0, 500, (30,), generator=generator).tolist() for _ in jobs]
+    played = []
+    for turn in range(turns):
+        rows = [LoraRow(p, job, SAMPLING, seed=100 * turn + i)
+                for i, (p, job) in enumerate(zip(prompts, jobs, strict=True))]  # fmt: skip
+        completions = engine.generate_rows(rows)
+        played.append(completions)
+        replies = torch.randint(0, 500, (len(jobs), 20), generator=generator).tolist()
+        prompts = [
+            p + c.token_ids + r for p, c, r in zip(prompts, completions, replies, strict=True)
+        ]
+    return played
+
+
+def test_a_shared_multi_lora_engine_continues_each_multi_turn_jobs_turns(eos_model) -> None:
+    """Three LoRA jobs on one shared engine, two of them multi-turn: their turns continue
+    their own adapter's keys and values, with the plain engine's samples; the one-turn job's
+    rows are not kept; an update of one adapter, or its leaving, drops only its entries."""
+    model, tokenizer = eos_model
+    plain = shared_lora_engine(model, tokenizer, keep=())
+    cached = shared_lora_engine(model, tokenizer, keep=JOBS[:2])
+    plain_count, cached_count = fed_tokens(plain.base), fed_tokens(cached.base)
+    want, got = play_shared_turns(plain, 4), play_shared_turns(cached, 4)
+    assert_same_turns(got, want)
+    assert plain.prefixes is None and cached.prefixes is not None
+    eos = tokenizer.eos_token_id
+    ended = sum(c.token_ids[-1:] == [eos] for turn in got[:-1] for c in turn[:8])  # jobs a, b
+    assert ended >= 4 and cached.prefixes.hits == ended
+    assert cached_count[0] < plain_count[0] - cached.prefixes.reused_tokens // 2
+    assert cached.prefixes.count(JOBS[2]) == 0  # the one-turn job's rows: never kept
+    kept = [cached.prefixes.count(job) for job in JOBS[:2]]
+    assert all(kept), kept  # the last turn's rows ended with eos
+    update = {n: torch.zeros_like(t) for n, t in cached._params[JOBS[0]].items()}
+    cached.apply_adapter_weights(JOBS[0], update)
+    assert [cached.prefixes.count(job) for job in JOBS[:2]] == [0, kept[1]]
+    cached.remove_adapter(JOBS[1])
+    assert len(cached.prefixes) == 0 and cached.prefixes.nbytes == 0
+    with pytest.raises(ValueError, match="not loaded"):
+        cached.keep_prefixes(JOBS[1], 1 << 20)
 
 
 def cached_entry(engine: TransformersEngine, tokens: list[int]) -> CachedPrefix:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import peft
 import torch
 import transformers
 from transformers import (
     AutoTokenizer,
-    DynamicCache,
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -35,7 +34,7 @@ from opentinker.services.modeling.vision_inputs import (
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .multimodal import generate_each_with_images
-from .prefix_cache import PrefixCache, continued_inputs, row_prefix
+from .prefix_cache import PrefixCache
 from .settings import DEFAULT_MAX_BATCH_SIZE
 from .shared_prefill import prompt_inputs
 from .types import Completion
@@ -232,7 +231,12 @@ class TransformersEngine:
         greedy: bool = False,
         adapter: str | None = None,
     ) -> list[Completion]:
-        inputs = self._continued(prompts, adapter) or prompt_inputs(
+        continued, tags = None, [adapter] * len(prompts)  # entries are kept per adapter
+        if self.prefixes is not None:
+            continued = self.prefixes.continued(
+                self.model, prompts, tags, self.pad_token_id, self.device
+            )
+        inputs = continued or prompt_inputs(
             self.model,
             prompts,
             self.pad_token_id,
@@ -258,36 +262,10 @@ class TransformersEngine:
             cut_at_eos(new_B_N[row].tolist(), sampled_B_N[row].tolist(), self.eos_token_id)
             for row in range(len(prompts))
         ]
-        self._keep(prompts, completions, result.past_key_values, width, adapter)
+        if self.prefixes is not None:
+            rows = zip(range(len(prompts)), prompts, completions, tags, strict=True)
+            self.prefixes.keep_rows(result.past_key_values, width, rows)
         return completions
-
-    def _continued(
-        self, prompts: Sequence[Sequence[int]], adapter: str | None
-    ) -> dict[str, Any] | None:
-        """generate()'s inputs continuing the rows' cached prefixes; None without any."""
-        if self.prefixes is None:
-            return None
-        found = [self.prefixes.take(prompt, adapter) for prompt in prompts]
-        if not any(found):
-            return None
-        return continued_inputs(self.model, prompts, found, self.pad_token_id, self.device)
-
-    def _keep(
-        self,
-        prompts: Sequence[Sequence[int]],
-        completions: Sequence[Completion],
-        cache: object,
-        width: int,
-        adapter: str | None,
-    ) -> None:
-        """Keep each row's keys and values of its prompt and completion (but the last token)."""
-        if self.prefixes is None or not isinstance(cache, DynamicCache):
-            return
-        for row, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            if completion.token_ids and completion.token_ids[-1] == self.eos_token_id:
-                start, end = width - len(prompt), width + len(completion.token_ids) - 1
-                entry = row_prefix(cache, row, start, end)
-                self.prefixes.put([*prompt, *completion.token_ids], entry, adapter)
 
     @torch.no_grad()
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:

@@ -31,11 +31,13 @@ import transformers
 from transformers import AutoTokenizer, LogitsProcessor, PreTrainedTokenizerBase
 
 from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_image_processor
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .engine import copy_checked, cut_at_eos, eos_and_pad_ids
+from .prefix_cache import PrefixCache
 from .settings import DEFAULT_MAX_BATCH_SIZE
 from .shared_prefill import prompt_inputs
 from .types import Completion
@@ -142,6 +144,10 @@ class SharedLoraEngine:
         # adapter -> {the trainer's tensor name -> this engine's parameter}
         self._params: dict[str, dict[str, torch.nn.Parameter]] = {}
         self._lock = threading.RLock()
+        # Multi-turn jobs' keys and values between turns (prefix_cache.py): one cache, its
+        # entries tagged with their adapter, for the adapters that asked (``keep_prefixes``).
+        self.prefixes: PrefixCache | None = None
+        self._keeping: set[str] = set()
 
     @classmethod
     def load(
@@ -186,8 +192,31 @@ class SharedLoraEngine:
                 load_init_adapter(self.model, spec, self.device, adapter_name=adapter)
             self._params[adapter] = _trainer_names(self.model, adapter)
 
+    def keep_prefixes(self, adapter: str, capacity_bytes: int) -> None:
+        """Keep ``adapter``'s finished rows' keys and values for the prompts that continue
+        them (its job's episodes take several turns). The adapters share one cache, as large
+        as the largest asked for; 0 stops it for ``adapter`` and forgets its entries."""
+        with self._lock:
+            self._require(adapter)
+            if capacity_bytes <= 0 or not has_full_attention_only(self.base):
+                self._forget_prefixes(adapter)
+                return
+            self._keeping.add(adapter)
+            if self.prefixes is None:
+                self.prefixes = PrefixCache(capacity_bytes, self.eos_token_id)
+            self.prefixes.capacity_bytes = max(self.prefixes.capacity_bytes, capacity_bytes)
+
+    def keeps_prefixes(self, adapter: str) -> bool:
+        return adapter in self._keeping
+
+    def _forget_prefixes(self, adapter: str) -> None:
+        self._keeping.discard(adapter)
+        if self.prefixes is not None:
+            self.prefixes.drop(adapter)
+
     def remove_adapter(self, adapter: str) -> None:
         with self._lock:
+            self._forget_prefixes(adapter)
             if self._params.pop(adapter, None) is None or self.model is None:
                 return
             with warnings.catch_warnings():  # "adapter X was active ...": we pass names per row
@@ -207,13 +236,23 @@ class SharedLoraEngine:
     def _generate_chunk(self, rows: Sequence[LoraRow]) -> list[Completion]:
         assert self.model is not None, "rows name loaded adapters"
         adapters = [r.adapter for r in rows]
-        inputs = prompt_inputs(
+        prompts = [r.prompt for r in rows]
+
+        def forward_kwargs(distinct: list[int]) -> dict[str, list[str]]:
+            return self._adapters_of([adapters[b] for b in distinct])
+
+        continued = None
+        if self.prefixes is not None and self._keeping.intersection(adapters):
+            continued = self.prefixes.continued(
+                self.model, prompts, adapters, self.pad_token_id, self.device, forward_kwargs
+            )
+        inputs = continued or prompt_inputs(
             self.model,
-            [r.prompt for r in rows],
+            prompts,
             self.pad_token_id,
             self.device,
             tags=adapters,  # a prompt is shared only under the same adapter
-            forward_kwargs=lambda distinct: self._adapters_of([adapters[b] for b in distinct]),
+            forward_kwargs=forward_kwargs,
         )
         width = inputs["input_ids"].shape[1]
         sampler = RowSampler(rows, self.device)
@@ -236,7 +275,7 @@ class SharedLoraEngine:
         temperature_B = sampler.temperature_B.cpu()
         logprobs_B_N_V = torch.log_softmax(logits_B_N_V / temperature_B[:, None, None], dim=-1)
         sampled_B_N = logprobs_B_N_V.gather(-1, new_B_N.unsqueeze(-1)).squeeze(-1)
-        return [  # each row ends at its own token budget
+        completions = [  # each row ends at its own token budget
             cut_at_eos(
                 new_B_N[b, : row.sampling.max_new_tokens].tolist(),
                 sampled_B_N[b].tolist(),
@@ -244,6 +283,11 @@ class SharedLoraEngine:
             )
             for b, row in enumerate(rows)
         ]
+        if self.prefixes is not None:
+            kept = [(b, row.prompt, completions[b], row.adapter) for b, row in enumerate(rows)]
+            kept = [entry for entry in kept if entry[3] in self._keeping]
+            self.prefixes.keep_rows(result.past_key_values, width, kept)
+        return completions
 
     @torch.no_grad()
     def apply_adapter_weights(self, adapter: str, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -255,6 +299,8 @@ class SharedLoraEngine:
                 "only the job's own adapter tensors; is the LoRA config the same as the "
                 "trainer's?)",
             )
+            if self.prefixes is not None:  # keys and values of the adapter's old weights
+                self.prefixes.drop(adapter)
 
     @torch.no_grad()
     def adapter_logprobs_of(self, adapter: str, token_ids: Sequence[int]) -> list[float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from transformers import DynamicCache
 
 from .shared_prefill import left_padded, prefill
+from .types import Completion
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,17 @@ class PrefixCache:
             self._entries.clear()
             self.nbytes = 0
 
+    def count(self, tag: Hashable) -> int:
+        """How many entries ``tag`` holds."""
+        with self._lock:
+            return sum(key[0] == tag for key in self._entries)
+
+    def drop(self, tag: Hashable) -> None:
+        """Forget the entries of ``tag`` (an adapter whose weights changed or that left)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == tag]:
+                self.nbytes -= self._entries.pop(key).nbytes
+
     def take(self, prompt: Sequence[int], tag: Hashable = None) -> CachedPrefix | None:
         """The entry of the longest prefix of ``prompt`` ending at one of its eos tokens, removed
         from the cache; None when there is none."""
@@ -89,6 +101,40 @@ class PrefixCache:
                 _, evicted = self._entries.popitem(last=False)
                 self.nbytes -= evicted.nbytes
 
+    def continued(
+        self,
+        model: torch.nn.Module,
+        prompts: Sequence[Sequence[int]],
+        tags: Sequence[Hashable],
+        pad_token_id: int,
+        device: torch.device,
+        forward_kwargs: Callable[[list[int]], dict[str, Any]] = lambda rows: {},
+    ) -> dict[str, Any] | None:
+        """``generate()``'s inputs continuing the entries the rows find (each row under its
+        tag), taken from the cache; None when none finds one (``continued_inputs``)."""
+        found = [self.take(prompt, tag) for prompt, tag in zip(prompts, tags, strict=True)]
+        if not any(found):
+            return None
+        return continued_inputs(
+            model, prompts, found, pad_token_id, device, tags=tags, forward_kwargs=forward_kwargs
+        )
+
+    def keep_rows(
+        self,
+        kv: object,
+        width: int,
+        rows: Iterable[tuple[int, Sequence[int], Completion, Hashable]],
+    ) -> None:
+        """Keep each of ``rows`` (row, prompt, completion, tag) of a ``generate()`` call whose
+        prompts were left-padded to ``width``: the keys and values in its cache ``kv`` of the
+        row's prompt and completion but the last token, if that is eos."""
+        if not isinstance(kv, DynamicCache):
+            return
+        for row, prompt, completion, tag in rows:
+            if completion.token_ids and completion.token_ids[-1] == self.eos_token_id:
+                start, end = width - len(prompt), width + len(completion.token_ids) - 1
+                self.put([*prompt, *completion.token_ids], row_prefix(kv, row, start, end), tag)
+
 
 def continued_inputs(
     model: torch.nn.Module,
@@ -96,9 +142,13 @@ def continued_inputs(
     prefixes: Sequence[CachedPrefix | None],
     pad_token_id: int,
     device: torch.device,
+    *,
+    tags: Sequence[Hashable] | None = None,
+    forward_kwargs: Callable[[list[int]], dict[str, Any]] = lambda rows: {},
 ) -> dict[str, Any] | None:
     """``generate()``'s inputs with the rows' cached prefixes as ``past_key_values``; None when
-    no row has one.
+    no row has one. ``tags`` and ``forward_kwargs`` as in ``shared_prefill.prompt_inputs`` (a
+    row's adapter, and the model's arguments for some rows: their adapter names).
 
     The rows are left-padded to width T, and the last ``tail`` positions of every row are
     computed by ``generate`` (``tail``: the longest part of a row with a prefix that the prefix
@@ -116,8 +166,8 @@ def continued_inputs(
     width = max(lengths)
     cached = width - tail
     new_rows = [r for r, p in enumerate(prefixes) if p is None and lengths[r] > tail]
-    heads = [prompts[r][: lengths[r] - tail] for r in new_rows]  # their tokens before the tail
-    computed = dict(zip(new_rows, _prefill(model, heads, pad_token_id, device), strict=True))
+    heads = {r: prompts[r][: lengths[r] - tail] for r in new_rows}  # their tokens before the tail
+    computed = _prefill(model, heads, pad_token_id, device, tags, forward_kwargs)
     rows = [prefix or computed.get(row) for row, prefix in enumerate(prefixes)]
     layers = []
     template = next(p for p in rows if p is not None)
@@ -142,25 +192,33 @@ def continued_inputs(
 
 def _prefill(
     model: torch.nn.Module,
-    prompts: Sequence[Sequence[int]],
+    heads: dict[int, Sequence[int]],
     pad_token_id: int,
     device: torch.device,
-) -> list[CachedPrefix]:
-    """Each prompt's keys and values, computed in one left-padded forward; a prompt that
-    several rows share (a GRPO group's new episodes) is computed once."""
-    if not prompts:
-        return []
-    slots: dict[tuple[int, ...], int] = {}
-    for prompt in prompts:
-        slots.setdefault(tuple(prompt), len(slots))
-    distinct = list(slots)
-    input_ids_B_T, attention_mask_B_T = left_padded(distinct, pad_token_id)
-    cache = prefill(model, input_ids_B_T.to(device), attention_mask_B_T.to(device))
+    tags: Sequence[Hashable] | None,
+    forward_kwargs: Callable[[list[int]], dict[str, Any]],
+) -> dict[int, CachedPrefix]:
+    """Each row's keys and values of its tokens in ``heads`` (row -> tokens), computed in one
+    left-padded forward; rows with the same tokens and tag (a GRPO group's new episodes) are
+    computed once."""
+    if not heads:
+        return {}
+    keys = {row: (tags[row] if tags else None, tuple(tokens)) for row, tokens in heads.items()}
+    slots: dict[tuple[Hashable, tuple[int, ...]], int] = {}
+    distinct: list[int] = []  # the first row of each slot
+    for row, key in keys.items():
+        if key not in slots:
+            slots[key] = len(distinct)
+            distinct.append(row)
+    input_ids_B_T, attention_mask_B_T = left_padded([heads[r] for r in distinct], pad_token_id)
+    cache = prefill(
+        model, input_ids_B_T.to(device), attention_mask_B_T.to(device), **forward_kwargs(distinct)
+    )
     width = input_ids_B_T.shape[1]
     computed = [
-        row_prefix(cache, row, width - len(prompt), width) for row, prompt in enumerate(distinct)
+        row_prefix(cache, slot, width - len(heads[row]), width) for slot, row in enumerate(distinct)
     ]
-    return [computed[slots[tuple(prompt)]] for prompt in prompts]
+    return {row: computed[slots[key]] for row, key in keys.items()}
 
 
 def row_prefix(cache: DynamicCache, row: int, start: int, end: int) -> CachedPrefix:

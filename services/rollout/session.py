@@ -112,9 +112,10 @@ class RolloutSession:
         )
         if self.settings.reset_ahead and self._loop.multi_agent is None:
             self._ahead = BatchAhead(self._loop)
-        if isinstance(engine, TransformersEngine):  # multi-turn: a turn continues the last
+        keep_prefixes = getattr(engine, "keep_prefixes", None)  # transformers, private or shared
+        if keep_prefixes is not None:  # multi-turn: a turn continues the last
             multi_turn = self._loop.max_turns > 1
-            engine.keep_prefixes(self.settings.prefix_cache_mb * 2**20 if multi_turn else 0)
+            keep_prefixes(self.settings.prefix_cache_mb * 2**20 if multi_turn else 0)
         log.info(
             "rollout_opened",
             job_id=config.job_id,

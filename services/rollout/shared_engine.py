@@ -70,6 +70,13 @@ class AdapterEngine:
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
         return self._engine.adapter_logprobs_of(self.adapter, token_ids)
 
+    def keep_prefixes(self, capacity_bytes: int) -> None:
+        """As ``TransformersEngine.keep_prefixes``, for this adapter's rows (vLLM's engine
+        keeps prefixes itself, and has no such call)."""
+        keep = getattr(self._engine, "keep_prefixes", None)
+        if keep is not None:
+            keep(self.adapter, capacity_bytes)
+
 
 class SharedAdapters:
     """The LoRA jobs on one shared engine (at most ``capacity`` at once)."""
