@@ -153,6 +153,40 @@ def test_a_batch_larger_than_the_envs_capacity_is_reset_ahead_only_as_far_as_it_
     asyncio.run(scenario())
 
 
+def test_a_limited_batch_is_tried_whole_again_and_uses_capacity_registered_later(
+    engine: TransformersEngine,
+) -> None:
+    """8 episodes a batch, an env of capacity 4: the limit of 4 is tried whole again after
+    reset_ahead_probe_s, waiting twice as long after a try that still found the env full; once
+    a second instance of the env registers, the whole batch fits and the limit goes."""
+
+    async def scenario() -> None:
+        async with hub_with_env(capacity=4, capacity_wait_s=1.0) as (address, _env):
+            session = await open_two_turn_session(
+                address, engine, env_name="counted", job_id="job-d", reset_ahead_probe_s=0.01
+            )
+            ahead = session._ahead
+            assert ahead is not None
+            for batch_index in range(3):
+                batch = await session.collect(batch_index, num_groups=2, group_size=4)
+                assert [t.reward for t in batch.trajectories] == [1.0] * 8, batch_index
+            # batch 1 set the limit, batch 2 was a whole try that still did not fit
+            assert ahead.limit == 4 and ahead.wait_s == pytest.approx(0.02)
+            more = await asyncio.to_thread(
+                serve, Counted, envhub_address=address, block=False, capacity=4
+            )
+            try:
+                for batch_index in range(3, 5):
+                    batch = await session.collect(batch_index, num_groups=2, group_size=4)
+                    assert [t.reward for t in batch.trajectories] == [1.0] * 8, batch_index
+                assert ahead.limit is None, "8 slots now: the whole batch is reset ahead again"
+                await session.close()
+            finally:
+                await asyncio.to_thread(more.stop, 0)
+
+    asyncio.run(scenario())
+
+
 def test_a_multi_turn_job_on_a_shared_engine_keeps_its_prefixes(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -11,12 +11,14 @@ max_staleness >= 1 the request for k+1 is already queued, and the reset ahead me
 a little earlier.
 
 Off with ``OPENTINKER_ROLLOUT_RESET_AHEAD=false`` (an env whose Reset is costly). A batch
-larger than its env's capacity is reset ahead only as far as it fits (``BatchAhead``).
+larger than its env's capacity is reset ahead only as far as it fits (``BatchAhead``), and
+tried whole again now and then, so that capacity registered later is used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -73,17 +75,26 @@ class BatchAhead:
     ahead hold every slot until they are played, so the others wait at EnvHub
     (``capacity_wait_s``) and come back at capacity. They are reset when played instead, and
     from then on only as many episodes as found a slot are reset ahead (``limit``), so the
-    wait happens once, not every step."""
+    wait happens once, not every step. The env may gain capacity later (another instance
+    registers, another job leaves), so a limited batch is tried whole again ``probe_s`` after
+    the limit was set: if it fits, the limit goes; if not, the limit becomes what fit then
+    and the next try waits twice as long, so an env that stays full costs one wait per
+    doubling interval."""
 
-    def __init__(self, loop: AgentLoop) -> None:
+    def __init__(self, loop: AgentLoop, *, probe_s: float = 300.0) -> None:
         self._loop = loop
         self._pending: _Ahead | None = None
         self.limit: int | None = None  # episodes reset ahead at most; None = all
+        self.probe_s = probe_s  # how long until a limited batch is tried whole again
+        self.wait_s = probe_s  # the wait before the next whole try (doubles while full)
+        self._probe_at = 0.0
+        self._probing = False  # the pending batch is such a try
 
     def start(self, key: BatchKey, link: EnvHubLink, requests: Sequence[EpisodeRequest]) -> None:
         """Reset ``requests`` (batch ``key``'s episodes on ``link``) in the background."""
+        self._probing = self.limit is not None and time.monotonic() >= self._probe_at
         task = asyncio.create_task(
-            self._loop.reset_ahead(requests, limit=self.limit),
+            self._loop.reset_ahead(requests, limit=None if self._probing else self.limit),
             name=f"reset-ahead-{key.batch_index}",
         )
         self._pending = _Ahead(key, link, task)
@@ -96,17 +107,30 @@ class BatchAhead:
             return None
         if pending.key == key and pending.link is link:
             ready = await pending.task
-            if ready.found_env_full:
-                self.limit = ready.tried - ready.found_env_full  # what fit this time
-                log.warning(
-                    "reset_ahead_limited",
-                    batch_size=len(ready.episodes),
-                    reset_ahead=self.limit,
-                    reason="the env was at capacity; the rest are reset when played",
-                )
+            self._learn(ready)
             return ready
         await self._discard(pending, cancel=False)
         return None
+
+    def _learn(self, ready: ResetEpisodes) -> None:
+        """Set the limit from what fit in the env, and when to try the whole batch again."""
+        if not ready.found_env_full:
+            if self._probing:
+                log.info("reset_ahead_whole_again", batch_size=len(ready.episodes),
+                         was_limited_to=self.limit)  # fmt: skip
+                self.limit = None
+            return
+        # A whole try that still did not fit waits twice as long; a new limit waits probe_s.
+        self.wait_s = 2 * self.wait_s if self._probing else self.probe_s
+        self._probe_at = time.monotonic() + self.wait_s
+        self.limit = ready.tried - ready.found_env_full  # what fit this time
+        log.warning(
+            "reset_ahead_limited",
+            batch_size=len(ready.episodes),
+            reset_ahead=self.limit,
+            next_whole_try_s=round(self.wait_s, 3),
+            reason="the env was at capacity; the rest are reset when played",
+        )
 
     async def close(self) -> None:
         """Drop what was reset ahead (the stream ends)."""

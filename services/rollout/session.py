@@ -111,7 +111,7 @@ class RolloutSession:
             env,
         )
         if self.settings.reset_ahead and self._loop.multi_agent is None:
-            self._ahead = BatchAhead(self._loop)
+            self._ahead = BatchAhead(self._loop, probe_s=self.settings.reset_ahead_probe_s)
         keep_prefixes = getattr(engine, "keep_prefixes", None)  # transformers, private or shared
         if keep_prefixes is not None:  # multi-turn: a turn continues the last
             multi_turn = self._loop.max_turns > 1

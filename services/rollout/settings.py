@@ -49,6 +49,13 @@ class RolloutSettings(BaseSettings):
         description="reset the next training batch's episodes while the trainer trains on "
         "this one (batch_ahead.py)",
     )
+    reset_ahead_probe_s: float = Field(
+        300.0,
+        gt=0,
+        description="a batch reset ahead only in part (its env was at capacity) is tried "
+        "whole again after this long, then twice as long each time it still does not fit, "
+        "so env capacity registered later is used (batch_ahead.py)",
+    )
     prefix_cache_mb: int = Field(
         256,
         ge=0,
