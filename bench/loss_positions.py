@@ -33,6 +33,24 @@ from opentinker.spec import ModelSpec
 QWEN_VOCAB = 151_936
 
 
+def add_episode_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    groups: int,
+    turns: int,
+    prompt_tokens: int,
+    model_tokens: int,
+    env_tokens: int,
+) -> None:
+    """The episode shape ``multi_turn_episodes`` reads, with these defaults."""
+    parser.add_argument("--groups", type=positive_int, default=groups)
+    parser.add_argument("--samples", type=positive_int, default=4, help="episodes per group")
+    parser.add_argument("--turns", type=positive_int, default=turns, help="most turns an episode")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=prompt_tokens)
+    parser.add_argument("--model-tokens", type=positive_int, default=model_tokens, help="per turn")
+    parser.add_argument("--env-tokens", type=positive_int, default=env_tokens, help="per reply")
+
+
 def multi_turn_episodes(args: argparse.Namespace, vocab: int) -> list[Episode]:
     """``groups`` x ``samples`` episodes; each plays 1..turns turns of model then env tokens."""
     rng = random.Random(0)
@@ -83,12 +101,9 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=positive_int, default=256)
     parser.add_argument("--layers", type=positive_int, default=4)
     parser.add_argument("--vocab", type=positive_int, default=QWEN_VOCAB)
-    parser.add_argument("--groups", type=positive_int, default=2)
-    parser.add_argument("--samples", type=positive_int, default=4, help="episodes per group")
-    parser.add_argument("--turns", type=positive_int, default=3, help="most turns an episode")
-    parser.add_argument("--prompt-tokens", type=positive_int, default=96)
-    parser.add_argument("--model-tokens", type=positive_int, default=24, help="per turn")
-    parser.add_argument("--env-tokens", type=positive_int, default=72, help="per env reply")
+    add_episode_arguments(
+        parser, groups=2, turns=3, prompt_tokens=96, model_tokens=24, env_tokens=72
+    )
     args = parser.parse_args()
     folder = Path(tempfile.gettempdir()) / (
         f"opentinker-bench-vocab{args.vocab}-h{args.hidden_size}-l{args.layers}"

@@ -89,6 +89,16 @@ def test_loss_positions_measures_the_head_on_trained_tokens_against_every_positi
     assert "head everywhere" in text and "on trained tokens" in text and "x\n" in text, text
 
 
+def test_padding_passes_measures_one_padded_pass_against_like_length_passes() -> None:
+    args = ["--calls", "1", "--hidden-size", "32", "--layers", "1", "--groups", "2",
+            "--prompt-tokens", "8", "--model-tokens", "4", "--env-tokens", "12"]  # fmt: skip
+    text = run_bench("padding_passes.py", *args)
+    # turns 1..8 cycle over 2 groups x 4 samples: lengths 12 (1 turn) to 76 (5 turns)
+    assert "8 episodes of 1-8 turns" in text and "lengths 12-76" in text, text
+    assert "one padded pass" in text and "1 passes, 608 padded tokens" in text, text
+    assert "like-length passes" in text and "x as fast" in text, text
+
+
 def test_multi_turn_job_runs_the_mesh_with_the_prefix_cache_on_and_off() -> None:
     args = ["--steps", "3", "--turns", "2", "--prompts", "2", "--samples", "2", "--rounds", "1"]
     text = run_bench("multi_turn_job.py", *args)

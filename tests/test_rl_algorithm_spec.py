@@ -42,9 +42,12 @@ def test_every_algorithm_field_round_trips_through_the_wire() -> None:
             gae_lambda=0.0,
             critic_learning_rate=1e-3,
             micro_batch_tokens=4096,
+            max_padding_fraction=0.0,  # 0 (every length its own pass) survives: `optional`
         )
     )
     assert from_proto(to_proto(spec)) == spec
+    unset = JobSpec(rl=RlConfig(env_name="letter"))
+    assert from_proto(to_proto(unset)).rl.max_padding_fraction == 0.25
     for loss in ("grpo", "rloo", "reinforce"):
         other = JobSpec(rl=RlConfig(env_name="letter", loss=loss, lr_schedule="linear"))
         assert from_proto(to_proto(other)) == other
@@ -63,6 +66,7 @@ def test_every_algorithm_field_round_trips_through_the_wire() -> None:
         ({"loss_normalization": "batch"}, "rl.loss_normalization"),
         ({"ppo_epochs": 0}, "rl.ppo_epochs"),
         ({"gamma": 1.5}, "rl.gamma"),
+        ({"max_padding_fraction": 1.5}, "rl.max_padding_fraction"),
     ],
 )
 def test_invalid_settings_are_refused_naming_the_field(rl: dict, field: str) -> None:

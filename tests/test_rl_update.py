@@ -16,7 +16,7 @@ from opentinker.services.trainer.critic import Critic
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.reference import ReferencePolicy
 from opentinker.services.trainer.training import backward_minibatch, rl_update
-from opentinker.spec import LoraConfig, ModelSpec
+from opentinker.spec import LoraConfig, ModelSpec, RlConfig
 
 pytestmark = pytest.mark.integration
 
@@ -60,20 +60,52 @@ def test_accumulated_gradients_equal_the_one_shot_gradient(
     episodes = varied_episodes(policy)
     rows = list(range(len(episodes)))
     grads = []
-    for budget in (0, 14):  # 14 tokens: the longest sequence (14) alone, or 1 x 13 ...
+    # one pass; 14 tokens: the longest sequence (14) alone, or 1 x 13 ...; cut where padding
+    # would pass a quarter of a pass; every length alone
+    splits = ((0, 1.0), (14, 1.0), (0, 0.25), (0, 0.0))
+    for budget, max_padding in splits:
         config = UpdateConfig(
             normalization=normalization,  # type: ignore[arg-type]
             max_completion_tokens=4,
             micro_batch_tokens=budget,
+            max_padding=max_padding,
         )
         work = prepare(policy, episodes, config, reference=None, critic=None)
         backward_minibatch(policy, work, rows, rows, config)
         grads.append(gradients(policy))
         policy.optimizer.zero_grad(set_to_none=True)
-    one_shot, accumulated = grads
-    assert one_shot.keys() == accumulated.keys() and one_shot
-    worst = max(float((one_shot[n] - accumulated[n]).abs().max()) for n in one_shot)
-    assert worst < 1e-6, worst
+    one_shot = grads[0]
+    assert one_shot
+    for split, accumulated in zip(splits[1:], grads[1:], strict=True):
+        assert one_shot.keys() == accumulated.keys()
+        worst = max(float((one_shot[n] - accumulated[n]).abs().max()) for n in one_shot)
+        assert worst < 1e-6, (split, worst)
+
+
+def test_the_update_and_the_reference_run_one_pass_per_like_length_set(
+    tiny_model_dir: Path,
+) -> None:
+    """The padding share reaches every forward of an update (the policy's and the frozen
+    reference's): at 0 each distinct length (11..14 tokens) gets its own pass, at 1 the batch
+    is one pass; RlConfig's max_padding_fraction is what the trainer's config carries."""
+    policy = full_policy(tiny_model_dir)
+    reference = ReferencePolicy.from_policy(policy)
+    assert reference.frozen is not None
+    episodes = varied_episodes(policy)
+    passes = {"policy": 0, "reference": 0}
+    for name, model in (("policy", policy.model), ("reference", reference.frozen)):
+        model.get_decoder().register_forward_pre_hook(
+            lambda *_, name=name: passes.__setitem__(name, passes[name] + 1)
+        )
+    # A set of rows sharing a prompt runs as two body passes (the prompt, then the rows), a
+    # lone row as one: at 0, lengths 14 and 13 (one row each), 12 and 11 (two each): 6
+    for max_padding, want in ((0.0, 6), (1.0, 2)):
+        passes.update(policy=0, reference=0)
+        config = UpdateConfig(kl_coef=0.1, max_padding=max_padding)
+        rl_update(policy, episodes, config, reference=reference)
+        assert passes == {"policy": want, "reference": want}, (max_padding, passes)
+    rl = RlConfig(env_name="letter", max_padding_fraction=0.1)
+    assert UpdateConfig.from_rl(rl).max_padding == 0.1
 
 
 def test_several_epochs_and_minibatches_make_the_clip_matter(tiny_model_dir: Path) -> None:

@@ -41,11 +41,32 @@ def test_linear_and_cosine_decay_after_warmup() -> None:
 
 def test_micro_batches_respect_the_token_budget() -> None:
     # longest first: 6 (i4) -> [4]; 5 (i2): 2 * 6 = 12 > 10 -> new [2]; 4 (i1): 2 * 5 = 10 ok;
-    # 3 (i0): 3 * 5 = 15 > 10 -> new [0]; 2 (i3): 2 * 3 = 6 ok
-    assert group_by_token_budget([3, 4, 5, 2, 6], 10) == [[4], [2, 1], [0, 3]]
+    # 3 (i0): 3 * 5 = 15 > 10 -> new [0]; 2 (i3): 2 * 3 = 6 ok; each group in index order
+    assert group_by_token_budget([3, 4, 5, 2, 6], 10) == [[4], [1, 2], [0, 3]]
     assert group_by_token_budget([3, 4, 5], 0) == [[0, 1, 2]]  # no budget: one group
     # a sequence over the budget goes alone (the spec keeps micro_batch_tokens >= an episode)
     assert group_by_token_budget([3, 5], 4) == [[1], [0]]
+
+
+def test_micro_batches_are_cut_where_padding_would_pass_its_share() -> None:
+    # multi-turn lengths, longest first. With 570: 6 x 1090 = 6540 padded, 5110 real (22%
+    # padding); with 440 too: 7630 and 5550 (27%), so 440 starts the next pass
+    lengths = [310, 830, 440, 1090, 570, 180, 700, 440, 1090, 830, 310]
+    groups = group_by_token_budget(lengths, 0, 0.25)
+    assert [sorted((lengths[i] for i in g), reverse=True) for g in groups] == [
+        [1090, 1090, 830, 830, 700, 570],
+        [440, 440, 310, 310, 180],  # 5 x 440 = 2200 padded, 1680 real: 24%
+    ]
+    for g in groups:  # no pass is more than a quarter padding
+        longest = max(lengths[i] for i in g)
+        assert sum(lengths[i] for i in g) >= 0.75 * len(g) * longest
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert group_by_token_budget(lengths, 0, 1.0) == [list(range(len(lengths)))]  # no cut
+    assert len(group_by_token_budget(lengths, 0, 0.0)) == 7  # every distinct length alone
+    # both limits: the budget of 3000 padded tokens cuts the first group at 2 x 1090
+    assert [len(g) for g in group_by_token_budget(lengths, 3000, 0.25)][:2] == [2, 3]
+    with pytest.raises(ValueError, match="max_padding"):
+        group_by_token_budget(lengths, 0, 1.5)
 
 
 def _episode(group: int, reward: float, completion: int = 2, **turns: object) -> Episode:

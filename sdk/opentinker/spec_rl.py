@@ -98,6 +98,15 @@ class RlConfig(_Strict):
         description="Gradient accumulation: at most this many (padded) tokens per forward pass; "
         "0 = one pass per minibatch. At least max_episode_tokens.",
     )
+    max_padding_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="A forward pass takes episodes of like length: it is cut where more than "
+        "this share of its (padded) tokens would be padding, as when episodes of 1 and 8 turns "
+        "share a batch (the gradient is the same; 1 = never cut for padding). Multi-device "
+        "jobs take one pass per rank regardless.",
+    )
 
     @model_validator(mode="after")
     def _algorithm_fits(self) -> RlConfig:
@@ -164,7 +173,7 @@ _RL_ALGORITHM_NUMBERS = (
 )
 _RL_NUMBERS += _RL_ALGORITHM_NUMBERS
 # proto3 `optional` RlConfig fields: taken from the wire when present (0 is a real value).
-_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda", "max_staleness")
+_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda", "max_staleness", "max_padding_fraction")
 _LOSS_TO_PB = {
     "grpo": common_pb2.LOSS_KIND_GRPO,
     "ppo": common_pb2.LOSS_KIND_PPO,

@@ -41,6 +41,7 @@ class UpdateConfig:
     ppo_epochs: int = 1
     minibatch_size: int = 0  # sequences per optimizer step; 0 = the whole batch
     micro_batch_tokens: int = 0  # padded tokens per forward pass; 0 = the whole minibatch
+    max_padding: float = 0.25  # a forward pass's share of padding at most (microbatch.py)
     kl_coef: float = 0.0
     kl_estimator: KlEstimator = "k3"
     kl_in_reward: bool = False
@@ -64,6 +65,7 @@ class UpdateConfig:
             ppo_epochs=rl.ppo_epochs,
             minibatch_size=rl.minibatch_size,
             micro_batch_tokens=rl.micro_batch_tokens,
+            max_padding=rl.max_padding_fraction,
             kl_coef=rl.kl_coef,
             kl_estimator=rl.kl_estimator,
             kl_in_reward=rl.kl_in_reward,
@@ -104,7 +106,7 @@ def prepare(
         ref_B_T = _per_micro_batch(
             episodes,
             full,
-            config.micro_batch_tokens,
+            config,
             policy.pad_id,
             lambda sub, groups: reference.logprobs(
                 sub, temperature=config.temperature, groups=groups
@@ -134,7 +136,7 @@ def prepare(
     values_B_T = _per_micro_batch(
         episodes,
         full,
-        config.micro_batch_tokens,
+        config,
         policy.pad_id,
         lambda sub, groups: _values(policy, critic, sub, groups),
     )
@@ -166,14 +168,15 @@ def _values(
 def _per_micro_batch(
     episodes: list[Episode],
     full: SequenceBatch,
-    budget: int,
+    config: UpdateConfig,
     pad_id: int,
     compute: Callable[[SequenceBatch, PromptGroups | None], torch.Tensor],
 ) -> torch.Tensor:
-    """``compute`` over micro-batches of at most ``budget`` tokens (each with its rows' prompt
-    groups), assembled to ``[B, T]``."""
+    """``compute`` over the update's micro-batches (``config``'s token budget and padding
+    share; each with its rows' prompt groups), assembled to ``[B, T]``."""
     out_B_T = torch.zeros_like(full.loss_mask_B_T)
-    for idx in group_by_token_budget([len(e.token_ids) for e in episodes], budget):
+    lengths = [len(e.token_ids) for e in episodes]
+    for idx in group_by_token_budget(lengths, config.micro_batch_tokens, config.max_padding):
         chosen = [episodes[i] for i in idx]
         sub = collate(chosen, pad_id)
         part = compute(sub, prompt_groups(chosen)).detach().float().cpu()

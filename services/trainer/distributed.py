@@ -12,7 +12,7 @@ A minibatch is split into contiguous row ranges, one per rank; each rank's loss 
 weights of the whole minibatch (training.backward_minibatch), so the sum of the ranks'
 gradients is the minibatch's gradient: FSDP's reduce-scatter sums (divide factor 1) instead of
 averaging. Every rank must run the same number of forward passes (one micro-batch each:
-``micro_batch_tokens`` 0), since each is a collective.
+``micro_batch_tokens`` 0, and no cut for padding), since each is a collective.
 
 Ranks are started by the worker (worker/ranks.py; torchrun or torch.multiprocessing work as
 well); ``init_rank`` reads the usual RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT. Backend: nccl on
@@ -21,6 +21,7 @@ CUDA, gloo on CPU. How rank 0 drives the others through a job: ranks.py.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from collections.abc import Sequence
@@ -152,7 +153,8 @@ def data_parallel_update(
         return _no_signal_stats(episodes, optimizer_steps=1)
     minibatch = list(range(len(episodes)))
     tally = _Tally()
-    backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), config, tally=tally)
+    one_pass = dataclasses.replace(config, max_padding=1.0)  # the same forwards on every rank
+    backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), one_pass, tally=tally)
     grad_norm = policy.optimizer_step(limit)
     sums = [tally.token_sums.get(n, 0.0) for n in _TOKEN_FIGURES]
     counts = [float(tally.tokens.get(n, 0)) for n in _TOKEN_FIGURES]

@@ -32,27 +32,41 @@ class MicroBatch:
         return int(self.batch.tokens_B_L.numel())
 
 
-def group_by_token_budget(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def group_by_token_budget(
+    lengths: Sequence[int], budget: int, max_padding: float = 1.0
+) -> list[list[int]]:
     """Indices of ``lengths`` in groups whose padded size (rows x longest row) fits
-    ``budget``; a sequence longer than the budget alone makes a group of one. ``budget`` 0
-    means no limit (one group).
+    ``budget`` and of whose padded tokens at most ``max_padding`` are padding; a sequence
+    longer than the budget alone makes a group of one. ``budget`` 0 means no limit, and
+    ``max_padding`` 1 no cut for padding (with both, one group).
 
-    Sequences are taken longest first, so sequences of like length share a group and little
-    is padding. Every index appears in exactly one group.
+    Sequences are taken longest first, so sequences of like length share a group (its rows
+    then in their given order: a batch that needs no cut runs as one pass would). The padding
+    cut matters for episodes of very different lengths (multi-turn episodes of 1 to 8 turns):
+    a forward over rows padded to the longest computes the padding too, in every layer and,
+    quadratically, in attention, while the gradients summed over groups are the same.
+    Every index appears in exactly one group.
     """
     if budget < 0:
         raise ValueError(f"a token budget must be >= 0, got {budget}")
-    if budget == 0:
+    if not 0.0 <= max_padding <= 1.0:
+        raise ValueError(f"max_padding is a share of a group's tokens in [0, 1], got {max_padding}")
+    if budget == 0 and max_padding >= 1.0:
         return [list(range(len(lengths)))] if lengths else []
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
+    real = 0  # the last group's tokens without padding
     for i in order:
-        # Longest first: the group's longest row is its first one.
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+        if groups:  # longest first: the group's longest row is its first one
+            padded = (len(groups[-1]) + 1) * lengths[groups[-1][0]]
+            within_budget = budget == 0 or padded <= budget
+            if within_budget and real + lengths[i] >= (1.0 - max_padding) * padded:
+                groups[-1].append(i)
+                real += lengths[i]
+                continue
+        groups.append([i])
+        real = lengths[i]
+    return [sorted(group) for group in groups]  # a group's rows in the order they came
 
 
 def split_by_token_budget(episodes: list[Episode], max_tokens: int) -> list[list[int]]:

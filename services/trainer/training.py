@@ -2,7 +2,8 @@
 
 ``ppo_epochs`` passes over the batch, each split into minibatches of ``minibatch_size``
 sequences (one optimizer step each), each minibatch run as micro-batches of at most
-``micro_batch_tokens`` padded tokens whose gradients accumulate. Token weights come from the
+``micro_batch_tokens`` padded tokens and at most ``max_padding`` of them padding (episodes of
+like length together, microbatch.py) whose gradients accumulate. Token weights come from the
 whole minibatch (losses/policy_gradient.py), so the accumulated gradient is the minibatch's.
 The ratio is taken against the sampling logprobs, so from the second step on the clip matters.
 """
@@ -176,7 +177,7 @@ def backward_minibatch(
     value_scale = 1.0 / max(float(tokens_M.sum()), 1.0)
     total = 0.0
     lengths = [len(episodes[i].token_ids) for i in rows]
-    for micro in group_by_token_budget(lengths, config.micro_batch_tokens):
+    for micro in group_by_token_budget(lengths, config.micro_batch_tokens, config.max_padding):
         idx = [rows[j] for j in micro]
         total += _micro_step(
             policy, work, idx, scale, value_scale, config, critic, tally, first_pass
