@@ -29,10 +29,10 @@ def test_groups_fit_the_budget_longest_first() -> None:
     episodes = [episode(n) for n in lengths]
     groups = split_by_token_budget(episodes, max_tokens=20)
     # longest first: 30 (alone, over budget), 12 (12+12 > 20), 7,7 (2*7=14; 3*7=21 > 20),
-    # 5,4,3 (3*5=15 <= 20)
-    assert [[lengths[i] for i in g] for g in groups] == [[30], [12], [7, 7], [5, 4, 3]]
+    # 5,4,3 (3*5=15 <= 20); each group's rows then in their given order
+    assert [[lengths[i] for i in g] for g in groups] == [[30], [12], [7, 7], [5, 3, 4]]
     assert sorted(i for g in groups for i in g) == list(range(len(episodes)))
-    assert split_by_token_budget(episodes, max_tokens=1000) == [[5, 1, 3, 4, 0, 6, 2]]
+    assert split_by_token_budget(episodes, max_tokens=1000) == [[0, 1, 2, 3, 4, 5, 6]]
     assert split_by_token_budget([], max_tokens=10) == []
     with pytest.raises(ValueError, match="max_tokens"):
         split_by_token_budget(episodes, max_tokens=0)
@@ -41,8 +41,8 @@ def test_groups_fit_the_budget_longest_first() -> None:
 def test_micro_batches_are_collated_on_their_own() -> None:
     episodes = [episode(n) for n in (5, 12, 3, 7)]
     parts = micro_batches(episodes, pad_id=0, max_tokens=14)
-    # 12 alone (2*12 > 14), then 7,5 (2*7 = 14), then 3
-    assert [p.indices for p in parts] == [[1], [3, 0], [2]]
+    # 12 alone (2*12 > 14), then 7,5 (2*7 = 14; in their given order), then 3
+    assert [p.indices for p in parts] == [[1], [0, 3], [2]]
     assert [p.padded_tokens for p in parts] == [12, 14, 3]
     assert parts[1].batch.tokens_B_L.shape == (2, 7)
     # loss tokens: each episode trains on length - 2 tokens: 10 + 5 + 3 + 1
