@@ -115,7 +115,9 @@ class RolloutSession:
         keep_prefixes = getattr(engine, "keep_prefixes", None)  # transformers, private or shared
         if keep_prefixes is not None:  # multi-turn: a turn continues the last
             multi_turn = self._loop.max_turns > 1
-            keep_prefixes(self.settings.prefix_cache_mb * 2**20 if multi_turn else 0)
+            capacity = self.settings.prefix_cache_mb * 2**20 if multi_turn else 0
+            # A shared engine takes its lock, which a generation in progress holds.
+            await asyncio.to_thread(keep_prefixes, capacity)
         log.info(
             "rollout_opened",
             job_id=config.job_id,
