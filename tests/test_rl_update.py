@@ -99,11 +99,14 @@ def test_the_update_and_the_reference_run_one_pass_per_like_length_set(
         )
     # A set of rows sharing a prompt runs as two body passes (the prompt, then the rows), a
     # lone row as one: at 0, lengths 14 and 13 (one row each), 12 and 11 (two each): 6
-    for max_padding, want in ((0.0, 6), (1.0, 2)):
+    # The step reports padding's share: none when every length is alone; in one pass, rows of
+    # 11..14 tokens padded to 14: 6 x 14 = 84 computed, 73 real.
+    for max_padding, want, padding in ((0.0, 6, 0.0), (1.0, 2, 11 / 84)):
         passes.update(policy=0, reference=0)
         config = UpdateConfig(kl_coef=0.1, max_padding=max_padding)
-        rl_update(policy, episodes, config, reference=reference)
+        stats = rl_update(policy, episodes, config, reference=reference)
         assert passes == {"policy": want, "reference": want}, (max_padding, passes)
+        assert stats.padding_share == pytest.approx(padding)
     rl = RlConfig(env_name="letter", max_padding_fraction=0.1)
     assert UpdateConfig.from_rl(rl).max_padding == 0.1
 

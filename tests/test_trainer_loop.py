@@ -45,7 +45,7 @@ REQUIRED_METRICS = {
     "reward_mean", "reward_std", "loss", "entropy", "clip_fraction", "grad_norm", "tokens_per_s",
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
     "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
-    "episodes_truncated_frac",
+    "episodes_truncated_frac", "padding_share",
 }  # fmt: skip
 
 

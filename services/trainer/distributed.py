@@ -53,7 +53,7 @@ from .training import (
 )
 
 # Token-weighted figures of an update summed over ranks (each rank tallies its own rows).
-_TOKEN_FIGURES = ("entropy", "logprob_gap", "clip_fraction", "ratio_mean")
+_TOKEN_FIGURES = ("entropy", "logprob_gap", "clip_fraction", "ratio_mean", "padding")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from .policy import Policy
 from .reference import ReferencePolicy
 from .training import TrainStats, rl_update
 
-_TOKEN_MEANS = ("entropy", "clip_fraction", "ratio_mean", "logprob_gap", "kl")
+_TOKEN_MEANS = ("entropy", "clip_fraction", "ratio_mean", "logprob_gap", "kl", "padding_share")
 _STEP_MEANS = ("loss", "grad_norm", "value_loss")
 
 

@@ -53,6 +53,9 @@ def step_metrics(
         "value_loss": stats.value_loss,
         "explained_variance": stats.explained_variance,
         "optimizer_steps": float(stats.optimizer_steps),
+        # Padding's share of the tokens the update's forward passes computed (RlConfig's
+        # max_padding_fraction bounds it per pass).
+        "padding_share": stats.padding_share,
         "lr": lr,
         "logprob_gap": stats.logprob_gap,
         "probe_max_abs_diff": probe_diff,

@@ -54,6 +54,7 @@ class TrainStats:
     value_loss: float = 0.0
     explained_variance: float = 0.0
     optimizer_steps: int = 0
+    padding_share: float = 0.0  # of the tokens the forward passes computed, padding's share
 
 
 @dataclass
@@ -200,6 +201,8 @@ def _micro_step(
     """Forward and backward of one micro-batch; returns its share of the policy loss."""
     chosen = [work.episodes[i] for i in idx]
     sub = collate(chosen, policy.pad_id)
+    padded = sub.attention_mask_B_L.numel()
+    tally.add_tokens("padding", 1.0 - float(sub.attention_mask_B_L.sum()) / padded, padded)
     t = sub.loss_mask_B_T.shape[1]
     mask_B_T = sub.loss_mask_B_T.to(policy.device)
     weights_B_T = mask_B_T * torch.tensor([scale[i] for i in idx], device=policy.device)[:, None]
@@ -288,6 +291,7 @@ def _stats(tally: _Tally, work: BatchWork, sequences: int) -> TrainStats:
         value_loss=tally.step_mean("value_loss"),
         explained_variance=variance,
         optimizer_steps=tally.steps,
+        padding_share=tally.token_mean("padding"),
     )
 
 
