@@ -124,7 +124,7 @@ rl() {
 # hold GPU memory that the next step needs. Every process the step started inherits its
 # GPU_CHECK_STEP mark, so the sweep finds exactly those, whatever their session or name.
 step_processes() {
-  grep -lsz "^GPU_CHECK_STEP=$1\$" /proc/[0-9]*/environ | cut -d/ -f3
+  grep -lszxF "GPU_CHECK_STEP=$1" /proc/[0-9]*/environ | cut -d/ -f3  # the whole variable, literally
 }
 sweep() {
   local pids
