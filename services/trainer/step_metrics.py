@@ -23,6 +23,25 @@ class StepTimes:
     wait_s: float = 0.0
 
 
+def update_metrics(stats: TrainStats) -> dict[str, float]:
+    """The figures of the step's update (training.TrainStats)."""
+    return {
+        "loss": stats.loss,
+        "entropy": stats.entropy,
+        "clip_fraction": stats.clip_fraction,
+        "ratio_mean": stats.ratio_mean,
+        "grad_norm": stats.grad_norm,
+        "kl": stats.kl,
+        "value_loss": stats.value_loss,
+        "explained_variance": stats.explained_variance,
+        "optimizer_steps": float(stats.optimizer_steps),
+        # Padding's share of the micro-batches' padded tokens (rows x longest row), what
+        # RlConfig's max_padding_fraction bounds per micro-batch.
+        "padding_share": stats.padding_share,
+        "logprob_gap": stats.logprob_gap,
+    }
+
+
 def step_metrics(
     batch: CollectedBatch,
     episodes: list[Episode],
@@ -44,20 +63,8 @@ def step_metrics(
     return {
         "reward_mean": reward_mean,
         "reward_std": math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)),
-        "loss": stats.loss,
-        "entropy": stats.entropy,
-        "clip_fraction": stats.clip_fraction,
-        "ratio_mean": stats.ratio_mean,
-        "grad_norm": stats.grad_norm,
-        "kl": stats.kl,
-        "value_loss": stats.value_loss,
-        "explained_variance": stats.explained_variance,
-        "optimizer_steps": float(stats.optimizer_steps),
-        # Padding's share of the tokens the update's forward passes computed (RlConfig's
-        # max_padding_fraction bounds it per pass).
-        "padding_share": stats.padding_share,
+        **update_metrics(stats),
         "lr": lr,
-        "logprob_gap": stats.logprob_gap,
         "probe_max_abs_diff": probe_diff,
         "tokens_per_s": batch.generated_tokens / times.step_s if times.step_s > 0 else 0.0,
         # Accounted per job and tenant by the scheduler (quotas.py reads these names).

@@ -19,7 +19,7 @@ from .advantages import episode_advantages
 from .batch import Episode, collate
 from .batch_work import BatchWork, UpdateConfig, prepare
 from .critic import Critic
-from .forward import policy_forward
+from .forward import ForwardOut, policy_forward
 from .losses.entropy import entropy_bonus_loss
 from .losses.kl import kl_loss, kl_per_token
 from .losses.policy_gradient import clipped_policy_loss, sequence_scales
@@ -201,8 +201,7 @@ def _micro_step(
     """Forward and backward of one micro-batch; returns its share of the policy loss."""
     chosen = [work.episodes[i] for i in idx]
     sub = collate(chosen, policy.pad_id)
-    padded = sub.attention_mask_B_L.numel()
-    tally.add_tokens("padding", 1.0 - float(sub.attention_mask_B_L.sum()) / padded, padded)
+    _add_padding(tally, sub.attention_mask_B_L)
     t = sub.loss_mask_B_T.shape[1]
     mask_B_T = sub.loss_mask_B_T.to(policy.device)
     weights_B_T = mask_B_T * torch.tensor([scale[i] for i in idx], device=policy.device)[:, None]
@@ -222,17 +221,10 @@ def _micro_step(
         weights_B_T,
         config.clip_epsilon,
     )
-    loss = pg
-    tokens = clip.tokens
-    tally.add_tokens("clip_fraction", clip.clip_fraction, tokens)
-    tally.add_tokens("ratio_mean", clip.ratio_mean, tokens)
+    tally.add_tokens("clip_fraction", clip.clip_fraction, clip.tokens)
+    tally.add_tokens("ratio_mean", clip.ratio_mean, clip.tokens)
     ref_B_T = None if work.ref_B_T is None else work.ref_B_T[idx, :t].to(policy.device)
-    if config.kl_in_loss and ref_B_T is not None:
-        loss = loss + config.kl_coef * kl_loss(
-            out.logprobs_B_T, ref_B_T, weights_B_T, config.kl_estimator
-        )
-    if config.entropy_coef > 0:
-        loss = loss + config.entropy_coef * entropy_bonus_loss(out.entropy_B_T, weights_B_T)
+    loss = pg + _other_terms(out, ref_B_T, weights_B_T, config)
     if critic is not None and work.returns_B_T is not None and out.hidden_B_T_H is not None:
         assert work.old_values_B_T is not None
         values = value_loss(
@@ -249,6 +241,27 @@ def _micro_step(
             out.logprobs_B_T, out.entropy_B_T, old_B_T, ref_B_T, mask_B_T, config, tally
         )
     return float(pg.detach())
+
+
+def _add_padding(tally: _Tally, attention_B_L: torch.Tensor) -> None:
+    """Count a micro-batch's padded tokens (rows x longest row) and padding's share of them."""
+    padded = attention_B_L.numel()
+    tally.add_tokens("padding", 1.0 - float(attention_B_L.sum()) / padded, padded)
+
+
+def _other_terms(
+    out: ForwardOut, ref_B_T: torch.Tensor | None, weights_B_T: torch.Tensor, config: UpdateConfig
+) -> torch.Tensor | float:
+    """The policy's loss terms beside the clipped one: the KL to the reference (when in the
+    loss) and the entropy bonus (0 when neither is on)."""
+    terms: torch.Tensor | float = 0.0
+    if config.kl_in_loss and ref_B_T is not None:
+        terms = terms + config.kl_coef * kl_loss(
+            out.logprobs_B_T, ref_B_T, weights_B_T, config.kl_estimator
+        )
+    if config.entropy_coef > 0:
+        terms = terms + config.entropy_coef * entropy_bonus_loss(out.entropy_B_T, weights_B_T)
+    return terms
 
 
 @torch.no_grad()
