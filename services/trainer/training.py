@@ -54,7 +54,7 @@ class TrainStats:
     value_loss: float = 0.0
     explained_variance: float = 0.0
     optimizer_steps: int = 0
-    padding_share: float = 0.0  # of the tokens the forward passes computed, padding's share
+    padding_share: float = 0.0  # padding's share of the micro-batches' rows x longest row
 
 
 @dataclass
