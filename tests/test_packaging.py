@@ -104,6 +104,10 @@ def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
         "opentinker/services/modeling/tiny_model.py",
     ):
         assert expected in names, f"{expected} missing from {wheel.name}"
+    # Every source file, subpackages and package data included: a package missing from
+    # pyproject's list is absent from the wheel, and so from the image and the GPU check.
+    missing = sorted(source_modules() - names)
+    assert not missing, f"in the checkout but not in {wheel.name}: {missing}"
     # Installed on its own (no editable finder), the services import as opentinker.services.*.
     target = tmp_path / "site"
     subprocess.run(
@@ -132,3 +136,19 @@ def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert all(line.startswith(str(target)) for line in out.stdout.split()), out.stdout
+
+
+def source_modules() -> set[str]:
+    """The wheel names of every file in the checkout's SDK and services: modules, stubs'
+    .pyi, the dashboard's templates (pyproject's package-dir: sdk/opentinker -> opentinker,
+    services/X -> opentinker/services/X)."""
+    roots = {ROOT / "sdk" / "opentinker": "opentinker"}
+    for service in (ROOT / "services").iterdir():
+        if (service / "__init__.py").exists():
+            roots[service] = f"opentinker/services/{service.name}"
+    return {
+        f"{prefix}/{path.relative_to(root).as_posix()}"
+        for root, prefix in roots.items()
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
