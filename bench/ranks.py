@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import opentinker
 from opentinker.jobs import JobEvent
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 

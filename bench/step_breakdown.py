@@ -33,7 +33,7 @@ from process_cpu import cpu_by_service, per_step  # bench/ is sys.path[0]
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.jobs import JobEvent, JobInfo
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 import opentinker
 from opentinker import AdamParams, Datum, SamplingParams
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 
 
 def train(client: opentinker.Client, base_model: str, *, steps: int = 10, prompts: int = 8,

@@ -75,7 +75,7 @@ def letter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from opentinker.services.envhub.letter_env import LetterGame
+    from opentinker.services.envhub.games.letter_env import LetterGame
     from opentinker.services.modeling.tiny_model import ensure_tiny_model
 
     random_init = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opentinker.services.envhub.bandit_env import BanditGame
+from opentinker.services.envhub.games.bandit_env import BanditGame
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ from opentinker.data import Dataset
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import environment_pb2 as pb
 from opentinker.envhub.v1 import environment_pb2_grpc
-from opentinker.services.envhub.code_math_env import HINT, CodeMathGame, parse_reply
+from opentinker.services.envhub.games.code_math_env import HINT, CodeMathGame, parse_reply
 
 pytestmark = pytest.mark.integration
 

@@ -130,7 +130,7 @@ def test_unknown_env_fails_the_job_fast_naming_it(client, tiny_model) -> None:
 
 
 def test_env_server_that_is_down_fails_the_job_naming_it(client, mesh, tiny_model) -> None:
-    from opentinker.services.envhub.letter_env import LetterGame
+    from opentinker.services.envhub.games.letter_env import LetterGame
 
     handle = opentinker.serve(
         LetterGame,

@@ -18,7 +18,7 @@ from opentinker.env_server import serve
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.sandbox import SandboxLimits, isolation, run_python
+from opentinker.services.envhub.games.sandbox import SandboxLimits, isolation, run_python
 
 pytestmark = pytest.mark.integration
 
@@ -229,7 +229,7 @@ def test_the_sandbox_runs_from_a_checkout_its_user_cannot_read(
     live where ``nobody`` cannot read, and the run must not need to."""
     import importlib.util
 
-    import opentinker.services.envhub.sandbox as sandbox
+    import opentinker.services.envhub.games.sandbox as sandbox
 
     private = tmp_path / "private"
     private.mkdir(mode=0o700)

@@ -17,7 +17,7 @@ from opentinker.env_server import EnvServerHandle, serve
 from opentinker.envhub.v1 import environment_pb2 as pb
 from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.game import AbstractGame, StepResult, Tool
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 
 pytestmark = pytest.mark.integration
 

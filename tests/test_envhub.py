@@ -26,7 +26,7 @@ from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.registry import InMemoryRegistry, page
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings

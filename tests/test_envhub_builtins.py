@@ -14,7 +14,7 @@ from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES, DEFAULT_BUILTIN_ENVS
-from opentinker.services.envhub.math_dataset import default_math_dataset
+from opentinker.services.envhub.games.math_dataset import default_math_dataset
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 

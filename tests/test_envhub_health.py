@@ -27,7 +27,7 @@ from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.episode_table import EpisodeTable
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.registry import Instance
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings

@@ -14,7 +14,7 @@ from opentinker.env_servicer import EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.episode_table import EpisodeTable
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.settings import EnvHubSettings

@@ -11,15 +11,15 @@ import pytest
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import environment_pb2 as pb
 from opentinker.envhub.v1 import environment_pb2_grpc
-from opentinker.services.envhub.gomoku_board import Board, Stone
-from opentinker.services.envhub.gomoku_env import (
+from opentinker.services.envhub.games.gomoku_board import Board, Stone
+from opentinker.services.envhub.games.gomoku_env import (
     DRAW_REWARD,
     INVALID_MOVE_PENALTY,
     LOSS_REWARD,
     WIN_REWARD,
     GomokuGame,
 )
-from opentinker.services.envhub.gomoku_opponent import HeuristicOpponent
+from opentinker.services.envhub.games.gomoku_opponent import HeuristicOpponent
 
 # Four stones of a line and the cell that completes it, in each direction: - | \ /
 LINES = {

@@ -279,7 +279,7 @@ def test_authenticate_answers_only_about_the_credential_it_is_given(
 
 def test_envhub_rpcs_check_the_caller_and_keep_tenants_apart(identities) -> None:  # noqa: ANN001
     from opentinker.env_server import serve
-    from opentinker.services.envhub.letter_env import LetterGame
+    from opentinker.services.envhub.games.letter_env import LetterGame
 
     async def main() -> None:
         settings = EnvHubSettings(

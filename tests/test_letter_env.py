@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opentinker.game import first_user_message
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 
 pytestmark = pytest.mark.unit
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from opentinker.data import Dataset
-from opentinker.services.envhub.math_dataset import (
+from opentinker.services.envhub.games.math_dataset import (
     PROBLEM_KINDS,
     default_math_dataset,
     generate_math_records,
     write_math_dataset,
 )
-from opentinker.services.envhub.math_env import MathGame
-from opentinker.services.envhub.math_grading import extracted_answer, is_equivalent
+from opentinker.services.envhub.games.math_env import MathGame
+from opentinker.services.envhub.games.math_grading import extracted_answer, is_equivalent
 
 pytestmark = pytest.mark.unit
 

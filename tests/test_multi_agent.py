@@ -13,7 +13,7 @@ import pytest
 from opentinker.errors import UnavailableError
 from opentinker.game import AbstractGame, Role, StepResult, first_user_message
 from opentinker.rollout.v1 import rollout_pb2
-from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
+from opentinker.services.envhub.games.gomoku_selfplay import GomokuSelfPlayGame
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings

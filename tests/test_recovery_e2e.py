@@ -22,7 +22,7 @@ from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.env_server import serve
 from opentinker.errors import UnavailableError
 from opentinker.game import StepResult
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

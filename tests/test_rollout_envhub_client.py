@@ -8,7 +8,7 @@ import pytest
 from identity_helpers import user_key
 
 from opentinker.env_server import serve
-from opentinker.services.envhub.letter_env import LetterGame
+from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.envhub_client import EnvHubClient

@@ -14,8 +14,8 @@ import pytest
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import environment_pb2 as pb
 from opentinker.envhub.v1 import environment_pb2_grpc
-from opentinker.services.envhub.textworld_env import HouseholdGame, parse_command
-from opentinker.services.envhub.textworld_games import game_path, make_layout
+from opentinker.services.envhub.games.textworld_env import HouseholdGame, parse_command
+from opentinker.services.envhub.games.textworld_games import game_path, make_layout
 
 SEED = 11
 

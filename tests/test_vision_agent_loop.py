@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from opentinker.game import StepResult
-from opentinker.services.envhub.geometry_env import GeometryToolsGame
+from opentinker.services.envhub.games.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput

@@ -11,8 +11,8 @@ from PIL import Image as PILImage
 from test_envhub import Episodes, envhub, run
 
 from opentinker.game import AbstractGame, Image, StepResult
-from opentinker.services.envhub.geometry_env import calculate
-from opentinker.services.envhub.geometry_figures import geometry_problem
+from opentinker.services.envhub.games.geometry_env import calculate
+from opentinker.services.envhub.games.geometry_figures import geometry_problem
 
 
 def tiny_png() -> bytes:

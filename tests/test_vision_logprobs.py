@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText, AutoTokenizer
 
-from opentinker.services.envhub.geometry_env import GeometryToolsGame
+from opentinker.services.envhub.games.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput, load_image_processor
 from opentinker.services.rollout.multimodal import VisionChat, generate_with_images

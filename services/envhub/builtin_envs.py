@@ -4,15 +4,15 @@ its own loopback port and registered (pinned) in EnvHub's own registry."""
 from __future__ import annotations
 
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
-from opentinker.services.envhub.bandit_env import BanditGame
-from opentinker.services.envhub.code_math_env import CodeMathGame
-from opentinker.services.envhub.geometry_env import GeometryGame, GeometryToolsGame
-from opentinker.services.envhub.gomoku_env import GomokuGame
-from opentinker.services.envhub.gomoku_selfplay import GomokuSelfPlayGame
-from opentinker.services.envhub.letter_env import LetterGame
-from opentinker.services.envhub.math_env import MathGame
+from opentinker.services.envhub.games.bandit_env import BanditGame
+from opentinker.services.envhub.games.code_math_env import CodeMathGame
+from opentinker.services.envhub.games.geometry_env import GeometryGame, GeometryToolsGame
+from opentinker.services.envhub.games.gomoku_env import GomokuGame
+from opentinker.services.envhub.games.gomoku_selfplay import GomokuSelfPlayGame
+from opentinker.services.envhub.games.letter_env import LetterGame
+from opentinker.services.envhub.games.math_env import MathGame
+from opentinker.services.envhub.games.textworld_env import HouseholdGame
 from opentinker.services.envhub.registry import Registry
-from opentinker.services.envhub.textworld_env import HouseholdGame
 
 BUILTIN_GAMES: dict[str, GameFactory] = {
     "letter": LetterGame,

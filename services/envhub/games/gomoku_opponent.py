@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from opentinker.services.envhub.gomoku_board import DIRECTIONS, Board, Stone
+from opentinker.services.envhub.games.gomoku_board import DIRECTIONS, Board, Stone
 
 # Score of one line through the cell, by (length, open ends); five or more always wins.
 _LINE_SCORES: dict[tuple[int, int], int] = {

@@ -40,7 +40,7 @@ GUARD = Path(__file__).with_name("sandbox_guard.py")
 NOBODY = 65534
 _PROBE_TIMEOUT_S = 5.0
 
-log = structlog.get_logger("opentinker.envhub.sandbox")
+log = structlog.get_logger("opentinker.envhub.games.sandbox")
 
 
 @dataclass(frozen=True)

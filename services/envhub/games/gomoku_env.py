@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.gomoku_board import Board, Stone
-from opentinker.services.envhub.gomoku_opponent import HeuristicOpponent
+from opentinker.services.envhub.games.gomoku_board import Board, Stone
+from opentinker.services.envhub.games.gomoku_opponent import HeuristicOpponent
 
 BOARD_SIZE = 9
 WIN_LENGTH = 5

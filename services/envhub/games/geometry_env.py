@@ -22,7 +22,7 @@ import re
 from typing import Any, ClassVar
 
 from opentinker.game import AbstractGame, Image, StepResult, Tool
-from opentinker.services.envhub.geometry_figures import GeometryProblem, geometry_problem
+from opentinker.services.envhub.games.geometry_figures import GeometryProblem, geometry_problem
 from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls
 
 CALCULATOR_TOOL = Tool(

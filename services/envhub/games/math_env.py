@@ -13,8 +13,8 @@ from pathlib import Path
 from opentinker.data import Dataset
 from opentinker.dataset_game import DatasetGame
 from opentinker.game import StepResult
-from opentinker.services.envhub.math_dataset import default_math_dataset
-from opentinker.services.envhub.math_grading import extracted_answer, is_equivalent
+from opentinker.services.envhub.games.math_dataset import default_math_dataset
+from opentinker.services.envhub.games.math_grading import extracted_answer, is_equivalent
 
 SYSTEM_PROMPT = (
     "Solve the math problem. Reason step by step, then put only the final answer in "

@@ -7,8 +7,8 @@ keeps it in a cache folder, named by its layout parameters, so each game is buil
 
 Building a game costs seconds of CPU (the first one in a process much more: TextWorld loads its
 grammars), holding the GIL; ``GeneratorWorker`` therefore builds games in one long-lived helper
-process (``python -m opentinker.services.envhub.textworld_games``, JSON lines on stdin/stdout),
-one at a time. The module imports ``textworld`` only when it builds a game.
+process (``python -m opentinker.services.envhub.games.textworld_games``, JSON lines on
+stdin/stdout), one at a time. The module imports ``textworld`` only when it builds a game.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ from typing import ClassVar
 from opentinker.data import TRAIN, Dataset
 from opentinker.dataset_game import DatasetGame
 from opentinker.game import StepResult, Tool
-from opentinker.services.envhub.math_dataset import default_math_dataset
-from opentinker.services.envhub.math_grading import extracted_answer, is_equivalent
-from opentinker.services.envhub.sandbox import SandboxLimits, SandboxResult, run_python
+from opentinker.services.envhub.games.math_dataset import default_math_dataset
+from opentinker.services.envhub.games.math_grading import extracted_answer, is_equivalent
+from opentinker.services.envhub.games.sandbox import SandboxLimits, SandboxResult, run_python
 
 PYTHON_TOOL = Tool(
     name="python",

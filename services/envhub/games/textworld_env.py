@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.textworld_games import (
+from opentinker.services.envhub.games.textworld_games import (
     MAX_DISTRACTORS,
     MAX_ROOMS,
     GeneratorWorker,

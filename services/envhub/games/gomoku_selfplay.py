@@ -24,8 +24,8 @@ from __future__ import annotations
 import random
 
 from opentinker.game import AbstractGame, Role, StepResult
-from opentinker.services.envhub.gomoku_board import Board, Stone
-from opentinker.services.envhub.gomoku_env import (
+from opentinker.services.envhub.games.gomoku_board import Board, Stone
+from opentinker.services.envhub.games.gomoku_env import (
     BOARD_SIZE,
     DEFAULT_MAX_INVALID_MOVES,
     DEFAULT_OPPONENT_SKILL,
@@ -33,7 +33,7 @@ from opentinker.services.envhub.gomoku_env import (
     WIN_LENGTH,
     parse_options,
 )
-from opentinker.services.envhub.gomoku_opponent import HeuristicOpponent
+from opentinker.services.envhub.games.gomoku_opponent import HeuristicOpponent
 
 BLACK, WHITE = "black", "white"
 WIN_REWARD, LOSS_REWARD, DRAW_REWARD = 1.0, 0.0, 0.5
