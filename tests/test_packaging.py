@@ -3,6 +3,7 @@ surface is pinned; a wheel carries the SDK, the stubs and every service."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,6 +14,7 @@ import pytest
 import opentinker
 
 ROOT = Path(__file__).resolve().parent.parent
+PYCACHE = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 PUBLIC_SURFACE = {
     "AbstractGame",
@@ -83,8 +85,17 @@ def test_errors_are_typed_and_picklable() -> None:
 
 @pytest.mark.integration
 def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
+    # Built from what the image's Dockerfile copies, as the image builds it (and away from the
+    # checkout's build/, whose stale files setuptools would pack too).
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in dockerfile_copies():
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=PYCACHE)
+        else:
+            shutil.copy(ROOT / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
     )
@@ -106,8 +117,10 @@ def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
         assert expected in names, f"{expected} missing from {wheel.name}"
     # Every source file, subpackages and package data included: a package missing from
     # pyproject's list is absent from the wheel, and so from the image and the GPU check.
-    missing = sorted(source_modules() - names)
+    packed = {name for name in names if ".dist-info/" not in name}
+    missing, extra = sorted(source_modules() - packed), sorted(packed - source_modules())
     assert not missing, f"in the checkout but not in {wheel.name}: {missing}"
+    assert not extra, f"in {wheel.name} but not in the checkout: {extra}"
     # Installed on its own (no editable finder), the services import as opentinker.services.*.
     target = tmp_path / "site"
     subprocess.run(
@@ -152,3 +165,12 @@ def source_modules() -> set[str]:
         for path in root.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     }
+
+
+def dockerfile_copies() -> list[str]:
+    """What deploy/Dockerfile's COPY lines take from the checkout (all but each line's last
+    word, the destination)."""
+    lines = (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+    copies = [word for line in lines if line.startswith("COPY ") for word in line.split()[1:-1]]
+    assert copies, "deploy/Dockerfile copies nothing"
+    return copies
