@@ -45,7 +45,7 @@ REQUIRED_METRICS = {
     "reward_mean", "reward_std", "loss", "entropy", "clip_fraction", "grad_norm", "tokens_per_s",
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
     "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
-    "episodes_truncated_frac", "padding_share",
+    "episodes_truncated_frac", "padding_share", "probe_shift",
 }  # fmt: skip
 
 
@@ -182,6 +182,26 @@ async def run_loop(
     return outcome, policy, initial
 
 
+def test_an_update_too_small_for_the_probe_to_see_is_reported_once(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """At a learning rate of 1e-9 no update moves the probe past its 1e-3 tolerance, so a
+    sync could not tell stale weights from new ones: the job still runs, its probe_shift
+    says so every step, and the user is told once."""
+    spec = job_spec(tiny_model_dir, learning_rate=1e-9)
+
+    async def scenario() -> None:
+        async with mesh(identities) as m:
+            outcome, _, _ = await run_loop(m, spec, tmp_path)
+            assert outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            steps = m.scheduler.of("step")
+            assert len(steps) == 3 and all(s.metrics["probe_shift"] < 1e-3 for s in steps)
+            told = [log.message for log in m.scheduler.of("log") if "could not tell" in log.message]
+            assert len(told) == 1 and "step 1's update" in told[0], told
+
+    asyncio.run(scenario())
+
+
 def test_loop_trains_syncs_reports_and_checkpoints(
     identities: Identities, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -208,6 +228,8 @@ def test_loop_trains_syncs_reports_and_checkpoints(
                 assert 0.0 <= s.metrics["reward_mean"] <= 1.0
                 assert s.metrics["env_errors"] == 0.0
                 assert s.metrics["probe_max_abs_diff"] <= 1e-3
+                # each update moved the probe past the tolerance: the sync told versions apart
+                assert s.metrics["probe_shift"] > 1e-3
                 assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
                 assert 1.0 <= s.metrics["completion_len_mean"] <= 2.0  # max_new_tokens 2
                 # 8 episodes x 1-2 tokens each; trained tokens are model tokens with signal.
@@ -219,6 +241,7 @@ def test_loop_trains_syncs_reports_and_checkpoints(
             assert result.final_metrics["policy_version"] == 3.0
             assert set(result.final_metrics) >= {"reward_mean_first10", "reward_mean_last10"}
             assert not m.scheduler.of("failure")
+            assert not [log for log in m.scheduler.of("log") if "could not tell" in log.message]
             # final + intermediate checkpoints, in HF/PEFT format, with what resuming needs
             ckpt = Path(result.checkpoint_uri)
             assert (

@@ -39,7 +39,7 @@ from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
 from .training import TrainStats, rl_update
 from .validation import Validation
-from .weight_sync import verified_sync
+from .weight_sync import ProbeShiftWatch, SyncResult, verified_sync
 
 log = structlog.get_logger()
 
@@ -87,6 +87,7 @@ class RlLoop:
         self.step = 0
         self.rewards: list[float] = []
         self._truncation = TruncationWatch()  # warns once per job of cut-short episodes
+        self._probe_shift = ProbeShiftWatch()  # warns once per job of a probe that can't tell
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
         self.update_config = UpdateConfig.from_rl(self.rl)
@@ -196,7 +197,8 @@ class RlLoop:
         self.policy_version += 1
         self.step += 1
         sync_started = time.monotonic()
-        time_sync, probe_diff = await self._sync_weights()
+        sync, probe_shift = await self._sync_weights()
+        time_sync = sync.seconds
         # The rollout applies the weights once it finished the batches requested ahead: the
         # rest of the sync's wall time is waiting for the rollout.
         sync_wait = max(time.monotonic() - sync_started - time_sync, 0.0)
@@ -213,7 +215,8 @@ class RlLoop:
                 step_s=time_step,
                 wait_s=time_wait,
             ),
-            probe_diff=probe_diff,
+            probe_diff=sync.probe_diff,
+            probe_shift=probe_shift,
             lr=lr,
             off_policy_lag=self.policy_version - 1 - played_by,
         )
@@ -275,12 +278,12 @@ class RlLoop:
             group["lr"] = lr
         return lr
 
-    async def _sync_weights(self) -> tuple[float, float]:
+    async def _sync_weights(self) -> tuple[SyncResult, float]:
         """Send the trainable weights as ``policy_version`` and verify the rollout serves them;
         the batches this version plays are requested right behind the weights, so the rollout
         goes from applying them to playing without waiting for the trainer.
 
-        Returns (seconds spent applying and probing, max |Δlogprob| of the probe).
+        Returns the sync's result and how far the update moved the probe (0 for the first).
         """
         result = await verified_sync(
             self.rollout,
@@ -290,7 +293,13 @@ class RlLoop:
             timeout_s=self.settings.weight_sync_timeout_s,
             after_send=self._request_next_batches,
         )
-        return result.seconds, result.probe_diff
+        shift = self._probe_shift.shift(result, self.policy_version)
+        if shift is None:
+            return result, 0.0
+        if warning := self._probe_shift.warning(shift, result.tolerance, self.step):
+            self.log.warning("probe_cannot_tell_versions", step=self.step, message=warning)
+            await self.reporter.report_log(warning)
+        return result, shift
 
     async def _request_next_batches(self) -> None:
         if self.step < self.rl.steps:

@@ -49,6 +49,7 @@ def step_metrics(
     times: StepTimes,
     *,
     probe_diff: float,
+    probe_shift: float = 0.0,
     lr: float = 0.0,
     off_policy_lag: int = 0,
 ) -> dict[str, float]:
@@ -66,6 +67,8 @@ def step_metrics(
         **update_metrics(stats),
         "lr": lr,
         "probe_max_abs_diff": probe_diff,
+        # How far this update moved the probe: the sync tells versions apart above tolerance.
+        "probe_shift": probe_shift,
         "tokens_per_s": batch.generated_tokens / times.step_s if times.step_s > 0 else 0.0,
         # Accounted per job and tenant by the scheduler (quotas.py reads these names).
         "tokens_generated": float(batch.generated_tokens),

@@ -36,10 +36,39 @@ class WeightReceiver(Protocol):
 @dataclass(frozen=True)
 class SyncResult:
     """seconds: applying (rollout side) plus probing (trainer side). probe_diff: the probe's
-    max |Δlogprob| between the rollout and the trainer."""
+    max |Δlogprob| between the rollout and the trainer. probe_logprobs: the trainer's own
+    answer for the synced version; tolerance: what probe_diff was held to."""
 
     seconds: float
     probe_diff: float
+    probe_logprobs: tuple[float, ...] = ()
+    tolerance: float = 0.0
+
+
+class ProbeShiftWatch:
+    """How far each update moved the probe: max |Δlogprob| between the trainer's answers for
+    consecutive synced versions. A sync tells the new version from the last one only when
+    that shift exceeds the tolerance (else stale weights would pass the probe too: a tiny
+    learning rate, or bfloat16's wider tolerance); the watch says so once per job."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, ...] | None = None
+        self._warned = False
+
+    def shift(self, result: SyncResult, version: int) -> float | None:
+        """The shift since the last synced version (None for the first sync)."""
+        last, self._last = self._last, result.probe_logprobs
+        return None if last is None else probe_difference(result.probe_logprobs, last, version)
+
+    def warning(self, shift: float, tolerance: float, step: int) -> str | None:
+        if self._warned or shift > tolerance:
+            return None
+        self._warned = True
+        return (
+            f"step {step}'s update moved the weight-sync probe by {shift:.3g} (max |Δlogprob|), "
+            f"within the probe tolerance {tolerance:g}: the sync could not tell the new "
+            f"weights from the last version's. The probe_shift metric shows it for every step"
+        )
 
 
 def probe_difference(sent: Sequence[float], expected: Sequence[float], version: int) -> float:
@@ -104,7 +133,7 @@ async def verified_sync(
             f"after syncing policy version {version} (tolerance {tolerance:g}); check that the "
             f"rollout loads the same base model and LoRA config and applies every tensor"
         )
-    return SyncResult(ack.apply_seconds + probe_seconds, diff)
+    return SyncResult(ack.apply_seconds + probe_seconds, diff, tuple(expected), tolerance)
 
 
 def _timed_probe(policy: Policy, ids: list[int]) -> tuple[list[float], float]:
