@@ -24,12 +24,14 @@ from opentinker.services.trainer.distributed import (
     rank_rows,
     shard_policy,
 )
+from opentinker.services.trainer.master_weights import MASTERS_KEY
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.ranks import LeaderPolicy, follow
 from opentinker.services.trainer.training import rl_update
 from opentinker.spec import ModelSpec
 
 LEARNING_RATE = 1e-3
+SMALL_LR = 1e-6  # full fine-tuning's order; bf16's rounding step at a weight of 0.02: 1.2e-4
 CONFIG = UpdateConfig(clip_epsilon=0.2, max_grad_norm=1.0)
 
 
@@ -41,9 +43,11 @@ def test_rows_split_in_contiguous_ranges_of_near_equal_size() -> None:
         rank_rows([7], Rank(1, 2))
 
 
-def make_policy(model_dir: Path) -> Policy:
+def make_policy(
+    model_dir: Path, *, dtype: torch.dtype | None = None, learning_rate: float = LEARNING_RATE
+) -> Policy:
     spec = ModelSpec(base_model=str(model_dir), finetune="full")
-    return Policy(spec, learning_rate=LEARNING_RATE, seed=0)
+    return Policy(spec, learning_rate=learning_rate, seed=0, dtype=dtype)
 
 
 def make_episodes(policy: Policy) -> list[Episode]:
@@ -68,7 +72,9 @@ def make_episodes(policy: Policy) -> list[Episode]:
     return episodes
 
 
-def _rank_main(rank: int, world_size: int, port: int, model_dir: Path, out: Path) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, model_dir: Path, out: Path, bf16: bool = False
+) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size)
     )
@@ -76,14 +82,18 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: Path, out: Path
     me = init_rank("cpu")
     ended_in_order = False
     try:
-        _one_sharded_step(me, model_dir, out)
+        _one_sharded_step(me, model_dir, out, bf16)
         ended_in_order = True
     finally:  # the sharded policy is unreachable by now: leave_group frees the group with it
         leave_group(peers_alive=ended_in_order)
 
 
-def _one_sharded_step(me: Rank, model_dir: Path, out: Path) -> None:
-    policy = make_policy(model_dir)
+def _one_sharded_step(me: Rank, model_dir: Path, out: Path, bf16: bool = False) -> None:
+    policy = (
+        make_policy(model_dir, dtype=torch.bfloat16, learning_rate=SMALL_LR)
+        if bf16
+        else make_policy(model_dir)
+    )
     episodes = make_episodes(policy)
     shard_policy(policy)
     grad_norm = data_parallel_step(policy, episodes, CONFIG, me)
@@ -114,6 +124,34 @@ def test_two_gloo_ranks_compute_the_single_process_update(tmp_path: Path) -> Non
         # only by float summation order: under 1e-5, 1% of the step (seen: < 1e-6).
         assert (param.detach() - before[name]).abs().max() > LEARNING_RATE / 2, name
         assert (state[name] - param.detach()).abs().max() < 1e-5, name
+
+
+@pytest.mark.integration  # ~20 s: two spawned processes
+def test_bf16_ranks_step_float32_masters_as_one_bf16_process_does(tmp_path: Path) -> None:
+    """A bf16 full fine-tune at lr 1e-6: the 2 ranks shard float32 masters (FSDP2's mixed
+    precision) and the one process steps float32 masters beside its bf16 weights
+    (master_weights.py); both move by ~lr where bf16 weights alone would not move at all."""
+    model_dir = ensure_tiny_model(tmp_path / "tiny-qwen2")
+    single = make_policy(model_dir, dtype=torch.bfloat16, learning_rate=SMALL_LR)
+    names = [n for n, p in single.model.named_parameters() if p.requires_grad]
+    before = {n: p.detach().float() for n, p in single.model.named_parameters()}
+    stats = rl_update(single, make_episodes(single), CONFIG)
+    masters = dict(zip(names, single.optimizer.state_dict()[MASTERS_KEY], strict=True))
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_rank_main, args=(2, _free_port(), model_dir, out, True), nprocs=2, join=True)
+    sharded = torch.load(out)
+    assert sharded["grad_norm"] == pytest.approx(stats.grad_norm, rel=2e-2)  # bf16 sums
+    moved = 0.0
+    for name in names:
+        state = sharded["state"][name]
+        assert state.dtype == torch.float32, name  # the masters, not bf16 weights
+        step = (state - before[name]).abs()
+        # Adam's first step is ~lr wherever the gradient is not ~0; bf16 gradients summed
+        # in another order may flip a near-zero one: at most 2 lr apart, rarely.
+        assert (state - masters[name]).abs().max() <= 2.5 * SMALL_LR, name
+        assert ((state - masters[name]).abs() > SMALL_LR / 10).float().mean() < 0.02, name
+        moved += (step > SMALL_LR / 2).float().mean().item() / len(names)
+    assert moved > 0.5
 
 
 def _leader_or_follower(

@@ -37,11 +37,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from .batch import Episode
 from .batch_work import UpdateConfig, prepare
 from .logprobs import causal_lm_parts
+from .master_weights import LOW_PRECISION
 from .policy import Policy
 from .training import (
     TrainStats,
@@ -100,11 +101,20 @@ def leave_group(*, peers_alive: bool) -> None:
 
 def shard_policy(policy: Policy) -> None:
     """Shard ``policy``'s model over the process group with FSDP2 and rebuild its AdamW over
-    the sharded parameters (same hyperparameters)."""
+    the sharded parameters (same hyperparameters).
+
+    Trainable parameters in bfloat16 (a full fine-tune on CUDA) are sharded as float32 masters
+    and gathered in bfloat16 for compute, gradients reduced in float32: FSDP2's own mixed
+    precision, for the reason master_weights.py gives (bf16 steps round small updates away)."""
+    mixed = any(p.dtype in LOW_PRECISION for p in policy.trainable_parameters())
+    precision = MixedPrecisionPolicy()
+    if mixed:
+        policy.model.float()
+        precision = MixedPrecisionPolicy(param_dtype=policy.dtype, reduce_dtype=torch.float32)
     body, _ = causal_lm_parts(policy.model)
     for layer in body.layers:
-        fully_shard(layer)
-    fully_shard(policy.model)
+        fully_shard(layer, mp_policy=precision)
+    fully_shard(policy.model, mp_policy=precision)
     for unit in policy.model.modules():  # the root and every layer: each has its own setting
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(1.0)  # sum: each rank's loss weighs the whole batch

@@ -39,6 +39,7 @@ from .logprobs import (
     logprobs_from_hidden,
     token_logprobs_and_entropy,
 )
+from .master_weights import MasterWeightAdamW
 from .vision_logprobs import vision_hidden_states
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
@@ -78,13 +79,15 @@ class Policy:
         device: str = "cpu",
         preloaded: PreloadedModel | None = None,
         seed: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         """``preloaded``: ``model_spec.base_model`` already read by a warm spare (used as is,
         never shared with another policy). ``seed``: torch's RNG is seeded right before the
-        LoRA weights are drawn, so a policy is the same whether its base was preloaded or not."""
+        LoRA weights are drawn, so a policy is the same whether its base was preloaded or not.
+        ``dtype``: the device's (``dtype_for_device``) unless given."""
         self.spec = model_spec
         self.device = torch.device(device)
-        self.dtype = dtype_for_device(device)
+        self.dtype = dtype or dtype_for_device(device)
         if preloaded is None:
             preloaded = PreloadedModel(
                 model_spec.base_model,
@@ -107,7 +110,8 @@ class Policy:
         self.hidden_through_root = False
         # Positions per logits chunk; None: as many as fit LOGIT_CHUNK_ELEMENTS (logprobs.py).
         self.logit_chunk_positions: int | None = None
-        self.optimizer = torch.optim.AdamW(
+        # bfloat16 weights are stepped through float32 masters (master_weights.py).
+        self.optimizer: torch.optim.AdamW = MasterWeightAdamW(
             self.trainable_parameters(), lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY
         )
         self.probe_token_ids: list[int] = self._probe_ids()
@@ -121,7 +125,7 @@ class Policy:
         add_role_adapters(self.model, roles)
         self.role_adapters = tuple(roles)
         group = self.optimizer.param_groups[0]
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = MasterWeightAdamW(
             self.trainable_parameters(),
             lr=group["lr"],
             betas=group["betas"],
