@@ -210,3 +210,20 @@ def test_kl_in_the_reward_lowers_the_advantage_of_sequences_far_from_the_referen
     assert sum(firsts) == pytest.approx(0.0, abs=1e-5)
     rewards = [e.reward - sum(e.reward for e in episodes) / len(episodes) for e in episodes]
     assert max(abs(a - r) for a, r in zip(firsts, rewards, strict=True)) > 1e-4
+
+
+def test_a_bf16_full_fine_tune_runs_ppo_with_a_critic_and_a_reference(tiny_model_dir: Path) -> None:
+    """The dtypes of a GPU job (bf16 policy and reference, float32 masters and critic), on CPU:
+    a PPO update with KL and a value head runs, every weight stays bf16, and the policy moves."""
+    spec = ModelSpec(base_model=str(tiny_model_dir), finetune="full")
+    policy = Policy(spec, learning_rate=1e-5, dtype=torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    reference = ReferencePolicy.from_policy(policy)
+    critic = Critic(policy.model.config.hidden_size, learning_rate=1e-2, device=policy.device)
+    config = UpdateConfig(loss="ppo", ppo_epochs=2, gamma=1.0, gae_lambda=0.95, kl_coef=0.1)
+    stats = rl_update(policy, varied_episodes(policy), config, reference=reference, critic=critic)
+    assert stats.value_loss > 0 and stats.optimizer_steps == 2 and stats.grad_norm > 0
+    assert {p.dtype for p in policy.model.parameters()} == {torch.bfloat16}
+    assert critic.head.weight.dtype == torch.float32 and critic.head.weight.abs().sum() > 0
+    moved = [n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])]
+    assert len(moved) > len(before) / 2, moved  # 2 steps of 1e-5: kept by the masters
