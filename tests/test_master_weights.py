@@ -101,3 +101,16 @@ def test_a_bf16_full_fine_tune_steps_masters_and_a_lora_one_keeps_float32_adapte
     )
     assert {p.dtype for p in lora.trainable_parameters()} == {torch.float32}  # peft's choice
     assert MASTERS_KEY not in lora.optimizer.state_dict()
+
+
+def test_a_copied_optimizer_steps_the_copied_weights_through_its_own_masters() -> None:
+    """copy.deepcopy (a policy's twin) keeps each parameter paired with its master."""
+    import copy
+
+    layer = linear(torch.bfloat16)
+    optimizer = MasterWeightAdamW(layer.parameters(), lr=LR, weight_decay=0.0)
+    twin_layer, twin = copy.deepcopy((layer, optimizer))
+    train(twin_layer, twin, 300)
+    train(layer, optimizer, 300)
+    assert torch.equal(twin_layer.weight, layer.weight)
+    assert not torch.equal(twin_layer.weight, linear(torch.bfloat16).weight)

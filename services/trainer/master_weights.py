@@ -39,6 +39,9 @@ class MasterWeightAdamW(torch.optim.AdamW):
                 stepped.append(param)
         super().__init__(stepped, **adamw)
 
+    def __getstate__(self) -> dict[str, Any]:  # Optimizer's keeps its own keys only
+        return {**super().__getstate__(), "_masters": self._masters}
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         for param, master in self._masters:
