@@ -43,11 +43,16 @@ def test_every_algorithm_field_round_trips_through_the_wire() -> None:
             critic_learning_rate=1e-3,
             micro_batch_tokens=4096,
             max_padding_fraction=0.0,  # 0 (every length its own pass) survives: `optional`
+            old_logprobs="trainer",
+            tis_cap=0.0,  # no importance weights: survives too
         )
     )
     assert from_proto(to_proto(spec)) == spec
-    unset = JobSpec(rl=RlConfig(env_name="letter"))
-    assert from_proto(to_proto(unset)).rl.max_padding_fraction == 0.25
+    unset = from_proto(to_proto(JobSpec(rl=RlConfig(env_name="letter"))))
+    assert unset.rl.max_padding_fraction == 0.25
+    assert unset.rl.old_logprobs == "auto" and unset.rl.tis_cap == 2.0
+    rollout = JobSpec(rl=RlConfig(env_name="letter", old_logprobs="rollout"))
+    assert from_proto(to_proto(rollout)) == rollout
     for loss in ("grpo", "rloo", "reinforce"):
         other = JobSpec(rl=RlConfig(env_name="letter", loss=loss, lr_schedule="linear"))
         assert from_proto(to_proto(other)) == other
@@ -67,6 +72,8 @@ def test_every_algorithm_field_round_trips_through_the_wire() -> None:
         ({"ppo_epochs": 0}, "rl.ppo_epochs"),
         ({"gamma": 1.5}, "rl.gamma"),
         ({"max_padding_fraction": 1.5}, "rl.max_padding_fraction"),
+        ({"old_logprobs": "sampler"}, "rl.old_logprobs"),
+        ({"tis_cap": -1.0}, "rl.tis_cap"),
     ],
 )
 def test_invalid_settings_are_refused_naming_the_field(rl: dict, field: str) -> None:

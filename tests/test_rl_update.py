@@ -3,6 +3,9 @@ the clip bite, the reference policy and the critic behave, the LR schedule is ap
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -227,3 +230,71 @@ def test_a_bf16_full_fine_tune_runs_ppo_with_a_critic_and_a_reference(tiny_model
     assert critic.head.weight.dtype == torch.float32 and critic.head.weight.abs().sum() > 0
     moved = [n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])]
     assert len(moved) > len(before) / 2, moved  # 2 steps of 1e-5: kept by the masters
+
+
+def shifted(episodes: list[Episode], shift: float) -> list[Episode]:
+    """The episodes as a rollout whose kernels put every sampled token ``shift`` lower than
+    the trainer does (bf16 vLLM against the trainer, exaggerated)."""
+    return [dataclasses.replace(e, logprobs=[lp - shift for lp in e.logprobs]) for e in episodes]
+
+
+def update_gradients(model_dir: Path, episodes_of, config: UpdateConfig):
+    policy = full_policy(model_dir)
+    episodes = episodes_of(policy)
+    work = prepare(policy, episodes, config, reference=None, critic=None)
+    backward_minibatch(policy, work, list(range(len(episodes))), list(range(len(episodes))), config)
+    return gradients(policy), work
+
+
+def test_trainer_old_logprobs_start_the_ratio_at_one_and_weigh_the_mismatch(
+    tiny_model_dir: Path,
+) -> None:
+    """A rollout 0.5 below the trainer on every token: against the rollout's logprobs the
+    ratio starts at e^0.5 and the clip takes every advantaged token; against the trainer's own
+    it starts at 1, and truncated importance sampling weighs each token by e^0.5 (under the
+    cap of 2), then by 2 once the gap passes ln 2."""
+    rollout = full_policy(tiny_model_dir, lr=1e-4)
+    stats = rl_update(rollout, shifted(varied_episodes(rollout), 0.5), UpdateConfig())
+    assert stats.clip_fraction > 0.4 and stats.ratio_mean == pytest.approx(math.exp(0.5), 1e-3)
+    trainer = full_policy(tiny_model_dir, lr=1e-4)
+    config = UpdateConfig(old_logprobs="trainer")
+    stats = rl_update(trainer, shifted(varied_episodes(trainer), 0.5), config)
+    assert stats.clip_fraction == 0.0 and stats.ratio_mean == pytest.approx(1.0, abs=1e-6)
+    assert stats.logprob_gap == pytest.approx(0.5, abs=1e-4)  # still the trainer-rollout gap
+
+    plain, _ = update_gradients(
+        tiny_model_dir, lambda p: shifted(varied_episodes(p), 0.5), replace(config, tis_cap=0.0)
+    )
+    for shift, weight in ((0.5, math.exp(0.5)), (1.0, 2.0)):
+        weighted, work = update_gradients(
+            tiny_model_dir, lambda p, s=shift: shifted(varied_episodes(p), s), config
+        )
+        assert work.old_B_T is None  # one optimizer step: its own forward pass gives them
+        for name, grad in plain.items():
+            torch.testing.assert_close(weighted[name], weight * grad, rtol=1e-3, atol=1e-6)
+
+
+def test_several_steps_take_the_trainer_old_logprobs_from_before_the_first(
+    tiny_model_dir: Path,
+) -> None:
+    """Two epochs: the second pass's old policy is the one before the update (prepare runs
+    it once), so its ratio moves away from 1 and the clip can act, as in PPO."""
+    policy = full_policy(tiny_model_dir, lr=1e-2)
+    episodes = shifted(varied_episodes(policy), 0.3)
+    config = UpdateConfig(old_logprobs="trainer", ppo_epochs=2)
+    work = prepare(policy, episodes, config, reference=None, critic=None)
+    assert work.old_B_T is not None
+    on = work.full.loss_mask_B_T > 0
+    gap = (work.old_B_T - work.full.old_logprobs_B_T)[on]
+    assert torch.allclose(gap, torch.full_like(gap, 0.3), atol=1e-4)  # the trainer's, before
+    stats = rl_update(policy, episodes, config)
+    assert stats.optimizer_steps == 2 and stats.clip_fraction > 0
+
+
+def test_auto_old_logprobs_are_the_trainers_when_the_policy_is_not_float32() -> None:
+    rl = RlConfig(env_name="letter")
+    assert UpdateConfig.from_rl(rl).old_logprobs == "rollout"
+    assert UpdateConfig.from_rl(rl, policy_dtype=torch.bfloat16).old_logprobs == "trainer"
+    forced = RlConfig(env_name="letter", old_logprobs="rollout", tis_cap=0.0)
+    assert UpdateConfig.from_rl(forced, policy_dtype=torch.bfloat16).old_logprobs == "rollout"
+    assert UpdateConfig.from_rl(forced).tis_cap == 0.0

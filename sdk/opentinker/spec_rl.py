@@ -108,6 +108,23 @@ class RlConfig(_Strict):
         "jobs take one pass per rank regardless.",
     )
 
+    old_logprobs: Literal["auto", "rollout", "trainer"] = Field(
+        "auto",
+        description="The clipped ratio's old policy. rollout: the logprobs the rollout sampled "
+        "with (free; exact when both sides compute in float32). trainer: the policy's own "
+        "before the update, so the ratio starts at 1 whatever the rollout engine's numerics "
+        "(bf16 vLLM), the mismatch corrected by tis_cap. auto: trainer when the policy is not "
+        "float32 (GPU), else rollout.",
+    )
+    tis_cap: float = Field(
+        2.0,
+        ge=0.0,
+        le=100.0,
+        description="With trainer old logprobs: each token's policy-gradient term is weighted "
+        "by min(exp(trainer - rollout logprob), tis_cap) (truncated importance sampling); "
+        "0 = no weights.",
+    )
+
     @model_validator(mode="after")
     def _algorithm_fits(self) -> RlConfig:
         problems = []
@@ -173,7 +190,14 @@ _RL_ALGORITHM_NUMBERS = (
 )
 _RL_NUMBERS += _RL_ALGORITHM_NUMBERS
 # proto3 `optional` RlConfig fields: taken from the wire when present (0 is a real value).
-_RL_OPTIONAL = ("max_grad_norm", "gamma", "gae_lambda", "max_staleness", "max_padding_fraction")
+_RL_OPTIONAL = (
+    "max_grad_norm",
+    "gamma",
+    "gae_lambda",
+    "max_staleness",
+    "max_padding_fraction",
+    "tis_cap",
+)
 _LOSS_TO_PB = {
     "grpo": common_pb2.LOSS_KIND_GRPO,
     "ppo": common_pb2.LOSS_KIND_PPO,
@@ -190,6 +214,11 @@ _ROLE_ADAPTERS_TO_PB = {
     "per_role": common_pb2.ROLE_ADAPTERS_PER_ROLE,
     "shared": common_pb2.ROLE_ADAPTERS_SHARED,
 }
+_OLD_LOGPROBS_TO_PB = {
+    "auto": common_pb2.OLD_LOGPROBS_AUTO,
+    "rollout": common_pb2.OLD_LOGPROBS_ROLLOUT,
+    "trainer": common_pb2.OLD_LOGPROBS_TRAINER,
+}
 _SCHEDULE_TO_PB = {
     "constant": common_pb2.LR_SCHEDULE_CONSTANT,
     "linear": common_pb2.LR_SCHEDULE_LINEAR,
@@ -202,6 +231,7 @@ _RL_ENUMS = (
     ("kl_estimator", _KL_TO_PB),
     ("lr_schedule", _SCHEDULE_TO_PB),
     ("role_adapters", _ROLE_ADAPTERS_TO_PB),
+    ("old_logprobs", _OLD_LOGPROBS_TO_PB),
 )
 
 

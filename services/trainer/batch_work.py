@@ -8,6 +8,7 @@ aligned with ``collate(episodes)`` (a micro-batch of rows ``idx`` and width ``t`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -19,7 +20,7 @@ from opentinker.spec import RlConfig
 from .advantages import gae_token_advantages, token_advantages
 from .batch import Episode, SequenceBatch, collate
 from .critic import Critic
-from .forward import can_share_prompts
+from .forward import can_share_prompts, policy_forward
 from .losses.kl import KlEstimator, kl_reward_penalty
 from .losses.policy_gradient import Normalization
 from .microbatch import group_by_token_budget
@@ -49,14 +50,27 @@ class UpdateConfig:
     max_grad_norm: float = 1.0  # 0 = no clip
     gamma: float = 1.0
     gae_lambda: float = 0.95
+    old_logprobs: Literal["rollout", "trainer"] = "rollout"  # the ratio's old policy
+    tis_cap: float = 2.0  # truncated importance weights with trainer old logprobs; 0 = none
 
     @property
     def kl_in_loss(self) -> bool:
         return self.kl_coef > 0 and not self.kl_in_reward
 
+    def optimizer_steps(self, sequences: int) -> int:
+        """Optimizer steps one batch of ``sequences`` takes (epochs x minibatches)."""
+        return self.ppo_epochs * math.ceil(sequences / (self.minibatch_size or sequences))
+
     @classmethod
-    def from_rl(cls, rl: RlConfig) -> UpdateConfig:
+    def from_rl(cls, rl: RlConfig, *, policy_dtype: torch.dtype = torch.float32) -> UpdateConfig:
+        """``rl``'s algorithm; old_logprobs "auto" resolves by the policy's dtype: the
+        trainer's own where it is not float32 (bf16 on GPU: the rollout's kernels differ)."""
+        old = rl.old_logprobs
+        if old == "auto":
+            old = "rollout" if policy_dtype == torch.float32 else "trainer"
         return cls(
+            old_logprobs=old,
+            tis_cap=rl.tis_cap,
             clip_epsilon=rl.clip_epsilon,
             temperature=rl.sampling.temperature,
             loss=rl.loss,
@@ -79,7 +93,9 @@ class UpdateConfig:
 @dataclass(frozen=True)
 class BatchWork:
     """The constants of one batch's update. ``ref_B_T``: reference logprobs (KL on);
-    ``old_values_B_T``, ``returns_B_T``: critic values before the update and GAE returns (ppo)."""
+    ``old_values_B_T``, ``returns_B_T``: critic values before the update and GAE returns (ppo);
+    ``old_B_T``: the policy's own logprobs before the update (trainer old logprobs, when the
+    batch takes several optimizer steps; with one, its forward pass gives them)."""
 
     episodes: list[Episode]
     full: SequenceBatch
@@ -87,6 +103,7 @@ class BatchWork:
     ref_B_T: torch.Tensor | None = None
     old_values_B_T: torch.Tensor | None = None
     returns_B_T: torch.Tensor | None = None
+    old_B_T: torch.Tensor | None = None
 
 
 def prepare(
@@ -112,10 +129,11 @@ def prepare(
                 sub, temperature=config.temperature, groups=groups
             ),
         )
+    old_B_T = _trainer_old_logprobs(policy, episodes, full, config)
     penalty_B_T = None
     if config.kl_in_reward and ref_B_T is not None:
         penalty_B_T = kl_reward_penalty(
-            full.old_logprobs_B_T,
+            full.old_logprobs_B_T if old_B_T is None else old_B_T,
             ref_B_T,
             mask_B_T,
             coef=config.kl_coef,
@@ -130,7 +148,7 @@ def prepare(
             gamma=config.gamma,
             reward_shift_B=shift_B,
         )
-        return BatchWork(episodes, full, advantages_B_T * mask_B_T, ref_B_T)
+        return BatchWork(episodes, full, advantages_B_T * mask_B_T, ref_B_T, old_B_T=old_B_T)
     if critic is None:
         raise ValueError("loss 'ppo' needs a critic")
     values_B_T = _per_micro_batch(
@@ -148,7 +166,41 @@ def prepare(
         lam=config.gae_lambda,
         reward_shift_B_T=penalty_B_T,
     )
-    return BatchWork(episodes, full, advantages_B_T, ref_B_T, values_B_T * mask_B_T, returns_B_T)
+    masked_values_B_T = values_B_T * mask_B_T
+    return BatchWork(
+        episodes, full, advantages_B_T, ref_B_T, masked_values_B_T, returns_B_T, old_B_T
+    )
+
+
+def _trainer_old_logprobs(
+    policy: Policy, episodes: list[Episode], full: SequenceBatch, config: UpdateConfig
+) -> torch.Tensor | None:
+    """The policy's logprobs before the update, when the ratio's old policy is the trainer's
+    and something reads them before the first step's forward pass gives them: a batch of
+    several optimizer steps (later steps see an updated policy) or a KL in the reward."""
+    if config.old_logprobs != "trainer":
+        return None
+    if config.optimizer_steps(len(episodes)) == 1 and not config.kl_in_reward:
+        return None
+    return _per_micro_batch(
+        episodes,
+        full,
+        config,
+        policy.pad_id,
+        lambda sub, groups: _policy_logprobs(policy, sub, groups, config.temperature),
+    )
+
+
+@torch.no_grad()
+def _policy_logprobs(
+    policy: Policy, sub: SequenceBatch, groups: PromptGroups | None, temperature: float
+) -> torch.Tensor:
+    """The policy's logprobs at ``sub``'s loss positions by the update's own forward pass."""
+    wanted_B_T = sub.loss_mask_B_T.to(policy.device) > 0
+    out = policy_forward(
+        policy, sub, temperature=temperature, hidden=False, groups=groups, wanted_B_T=wanted_B_T
+    )
+    return out.logprobs_B_T
 
 
 @torch.no_grad()

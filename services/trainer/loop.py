@@ -90,7 +90,7 @@ class RlLoop:
         self._probe_shift = ProbeShiftWatch()  # warns once per job of a probe that can't tell
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
-        self.update_config = UpdateConfig.from_rl(self.rl)
+        self.update_config = UpdateConfig.from_rl(self.rl, policy_dtype=policy.dtype)
         self.reports = BackgroundStepReports(reporter.report_step)
         self.batches = BatchPipeline(rollout, self.rl, timeout_s=settings.collect_timeout_s)
         # Built before a resume loads a checkpoint: a full fine-tune's reference is the base.

@@ -23,6 +23,7 @@ from .forward import ForwardOut, policy_forward
 from .losses.entropy import entropy_bonus_loss
 from .losses.kl import kl_loss, kl_per_token
 from .losses.policy_gradient import clipped_policy_loss, sequence_scales
+from .losses.rollout_correction import truncated_importance_weights
 from .losses.value import explained_variance, value_loss
 from .microbatch import group_by_token_budget
 from .policy import Policy
@@ -213,12 +214,13 @@ def _micro_step(
         groups=prompt_groups(chosen),
         wanted_B_T=mask_B_T > 0,
     )
-    old_B_T = sub.old_logprobs_B_T.to(policy.device)
+    rollout_B_T = sub.old_logprobs_B_T.to(policy.device)
+    old_B_T, pg_weights_B_T = _old_policy(out, rollout_B_T, work, idx, weights_B_T, config)
     pg, clip = clipped_policy_loss(
         out.logprobs_B_T,
         old_B_T,
         work.advantages_B_T[idx, :t].to(policy.device),
-        weights_B_T,
+        pg_weights_B_T,
         config.clip_epsilon,
     )
     tally.add_tokens("clip_fraction", clip.clip_fraction, clip.tokens)
@@ -236,11 +238,33 @@ def _micro_step(
         loss = loss + values
         tally.add_step(value_loss=float(values.detach()))
     loss.backward()
-    if first_pass:
+    if first_pass:  # the gap is the trainer's to the rollout's, whichever the old policy
         _first_pass_figures(
-            out.logprobs_B_T, out.entropy_B_T, old_B_T, ref_B_T, mask_B_T, config, tally
+            out.logprobs_B_T, out.entropy_B_T, rollout_B_T, ref_B_T, mask_B_T, config, tally
         )
     return float(pg.detach())
+
+
+def _old_policy(
+    out: ForwardOut,
+    rollout_B_T: torch.Tensor,
+    work: BatchWork,
+    idx: list[int],
+    weights_B_T: torch.Tensor,
+    config: UpdateConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clipped ratio's old logprobs and the policy-gradient weights of a micro-batch: the
+    rollout's logprobs and the weights as they are, or (old_logprobs "trainer") the policy's
+    own before the update (the batch's one step: this forward pass's; else prepare's) and the
+    weights times the truncated importance weights of the trainer against the rollout."""
+    if config.old_logprobs != "trainer":
+        return rollout_B_T, weights_B_T
+    if work.old_B_T is None:
+        old_B_T = out.logprobs_B_T.detach()
+    else:
+        old_B_T = work.old_B_T[idx, : rollout_B_T.shape[1]].to(rollout_B_T.device)
+    tis_B_T = truncated_importance_weights(old_B_T, rollout_B_T, weights_B_T, config.tis_cap)
+    return old_B_T, weights_B_T * tis_B_T
 
 
 def _add_padding(tally: _Tally, attention_B_L: torch.Tensor) -> None:

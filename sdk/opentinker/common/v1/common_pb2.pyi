@@ -67,6 +67,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     D_TYPE_BFLOAT16: _ClassVar[DType]
     D_TYPE_INT64: _ClassVar[DType]
 
+class OldLogprobs(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OLD_LOGPROBS_UNSPECIFIED: _ClassVar[OldLogprobs]
+    OLD_LOGPROBS_AUTO: _ClassVar[OldLogprobs]
+    OLD_LOGPROBS_ROLLOUT: _ClassVar[OldLogprobs]
+    OLD_LOGPROBS_TRAINER: _ClassVar[OldLogprobs]
+
 class RoleAdapters(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_ADAPTERS_UNSPECIFIED: _ClassVar[RoleAdapters]
@@ -108,6 +115,10 @@ D_TYPE_FLOAT32: DType
 D_TYPE_FLOAT16: DType
 D_TYPE_BFLOAT16: DType
 D_TYPE_INT64: DType
+OLD_LOGPROBS_UNSPECIFIED: OldLogprobs
+OLD_LOGPROBS_AUTO: OldLogprobs
+OLD_LOGPROBS_ROLLOUT: OldLogprobs
+OLD_LOGPROBS_TRAINER: OldLogprobs
 ROLE_ADAPTERS_UNSPECIFIED: RoleAdapters
 ROLE_ADAPTERS_PER_ROLE: RoleAdapters
 ROLE_ADAPTERS_SHARED: RoleAdapters
@@ -149,7 +160,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction", "old_logprobs", "tis_cap")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +212,8 @@ class RlConfig(_message.Message):
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     ROLE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_PADDING_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TIS_CAP_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
     steps: int
@@ -238,7 +251,9 @@ class RlConfig(_message.Message):
     max_staleness: int
     role_adapters: RoleAdapters
     max_padding_fraction: float
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ...) -> None: ...
+    old_logprobs: OldLogprobs
+    tis_cap: float
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogprobs, str]] = ..., tis_cap: _Optional[float] = ...) -> None: ...
 
 class InferenceConfig(_message.Message):
     __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy")
