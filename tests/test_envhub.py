@@ -24,7 +24,12 @@ from opentinker.env_server import EnvServerHandle, serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
-from opentinker.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from opentinker.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.registry import InMemoryRegistry, page
@@ -465,6 +470,58 @@ def test_a_stopped_env_server_fails_its_episodes_naming_it() -> None:
             await episodes.reset("e2")  # nothing left to route to
             assert (await episodes.recv()).failed.code == "NOT_FOUND"
             await asyncio.to_thread(handle.stop, 0)
+
+    run(scenario())
+
+
+class BackendBlip(AbstractGame):
+    """A live server whose game reports its own backend unavailable on action 'blip'."""
+
+    name = "blip"
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        return "go"
+
+    def step(self, action: str) -> StepResult:
+        if action == "blip":
+            raise UnavailableError("the game's backend blinked")
+        return StepResult(observation="ok", reward=0.0, done=False)
+
+
+@pytest.mark.integration
+def test_a_game_reporting_its_backend_unavailable_keeps_its_live_server_registered() -> None:
+    """EnvHub dropped every instance that failed a call UNAVAILABLE, also a live server whose
+    game raised UnavailableError: the next Reset (the failed episode's restart too) failed
+    NOT_FOUND, and once the server registered again EnvHub counted none of the episodes still
+    on it, routing past its capacity. Only an instance that no longer answers is dropped."""
+
+    async def scenario() -> None:
+        async with envhub(capacity_wait_s=0) as hub:
+            handle = await hub.serve(BackendBlip, capacity=2)
+            try:
+                [before] = await hub.instances("blip")
+                episodes = Episodes(hub)
+                await episodes.open("blip")
+                for episode_id in ("e1", "e2"):
+                    await episodes.reset(episode_id)
+                    assert (await episodes.recv()).reset.episode_id == episode_id
+                await episodes.step("e1", "blip")
+                failed = (await episodes.recv()).failed
+                assert (failed.episode_id, failed.code) == ("e1", "UNAVAILABLE")
+                assert "the game's backend blinked" in failed.reason
+                await episodes.reset("e1-r1")  # the rollout's restart of e1
+                assert (await episodes.recv()).reset.episode_id == "e1-r1"
+                [after] = await hub.instances("blip")
+                assert after.instance_id == before.instance_id
+                assert after.active_episodes == 2 == len(handle.table)  # e2 and e1-r1
+                await episodes.reset("e3")  # at capacity: EnvHub says so, the env never sees it
+                refused = (await episodes.recv()).failed
+                assert refused.code == "RESOURCE_EXHAUSTED" and "at capacity" in refused.reason
+            finally:
+                await asyncio.to_thread(handle.stop, 0)
 
     run(scenario())
 

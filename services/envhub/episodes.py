@@ -249,14 +249,28 @@ class EpisodeRouter:
             else:
                 what = f"{method} failed: {code}: {err.details()}"
             if err.code() == grpc.StatusCode.UNAVAILABLE and not instance.pinned:
-                self._registry.deregister(instance.instance_id)  # it re-registers if alive
-                self._log.warning("instance_unavailable_dropped", address=instance.address)
+                await self._drop_if_dead(instance)
             self._forget(episode_id, episode)
             if err.code() != grpc.StatusCode.UNAVAILABLE:  # free whatever it still holds
                 task = asyncio.create_task(self._close_on(instance, episode_id))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             raise self._failure(instance, episode_id, code, what) from err
+
+    async def _drop_if_dead(self, instance: Instance) -> None:
+        """Deregister an instance that failed a call UNAVAILABLE, unless it still answers: a
+        live server's game may report its own backend unavailable (UnavailableError), and
+        dropping that server would fail every Reset until it registers again, then forget the
+        episodes still on it (its slots). A dead one registers again if it comes back."""
+        try:
+            await self._channels.stub(instance.address).GetEnvironmentSpec(
+                environment_pb2.GetEnvironmentSpecRequest(), timeout=min(self._timeout_s, 2.0)
+            )
+            return
+        except grpc.aio.AioRpcError:
+            pass
+        self._registry.deregister(instance.instance_id)
+        self._log.warning("instance_unavailable_dropped", address=instance.address)
 
     def _failure(
         self, instance: Instance, episode_id: str, code: str, what: str
