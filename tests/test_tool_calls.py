@@ -95,6 +95,26 @@ def test_hermes_calls_are_parsed_and_bad_ones_are_named() -> None:
     assert style_of(QWEN25_TOOLS_TEMPLATE) == HERMES and style_of("{{ messages }}") is None
 
 
+DEEP = "[" * 5000  # a model stuck on one token: nested past the JSON parser's recursion limit
+
+
+def test_calls_a_json_parser_cannot_take_or_other_envs_cannot_read_are_errors() -> None:
+    """Python's json reads NaN and Infinity (not JSON: an env in another language fails on
+    the arguments_json they travel as) and raises RecursionError, not JSONDecodeError, on
+    deep nesting, which escaped the agent loop and failed the whole batch and job."""
+    text = (
+        f'<tool_call>{{"name": "calc", "arguments": {{"expr": {DEEP}}}}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"expr": NaN}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": "{\\"expr\\": -Infinity}"}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call>'
+    )
+    parsed = parse_tool_calls(text, {"calc"}, HERMES)
+    assert parsed.calls == (ToolCall("calc", {"expr": "1"}),)
+    assert [e.split(":")[0] for e in parsed.errors] == ["call 1", "call 2", "call 3"]
+    assert "nested too deeply" in parsed.errors[0]
+    assert "NaN" in parsed.errors[1] and "-Infinity" in parsed.errors[2]
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
     model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
@@ -173,6 +193,24 @@ def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
     assert first_calls == ToolCalls(calls=(ToolCall("calc", {"expr": "2+2"}),))
     assert second_calls is not None and second_calls.calls == ()
     assert len(second_calls.errors) == 1 and second_calls.errors[0].startswith("call 1: not JSON")
+
+
+def test_a_turn_nested_past_the_parsers_limit_is_a_call_error_not_a_failed_batch(
+    engine: TransformersEngine,
+) -> None:
+    replies = [f"<tool_call>{DEEP}</tool_call>", '<tool_call>{"name": "calc"}</tool_call>']
+    scripted = ScriptedEngine(engine, list(replies))
+    config = LoopConfig(
+        sampling=SamplingParams(max_new_tokens=6000), max_turns=None, max_episode_tokens=8192
+    )
+    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
+    session = CalcSession()
+    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
+    assert trajectories[0].num_turns == 2, trajectories[0].finish_detail
+    (_, first_calls), (_, second_calls) = session.steps
+    assert first_calls is not None and first_calls.calls == ()
+    assert first_calls.errors[0].startswith("call 1: not JSON (nested too deeply")
+    assert second_calls == ToolCalls(calls=(ToolCall("calc", {}),))
 
 
 class RecordingCalcEnv(environment_pb2_grpc.EnvironmentServiceServicer):
