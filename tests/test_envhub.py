@@ -526,6 +526,49 @@ def test_a_game_reporting_its_backend_unavailable_keeps_its_live_server_register
     run(scenario())
 
 
+class SilentEnvironment(environment_pb2_grpc.EnvironmentServiceServicer):
+    """An env server that accepts calls and never answers them (deadlocked, say)."""
+
+    async def GetEnvironmentSpec(self, request, context):  # noqa: N802 - gRPC method name
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.integration
+def test_silent_instances_do_not_keep_a_stream_from_opening_on_a_live_one() -> None:
+    """EnvHub asked the instances for the env's spec one after another, least loaded first,
+    each with the full env call deadline: two silent instances ahead of the live one (busy,
+    so it sorts last) held an OpenEpisodes 2 x 10 s, past the rollout's own 15 s wait, so the
+    rollout could not open the env at all while a live instance served it."""
+
+    async def scenario() -> None:
+        silent = grpc.aio.server()
+        environment_pb2_grpc.add_EnvironmentServiceServicer_to_server(SilentEnvironment(), silent)
+        ports = [silent.add_insecure_port("127.0.0.1:0") for _ in range(2)]
+        await silent.start()
+        async with envhub() as hub:
+            live = await hub.serve(SlowGame, capacity=1)
+            try:
+                busy = Episodes(hub)
+                await busy.open("slow")
+                await busy.reset("held")  # the live instance is full: it sorts last by load
+                assert (await busy.recv()).reset.episode_id == "held"
+                for port in ports:
+                    await hub.stub.RegisterEnvironment(
+                        hub_pb.RegisterEnvironmentRequest(
+                            env_name="slow", address=f"127.0.0.1:{port}", capacity=0
+                        ),
+                        timeout=5,
+                    )
+                episodes = Episodes(hub)
+                spec = await episodes.open("slow")  # waits at most 5 s for the reply
+                assert spec.name == "slow"
+            finally:
+                await asyncio.to_thread(live.stop, 0)
+                await silent.stop(0)
+
+    run(scenario())
+
+
 KILLABLE_ENV = textwrap.dedent(
     """
     import sys, time

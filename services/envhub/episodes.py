@@ -109,7 +109,10 @@ class EpisodeRouter:
         self._log = log.bind(env=env_name, job_id=job_id)
 
     async def open(self) -> environment_pb2.EnvironmentSpec:
-        """The env's spec, from the first instance that answers (NotFound / Unavailable)."""
+        """The env's spec, from the first instance that answers (NotFound / Unavailable).
+
+        Every instance is asked at once: asked in turn, each silent one (deadlocked, or
+        unreachable without refusing) cost a whole call deadline before the next was tried."""
         instances = self._registry.routable(self.env_name, tenant=self._tenant)
         if not instances:
             registered = sorted({i.env_name for i in self._registry.instances(tenant=self._tenant)})
@@ -117,20 +120,35 @@ class EpisodeRouter:
                 f"no environment named {self.env_name!r} is registered; registered: {registered}",
                 reason="ENV_NOT_FOUND",
             )
+        asks = [asyncio.create_task(self._spec_of(instance)) for instance in instances]
         failures = []
-        for instance in sorted(instances, key=lambda i: i.load):
-            try:
-                reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
-                    environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
-                )
-                return reply.spec
-            except grpc.aio.AioRpcError as err:
-                failures.append(f"{instance.address}: {err.code().name}: {err.details()}")
+        try:
+            for answer in asyncio.as_completed(asks):
+                spec, failure = await answer
+                if spec is not None:
+                    return spec
+                failures.append(failure)
+        finally:
+            for task in asks:
+                task.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
         raise UnavailableError(
             f"no instance of environment '{self.env_name}' answered: {'; '.join(failures)}",
             code="UNAVAILABLE",
             reason="ENV_UNAVAILABLE",  # EnvHub's own answer: the rollout does not wait it out
         )
+
+    async def _spec_of(
+        self, instance: Instance
+    ) -> tuple[environment_pb2.EnvironmentSpec | None, str]:
+        """The spec one instance gives, or (None, why it gave none)."""
+        try:
+            reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
+                environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            return None, f"{instance.address}: {err.code().name}: {err.details()}"
+        return reply.spec, ""
 
     async def reset(self, request: environment_pb2.ResetRequest) -> environment_pb2.ResetResponse:
         """Place (or re-place, on the same instance) an episode and reset it."""
