@@ -44,6 +44,7 @@ from opentinker.services.rollout.types import (
     ResetResult,
     StepOutcome,
     ToolSpec,
+    Trajectory,
 )
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -173,6 +174,22 @@ class CalcSession:
         pass
 
 
+def play_calc(
+    engine: TransformersEngine, replies: list[str], *, max_new_tokens: int = 64
+) -> tuple[Trajectory, CalcSession]:
+    """One two-turn episode of the calculator env, the model's turns scripted."""
+    config = LoopConfig(
+        sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        max_turns=None,
+        max_episode_tokens=max_new_tokens + 2048,
+    )
+    scripted = ScriptedEngine(engine, list(replies))
+    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
+    session = CalcSession()
+    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
+    return trajectories[0], session
+
+
 def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
     engine: TransformersEngine,
 ) -> None:
@@ -180,14 +197,8 @@ def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
         '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>',
         '<tool_call>{"name": "calc", oops}</tool_call>',
     ]
-    scripted = ScriptedEngine(engine, list(replies))
-    config = LoopConfig(
-        sampling=SamplingParams(max_new_tokens=64), max_turns=None, max_episode_tokens=2048
-    )
-    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
-    session = CalcSession()
-    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
-    assert trajectories[0].num_turns == 2
+    trajectory, session = play_calc(engine, replies)
+    assert trajectory.num_turns == 2
     (first, first_calls), (second, second_calls) = session.steps
     assert (first, second) == (replies[0], replies[1])  # the raw text, always
     assert first_calls == ToolCalls(calls=(ToolCall("calc", {"expr": "2+2"}),))
@@ -199,14 +210,8 @@ def test_a_turn_nested_past_the_parsers_limit_is_a_call_error_not_a_failed_batch
     engine: TransformersEngine,
 ) -> None:
     replies = [f"<tool_call>{DEEP}</tool_call>", '<tool_call>{"name": "calc"}</tool_call>']
-    scripted = ScriptedEngine(engine, list(replies))
-    config = LoopConfig(
-        sampling=SamplingParams(max_new_tokens=6000), max_turns=None, max_episode_tokens=8192
-    )
-    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
-    session = CalcSession()
-    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
-    assert trajectories[0].num_turns == 2, trajectories[0].finish_detail
+    trajectory, session = play_calc(engine, replies, max_new_tokens=6000)
+    assert trajectory.num_turns == 2, trajectory.finish_detail
     (_, first_calls), (_, second_calls) = session.steps
     assert first_calls is not None and first_calls.calls == ()
     assert first_calls.errors[0].startswith("call 1: not JSON (nested too deeply")
