@@ -569,6 +569,52 @@ def test_silent_instances_do_not_keep_a_stream_from_opening_on_a_live_one() -> N
     run(scenario())
 
 
+class SlowReset(AbstractGame):
+    """Reset takes a second (its game is built, then set up)."""
+
+    name = "slow-reset"
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        time.sleep(1.0)
+        return "go"
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(observation="ok", reward=0.0, done=True)
+
+
+@pytest.mark.integration
+def test_a_stream_that_ends_mid_reset_leaves_no_episode_on_the_env_server() -> None:
+    """A rollout that died (or cut its stream) while a Reset was at the env: EnvHub cancelled
+    the call and closed the episode at once, before the env had opened it; the env finished
+    the Reset anyway, and the game stayed open there, holding one of the env's slots (which
+    EnvHub counted free) until the env reaped it as idle, ten minutes later by default."""
+
+    async def scenario() -> None:
+        async with envhub() as hub:
+            handle = await hub.serve(SlowReset, capacity=4)
+            try:
+                episodes = Episodes(hub)
+                await episodes.open("slow-reset")
+                await episodes.reset("e1")
+                await asyncio.sleep(0.3)  # the env is inside reset()
+                episodes.call.cancel()
+                await asyncio.sleep(1.0)  # the env's reset() is over
+                for _ in range(100):
+                    if len(handle.table) == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert len(handle.table) == 0, "the env still holds the episode"
+                [instance] = await hub.instances("slow-reset")
+                assert instance.active_episodes == 0
+            finally:
+                await asyncio.to_thread(handle.stop, 0)
+
+    run(scenario())
+
+
 KILLABLE_ENV = textwrap.dedent(
     """
     import sys, time

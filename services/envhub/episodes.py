@@ -11,11 +11,12 @@ status name and whose message names the environment and the instance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -161,9 +162,16 @@ class EpisodeRouter:
                     self._forget(request.episode_id, episode)
                     code = "NOT_FOUND" if isinstance(err, NotFoundError) else "RESOURCE_EXHAUSTED"
                     raise EnvironmentError_(err.message, code=code) from err
-            stub = self._channels.stub(episode.instance.address)
-            call = stub.Reset(request, timeout=self._timeout_s)
-            reply = await self._call(episode, request.episode_id, "Reset", call)
+            instance = episode.instance
+            stub = self._channels.stub(instance.address)
+            # Its own task, shielded: a Reset cut short by the stream's end still runs to its
+            # end, so that the episode it opens on the env is closed after it (_close_after).
+            call = asyncio.ensure_future(stub.Reset(request, timeout=self._timeout_s))
+            try:
+                reply = await self._call(episode, request.episode_id, "Reset", asyncio.shield(call))
+            except asyncio.CancelledError:
+                self._close_after(call, episode, instance, request.episode_id)
+                raise
             await self._check_observation(episode, request.episode_id, "Reset", reply)
             return reply
 
@@ -270,10 +278,34 @@ class EpisodeRouter:
                 await self._drop_if_dead(instance)
             self._forget(episode_id, episode)
             if err.code() != grpc.StatusCode.UNAVAILABLE:  # free whatever it still holds
-                task = asyncio.create_task(self._close_on(instance, episode_id))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._close_on(instance, episode_id))
             raise self._failure(instance, episode_id, code, what) from err
+
+    def _close_after(
+        self,
+        reset: asyncio.Future[environment_pb2.ResetResponse],
+        episode: _Episode,
+        instance: Instance,
+        episode_id: str,
+    ) -> None:
+        """The stream ended while ``instance`` was resetting the episode: the env opens it when
+        its Reset is done, after any close sent now (close_all's). Close it then, and only
+        then give its slot back."""
+        if self._episodes.get(episode_id) is episode:
+            del self._episodes[episode_id]  # close_all leaves it to this
+
+        async def close() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await reset
+            await self._close_on(instance, episode_id)
+            self._forget(episode_id, episode)
+
+        self._in_background(close())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _drop_if_dead(self, instance: Instance) -> None:
         """Deregister an instance that failed a call UNAVAILABLE, unless it still answers: a
