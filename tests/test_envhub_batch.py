@@ -22,6 +22,8 @@ from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.envhub_client import EnvHubClient
@@ -225,5 +227,56 @@ def test_the_client_sends_the_calls_of_one_tick_in_one_message_and_keeps_their_o
                     break
                 await asyncio.sleep(0.05)
             assert len(builtin.table) == 0
+
+    run(scenario())
+
+
+class BigObservation(AbstractGame):
+    """Resets to an observation of ``CHARS`` characters: within EnvHub's limit (raised in the
+    test), but a few of them pass gRPC's message limit together."""
+
+    name = "big-observation"
+    CHARS = MAX_MESSAGE_BYTES // 3 + 1024
+
+    def get_system_prompt(self) -> str:
+        return ""
+
+    def reset(self, *, seed: int = 0) -> str:
+        return "x" * self.CHARS
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(observation="ok", reward=0.0, done=True)
+
+
+def test_replies_that_pass_the_message_limit_together_go_out_in_several_messages() -> None:
+    """Each reply fits a gRPC message, three together do not (a vision env's batch gets there
+    with default limits: 17 episodes of 4 images of 1 MiB). EnvHub once gathered them into one
+    EpisodeReplies, which gRPC refused ('Sent message larger than max'), killing the stream
+    and every episode of the rollout on it."""
+
+    async def scenario() -> None:
+        settings = EnvHubSettings(
+            port=0, builtin_envs=[], max_observation_chars=2 * BigObservation.CHARS
+        )
+        deps = EnvHubDeps.create(settings)
+        server, port = await create_server(settings, deps)
+        address = f"127.0.0.1:{port}"
+        env = await asyncio.to_thread(
+            serve, BigObservation, envhub_address=address, block=False, max_observation_chars=0
+        )
+        try:
+            async with EnvHubClient(
+                address, credential=user_key(), job_id="j", env_name=BigObservation.name,
+                timeout_s=20,
+            ) as client:  # fmt: skip
+                sessions = [client.session(f"e{n}") for n in range(3)]
+                resets = await asyncio.gather(*(s.reset(n, {}) for n, s in enumerate(sessions)))
+                assert [len(r.observation) for r in resets] == [BigObservation.CHARS] * 3
+                assert client.broken is None
+                assert (await sessions[0].step("A")).done
+        finally:
+            await asyncio.to_thread(env.stop, 0)
+            await server.stop(0)
+            await deps.close()
 
     run(scenario())

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -32,8 +32,8 @@ pytestmark = pytest.mark.integration
 
 ENV_NAME = "fragile"
 
-# The doomed instance: a separate process whose step announces itself, then blocks until the
-# test kills the process.
+# The doomed instance: a separate process that prints its port once registered, and whose
+# step announces itself, then blocks until the test kills the process.
 DOOMED_SERVER = textwrap.dedent(
     """
     import sys, time
@@ -55,7 +55,9 @@ DOOMED_SERVER = textwrap.dedent(
             time.sleep(600)
             raise AssertionError("killed long before")
 
-    serve(Hanging, envhub_address=sys.argv[1], block=True)
+    handle = serve(Hanging, envhub_address=sys.argv[1], block=False)
+    print("PORT", handle.port, flush=True)
+    handle.wait()
     """
 )
 
@@ -177,5 +179,79 @@ def test_no_instance_left_fails_the_batch_naming_the_env(
             assert f"2 of 2 episodes of environment '{ENV_NAME}'" in message
             assert f"no environment named '{ENV_NAME}' is registered" in message
             assert "on restart 1" in message
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+class RestartingEnvOnFirstTurn:
+    """The real engine; before its first generation the env server is SIGKILLed and started
+    again at the same address (a supervisor's restart): the episodes reset on the old process
+    are stepped on the new one, which never heard of them."""
+
+    def __init__(self, engine: TransformersEngine, restart: Callable[[], None]) -> None:
+        self.inner, self._restart = engine, restart
+        self.name, self.tokenizer = engine.name, engine.tokenizer
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, prompts, sampling, seed):  # noqa: ANN001, ANN201 - pass-through
+        if self._restart is not None:
+            restart, self._restart = self._restart, None
+            restart()
+        return self.inner.generate(prompts, sampling, seed)
+
+
+def test_an_env_server_restarted_between_reset_and_step_restarts_its_episodes(
+    engine: TransformersEngine, tmp_path: Path
+) -> None:
+    """The new process answers the Step NOT_FOUND (it has no such episode): the rollout ended
+    the episode with ENV_ERROR, losing it, where a few seconds' more downtime (UNAVAILABLE)
+    would have restarted it from Reset. The env lost the episode either way: it restarts."""
+
+    async def scenario() -> None:
+        settings = EnvHubSettings(port=0, builtin_envs=[], env_call_timeout_s=8.0)
+        deps = EnvHubDeps.create(settings)
+        hub, hub_port = await create_envhub(settings, deps)
+        address = f"127.0.0.1:{hub_port}"
+        crashing = subprocess.Popen(  # killed before any step reaches it
+            [sys.executable, "-c", DOOMED_SERVER, address, str(tmp_path / "stepping")],
+            stdout=subprocess.PIPE,
+        )
+        assert crashing.stdout is not None
+        line = b""
+        while not line.startswith(b"PORT "):  # its logs go to stdout too
+            line = await asyncio.to_thread(crashing.stdout.readline)
+            assert line, "the env server exited before serving"
+        port = int(line.split()[1])
+        replaced: list[EnvServerHandle] = []
+
+        def restart() -> None:
+            os.kill(crashing.pid, signal.SIGKILL)
+            crashing.wait(timeout=10)
+            replaced.append(serve(TwoSteps, envhub_address=address, port=port, block=False))
+
+        try:
+            session = await open_two_turn_session(
+                address,
+                RestartingEnvOnFirstTurn(engine, restart),  # type: ignore[arg-type]
+                env_name=ENV_NAME,
+                job_id="job-r",
+                max_episode_retries=2,
+            )
+            batch = await asyncio.wait_for(session.collect(0, num_groups=1, group_size=2), 60)
+            for t in batch.trajectories:
+                assert t.finish_reason is FinishReason.ENV_DONE, t.finish_detail
+                assert (t.num_turns, t.env_retries) == (2, 1)
+            await session.close()
+        finally:
+            if crashing.poll() is None:
+                os.kill(crashing.pid, signal.SIGKILL)
+            crashing.wait(timeout=10)
+            for handle in replaced:
+                await asyncio.to_thread(handle.stop, 0)
+            await hub.stop(0)
+            await deps.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 90))

@@ -44,6 +44,7 @@ from opentinker.services.rollout.types import (
     ResetResult,
     StepOutcome,
     ToolSpec,
+    Trajectory,
 )
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -93,6 +94,26 @@ def test_hermes_calls_are_parsed_and_bad_ones_are_named() -> None:
     assert "no closing </tool_call>" in parsed.errors[2]
     assert parse_tool_calls(text, {"calc"}, None) == ToolCalls()  # no known format: raw only
     assert style_of(QWEN25_TOOLS_TEMPLATE) == HERMES and style_of("{{ messages }}") is None
+
+
+DEEP = "[" * 5000  # a model stuck on one token: nested past the JSON parser's recursion limit
+
+
+def test_calls_a_json_parser_cannot_take_or_other_envs_cannot_read_are_errors() -> None:
+    """Python's json reads NaN and Infinity (not JSON: an env in another language fails on
+    the arguments_json they travel as) and raises RecursionError, not JSONDecodeError, on
+    deep nesting, which escaped the agent loop and failed the whole batch and job."""
+    text = (
+        f'<tool_call>{{"name": "calc", "arguments": {{"expr": {DEEP}}}}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"expr": NaN}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": "{\\"expr\\": -Infinity}"}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call>'
+    )
+    parsed = parse_tool_calls(text, {"calc"}, HERMES)
+    assert parsed.calls == (ToolCall("calc", {"expr": "1"}),)
+    assert [e.split(":")[0] for e in parsed.errors] == ["call 1", "call 2", "call 3"]
+    assert "nested too deeply" in parsed.errors[0]
+    assert "NaN" in parsed.errors[1] and "-Infinity" in parsed.errors[2]
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +174,22 @@ class CalcSession:
         pass
 
 
+def play_calc(
+    engine: TransformersEngine, replies: list[str], *, max_new_tokens: int = 64
+) -> tuple[Trajectory, CalcSession]:
+    """One two-turn episode of the calculator env, the model's turns scripted."""
+    config = LoopConfig(
+        sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        max_turns=None,
+        max_episode_tokens=max_new_tokens + 2048,
+    )
+    scripted = ScriptedEngine(engine, list(replies))
+    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
+    session = CalcSession()
+    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
+    return trajectories[0], session
+
+
 def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
     engine: TransformersEngine,
 ) -> None:
@@ -160,19 +197,25 @@ def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
         '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>',
         '<tool_call>{"name": "calc", oops}</tool_call>',
     ]
-    scripted = ScriptedEngine(engine, list(replies))
-    config = LoopConfig(
-        sampling=SamplingParams(max_new_tokens=64), max_turns=None, max_episode_tokens=2048
-    )
-    loop = AgentLoop(scripted, config, EnvSpec(name="calc", tools=(CALC,), max_turns=2))  # type: ignore[arg-type]
-    session = CalcSession()
-    trajectories, _ = asyncio.run(loop.run([EpisodeRequest("e0", 0, 1, session)], seed=0))
-    assert trajectories[0].num_turns == 2
+    trajectory, session = play_calc(engine, replies)
+    assert trajectory.num_turns == 2
     (first, first_calls), (second, second_calls) = session.steps
     assert (first, second) == (replies[0], replies[1])  # the raw text, always
     assert first_calls == ToolCalls(calls=(ToolCall("calc", {"expr": "2+2"}),))
     assert second_calls is not None and second_calls.calls == ()
     assert len(second_calls.errors) == 1 and second_calls.errors[0].startswith("call 1: not JSON")
+
+
+def test_a_turn_nested_past_the_parsers_limit_is_a_call_error_not_a_failed_batch(
+    engine: TransformersEngine,
+) -> None:
+    replies = [f"<tool_call>{DEEP}</tool_call>", '<tool_call>{"name": "calc"}</tool_call>']
+    trajectory, session = play_calc(engine, replies, max_new_tokens=6000)
+    assert trajectory.num_turns == 2, trajectory.finish_detail
+    (_, first_calls), (_, second_calls) = session.steps
+    assert first_calls is not None and first_calls.calls == ()
+    assert first_calls.errors[0].startswith("call 1: not JSON (nested too deeply")
+    assert second_calls == ToolCalls(calls=(ToolCall("calc", {}),))
 
 
 class RecordingCalcEnv(environment_pb2_grpc.EnvironmentServiceServicer):

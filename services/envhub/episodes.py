@@ -11,11 +11,12 @@ status name and whose message names the environment and the instance.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -109,7 +110,10 @@ class EpisodeRouter:
         self._log = log.bind(env=env_name, job_id=job_id)
 
     async def open(self) -> environment_pb2.EnvironmentSpec:
-        """The env's spec, from the first instance that answers (NotFound / Unavailable)."""
+        """The env's spec, from the first instance that answers (NotFound / Unavailable).
+
+        Every instance is asked at once: asked in turn, each silent one (deadlocked, or
+        unreachable without refusing) cost a whole call deadline before the next was tried."""
         instances = self._registry.routable(self.env_name, tenant=self._tenant)
         if not instances:
             registered = sorted({i.env_name for i in self._registry.instances(tenant=self._tenant)})
@@ -117,20 +121,35 @@ class EpisodeRouter:
                 f"no environment named {self.env_name!r} is registered; registered: {registered}",
                 reason="ENV_NOT_FOUND",
             )
+        asks = [asyncio.create_task(self._spec_of(instance)) for instance in instances]
         failures = []
-        for instance in sorted(instances, key=lambda i: i.load):
-            try:
-                reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
-                    environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
-                )
-                return reply.spec
-            except grpc.aio.AioRpcError as err:
-                failures.append(f"{instance.address}: {err.code().name}: {err.details()}")
+        try:
+            for answer in asyncio.as_completed(asks):
+                spec, failure = await answer
+                if spec is not None:
+                    return spec
+                failures.append(failure)
+        finally:
+            for task in asks:
+                task.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
         raise UnavailableError(
             f"no instance of environment '{self.env_name}' answered: {'; '.join(failures)}",
             code="UNAVAILABLE",
             reason="ENV_UNAVAILABLE",  # EnvHub's own answer: the rollout does not wait it out
         )
+
+    async def _spec_of(
+        self, instance: Instance
+    ) -> tuple[environment_pb2.EnvironmentSpec | None, str]:
+        """The spec one instance gives, or (None, why it gave none)."""
+        try:
+            reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
+                environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            return None, f"{instance.address}: {err.code().name}: {err.details()}"
+        return reply.spec, ""
 
     async def reset(self, request: environment_pb2.ResetRequest) -> environment_pb2.ResetResponse:
         """Place (or re-place, on the same instance) an episode and reset it."""
@@ -143,9 +162,16 @@ class EpisodeRouter:
                     self._forget(request.episode_id, episode)
                     code = "NOT_FOUND" if isinstance(err, NotFoundError) else "RESOURCE_EXHAUSTED"
                     raise EnvironmentError_(err.message, code=code) from err
-            stub = self._channels.stub(episode.instance.address)
-            call = stub.Reset(request, timeout=self._timeout_s)
-            reply = await self._call(episode, request.episode_id, "Reset", call)
+            instance = episode.instance
+            stub = self._channels.stub(instance.address)
+            # Its own task, shielded: a Reset cut short by the stream's end still runs to its
+            # end, so that the episode it opens on the env is closed after it (_close_after).
+            call = asyncio.ensure_future(stub.Reset(request, timeout=self._timeout_s))
+            try:
+                reply = await self._call(episode, request.episode_id, "Reset", asyncio.shield(call))
+            except asyncio.CancelledError:
+                self._close_after(call, episode, instance, request.episode_id)
+                raise
             await self._check_observation(episode, request.episode_id, "Reset", reply)
             return reply
 
@@ -249,14 +275,52 @@ class EpisodeRouter:
             else:
                 what = f"{method} failed: {code}: {err.details()}"
             if err.code() == grpc.StatusCode.UNAVAILABLE and not instance.pinned:
-                self._registry.deregister(instance.instance_id)  # it re-registers if alive
-                self._log.warning("instance_unavailable_dropped", address=instance.address)
+                await self._drop_if_dead(instance)
             self._forget(episode_id, episode)
             if err.code() != grpc.StatusCode.UNAVAILABLE:  # free whatever it still holds
-                task = asyncio.create_task(self._close_on(instance, episode_id))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._close_on(instance, episode_id))
             raise self._failure(instance, episode_id, code, what) from err
+
+    def _close_after(
+        self,
+        reset: asyncio.Future[environment_pb2.ResetResponse],
+        episode: _Episode,
+        instance: Instance,
+        episode_id: str,
+    ) -> None:
+        """The stream ended while ``instance`` was resetting the episode: the env opens it when
+        its Reset is done, after any close sent now (close_all's). Close it then, and only
+        then give its slot back."""
+        if self._episodes.get(episode_id) is episode:
+            del self._episodes[episode_id]  # close_all leaves it to this
+
+        async def close() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await reset
+            await self._close_on(instance, episode_id)
+            self._forget(episode_id, episode)
+
+        self._in_background(close())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drop_if_dead(self, instance: Instance) -> None:
+        """Deregister an instance that failed a call UNAVAILABLE, unless it still answers: a
+        live server's game may report its own backend unavailable (UnavailableError), and
+        dropping that server would fail every Reset until it registers again, then forget the
+        episodes still on it (its slots). A dead one registers again if it comes back."""
+        try:
+            await self._channels.stub(instance.address).GetEnvironmentSpec(
+                environment_pb2.GetEnvironmentSpecRequest(), timeout=min(self._timeout_s, 2.0)
+            )
+            return
+        except grpc.aio.AioRpcError:
+            pass
+        self._registry.deregister(instance.instance_id)
+        self._log.warning("instance_unavailable_dropped", address=instance.address)
 
     def _failure(
         self, instance: Instance, episode_id: str, code: str, what: str

@@ -17,7 +17,7 @@ from opentinker.errors import (
     OpenTinkerError,
 )
 from opentinker.services.common.auth import JOBS, USERS, current_principal, rules_for
-from opentinker.services.common.grpc_server import abort, abort_with
+from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES, abort, abort_with
 from opentinker.services.envhub.episodes import EnvChannels, EpisodeRouter
 from opentinker.services.envhub.image_limits import ImageLimits
 from opentinker.services.envhub.registry import Instance, Registry, page
@@ -27,6 +27,10 @@ log = structlog.get_logger("opentinker.envhub")
 
 # Replies to one EpisodeCalls message wait at most this long for the rest of its batch.
 _REPLY_LINGER_S = 0.002
+# One EpisodeReplies message holds at most this many bytes of replies: each reply is within
+# EnvHub's limits, but a batch's replies together can pass gRPC's message limit, and a message
+# gRPC refuses to send ends the whole stream.
+_REPLIES_MAX_BYTES = MAX_MESSAGE_BYTES // 2
 
 
 def _instance_pb(instance: Instance) -> envhub_pb2.EnvironmentInstance:
@@ -231,21 +235,35 @@ class _BatchReplies:
     """Gathers the replies to one EpisodeCalls message into EpisodeReplies messages.
 
     A reply waits until every call of the batch is answered, or at most ``linger_s`` after the
-    oldest reply not yet sent: a slow episode holds the others back only that long.
+    oldest reply not yet sent: a slow episode holds the others back only that long. Replies
+    that would take a message past ``max_bytes`` go out in the next one.
     """
 
     _FIELD = {"reset": "resets", "stepped": "stepped", "failed": "failed"}
 
-    def __init__(self, replies: _Replies, *, expected: int, linger_s: float) -> None:
+    def __init__(
+        self,
+        replies: _Replies,
+        *,
+        expected: int,
+        linger_s: float,
+        max_bytes: int = _REPLIES_MAX_BYTES,
+    ) -> None:
         self._replies = replies
         self._unanswered = expected
         self._linger_s = linger_s
+        self._max_bytes = max_bytes
         self._buffer = envhub_pb2.EpisodeReplies()
+        self._buffered_bytes = 0
         self._timer: asyncio.Task[None] | None = None
 
     async def send(self, **payload: Any) -> None:
         [(kind, reply)] = payload.items()
+        size = reply.ByteSize()
+        if self._buffered_bytes and self._buffered_bytes + size > self._max_bytes:
+            await self.flush()  # too large together: what is gathered goes out first
         getattr(self._buffer, self._FIELD[kind]).append(reply)
+        self._buffered_bytes += size
         self._unanswered -= 1
         if self._unanswered <= 0:
             await self.flush()
@@ -256,6 +274,7 @@ class _BatchReplies:
         self.stop_timer()
         if self._buffer.ListFields():
             buffer, self._buffer = self._buffer, envhub_pb2.EpisodeReplies()
+            self._buffered_bytes = 0
             await self._replies.send(replies=buffer)
 
     def stop_timer(self) -> None:

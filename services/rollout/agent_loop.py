@@ -13,7 +13,8 @@ are rendered into the prompt by the chat template; each turn of an env with tool
 its raw text together with the tool calls parsed from it (``tool_calls``).
 
 An env failure ends the episode with ENV_ERROR and the reason, except when the env instance
-died (UNAVAILABLE / DEADLINE_EXCEEDED): then the episode starts over from Reset with the same
+died (UNAVAILABLE / DEADLINE_EXCEEDED) or lost the episode (a Step answered NOT_FOUND: the
+server restarted at its address, say): then the episode starts over from Reset with the same
 seed, on a fresh env session (a new episode id), up to ``max_episode_retries`` times; when the
 rollout's link to the envs itself broke (``EnvLinkLostError``: EnvHub died), the episode starts
 over the same way without using that budget (the fresh session waits for the link; at most
@@ -230,7 +231,7 @@ class AgentLoop:
         try:
             outcome = await self._step(ep, action)
         except (OpenTinkerError, TimeoutError) as err:
-            await self._fail(ep, f"step {ep.num_turns} failed: {err}", err)
+            await self._fail(ep, f"step {ep.num_turns} failed: {err}", err, stepping=True)
             return
         if problem := step_problem(outcome, self.config.max_observation_chars):
             ep.finish(FinishReason.ENV_ERROR, f"bad reply to step {ep.num_turns}: {problem}")
@@ -273,12 +274,17 @@ class AgentLoop:
         return await ep.session.step(action, calls)
 
     async def _fail(
-        self, ep: PlayedEpisode, what: str, err: OpenTinkerError | TimeoutError
+        self,
+        ep: PlayedEpisode,
+        what: str,
+        err: OpenTinkerError | TimeoutError,
+        *,
+        stepping: bool = False,
     ) -> None:
         """End the episode with ENV_ERROR, or start it over when its env instance (or the
-        link to the envs) died."""
+        link to the envs) died, or (``stepping``) the env lost it."""
         reopen = ep.request.reopen
-        kind, why = restart_after(err, ep, self.config)
+        kind, why = restart_after(err, ep, self.config, stepping=stepping)
         if not kind or reopen is None:
             ep.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return

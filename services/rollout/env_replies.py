@@ -21,9 +21,12 @@ from .types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 
 # Status codes that mean the episode's env instance died or stopped answering: the episode is
-# restarted from Reset (EnvHub routes the new Reset to a live instance). Any other failure is
-# the env's own doing (it raised, replied badly, or is not registered) and is final.
+# restarted from Reset (EnvHub routes the new Reset to a live instance). A Step answered
+# NOT_FOUND means the same: the env lost the episode (a server restarted at the same address,
+# an episode reaped as idle). Any other failure is the env's own doing (it raised, replied
+# badly, or is not registered) and is final.
 RESTARTABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+LOST_EPISODE_CODE = "NOT_FOUND"  # of a Step
 
 
 class EnvLinkLostError(UnavailableError):
@@ -35,9 +38,12 @@ class EnvLinkLostError(UnavailableError):
     """
 
 
-def is_restartable(err: OpenTinkerError | TimeoutError) -> bool:
-    """True when ``err`` says the env instance died or timed out (a bare TimeoutError too)."""
-    return isinstance(err, TimeoutError) or err.code in RESTARTABLE_CODES
+def is_restartable(err: OpenTinkerError | TimeoutError, *, stepping: bool = False) -> bool:
+    """True when ``err`` says the env instance died or timed out (a bare TimeoutError too),
+    or (``stepping``: the error of a Step) that it lost the episode."""
+    if isinstance(err, TimeoutError) or err.code in RESTARTABLE_CODES:
+        return True
+    return stepping and err.code == LOST_EPISODE_CODE
 
 
 class Restartable(Protocol):
@@ -50,11 +56,16 @@ class Restartable(Protocol):
 
 
 def restart_after(
-    err: OpenTinkerError | TimeoutError, item: Restartable, config: LoopConfig
+    err: OpenTinkerError | TimeoutError,
+    item: Restartable,
+    config: LoopConfig,
+    *,
+    stepping: bool = False,
 ) -> tuple[str, str]:
-    """How an episode (or game) goes on after ``err``: ("link", "") = start over without
-    using its retries (the link to the envs broke), ("env", "") = start over using one (its env
-    instance died), ("", why) = end it with ENV_ERROR, ``why`` added to the reason."""
+    """How an episode (or game) goes on after ``err`` (``stepping``: of a Step): ("link", "")
+    = start over without using its retries (the link to the envs broke), ("env", "") = start
+    over using one (its env instance died or lost it), ("", why) = end it with ENV_ERROR,
+    ``why`` added to the reason."""
     can_reopen, retries = item.request.reopen is not None, item.retries
     link_restarts = item.restarts - retries
     max_retries, max_link_restarts = config.max_episode_retries, config.max_link_restarts
@@ -64,7 +75,7 @@ def restart_after(
             return "link", ""
         why = f" (the link to the envs was lost {link_restarts + 1} times)"
         can_reopen = False
-    if not is_restartable(err) or not can_reopen:
+    if not is_restartable(err, stepping=stepping) or not can_reopen:
         return "", why + (f" (on restart {retries})" if retries else "")
     if retries >= max_retries:
         return "", f" (gave up after {retries} restarts; max_episode_retries={max_retries})"

@@ -236,7 +236,8 @@ class MultiAgentLoop:
         try:
             outcome = await game.session.step(action)
         except (OpenTinkerError, TimeoutError) as err:
-            await self._fail(game, f"step {game.num_turns} ({role}) failed: {err}", err)
+            what = f"step {game.num_turns} ({role}) failed: {err}"
+            await self._fail(game, what, err, stepping=True)
             return
         problem = step_problem(outcome, self.config.max_observation_chars) or role_problem(
             outcome.next_role, self.roles, outcome.role_rewards, next_role_due=not outcome.done
@@ -264,10 +265,13 @@ class MultiAgentLoop:
                 view = game.views.setdefault(role, RoleView(role))
                 view.credit(reward)
 
-    async def _fail(self, game: Game, what: str, err: OpenTinkerError | TimeoutError) -> None:
-        """End the game with ENV_ERROR, or play it again from Reset when its env died."""
+    async def _fail(
+        self, game: Game, what: str, err: OpenTinkerError | TimeoutError, *, stepping: bool = False
+    ) -> None:
+        """End the game with ENV_ERROR, or play it again from Reset when its env died (or,
+        ``stepping``, lost it)."""
         reopen = game.request.reopen
-        kind, why = restart_after(err, game, self.config)
+        kind, why = restart_after(err, game, self.config, stepping=stepping)
         if not kind or reopen is None:
             game.finish(FinishReason.ENV_ERROR, f"{what}{why}")
             return

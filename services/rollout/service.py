@@ -44,7 +44,7 @@ from .session import EngineFactory, RolloutSession
 from .settings import RolloutSettings
 from .shared_engine import SharedAdapters, Tenancy
 from .weight_transports import IncomingWeights, accept_offer
-from .wire import batch_to_proto, code_of, failed, heartbeat
+from .wire import batch_parts, code_of, failed, heartbeat
 
 log = structlog.get_logger("opentinker.rollout.service")
 
@@ -276,7 +276,10 @@ class _RolloutStream:
                 )
             else:
                 batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)
-            return rollout_pb2.RolloutResponse(batch=batch_to_proto(batch))
+            *parts, last = batch_parts(batch)  # too large for one message: in parts, in a row
+            for part in parts:
+                self.out.put_nowait(rollout_pb2.RolloutResponse(batch=part))
+            return rollout_pb2.RolloutResponse(batch=last)
         if kind == "close":
             log.info("rollout_closed", reason=request.close.reason)
             return rollout_pb2.RolloutResponse(

@@ -65,20 +65,36 @@ def parse_tool_calls(text: str, tool_names: Collection[str], style: str | None) 
 
 def _hermes_call(body: str, tool_names: Collection[str]) -> tuple[ToolCall | None, str]:
     """A ``{"name": ..., "arguments": {...}}`` body as a call, or why it is not one."""
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError as err:
-        return None, f"not JSON ({err.msg} at character {err.pos})"
+    data, problem = _json_of(body)
+    if problem:
+        return None, f"not JSON ({problem})"
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None, 'not an object with a "name" string'
     arguments = data.get("arguments", {})
     if isinstance(arguments, str):  # some models send the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None, '"arguments" is a string that is not JSON'
+        arguments, problem = _json_of(arguments)
+        if problem:
+            return None, f'"arguments" is a string that is not JSON ({problem})'
     if not isinstance(arguments, dict):
         return None, '"arguments" is not a JSON object'
     if data["name"] not in tool_names:
         return None, f"unknown tool {data['name']!r} (tools: {sorted(tool_names)})"
     return ToolCall(data["name"], arguments), ""
+
+
+def _json_of(text: str) -> tuple[Any, str]:
+    """The JSON value of ``text``, or why it is none ('' when it is one). Python's json also
+    reads NaN and Infinity, which are not JSON (an env in another language could not read the
+    arguments_json they travel as), and raises RecursionError on deep nesting."""
+    try:
+        return json.loads(text, parse_constant=_not_json), ""
+    except json.JSONDecodeError as err:
+        return None, f"{err.msg} at character {err.pos}"
+    except ValueError as err:  # _not_json
+        return None, str(err)
+    except RecursionError:
+        return None, "nested too deeply"
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON number")

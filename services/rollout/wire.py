@@ -18,8 +18,13 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.rollout.v1 import rollout_pb2
+from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES
 
 from .types import FinishReason, Trajectory, TrajectoryBatch
+
+# A TrajectoryBatch larger than this goes to the trainer in parts (TrajectoryBatch.more): gRPC
+# refuses to send a message past MAX_MESSAGE_BYTES, which would end the stream.
+BATCH_PART_BYTES = MAX_MESSAGE_BYTES // 2
 
 _CODES: list[tuple[type[OpenTinkerError], str]] = [
     (InvalidArgumentError, "INVALID_ARGUMENT"),
@@ -87,3 +92,25 @@ def batch_to_proto(batch: TrajectoryBatch) -> rollout_pb2.TrajectoryBatch:
         env_seconds=batch.stats.env_seconds,
         generated_tokens=batch.stats.generated_tokens,
     )
+
+
+def batch_parts(
+    batch: TrajectoryBatch, *, max_bytes: int = BATCH_PART_BYTES
+) -> list[rollout_pb2.TrajectoryBatch]:
+    """The batch as messages of at most ``max_bytes`` of trajectories each (a larger
+    trajectory goes alone), in order: every one but the last has ``more`` set, the figures
+    travel on the last. One message when it fits."""
+    whole = batch_to_proto(batch)
+    parts = [rollout_pb2.TrajectoryBatch(batch_index=batch.batch_index)]
+    size = 0
+    for trajectory in whole.trajectories:
+        nbytes = trajectory.ByteSize()
+        if size and size + nbytes > max_bytes:
+            parts[-1].more = True
+            parts.append(rollout_pb2.TrajectoryBatch(batch_index=batch.batch_index))
+            size = 0
+        parts[-1].trajectories.append(trajectory)
+        size += nbytes
+    del whole.trajectories[:]
+    parts[-1].MergeFrom(whole)  # the figures
+    return parts

@@ -59,6 +59,7 @@ class GrpcRolloutSession:
         self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent self-play), once open
         self._requested: deque[int] = deque()  # training batches asked for, not yet received
         self._arrived: deque[rollout_pb2.TrajectoryBatch] = deque()  # ..of which here already
+        self._parts: list[rollout_pb2.TrajectoryBatch] = []  # of a batch sent in parts
         self._batch_timeout_s = 0.0  # the deadline of a requested batch
         self._sent = ChangedTensors()  # what the rollout of this stream already serves
         self.transport = StreamTransport(weight_transport)
@@ -86,6 +87,7 @@ class GrpcRolloutSession:
         """A new stream, opened with the weight transports offered (weight_transport.py)."""
         self._call = self._stub.Rollout()
         self._sent.forget()  # a new stream may reach a new rollout
+        self._parts = []
         offer = self.transport.offer()
         if offer is not None:
             request.weight_offer.CopyFrom(offer)
@@ -326,6 +328,8 @@ class GrpcRolloutSession:
                     f"for {expected!r}"
                 )
             kind = reply.WhichOneof("payload")
+            if kind == "batch" and not self._joined(reply.batch):
+                continue  # a part of a batch too large for one message: the rest follows
             if kind == "batch" and keep_training and len(self._arrived) < len(self._requested):
                 self._arrived.append(reply.batch)
                 continue
@@ -342,6 +346,26 @@ class GrpcRolloutSession:
                 f"rollout at {self._address} sent {kind!r} while the trainer waited "
                 f"for {expected!r}"
             )
+
+    def _joined(self, batch: rollout_pb2.TrajectoryBatch) -> bool:
+        """Whether ``batch`` is whole: a batch too large for one message comes in parts (all
+        but the last with ``more`` set), kept until the last arrives and joined into it."""
+        if self._parts and self._parts[0].batch_index != batch.batch_index:
+            raise RolloutError(
+                f"rollout at {self._address} sent a part of batch {batch.batch_index} before "
+                f"the rest of batch {self._parts[0].batch_index}"
+            )
+        if batch.more:
+            self._parts.append(batch)
+            return False
+        if self._parts:
+            parts, self._parts = self._parts, []
+            whole = rollout_pb2.TrajectoryBatch()
+            for part in [*parts, batch]:
+                whole.MergeFrom(part)  # trajectories in order; the figures are the last's
+            whole.more = False
+            batch.CopyFrom(whole)
+        return True
 
     async def _stream_error(self, err: Exception, doing: str) -> RolloutError:
         """RolloutError with the call's final status (a write to an ended call says only that)."""

@@ -335,18 +335,20 @@ class Trajectory(_message.Message):
     def __init__(self, episode_id: _Optional[str] = ..., group_index: _Optional[int] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., num_turns: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., finish_detail: _Optional[str] = ..., completion_text: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., env_retries: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ..., images: _Optional[_Iterable[_Union[_environment_pb2.ImagePart, _Mapping]]] = ..., role: _Optional[str] = ...) -> None: ...
 
 class TrajectoryBatch(_message.Message):
-    __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens")
+    __slots__ = ("batch_index", "trajectories", "generate_seconds", "env_seconds", "generated_tokens", "more")
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     GENERATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ENV_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
     generate_seconds: float
     env_seconds: float
     generated_tokens: int
-    def __init__(self, batch_index: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., generate_seconds: _Optional[float] = ..., env_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+    more: bool
+    def __init__(self, batch_index: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., generate_seconds: _Optional[float] = ..., env_seconds: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RolloutFailed(_message.Message):
     __slots__ = ("reason", "code")
