@@ -65,7 +65,7 @@ class Dispatcher:
                     queued.append(job)
             picker = FairPicker(
                 queued,
-                await self._quotas.devices_in_use(self._sessions),
+                await self._quotas.devices_in_use(),
                 await self._quotas.device_limits(j.tenant_id for j in queued),
             )
             while (job := picker.next()) is not None:

@@ -225,7 +225,7 @@ class Scheduler:
             tenant_ids = [
                 t.tenant_id for t in (await self._identity.list_tenants(page_size=1000)).items
             ]
-        held = await self._quotas.devices_in_use(self._sessions)
+        held = await self._quotas.devices_in_use()
         return [
             await self._quotas.report(t, held.get(t, 0), max_jobs=max_jobs or 20)
             for t in tenant_ids
@@ -322,8 +322,8 @@ class Scheduler:
         self.wake()
 
     async def devices_in_use(self) -> dict[str, int]:
-        """Devices each tenant's jobs hold now, on the connected workers (from the ledger)."""
-        return await self._quotas.devices_in_use(self._sessions)
+        """Devices each tenant's jobs hold now, on any worker (every unreleased lease)."""
+        return await self._quotas.devices_in_use()
 
     def connected_workers(self) -> list[str]:
         return sorted(self._sessions)
