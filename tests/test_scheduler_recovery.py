@@ -275,3 +275,32 @@ def test_a_watch_rides_out_a_scheduler_restart_without_missing_or_repeating(
         assert [e.seq for e in seen] == [1, 2]
 
     run(main, timeout_s=60)
+
+
+def test_a_stale_attempts_late_launched_stops_only_that_attempt(redis_url: str) -> None:
+    """The worker was away long enough for attempt 1 to be re-queued; back, it is told to stop
+    that stray and given attempt 2 on the same device, and only then does attempt 1's
+    JobLaunched (its processes were still starting) arrive. The scheduler must stop attempt 1
+    alone: a stop naming no attempt stops every attempt of the job on the worker (held.py)."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=0.5) as mesh:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                first = await start_job(mesh, w1, "relaunched", launched=False)
+            job_id = first.job.job_id
+            await wait_for_state(mesh.stub, job_id, QUEUED)  # the lease lapsed
+            async with scripted_worker(
+                mesh.worker_stub, "w1", ["w1/cpu:0"], held=[held(first, launched=False)]
+            ) as w1:
+                stray = (await w1.next_command()).stop
+                assert (stray.job_id, stray.attempt) == (job_id, 1)
+                second = (await w1.next_command()).launch
+                assert (second.job.job_id, second.job.attempt) == (job_id, 2)
+                await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=1))
+                stop = (await w1.next_command()).stop
+                assert (stop.job_id, stop.attempt) == (job_id, 1)
+                await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=2))
+                job = await wait_for_state(mesh.stub, job_id, RUNNING)
+                assert job.attempt == 2
+
+    run(main)

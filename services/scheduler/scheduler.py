@@ -283,8 +283,10 @@ class Scheduler:
         if current and job.state == RUNNING and job.worker_ids:
             return  # another part of a multi-worker attempt was first
         if job.state != ALLOCATING or not current:
-            # Cancelled or re-queued meanwhile: this attempt must not run.
-            session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
+            # Cancelled or re-queued meanwhile: this attempt must not run. Name it: a newer
+            # attempt of the job may run on this worker by now, and must go on.
+            why = f"job is {state_name(job.state)}: {job.reason}"
+            session.send(StopCommand(job_id, why, attempt=attempt))
             return
         reason = f"running on worker {session.worker_id}"
         await self._states.change(job_id, RUNNING, reason, expect_attempt=attempt)
