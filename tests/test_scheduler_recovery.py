@@ -25,6 +25,7 @@ from test_scheduler_service import (
     job_stub,
     scheduler_mesh,
     scripted_worker,
+    spec,
     states,
     submit,
     wait_for_state,
@@ -302,5 +303,46 @@ def test_a_stale_attempts_late_launched_stops_only_that_attempt(redis_url: str) 
                 await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=2))
                 job = await wait_for_state(mesh.stub, job_id, RUNNING)
                 assert job.attempt == 2
+
+    run(main)
+
+
+def test_a_submit_retried_after_its_enqueue_failed_is_queued_once(redis_url: str) -> None:
+    """Redis went away between storing a job and queueing it: the caller got UNAVAILABLE and
+    retried with the same request_id, as SubmitJob invites. The retry must queue the job (once),
+    not only return it: a QUEUED job missing from the queue never runs."""
+    import socket
+    from dataclasses import replace
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from opentinker.services.common.auth import Principal
+    from opentinker.services.scheduler.job_queue import RedisJobQueue
+    from opentinker.services.scheduler.scheduler import Scheduler
+    from opentinker.services.scheduler.stores import connect_redis, redis_stores
+
+    owner = Principal(kind="user", key_prefix="k", tenant_id="acme", user_id="alice")
+    with socket.socket() as s:  # a port nothing listens on: "Redis is away" for the queue
+        s.bind(("127.0.0.1", 0))
+        away_url = f"redis://127.0.0.1:{s.getsockname()[1]}"
+
+    async def main() -> None:
+        client, away = connect_redis(redis_url), connect_redis(away_url)
+        try:
+            stores = redis_stores(client, lease_ttl_s=5.0, server_secret=b"t" * 32)
+            timing = {"heartbeat_interval_s": 0.2, "lease_ttl_s": 5.0}
+            cut_off = Scheduler(replace(stores, queue=RedisJobQueue(away)), **timing)
+            with pytest.raises(RedisConnectionError):
+                await cut_off.submit(spec("retried"), owner=owner, request_id="r-1")
+            scheduler = Scheduler(stores, **timing)
+            job = await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
+            assert job.state == QUEUED
+            assert await stores.queue.list_ids() == [job.job_id]
+            other = await scheduler.submit(spec("other"), owner=owner, request_id="r-2")
+            await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
+            assert await stores.queue.list_ids() == [job.job_id, other.job_id]  # kept its place
+        finally:
+            await away.aclose()
+            await client.aclose()
 
     run(main)

@@ -18,6 +18,10 @@ class JobQueue(Protocol):
     async def push_front(self, job_id: str) -> None:
         """Put at the front (a job already queued moves there)."""
 
+    async def ensure(self, job_id: str) -> bool:
+        """Append at the back unless already queued (where it keeps its place); True when it
+        was appended."""
+
     async def pop(self) -> str | None:
         """Take the next job id, or None when the queue is empty."""
 
@@ -35,6 +39,12 @@ else redis.call('RPUSH', KEYS[1], ARGV[1]) end
 return 1
 """
 
+_ENSURE = """
+if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+return 1
+"""
+
 
 class RedisJobQueue:
     """JobQueue on one Redis LIST."""
@@ -43,12 +53,16 @@ class RedisJobQueue:
         self._r = client
         self._key = key
         self._push = client.register_script(_PUSH)
+        self._ensure = client.register_script(_ENSURE)
 
     async def push(self, job_id: str) -> None:
         await self._push(keys=[self._key], args=[job_id, "back"])
 
     async def push_front(self, job_id: str) -> None:
         await self._push(keys=[self._key], args=[job_id, "front"])
+
+    async def ensure(self, job_id: str) -> bool:
+        return bool(await self._ensure(keys=[self._key], args=[job_id]))
 
     async def pop(self) -> str | None:
         raw = await self._r.lpop(self._key)

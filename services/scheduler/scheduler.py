@@ -168,6 +168,10 @@ class Scheduler:
             await self._queue.push(job.job_id)
             log.info("job_submitted", job_id=job.job_id, name=job.spec.name)
             self.wake()
+        elif job.state == QUEUED and await self._queue.ensure(job.job_id):
+            # A retry of a submit that stored the job but failed (Redis away) before queueing it.
+            log.warning("job_queued_on_retry", job_id=job.job_id, request_id=request_id)
+            self.wake()
         return job
 
     async def get(self, job_id: str, *, tenant: str | None) -> common_pb2.Job:
