@@ -346,3 +346,45 @@ def test_a_submit_retried_after_its_enqueue_failed_is_queued_once(redis_url: str
             await client.aclose()
 
     run(main)
+
+
+def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away right after the dispatcher took a lease and before the job left the
+    queue (shorter than the lease TTL, which the worker's heartbeats keep renewing). Once Redis
+    is back the lease must be given up and the job launched, not held by nobody forever."""
+    from opentinker.services.launcher.redis_process import RedisProcess
+    from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    acquire = RedisLeaseLedger.acquire
+    cut = asyncio.Event()
+
+    async def acquire_then_lose_redis(self, worker_id, job_id, n):  # noqa: ANN001, ANN202
+        lease = await acquire(self, worker_id, job_id, n)
+        if not cut.is_set():
+            cut.set()
+            redis_server.kill()
+        return lease
+
+    monkeypatch.setattr(RedisLeaseLedger, "acquire", acquire_then_lose_redis)
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            job = await submit(mesh.stub, "cut-short")
+            await cut.wait()
+            await asyncio.sleep(1.0)  # the round fails: Redis is away
+            redis_server.start()
+            launch = (await w1.next_command(timeout_s=8.0)).launch
+            assert (launch.job.job_id, launch.job.attempt) == (job.job_id, 1)
+            leases = await mesh.running.stores.ledger.leases("w1")
+            assert [lease.lease_id for lease in leases] == [launch.lease_id]
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
