@@ -204,7 +204,9 @@ class Scheduler:
         await self._identity.revoke_job_tokens(job_id)
         await self._queue.remove(job_id)
         await self._events.append(job_id, state_change(CANCELLED, reason))
-        for worker_id in job.worker_ids or ([job.worker_id] if job.worker_id else []):
+        # Where it runs now, not where it ran when read: it may have been placed meanwhile.
+        placed = cancelled.worker_ids or ([cancelled.worker_id] if cancelled.worker_id else [])
+        for worker_id in placed:
             session = self._sessions.get(worker_id)
             if session is not None:
                 session.send(StopCommand(job_id, reason))
