@@ -473,6 +473,32 @@ def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_fr
     run(main)
 
 
+def test_a_worker_whose_token_is_revoked_is_cut_off_and_its_job_requeued(redis_url: str) -> None:
+    """Revoking a worker token must end the stream it opened, not only refuse the next one:
+    else a worker an admin cut off keeps receiving jobs and their tokens."""
+    from opentinker.auth import parse_credential
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=30.0) as mesh:
+            identity = mesh.running.stores.identity
+            token = await worker_token(identity)
+            async with scripted_worker(stub_with(mesh, token), "w1", ["w1/cpu:0"]) as w:
+                job = await submit(mesh.stub)
+                await w.next_command()
+                await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                await wait_for_state(mesh.stub, job.job_id, RUNNING)
+                await identity.revoke(parse_credential(token)[1])
+                stop = await w.next_command()
+                assert (stop.stop.job_id, stop.stop.attempt) == (job.job_id, 1)
+                closing = await w.next_command()
+                assert "revoked" in closing.closing.reason
+                requeued = await wait_for_state(mesh.stub, job.job_id, QUEUED)
+                assert requeued.attempt == 1
+                assert await mesh.running.stores.ledger.leases("w1") == []
+
+    run(main)
+
+
 def test_a_disconnected_workers_job_is_requeued_and_resumes_elsewhere(redis_url: str) -> None:
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:

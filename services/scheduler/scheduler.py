@@ -278,6 +278,27 @@ class Scheduler:
         self.wake()
         return session
 
+    def check_credential_soon(self, session: WorkerSession) -> None:
+        """Check again, in the background, the credential the worker connected with; one check
+        at a time, so a slow Redis never holds up the stream."""
+        check = session.credential_check
+        if session.key_prefix and not session.lost and (check is None or check.done()):
+            session.credential_check = asyncio.create_task(self._cut_off_if_revoked(session))
+
+    async def _cut_off_if_revoked(self, session: WorkerSession) -> None:
+        """A worker whose credential was revoked since it connected is cut off: its attempts
+        are told to stop and re-queued elsewhere, and its stream is closed."""
+        try:
+            if not await self._identity.is_revoked(session.key_prefix) or session.lost:
+                return
+            reason = f"the worker's credential (key {session.key_prefix}) was revoked"
+            for job_id, attempt in list(session.running):
+                session.send(StopCommand(job_id, reason, attempt=attempt))
+            await self.disconnect_worker(session, reason, reclaim=True)
+            session.send(CloseCommand(reason))
+        except Exception as err:  # Redis away: checked again at the next heartbeat
+            log.warning("credential_check_failed", worker_id=session.worker_id, error=repr(err))
+
     def worker_seen(self, session: WorkerSession) -> None:
         """Any message from the worker counts as a heartbeat: renew its leases (soon)."""
         session.last_seen = time.monotonic()
