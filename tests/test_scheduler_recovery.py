@@ -388,3 +388,45 @@ def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
         run(main)
     finally:
         redis_server.stop()
+
+
+def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away right after a killed attempt's job was moved back to QUEUED: once Redis
+    is back the job must be in the queue and run again, not stay QUEUED outside it for ever."""
+    from opentinker.services.launcher.redis_process import RedisProcess
+    from opentinker.services.scheduler.job_store import RedisJobStore
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    transition = RedisJobStore.transition
+    cut = asyncio.Event()
+
+    async def transition_then_lose_redis(self, job_id: str, to: int, **kwargs):  # noqa: ANN001, ANN202
+        job = await transition(self, job_id, to, **kwargs)
+        if to == QUEUED and not cut.is_set():
+            cut.set()
+            redis_server.kill()
+        return job
+
+    monkeypatch.setattr(RedisJobStore, "transition", transition_then_lose_redis)
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                first = await start_job(mesh, w1, "killed")
+                killed = scheduler_pb2.JobExited(
+                    job_id=first.job.job_id, attempt=1, exit_code=-9, reason="OOM-killed"
+                )
+                await w1.send(exited=killed)
+                await cut.wait()
+            await asyncio.sleep(1.0)
+            redis_server.start()
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                again = (await w1.next_command(timeout_s=8.0)).launch
+                assert (again.job.job_id, again.job.attempt) == (first.job.job_id, 2)
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()

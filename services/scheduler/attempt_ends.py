@@ -43,7 +43,6 @@ class AttemptEnds:
         wake: Callable[[], None],
     ) -> None:
         self._jobs = stores.jobs
-        self._queue = stores.queue
         self._ledger = stores.ledger
         self._states = states
         self._sessions = sessions
@@ -116,11 +115,10 @@ class AttemptEnds:
                 return
             reason = f"{why}; re-queued"
             await self._states.change(
-                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt
+                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt, queue_front=True
             )
         except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
             return
-        await self._queue.push_front(job_id)
 
     async def end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
         """Stop the attempt's other parts and free their devices."""
