@@ -348,6 +348,25 @@ def test_a_submit_retried_after_its_enqueue_failed_is_queued_once(redis_url: str
     run(main)
 
 
+def redis_dies_after(
+    monkeypatch: pytest.MonkeyPatch, redis_server, cls: type, name: str, when=None
+) -> asyncio.Event:  # noqa: ANN001
+    """Kill ``redis_server`` right after the first call of ``cls.name`` (for which
+    ``when(*args, **kwargs)`` holds) has returned: a real outage at one exact point. The
+    event is set once it happened."""
+    method, cut = getattr(cls, name), asyncio.Event()
+
+    async def then_lose_redis(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        out = await method(self, *args, **kwargs)
+        if not cut.is_set() and (when is None or when(*args, **kwargs)):
+            cut.set()
+            redis_server.kill()
+        return out
+
+    monkeypatch.setattr(cls, name, then_lose_redis)
+    return cut
+
+
 def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -358,17 +377,7 @@ def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
     from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
 
     redis_server = RedisProcess(tmp_path / "redis").start()
-    acquire = RedisLeaseLedger.acquire
-    cut = asyncio.Event()
-
-    async def acquire_then_lose_redis(self, worker_id, job_id, n):  # noqa: ANN001, ANN202
-        lease = await acquire(self, worker_id, job_id, n)
-        if not cut.is_set():
-            cut.set()
-            redis_server.kill()
-        return lease
-
-    monkeypatch.setattr(RedisLeaseLedger, "acquire", acquire_then_lose_redis)
+    cut = redis_dies_after(monkeypatch, redis_server, RedisLeaseLedger, "acquire")
 
     async def main() -> None:
         async with (
@@ -399,17 +408,9 @@ def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
     from opentinker.services.scheduler.job_store import RedisJobStore
 
     redis_server = RedisProcess(tmp_path / "redis").start()
-    transition = RedisJobStore.transition
-    cut = asyncio.Event()
-
-    async def transition_then_lose_redis(self, job_id: str, to: int, **kwargs):  # noqa: ANN001, ANN202
-        job = await transition(self, job_id, to, **kwargs)
-        if to == QUEUED and not cut.is_set():
-            cut.set()
-            redis_server.kill()
-        return job
-
-    monkeypatch.setattr(RedisJobStore, "transition", transition_then_lose_redis)
+    cut = redis_dies_after(
+        monkeypatch, redis_server, RedisJobStore, "transition", lambda _, to, **__: to == QUEUED
+    )
 
     async def main() -> None:
         async with scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh:
