@@ -32,6 +32,7 @@ from test_scheduler_service import (
     watch,
 )
 
+from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
 
 pytestmark = pytest.mark.integration
@@ -431,3 +432,48 @@ def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
         run(main)
     finally:
         redis_server.stop()
+
+
+def test_a_requeued_job_is_placed_again_only_once_its_requeue_is_written(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed attempt's job enters the queue with its move to QUEUED; attempt 1's tokens are
+    revoked and its QUEUED event written after that. No dispatch round may place attempt 2 in
+    between: the revocation would take attempt 2's token too, and attempt 2's ALLOCATING event
+    would come before the QUEUED one."""
+    from opentinker.services.scheduler.identity import RedisIdentityStore
+
+    revoke = RedisIdentityStore.revoke_job_tokens
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=5.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            first = await start_job(mesh, w1, "killed")
+            job_id, jobs = first.job.job_id, mesh.running.stores.jobs
+            while_revoking: list[tuple[int, int]] = []
+
+            async def slow_revoke(self, job_id: str) -> None:  # noqa: ANN001
+                await asyncio.sleep(0.6)  # several dispatch rounds (one each 0.2 s)
+                job = await jobs.get(job_id)
+                while_revoking.append((job.state, job.attempt))
+                await revoke(self, job_id)
+
+            monkeypatch.setattr(RedisIdentityStore, "revoke_job_tokens", slow_revoke)
+            killed = scheduler_pb2.JobExited(job_id=job_id, attempt=1, exit_code=-9)
+            await w1.send(exited=killed)
+            second = (await w1.next_command()).launch
+            assert second.job.attempt == 2
+            assert while_revoking == [(QUEUED, 1)]
+            step = scheduler_pb2.ReportJobProgressRequest(
+                job_id=job_id, attempt=2, step=common_pb2.StepMetrics(step=1)
+            )
+            reply = await job_stub(mesh, second).ReportJobProgress(step, timeout=RPC_TIMEOUT_S)
+            assert not reply.stop  # attempt 2's token works
+            events = mesh.running.stores.events.read(job_id, follow=False)
+            assert states([e async for e in events]) == [
+                QUEUED, ALLOCATING, RUNNING, QUEUED, ALLOCATING
+            ]  # fmt: skip
+
+    run(main)

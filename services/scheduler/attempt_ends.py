@@ -10,6 +10,7 @@ the history of why. The parts of a multi-worker attempt end together (spanning.p
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import structlog
@@ -41,6 +42,7 @@ class AttemptEnds:
         *,
         max_attempts: int,
         wake: Callable[[], None],
+        placing: asyncio.Lock,
     ) -> None:
         self._jobs = stores.jobs
         self._ledger = stores.ledger
@@ -48,6 +50,9 @@ class AttemptEnds:
         self._sessions = sessions
         self.max_attempts = max_attempts
         self._wake = wake
+        # The dispatcher's: a re-queue is written whole (state, queue, tokens, event) before
+        # a dispatch round may place the job again.
+        self._placing = placing
 
     async def exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
@@ -101,6 +106,10 @@ class AttemptEnds:
         back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
         with the reason of every attempt instead."""
         why = why or f"worker {worker_id} lost"
+        async with self._placing:
+            await self._requeue(job_id, worker_id, why)
+
+    async def _requeue(self, job_id: str, worker_id: str, why: str) -> None:
         try:
             job = await self._jobs.get(job_id)
             if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):

@@ -55,6 +55,7 @@ class Dispatcher:
         sessions: Mapping[str, WorkerSession],
         *,
         unschedulable_after_s: float,
+        placing: asyncio.Lock,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -64,7 +65,7 @@ class Dispatcher:
         self._states = states
         self._sessions = sessions  # the scheduler's live dict of connected workers
         self.unschedulable_after_s = unschedulable_after_s
-        self._lock = asyncio.Lock()
+        self._lock = placing  # held for a round; re-queues take it too (attempt_ends.py)
         self._cut_short: list[_Placement] = []  # placements a store error interrupted
 
     async def dispatch(self) -> int:

@@ -90,8 +90,14 @@ class Scheduler:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self._sessions: dict[str, WorkerSession] = {}
+        placing = asyncio.Lock()  # a dispatch round, or a re-queue: never both at once
         self._ends = AttemptEnds(
-            stores, self._states, self._sessions, max_attempts=max_attempts, wake=self.wake
+            stores,
+            self._states,
+            self._sessions,
+            max_attempts=max_attempts,
+            wake=self.wake,
+            placing=placing,
         )
         self._dispatcher = Dispatcher(
             stores,
@@ -99,6 +105,7 @@ class Scheduler:
             self._states,
             self._sessions,
             unschedulable_after_s=unschedulable_after_s,
+            placing=placing,
         )
         self._recovery = WorkerRecovery(
             self._jobs,
