@@ -477,3 +477,28 @@ def test_a_requeued_job_is_placed_again_only_once_its_requeue_is_written(
             ]  # fmt: skip
 
     run(main)
+
+
+def test_a_queued_job_left_outside_the_queue_by_a_crash_runs_after_the_restart(
+    redis_url: str,
+) -> None:
+    """The scheduler died mid-placement: the job's lease taken and the job out of the queue,
+    but not yet ALLOCATING. After the restart the worker re-announces nothing, so the lease is
+    an orphan: released, and its QUEUED job must be queued again, not left outside for ever."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as first:
+            job = await submit(first.stub, "orphaned")  # no worker yet: it stays queued
+            stores = first.running.stores
+            await stores.ledger.register_worker("w1", ["w1/cpu:0"])
+            lease = await stores.ledger.acquire("w1", job.job_id, 1)  # what the crash left
+            assert lease is not None and await stores.queue.remove(job.job_id)
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=5.0, reconnect_grace_s=5.0) as second,
+            scripted_worker(second.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            launch = (await w1.next_command()).launch
+            assert (launch.job.job_id, launch.job.attempt) == (job.job_id, 1)
+            assert await second.running.stores.ledger.get(lease.lease_id) is None
+
+    run(main)

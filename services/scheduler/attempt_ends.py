@@ -45,6 +45,7 @@ class AttemptEnds:
         placing: asyncio.Lock,
     ) -> None:
         self._jobs = stores.jobs
+        self._queue = stores.queue
         self._ledger = stores.ledger
         self._states = states
         self._sessions = sessions
@@ -104,7 +105,8 @@ class AttemptEnds:
     async def requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
         """Put an active job whose attempt was lost (``why``; default: its worker was lost)
         back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
-        with the reason of every attempt instead."""
+        with the reason of every attempt instead. A QUEUED job (its lease was taken by a
+        placement that never committed) is put back in the queue if it is not there."""
         why = why or f"worker {worker_id} lost"
         async with self._placing:
             await self._requeue(job_id, worker_id, why)
@@ -112,6 +114,9 @@ class AttemptEnds:
     async def _requeue(self, job_id: str, worker_id: str, why: str) -> None:
         try:
             job = await self._jobs.get(job_id)
+            if job.state == QUEUED:  # a lease of a placement cut short (the scheduler died
+                await self._queue.ensure(job_id)  # mid-way): the job may be out of the queue
+                return
             if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):
                 return
             if job.worker_ids:  # the attempt is one unit: end every part before re-queueing
