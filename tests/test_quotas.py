@@ -207,3 +207,26 @@ def test_a_quota_that_makes_no_sense_is_refused_naming_each_field(redis_url: str
             assert (await identity.get_tenant("acme")).quota == identity_pb2.TenantQuota()
 
     run(main)
+
+
+def test_a_job_on_a_worker_whose_stream_dropped_still_counts_against_the_quota(
+    redis_url: str,
+) -> None:
+    """A worker whose stream dropped keeps its job running and its lease live until it comes
+    back (or the lease lapses): those devices stay the tenant's, whichever workers are
+    connected now."""
+    from test_scheduler_recovery import start_job
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=30.0) as mesh:
+            await set_quota(mesh, "acme", max_devices=1)
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                launch = await start_job(mesh, w1, "first")
+            while "w1" in mesh.running.scheduler.connected_workers():
+                await asyncio.sleep(0.05)  # the scheduler has seen the stream drop
+            assert await mesh.running.stores.ledger.is_live(launch.lease_id)
+            second = await submit(mesh.stub, "second")
+            async with scripted_worker(mesh.worker_stub, "w2", ["w2/cpu:0"]):
+                assert await still_queued(mesh, [second])  # acme holds its one device
+
+    run(main)

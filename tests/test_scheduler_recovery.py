@@ -25,12 +25,14 @@ from test_scheduler_service import (
     job_stub,
     scheduler_mesh,
     scripted_worker,
+    spec,
     states,
     submit,
     wait_for_state,
     watch,
 )
 
+from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
 
 pytestmark = pytest.mark.integration
@@ -275,3 +277,228 @@ def test_a_watch_rides_out_a_scheduler_restart_without_missing_or_repeating(
         assert [e.seq for e in seen] == [1, 2]
 
     run(main, timeout_s=60)
+
+
+def test_a_stale_attempts_late_launched_stops_only_that_attempt(redis_url: str) -> None:
+    """The worker was away long enough for attempt 1 to be re-queued; back, it is told to stop
+    that stray and given attempt 2 on the same device, and only then does attempt 1's
+    JobLaunched (its processes were still starting) arrive. The scheduler must stop attempt 1
+    alone: a stop naming no attempt stops every attempt of the job on the worker (held.py)."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=0.5) as mesh:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                first = await start_job(mesh, w1, "relaunched", launched=False)
+            job_id = first.job.job_id
+            await wait_for_state(mesh.stub, job_id, QUEUED)  # the lease lapsed
+            async with scripted_worker(
+                mesh.worker_stub, "w1", ["w1/cpu:0"], held=[held(first, launched=False)]
+            ) as w1:
+                stray = (await w1.next_command()).stop
+                assert (stray.job_id, stray.attempt) == (job_id, 1)
+                second = (await w1.next_command()).launch
+                assert (second.job.job_id, second.job.attempt) == (job_id, 2)
+                await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=1))
+                stop = (await w1.next_command()).stop
+                assert (stop.job_id, stop.attempt) == (job_id, 1)
+                await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=2))
+                job = await wait_for_state(mesh.stub, job_id, RUNNING)
+                assert job.attempt == 2
+
+    run(main)
+
+
+def test_a_submit_retried_after_its_enqueue_failed_is_queued_once(redis_url: str) -> None:
+    """Redis went away between storing a job and queueing it: the caller got UNAVAILABLE and
+    retried with the same request_id, as SubmitJob invites. The retry must queue the job (once),
+    not only return it: a QUEUED job missing from the queue never runs."""
+    import socket
+    from dataclasses import replace
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from opentinker.services.common.auth import Principal
+    from opentinker.services.scheduler.job_queue import RedisJobQueue
+    from opentinker.services.scheduler.scheduler import Scheduler
+    from opentinker.services.scheduler.stores import connect_redis, redis_stores
+
+    owner = Principal(kind="user", key_prefix="k", tenant_id="acme", user_id="alice")
+    with socket.socket() as s:  # a port nothing listens on: "Redis is away" for the queue
+        s.bind(("127.0.0.1", 0))
+        away_url = f"redis://127.0.0.1:{s.getsockname()[1]}"
+
+    async def main() -> None:
+        client, away = connect_redis(redis_url), connect_redis(away_url)
+        try:
+            stores = redis_stores(client, lease_ttl_s=5.0, server_secret=b"t" * 32)
+            timing = {"heartbeat_interval_s": 0.2, "lease_ttl_s": 5.0}
+            cut_off = Scheduler(replace(stores, queue=RedisJobQueue(away)), **timing)
+            with pytest.raises(RedisConnectionError):
+                await cut_off.submit(spec("retried"), owner=owner, request_id="r-1")
+            scheduler = Scheduler(stores, **timing)
+            job = await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
+            assert job.state == QUEUED
+            assert await stores.queue.list_ids() == [job.job_id]
+            other = await scheduler.submit(spec("other"), owner=owner, request_id="r-2")
+            await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
+            assert await stores.queue.list_ids() == [job.job_id, other.job_id]  # kept its place
+        finally:
+            await away.aclose()
+            await client.aclose()
+
+    run(main)
+
+
+def redis_dies_after(
+    monkeypatch: pytest.MonkeyPatch, redis_server, cls: type, name: str, when=None
+) -> asyncio.Event:  # noqa: ANN001
+    """Kill ``redis_server`` right after the first call of ``cls.name`` (for which
+    ``when(*args, **kwargs)`` holds) has returned: a real outage at one exact point. The
+    event is set once it happened."""
+    method, cut = getattr(cls, name), asyncio.Event()
+
+    async def then_lose_redis(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        out = await method(self, *args, **kwargs)
+        if not cut.is_set() and (when is None or when(*args, **kwargs)):
+            cut.set()
+            redis_server.kill()
+        return out
+
+    monkeypatch.setattr(cls, name, then_lose_redis)
+    return cut
+
+
+def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away right after the dispatcher took a lease and before the job left the
+    queue (shorter than the lease TTL, which the worker's heartbeats keep renewing). Once Redis
+    is back the lease must be given up and the job launched, not held by nobody forever."""
+    from opentinker.services.launcher.redis_process import RedisProcess
+    from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    cut = redis_dies_after(monkeypatch, redis_server, RedisLeaseLedger, "acquire")
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            job = await submit(mesh.stub, "cut-short")
+            await cut.wait()
+            await asyncio.sleep(1.0)  # the round fails: Redis is away
+            redis_server.start()
+            launch = (await w1.next_command(timeout_s=8.0)).launch
+            assert (launch.job.job_id, launch.job.attempt) == (job.job_id, 1)
+            leases = await mesh.running.stores.ledger.leases("w1")
+            assert [lease.lease_id for lease in leases] == [launch.lease_id]
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
+
+
+def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away right after a killed attempt's job was moved back to QUEUED: once Redis
+    is back the job must be in the queue and run again, not stay QUEUED outside it for ever."""
+    from opentinker.services.launcher.redis_process import RedisProcess
+    from opentinker.services.scheduler.job_store import RedisJobStore
+
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    cut = redis_dies_after(
+        monkeypatch, redis_server, RedisJobStore, "transition", lambda _, to, **__: to == QUEUED
+    )
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                first = await start_job(mesh, w1, "killed")
+                killed = scheduler_pb2.JobExited(
+                    job_id=first.job.job_id, attempt=1, exit_code=-9, reason="OOM-killed"
+                )
+                await w1.send(exited=killed)
+                await cut.wait()
+            await asyncio.sleep(1.0)
+            redis_server.start()
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                again = (await w1.next_command(timeout_s=8.0)).launch
+                assert (again.job.job_id, again.job.attempt) == (first.job.job_id, 2)
+
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
+
+
+def test_a_requeued_job_is_placed_again_only_once_its_requeue_is_written(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed attempt's job enters the queue with its move to QUEUED; attempt 1's tokens are
+    revoked and its QUEUED event written after that. No dispatch round may place attempt 2 in
+    between: the revocation would take attempt 2's token too, and attempt 2's ALLOCATING event
+    would come before the QUEUED one."""
+    from opentinker.services.scheduler.identity import RedisIdentityStore
+
+    revoke = RedisIdentityStore.revoke_job_tokens
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=5.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            first = await start_job(mesh, w1, "killed")
+            job_id, jobs = first.job.job_id, mesh.running.stores.jobs
+            while_revoking: list[tuple[int, int]] = []
+
+            async def slow_revoke(self, job_id: str) -> None:  # noqa: ANN001
+                await asyncio.sleep(0.6)  # several dispatch rounds (one each 0.2 s)
+                job = await jobs.get(job_id)
+                while_revoking.append((job.state, job.attempt))
+                await revoke(self, job_id)
+
+            monkeypatch.setattr(RedisIdentityStore, "revoke_job_tokens", slow_revoke)
+            killed = scheduler_pb2.JobExited(job_id=job_id, attempt=1, exit_code=-9)
+            await w1.send(exited=killed)
+            second = (await w1.next_command()).launch
+            assert second.job.attempt == 2
+            assert while_revoking == [(QUEUED, 1)]
+            step = scheduler_pb2.ReportJobProgressRequest(
+                job_id=job_id, attempt=2, step=common_pb2.StepMetrics(step=1)
+            )
+            reply = await job_stub(mesh, second).ReportJobProgress(step, timeout=RPC_TIMEOUT_S)
+            assert not reply.stop  # attempt 2's token works
+            events = mesh.running.stores.events.read(job_id, follow=False)
+            assert states([e async for e in events]) == [
+                QUEUED, ALLOCATING, RUNNING, QUEUED, ALLOCATING
+            ]  # fmt: skip
+
+    run(main)
+
+
+def test_a_queued_job_left_outside_the_queue_by_a_crash_runs_after_the_restart(
+    redis_url: str,
+) -> None:
+    """The scheduler died mid-placement: the job's lease taken and the job out of the queue,
+    but not yet ALLOCATING. After the restart the worker re-announces nothing, so the lease is
+    an orphan: released, and its QUEUED job must be queued again, not left outside for ever."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as first:
+            job = await submit(first.stub, "orphaned")  # no worker yet: it stays queued
+            stores = first.running.stores
+            await stores.ledger.register_worker("w1", ["w1/cpu:0"])
+            lease = await stores.ledger.acquire("w1", job.job_id, 1)  # what the crash left
+            assert lease is not None and await stores.queue.remove(job.job_id)
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=5.0, reconnect_grace_s=5.0) as second,
+            scripted_worker(second.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            launch = (await w1.next_command()).launch
+            assert (launch.job.job_id, launch.job.attempt) == (job.job_id, 1)
+            assert await second.running.stores.ledger.get(lease.lease_id) is None
+
+    run(main)

@@ -437,6 +437,68 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
     run(main)
 
 
+def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_freed(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CancelJob read the job QUEUED; before it wrote CANCELLED the dispatcher placed the job on
+    a worker that had just connected. The cancel must still stop that attempt and free its
+    lease, not wait for the worker to report a launch it was never told to drop."""
+    from opentinker.services.scheduler.job_store import RedisJobStore
+
+    transition = RedisJobStore.transition
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=30.0) as mesh:
+            job = await submit(mesh.stub, "raced")
+            worker = ScriptedWorker(mesh.worker_stub, "w1", ["w1/cpu:0"])
+
+            async def placed_meanwhile(self, job_id: str, to: int, **kwargs):  # noqa: ANN001, ANN202
+                if to == CANCELLED:  # the cancel has read the job: a worker comes, takes it
+                    await worker.connect()
+                    assert (await worker.next_command()).launch.job.job_id == job_id
+                return await transition(self, job_id, to, **kwargs)
+
+            monkeypatch.setattr(RedisJobStore, "transition", placed_meanwhile)
+            try:
+                await mesh.stub.CancelJob(
+                    scheduler_pb2.CancelJobRequest(job_id=job.job_id, reason="enough"),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                stop = (await worker.next_command()).stop
+                assert (stop.job_id, stop.reason) == (job.job_id, "enough")
+                assert await mesh.running.stores.ledger.leases("w1") == []
+            finally:
+                await worker.disconnect()
+
+    run(main)
+
+
+def test_a_worker_whose_token_is_revoked_is_cut_off_and_its_job_requeued(redis_url: str) -> None:
+    """Revoking a worker token must end the stream it opened, not only refuse the next one:
+    else a worker an admin cut off keeps receiving jobs and their tokens."""
+    from opentinker.auth import parse_credential
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url, lease_ttl_s=30.0) as mesh:
+            identity = mesh.running.stores.identity
+            token = await worker_token(identity)
+            async with scripted_worker(stub_with(mesh, token), "w1", ["w1/cpu:0"]) as w:
+                job = await submit(mesh.stub)
+                await w.next_command()
+                await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                await wait_for_state(mesh.stub, job.job_id, RUNNING)
+                await identity.revoke(parse_credential(token)[1])
+                stop = await w.next_command()
+                assert (stop.stop.job_id, stop.stop.attempt) == (job.job_id, 1)
+                closing = await w.next_command()
+                assert "revoked" in closing.closing.reason
+                requeued = await wait_for_state(mesh.stub, job.job_id, QUEUED)
+                assert requeued.attempt == 1
+                assert await mesh.running.stores.ledger.leases("w1") == []
+
+    run(main)
+
+
 def test_a_disconnected_workers_job_is_requeued_and_resumes_elsewhere(redis_url: str) -> None:
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:

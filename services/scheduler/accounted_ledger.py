@@ -97,6 +97,9 @@ class AccountedLedger:
     async def leases(self, worker_id: str) -> list[Lease]:
         return await self._inner.leases(worker_id)
 
+    async def all_leases(self) -> list[Lease]:
+        return await self._inner.all_leases()
+
     async def is_live(self, lease_id: str) -> bool:
         return await self._inner.is_live(lease_id)
 

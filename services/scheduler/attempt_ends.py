@@ -10,6 +10,7 @@ the history of why. The parts of a multi-worker attempt end together (spanning.p
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import structlog
@@ -41,6 +42,7 @@ class AttemptEnds:
         *,
         max_attempts: int,
         wake: Callable[[], None],
+        placing: asyncio.Lock,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -49,6 +51,9 @@ class AttemptEnds:
         self._sessions = sessions
         self.max_attempts = max_attempts
         self._wake = wake
+        # The dispatcher's: a re-queue is written whole (state, queue, tokens, event) before
+        # a dispatch round may place the job again.
+        self._placing = placing
 
     async def exited(
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
@@ -100,10 +105,18 @@ class AttemptEnds:
     async def requeue(self, job_id: str, worker_id: str, why: str = "") -> None:
         """Put an active job whose attempt was lost (``why``; default: its worker was lost)
         back at the front of the queue, attempt kept; after ``max_attempts`` attempts, fail it
-        with the reason of every attempt instead."""
+        with the reason of every attempt instead. A QUEUED job (its lease was taken by a
+        placement that never committed) is put back in the queue if it is not there."""
         why = why or f"worker {worker_id} lost"
+        async with self._placing:
+            await self._requeue(job_id, worker_id, why)
+
+    async def _requeue(self, job_id: str, worker_id: str, why: str) -> None:
         try:
             job = await self._jobs.get(job_id)
+            if job.state == QUEUED:  # a lease of a placement cut short (the scheduler died
+                await self._queue.ensure(job_id)  # mid-way): the job may be out of the queue
+                return
             if job.state not in ACTIVE_STATES or not holds_part(job, worker_id):
                 return
             if job.worker_ids:  # the attempt is one unit: end every part before re-queueing
@@ -116,11 +129,10 @@ class AttemptEnds:
                 return
             reason = f"{why}; re-queued"
             await self._states.change(
-                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt
+                job_id, QUEUED, reason, worker_id="", expect_attempt=job.attempt, queue_front=True
             )
         except OpenTinkerError:  # gone, or moved on meanwhile: nothing to re-queue
             return
-        await self._queue.push_front(job_id)
 
     async def end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
         """Stop the attempt's other parts and free their devices."""

@@ -3,6 +3,11 @@
 One round takes the queue in order, fails jobs no connected worker could ever hold (after a
 grace), and offers devices through the FairPicker (fair_share.py); a job that gets a lease is
 moved to ALLOCATING (one more attempt), given a fresh job token and sent to its worker.
+
+A placement writes several keys (the lease, the job token, the queue, the job), so a Redis
+outage can cut it short. Its commit point is the job's move to ALLOCATING; what was taken before
+a store error is remembered and given back at the start of the next round (``_undo``): else the
+lease, renewed by the worker's heartbeats, would hold its devices for nobody, for ever.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -32,6 +38,14 @@ ALLOCATING = common_pb2.JOB_STATE_ALLOCATING
 FAILED = common_pb2.JOB_STATE_FAILED
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """A placement not yet committed: its leases (and a job token of its job, revoked by id)."""
+
+    job_id: str
+    lease_ids: tuple[str, ...]
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -41,6 +55,7 @@ class Dispatcher:
         sessions: Mapping[str, WorkerSession],
         *,
         unschedulable_after_s: float,
+        placing: asyncio.Lock,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -50,12 +65,15 @@ class Dispatcher:
         self._states = states
         self._sessions = sessions  # the scheduler's live dict of connected workers
         self.unschedulable_after_s = unschedulable_after_s
-        self._lock = asyncio.Lock()
+        self._lock = placing  # held for a round; re-queues take it too (attempt_ends.py)
+        self._cut_short: list[_Placement] = []  # placements a store error interrupted
 
     async def dispatch(self) -> int:
         """One round; returns how many jobs were launched."""
         launched = 0
         async with self._lock:
+            for cut in list(self._cut_short):
+                await self._undo(cut)
             queued = []
             ids = await self._queue.list_ids()
             for job_id, job in zip(ids, await self._jobs.get_many(ids), strict=True):
@@ -65,7 +83,7 @@ class Dispatcher:
                     queued.append(job)
             picker = FairPicker(
                 queued,
-                await self._quotas.devices_in_use(self._sessions),
+                await self._quotas.devices_in_use(),
                 await self._quotas.device_limits(j.tenant_id for j in queued),
             )
             while (job := picker.next()) is not None:
@@ -84,7 +102,7 @@ class Dispatcher:
         for session in by_lora_affinity(sessions, job):
             lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
             if lease is not None:
-                return await self._launch(session, job.job_id, lease.lease_id, lease.device_ids)
+                return await self._launch(session, job, lease.lease_id, lease.device_ids)
         return False
 
     async def _place_across(self, job: common_pb2.Job, sessions: list[WorkerSession]) -> bool:
@@ -102,24 +120,11 @@ class Dispatcher:
         members = [s for s, _ in parts]
         workers = [s.worker_id for s in members]
         reason = f"leases {[g.lease_id for g in group.leases]} on workers {workers}"
-        try:
-            if not await self._queue.remove(job.job_id):
-                raise IllegalTransitionError(f"job {job.job_id!r} left the queue")
-            job = await self._states.change(
-                job.job_id,
-                ALLOCATING,
-                reason,
-                worker_id=workers[0],
-                worker_ids=workers,
-                next_attempt=True,
-            )
-        except OpenTinkerError:
-            for lease in group.leases:
-                await self._ledger.release(lease.lease_id)
+        lease_ids = [lease.lease_id for lease in group.leases]
+        committed = await self._commit(job, lease_ids, reason, workers)
+        if committed is None:
             return False
-        token = await self._identity.issue_job_token(
-            job.job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
-        )
+        job, token = committed
         for session, command in launch_commands(job, members, group, token):
             session.running[(job.job_id, job.attempt)] = command.lease_id
             session.send(command)
@@ -145,29 +150,68 @@ class Dispatcher:
         return True
 
     async def _launch(
-        self, session: WorkerSession, job_id: str, lease_id: str, device_ids: tuple[str, ...]
+        self,
+        session: WorkerSession,
+        job: common_pb2.Job,
+        lease_id: str,
+        device_ids: tuple[str, ...],
     ) -> bool:
         reason = f"lease {lease_id} on worker {session.worker_id}"
-        try:
-            if not await self._queue.remove(job_id):
-                raise IllegalTransitionError(f"job {job_id!r} left the queue")
-            job = await self._states.change(
-                job_id, ALLOCATING, reason, worker_id=session.worker_id, next_attempt=True
-            )
-        except OpenTinkerError:
-            await self._ledger.release(lease_id)
+        committed = await self._commit(job, [lease_id], reason, [session.worker_id])
+        if committed is None:
             return False
+        job, token = committed
+        job_id = job.job_id
         session.running[(job_id, job.attempt)] = lease_id
         if base := lora_base(job):
             session.lora_bases = {
                 k: b for k, b in session.lora_bases.items() if k in session.running
             }
             session.lora_bases[(job_id, job.attempt)] = base
-        token = await self._identity.issue_job_token(
-            job_id, job.attempt, tenant_id=job.tenant_id, user_id=job.owner_user_id
-        )
         session.send(
             LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids, job_token=token)
         )
         log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
         return True
+
+    async def _commit(
+        self, job: common_pb2.Job, lease_ids: Sequence[str], reason: str, workers: Sequence[str]
+    ) -> tuple[common_pb2.Job, str] | None:
+        """Issue the next attempt's job token, take the job out of the queue and move it to
+        ALLOCATING on ``workers`` (rank 0's first): the placement's commit point, after which
+        launching needs no store. Returns (the job, its token), or None when the job moved on
+        meanwhile (cancelled), with what was taken given back. After a store error what was
+        taken is given back at the next round (the error propagates: the round failed)."""
+        placement = _Placement(job.job_id, tuple(lease_ids))
+        self._cut_short.append(placement)
+        try:
+            token = await self._identity.issue_job_token(
+                job.job_id, job.attempt + 1, tenant_id=job.tenant_id, user_id=job.owner_user_id
+            )
+            if not await self._queue.remove(job.job_id):
+                raise IllegalTransitionError(f"job {job.job_id!r} left the queue")
+            placed = await self._states.change(
+                job.job_id,
+                ALLOCATING,
+                reason,
+                expect_attempt=job.attempt,
+                worker_id=workers[0],
+                worker_ids=workers if len(workers) > 1 else (),
+                next_attempt=True,
+            )
+        except OpenTinkerError:
+            await self._undo(placement)
+            return None
+        self._cut_short.remove(placement)
+        return placed, token
+
+    async def _undo(self, placement: _Placement) -> None:
+        """Give back what an uncommitted placement took: its leases, its job token, and the
+        job's place in the queue if it is still QUEUED (it may have left the queue already)."""
+        for lease_id in placement.lease_ids:
+            await self._ledger.release(lease_id)
+        await self._identity.revoke_job_tokens(placement.job_id)
+        [job] = await self._jobs.get_many([placement.job_id])
+        if job is not None and job.state == QUEUED:
+            await self._queue.ensure(placement.job_id)
+        self._cut_short.remove(placement)

@@ -77,6 +77,10 @@ class IdentityStore(Protocol):
         self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
     ) -> Page: ...
     async def revoke(self, key_prefix: str) -> identity_pb2.ApiKeyInfo: ...
+    async def is_revoked(self, key_prefix: str) -> bool:
+        """True when the credential was revoked or is gone (a job token of an ended attempt);
+        for long-lived streams, admitted once, to check again."""
+
     async def issue_job_token(
         self, job_id: str, attempt: int, *, tenant_id: str, user_id: str
     ) -> str: ...
@@ -264,6 +268,10 @@ class RedisIdentityStore:
         await self._r.hset(self._key("cred", key_prefix), "revoked", "1")
         info.revoked = True
         return info
+
+    async def is_revoked(self, key_prefix: str) -> bool:
+        digest_, revoked = await self._r.hmget(self._key("cred", key_prefix), "digest", "revoked")
+        return digest_ is None or revoked == b"1"
 
     async def _store(
         self, kind: str, principal: Principal, *, label: str, listed: bool = False

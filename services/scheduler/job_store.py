@@ -13,6 +13,9 @@ Redis layout (``prefix`` defaults to ``ot:jobs``)::
     <prefix>:request:<tenant>:<request_id>  STRING job id of the tenant's first SubmitJob with
                                           that id (request ids of tenants never collide)
     <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step, lost of attempt n
+
+A job moved back to QUEUED is put at the front of the job queue (job_queue.py, ``queue_key``)
+in the same transaction, so no outage or crash can leave it QUEUED outside the queue.
 """
 
 from __future__ import annotations
@@ -138,8 +141,10 @@ class JobStore(Protocol):
         worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
+        queue_front: bool = False,
     ) -> common_pb2.Job:
-        """Move the job to ``to`` with ``reason``. ``expect_attempt`` guards against stale
+        """Move the job to ``to`` with ``reason``; ``queue_front`` also puts it at the front of
+        the job queue, in the same transaction. ``expect_attempt`` guards against stale
         messages (StaleAttemptError); ``worker_id`` sets the worker (and ``worker_ids`` every
         worker of a multi-worker placement, rank 0 first); ``next_attempt`` counts one
         more launch; ``result`` sets checkpoint_uri and final_metrics. Raises
@@ -185,9 +190,12 @@ return ARGV[1]
 class RedisJobStore:
     """JobStore on one Redis."""
 
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "ot:jobs") -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, prefix: str = "ot:jobs", queue_key: str = "ot:queue"
+    ) -> None:
         self._r = client
         self._prefix = prefix
+        self._queue_key = queue_key  # the RedisJobQueue's list, on the same Redis
         self._create = client.register_script(_CREATE)
 
     def _key(self, *parts: str) -> str:
@@ -275,6 +283,7 @@ class RedisJobStore:
         worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
+        queue_front: bool = False,
     ) -> common_pb2.Job:
         key = self._key("job", job_id)
         async with self._r.pipeline(transaction=True) as pipe:
@@ -303,6 +312,9 @@ class RedisJobStore:
                         job.final_metrics.update(result.final_metrics)
                     pipe.multi()
                     pipe.set(key, job.SerializeToString())
+                    if queue_front:
+                        pipe.lrem(self._queue_key, 0, job_id)
+                        pipe.lpush(self._queue_key, job_id)
                     await pipe.execute()
                     return job
                 except WatchError:

@@ -110,6 +110,9 @@ class LeaseLedger(Protocol):
     async def leases(self, worker_id: str) -> list[Lease]:
         """The worker's leases not yet released (live or lapsed)."""
 
+    async def all_leases(self) -> list[Lease]:
+        """Every lease not yet released (live or lapsed), of any worker, connected or not."""
+
     async def is_live(self, lease_id: str) -> bool:
         """True while every device of the lease is still held by it."""
 
@@ -246,6 +249,10 @@ class RedisLeaseLedger:
 
     async def leases(self, worker_id: str) -> list[Lease]:
         ids = await self._r.smembers(self._key("worker", worker_id, "leases"))
+        return await self._load(sorted(_text(i) for i in ids))
+
+    async def all_leases(self) -> list[Lease]:
+        ids = await self._r.smembers(self._key("leases"))
         return await self._load(sorted(_text(i) for i in ids))
 
     async def is_live(self, lease_id: str) -> bool:

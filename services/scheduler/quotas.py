@@ -73,10 +73,11 @@ class Quotas:
                     reason="DEVICE_BUDGET_SPENT",
                 )
 
-    async def devices_in_use(self, worker_ids: Iterable[str]) -> dict[str, int]:
-        """Devices held by each tenant's jobs, from the leases of ``worker_ids``."""
-        # A snapshot: workers connect and leave while this awaits Redis.
-        leases = [lease for w in list(worker_ids) for lease in await self._ledger.leases(w)]
+    async def devices_in_use(self) -> dict[str, int]:
+        """Devices held by each tenant's jobs: every lease not yet released, also those of
+        workers not connected now (a dropped stream, a scheduler restart), whose jobs keep
+        running and are adopted again when their worker re-announces them."""
+        leases = await self._ledger.all_leases()
         jobs = await self._jobs.get_many([lease.job_id for lease in leases])
         held: dict[str, int] = {}
         for lease, job in zip(leases, jobs, strict=True):

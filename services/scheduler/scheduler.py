@@ -90,8 +90,14 @@ class Scheduler:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self._sessions: dict[str, WorkerSession] = {}
+        placing = asyncio.Lock()  # a dispatch round, or a re-queue: never both at once
         self._ends = AttemptEnds(
-            stores, self._states, self._sessions, max_attempts=max_attempts, wake=self.wake
+            stores,
+            self._states,
+            self._sessions,
+            max_attempts=max_attempts,
+            wake=self.wake,
+            placing=placing,
         )
         self._dispatcher = Dispatcher(
             stores,
@@ -99,6 +105,7 @@ class Scheduler:
             self._states,
             self._sessions,
             unschedulable_after_s=unschedulable_after_s,
+            placing=placing,
         )
         self._recovery = WorkerRecovery(
             self._jobs,
@@ -168,6 +175,10 @@ class Scheduler:
             await self._queue.push(job.job_id)
             log.info("job_submitted", job_id=job.job_id, name=job.spec.name)
             self.wake()
+        elif job.state == QUEUED and await self._queue.ensure(job.job_id):
+            # A retry of a submit that stored the job but failed (Redis away) before queueing it.
+            log.warning("job_queued_on_retry", job_id=job.job_id, request_id=request_id)
+            self.wake()
         return job
 
     async def get(self, job_id: str, *, tenant: str | None) -> common_pb2.Job:
@@ -200,7 +211,9 @@ class Scheduler:
         await self._identity.revoke_job_tokens(job_id)
         await self._queue.remove(job_id)
         await self._events.append(job_id, state_change(CANCELLED, reason))
-        for worker_id in job.worker_ids or ([job.worker_id] if job.worker_id else []):
+        # Where it runs now, not where it ran when read: it may have been placed meanwhile.
+        placed = cancelled.worker_ids or ([cancelled.worker_id] if cancelled.worker_id else [])
+        for worker_id in placed:
             session = self._sessions.get(worker_id)
             if session is not None:
                 session.send(StopCommand(job_id, reason))
@@ -225,7 +238,7 @@ class Scheduler:
             tenant_ids = [
                 t.tenant_id for t in (await self._identity.list_tenants(page_size=1000)).items
             ]
-        held = await self._quotas.devices_in_use(self._sessions)
+        held = await self._quotas.devices_in_use()
         return [
             await self._quotas.report(t, held.get(t, 0), max_jobs=max_jobs or 20)
             for t in tenant_ids
@@ -272,6 +285,27 @@ class Scheduler:
         self.wake()
         return session
 
+    def check_credential_soon(self, session: WorkerSession) -> None:
+        """Check again, in the background, the credential the worker connected with; one check
+        at a time, so a slow Redis never holds up the stream."""
+        check = session.credential_check
+        if session.key_prefix and not session.lost and (check is None or check.done()):
+            session.credential_check = asyncio.create_task(self._cut_off_if_revoked(session))
+
+    async def _cut_off_if_revoked(self, session: WorkerSession) -> None:
+        """A worker whose credential was revoked since it connected is cut off: its attempts
+        are told to stop and re-queued elsewhere, and its stream is closed."""
+        try:
+            if not await self._identity.is_revoked(session.key_prefix) or session.lost:
+                return
+            reason = f"the worker's credential (key {session.key_prefix}) was revoked"
+            for job_id, attempt in list(session.running):
+                session.send(StopCommand(job_id, reason, attempt=attempt))
+            await self.disconnect_worker(session, reason, reclaim=True)
+            session.send(CloseCommand(reason))
+        except Exception as err:  # Redis away: checked again at the next heartbeat
+            log.warning("credential_check_failed", worker_id=session.worker_id, error=repr(err))
+
     def worker_seen(self, session: WorkerSession) -> None:
         """Any message from the worker counts as a heartbeat: renew its leases (soon)."""
         session.last_seen = time.monotonic()
@@ -283,8 +317,10 @@ class Scheduler:
         if current and job.state == RUNNING and job.worker_ids:
             return  # another part of a multi-worker attempt was first
         if job.state != ALLOCATING or not current:
-            # Cancelled or re-queued meanwhile: this attempt must not run.
-            session.send(StopCommand(job_id, f"job is {state_name(job.state)}: {job.reason}"))
+            # Cancelled or re-queued meanwhile: this attempt must not run. Name it: a newer
+            # attempt of the job may run on this worker by now, and must go on.
+            why = f"job is {state_name(job.state)}: {job.reason}"
+            session.send(StopCommand(job_id, why, attempt=attempt))
             return
         reason = f"running on worker {session.worker_id}"
         await self._states.change(job_id, RUNNING, reason, expect_attempt=attempt)
@@ -322,8 +358,8 @@ class Scheduler:
         self.wake()
 
     async def devices_in_use(self) -> dict[str, int]:
-        """Devices each tenant's jobs hold now, on the connected workers (from the ledger)."""
-        return await self._quotas.devices_in_use(self._sessions)
+        """Devices each tenant's jobs hold now, on any worker (every unreleased lease)."""
+        return await self._quotas.devices_in_use()
 
     def connected_workers(self) -> list[str]:
         return sorted(self._sessions)

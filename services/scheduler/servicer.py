@@ -205,6 +205,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 done, _ = await asyncio.wait({getter}, timeout=self._scheduler.heartbeat_interval_s)
                 if not done:
                     getter.cancel()
+                    self._scheduler.check_credential_soon(session)  # admitted once: again
                     yield outgoing.next(heartbeat=common_pb2.Heartbeat(time_unix_s=time.time()))
                     continue
                 command = getter.result()
@@ -265,6 +266,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 f"(or both 0 for the default), got base {ports[0]} count {ports[1]}",
             )
         session = await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices, held)
+        session.key_prefix = current_principal().key_prefix
         session.rendezvous_host = reg.rendezvous_host or reg.hostname
         if ports != (0, 0):
             session.rendezvous_ports = ports

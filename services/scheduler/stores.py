@@ -61,7 +61,8 @@ def redis_stores(
     event_max_progress: int = 10_000,
 ) -> Stores:
     """``server_secret`` keys the HMAC under which credentials are stored (credentials.py)."""
-    jobs = RedisJobStore(client)
+    queue = RedisJobQueue(client)
+    jobs = RedisJobStore(client, queue_key=queue.key)
     identity = RedisIdentityStore(client, server_secret=server_secret)
     usage = RedisUsageStore(client)
     ledger = AccountedLedger(
@@ -69,7 +70,7 @@ def redis_stores(
     )
     return Stores(
         jobs=jobs,
-        queue=RedisJobQueue(client),
+        queue=queue,
         ledger=ledger,
         events=RedisEventLog(client, max_progress=event_max_progress),
         identity=identity,

@@ -33,6 +33,7 @@ class JobStates:
         worker_ids: Sequence[str] = (),
         next_attempt: bool = False,
         result: scheduler_pb2.JobResult | None = None,
+        queue_front: bool = False,
     ) -> common_pb2.Job:
         """Move the job to ``to`` (JobStore.transition), write the state_change event, and
         revoke the job tokens of an attempt that is over. Raises what the store raises."""
@@ -46,6 +47,7 @@ class JobStates:
                 worker_ids=worker_ids,
                 next_attempt=next_attempt,
                 result=result,
+                queue_front=queue_front,
             )
         except (IllegalTransitionError, StaleAttemptError) as err:
             log.info("transition_skipped", job_id=job_id, to=state_name(to), why=str(err))

@@ -79,6 +79,8 @@ class WorkerSession:
     # those still in ``running`` count)
     lora_bases: dict[tuple[str, int], str] = field(default_factory=dict)
     renewal: asyncio.Task[None] | None = None  # the lease renewal in flight, if any
+    key_prefix: str = ""  # of the credential it connected with (checked again while connected)
+    credential_check: asyncio.Task[None] | None = None  # the check in flight, if any
     rendezvous_host: str = ""  # MASTER_ADDR when it holds rank 0 of a multi-worker job
     rendezvous_ports: tuple[int, int] = DEFAULT_RENDEZVOUS_PORTS  # (base, count)
 
