@@ -29,6 +29,7 @@ from opentinker.spec import JobSpec, ModelSpec, to_proto
 pytestmark = pytest.mark.integration
 CE = LossSpec("cross_entropy")
 ADAM = AdamParams(learning_rate=1e-2, weight_decay=0.01)
+NAN, INF = float("nan"), float("inf")
 
 
 def datum(tokens: list[int], weights: list[float] | None = None) -> Datum:
@@ -183,6 +184,22 @@ def test_calls_run_in_seq_order_and_a_repeated_seq_is_refused() -> None:
         ([D1], "ppo", r"data\[0\]: loss 'ppo' needs sampling_logprobs"),
         ([Datum([1, 999], [999, 3])], "cross_entropy", "outside the vocabulary"),
         ([], "cross_entropy", "data is empty"),
+        # Not finite: one NaN makes the loss and every gradient NaN, and optim_step would
+        # write NaN into every trained weight of the session.
+        (
+            [
+                Datum([1, 2], [2, 3], sampling_logprobs=[-1.0, -1.0], advantages=[1.0, 1.0]),
+                Datum([1, 2], [2, 3], sampling_logprobs=[-1.0, -1.0], advantages=[1.0, NAN]),
+            ],
+            "importance_sampling",
+            r"data\[1\]: advantages\[1\] is nan",
+        ),
+        ([Datum([1, 2], [2, 3], weights=[INF, 1.0])], "cross_entropy", r"weights\[0\] is inf"),
+        (
+            [Datum([1, 2], [2, 3], sampling_logprobs=[NAN, -1.0], advantages=[1.0, 1.0])],
+            "ppo",
+            r"data\[0\]: sampling_logprobs\[0\] is nan",
+        ),
     ],
 )
 def test_bad_data_is_refused_naming_the_datum_and_field(data, loss, message) -> None:

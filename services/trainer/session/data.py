@@ -9,6 +9,7 @@ positions that carry no loss). The batch is the ``T + 1`` ids ``input_tokens +
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -115,6 +116,11 @@ def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
         values = getattr(d, name)
         if values and len(values) != n:
             raise bad(f"{name} has {len(values)} entries, input_tokens {n}")
+        # One NaN or inf makes the loss and every gradient non-finite: optim_step would then
+        # write NaN into every trained weight.
+        at = next((t for t, v in enumerate(values) if not math.isfinite(v)), None)
+        if at is not None:
+            raise bad(f"{name}[{at}] is {values[at]}: every value must be finite")
     if loss != "cross_entropy":
         for name in ("sampling_logprobs", "advantages"):
             if not getattr(d, name):
