@@ -10,18 +10,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from async_guard import run
 from identity_helpers import user_key
 
-from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from opentinker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.launcher.redis_process import free_port
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reporter import SchedulerReporter
 from opentinker.services.trainer.session.data import Datum, collate_data
 from opentinker.services.trainer.session.objective import LossSpec
 from opentinker.services.trainer.session.ordering import CallOrder
 from opentinker.services.trainer.session.sampler import SessionSampler
-from opentinker.services.trainer.session.training_session import AdamParams, TrainingSession
+from opentinker.services.trainer.session.training_session import (
+    AdamParams,
+    StepReport,
+    TrainingSession,
+)
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, ModelSpec, to_proto
@@ -42,7 +54,12 @@ D2 = datum([7, 8, 40, 41, 42, 43, 3], [1.0, 0.0, 1.0, 1.0, 1.0, 2.0])
 
 @contextlib.asynccontextmanager
 async def session_on(
-    model: Path, root: Path, *, job_id: str = "job-a", finetune: str = "lora"
+    model: Path,
+    root: Path,
+    *,
+    job_id: str = "job-a",
+    finetune: str = "lora",
+    report_step: StepReport | None = None,
 ) -> AsyncIterator[TrainingSession]:
     """A TrainingSession on ``model`` with its sampler on a real in-process rollout."""
     spec = ModelSpec(base_model=str(model), finetune=finetune)  # type: ignore[arg-type]
@@ -64,6 +81,7 @@ async def session_on(
                     config=SessionConfig(),
                     checkpoint_root=root,
                     settings=TrainerSettings(),
+                    report_step=report_step,
                 )
             finally:
                 await sampler.close(reason="test over", timeout_s=5)
@@ -122,6 +140,38 @@ def test_state_loaded_in_a_new_session_gives_the_same_next_steps(
                 await b.load_state(str(tmp_path.parent))
 
     asyncio.run(main())
+
+
+def test_an_unreachable_scheduler_neither_fails_nor_holds_up_an_applied_step(
+    letter_model_dir, tmp_path
+) -> None:
+    """The step report goes out behind the step: optim_step answers at once with the step it
+    applied; the report that finally fails ends the session at the next step, before it moves
+    the weights (so the client is never told a step failed that was applied)."""
+
+    async def main() -> None:
+        address = f"127.0.0.1:{free_port()}"  # the scheduler: nothing listens there
+        async with aio_channel(address) as channel:
+            reporter = SchedulerReporter(
+                channel, address=address, job_id="job-a", attempt=1, timeout_s=1, retry_for_s=2
+            )
+            async with session_on(
+                letter_model_dir, tmp_path, report_step=reporter.report_step
+            ) as s:
+                await s.forward_backward([D1, D2], CE)
+                step, grad_norm = await asyncio.wait_for(s.optim_step(ADAM), 1.5)
+                assert (step, s.step) == (1, 1) and grad_norm > 0
+                await s.flush_reports()  # the report gives up after retry_for_s
+                assert s.ended.is_set() and "step report" in s.end_reason
+                await s.forward_backward([D1], CE)
+                weights = [p.detach().clone() for p in s.policy.trainable_parameters()]
+                with pytest.raises(UnavailableError, match="step report"):
+                    await s.optim_step(ADAM)
+                assert s.step == 1
+                for before, now in zip(weights, s.policy.trainable_parameters(), strict=True):
+                    assert torch.equal(before, now)
+
+    run(main, 60)
 
 
 def test_sampler_serves_the_saved_weights_and_keeps_stop_tokens(letter_model_dir, tmp_path):

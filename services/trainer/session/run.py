@@ -159,6 +159,7 @@ async def _serve_until_ended(
         with contextlib.suppress(asyncio.CancelledError):
             await idle
     await asyncio.sleep(0.2)  # let the answer to CloseSession leave before the server stops
+    await session.flush_reports()  # the steps' reports go out before the session's end
     await reporter.report_session(ended_reason=session.end_reason)
     final = {"steps": float(session.step), "policy_version": float(session.sampler.policy_version)}
     await reporter.report_result("", final)

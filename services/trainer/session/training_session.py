@@ -7,6 +7,7 @@ server stays responsive; calls run one at a time in the client's order (``call``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -18,12 +19,13 @@ import structlog
 import torch
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import FailedPreconditionError, InvalidArgumentError
+from opentinker.errors import FailedPreconditionError, InvalidArgumentError, OpenTinkerError
 from opentinker.services.rollout.seeds import derive_seed
 from opentinker.session_config import SessionConfig
 
 from ..policy import Policy
 from ..settings import TrainerSettings
+from ..step_reports import BackgroundStepReports
 from . import state
 from .data import Datum, collate_data
 from .objective import LossResult, LossSpec, evaluate
@@ -76,9 +78,12 @@ class TrainingSession:
         report_step: StepReport | None = None,
     ) -> None:
         """``report_step``: where each optimizer step's metrics go (the scheduler's event
-        stream and usage: steps, tokens trained and generated since the last step)."""
+        stream and usage: steps, tokens trained and generated since the last step). They go
+        in the background (step_reports.py): a slow or restarting scheduler never holds up
+        optim_step's answer, and a report that finally fails, or a stop answer, ends the
+        session at the next optim_step, before it moves the weights."""
         self.job_id, self.tenant_id = job_id, tenant_id
-        self._report_step = report_step
+        self._reports = BackgroundStepReports(report_step) if report_step is not None else None
         self._since_step = {"loss": 0.0, "tokens_trained": 0.0, "tokens_generated": 0.0}
         self.policy, self.sampler, self.config = policy, sampler, config
         self.checkpoint_root = Path(checkpoint_root)
@@ -167,14 +172,42 @@ class TrainingSession:
             raise FailedPreconditionError(
                 "optim_step without gradients: call forward_backward first", reason="NO_GRADIENTS"
             )
+        self._check_reports()
         grad_norm = await asyncio.to_thread(self._step, adam)
         self.step += 1
         self.accumulated_calls = 0
         metrics = {**self._since_step, "grad_norm": grad_norm, "learning_rate": adam.learning_rate}
         self._since_step = dict.fromkeys(self._since_step, 0.0)
-        if self._report_step is not None:
-            await self._report_step(self.step, self.sampler.policy_version, metrics)
+        if self._reports is not None:
+            await self._reports.put(self.step, self.sampler.policy_version, metrics)
         return self.step, grad_norm
+
+    def _check_reports(self) -> None:
+        """Raise (and end the session) when a step report finally failed or was answered
+        with stop (the job was cancelled or superseded)."""
+        if self._reports is None:
+            return
+        try:
+            stop = self._reports.stop_requested
+        except Exception as err:
+            message = err.message if isinstance(err, OpenTinkerError) else str(err)
+            self.end(f"step report failed: {message}")
+            raise
+        if stop:
+            self.end("stopped by the scheduler")
+            raise FailedPreconditionError(
+                f"session {self.job_id} was stopped by the scheduler", reason="SESSION_ENDED"
+            )
+
+    async def flush_reports(self) -> None:
+        """Wait until every step report was answered (the session's end); a failed one or a
+        stop answer ends the session."""
+        if self._reports is None:
+            return
+        with contextlib.suppress(Exception):  # raised again by stop_requested: ends it there
+            await self._reports.flush()
+        with contextlib.suppress(Exception):
+            self._check_reports()
 
     def _step(self, adam: AdamParams) -> float:
         for group in self.policy.optimizer.param_groups:
