@@ -11,6 +11,7 @@ import torch
 from opentinker import LoraConfig, ModelSpec
 from opentinker.services.trainer.master_weights import MASTERS_KEY, MasterWeightAdamW
 from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.session.state import SavedSession, load_state, save_state
 
 pytestmark = pytest.mark.unit
 
@@ -77,9 +78,38 @@ def test_a_resumed_optimizer_continues_from_the_masters_not_the_rounded_weights(
     again.load_state_dict(checkpoint["optimizer"])
     train(resumed, again, 100)
     assert torch.equal(resumed.weight, through.weight)
-    wrong = MasterWeightAdamW(linear(torch.float32).parameters(), lr=LR)
+    other = torch.nn.Linear(16, 16, bias=True)  # two float32 parameters: the one master fits none
+    wrong = MasterWeightAdamW(other.parameters(), lr=LR)
+    start = other.weight.detach().clone()
     with pytest.raises(ValueError, match="1 float32 masters, this policy has 0"):
         wrong.load_state_dict(checkpoint["optimizer"])
+    assert torch.equal(other.weight, start) and not wrong.state  # refused before any change
+
+
+def test_a_session_state_saved_in_bf16_loads_into_a_float32_policy_exactly(
+    letter_model_dir: Path, tmp_path: Path
+) -> None:
+    """A state saved by a bf16 trainer (CUDA) loads into a float32 one (CPU): its float32
+    masters become the weights. It was refused (26 masters, 0 low-precision parameters)
+    after the weights and AdamW moments had been overwritten: a failed load_state that had
+    changed the session anyway."""
+    spec = ModelSpec(base_model=str(letter_model_dir), finetune="full")
+    saved = Policy(spec, learning_rate=1e-3, dtype=torch.bfloat16)
+    for p in saved.trainable_parameters():
+        p.grad = torch.full_like(p, 0.5)
+    saved.optimizer_step(1.0)
+    owner = SavedSession(tenant_id="acme", job_id="job-gpu", model=spec, step=1)
+    path = save_state(saved, root=tmp_path, name="bf16", owner=owner)
+    loaded = Policy(spec, learning_rate=1e-3)
+    assert load_state(loaded, str(path), root=tmp_path, tenant_id="acme").step == 1
+    masters = saved.optimizer.state_dict()[MASTERS_KEY]
+    for weight, master in zip(loaded.trainable_parameters(), masters, strict=True):
+        assert weight.dtype == torch.float32 and torch.equal(weight, master)
+    moments = [s["exp_avg_sq"] for s in loaded.optimizer.state_dict()["state"].values()]
+    expected = [s["exp_avg_sq"] for s in saved.optimizer.state_dict()["state"].values()]
+    assert len(moments) == len(masters)
+    for got, want in zip(moments, expected, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_a_bf16_full_fine_tune_steps_masters_and_a_lora_one_keeps_float32_adapters(

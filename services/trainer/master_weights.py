@@ -67,17 +67,25 @@ class MasterWeightAdamW(torch.optim.AdamW):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by this class or by plain AdamW. A state saved where every
+        parameter was low precision (a bf16 policy on CUDA) loads into one where none is (a
+        float32 policy on CPU) too: its masters are the float32 weights, copied in. Anything
+        else that does not fit raises ValueError before changing a thing."""
         state_dict = dict(state_dict)
         masters = state_dict.pop(MASTERS_KEY, None)
-        super().load_state_dict(state_dict)
+        stepped = [p for group in self.param_groups for p in group["params"]]
+        pairs = self._masters
         if masters is None:  # saved by plain AdamW: the parameters are the best start there is
             masters = [param.detach() for param, _ in self._masters]
-        if len(masters) != len(self._masters):
+        elif not self._masters and len(masters) == len(stepped):
+            pairs = [(param, param) for param in stepped]  # the masters are the weights
+        if len(masters) != len(pairs):
             raise ValueError(
                 f"optimizer state holds {len(masters)} float32 masters, this policy has "
-                f"{len(self._masters)} low-precision parameters"
+                f"{len(self._masters)} low-precision parameters (of {len(stepped)})"
             )
+        super().load_state_dict(state_dict)
         with torch.no_grad():
-            for (param, master), saved in zip(self._masters, masters, strict=True):
+            for (param, master), saved in zip(pairs, masters, strict=True):
                 master.copy_(saved)
                 param.copy_(master)
