@@ -19,12 +19,14 @@ from opentinker.errors import (
     NotFoundError,
     UnavailableError,
 )
+from opentinker.services.common.auth import OwnCredentialAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.launcher.redis_process import free_port
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
+from opentinker.services.trainer.service import create_session_server
 from opentinker.services.trainer.session.data import Datum, collate_data
 from opentinker.services.trainer.session.objective import LossSpec
 from opentinker.services.trainer.session.ordering import CallOrder
@@ -37,6 +39,7 @@ from opentinker.services.trainer.session.training_session import (
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, ModelSpec, to_proto
+from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 pytestmark = pytest.mark.integration
 CE = LossSpec("cross_entropy")
@@ -172,6 +175,60 @@ def test_an_unreachable_scheduler_neither_fails_nor_holds_up_an_applied_step(
                     assert torch.equal(before, now)
 
     run(main, 60)
+
+
+def test_a_call_cancelled_mid_step_finishes_before_the_next_call_and_is_counted(
+    letter_model_dir, tmp_path
+) -> None:
+    """The client gives up on a forward_backward (deadline, cancel) while the model works:
+    the work still finishes in its worker thread and its gradients stay. The session counts
+    it and the next call waits for it; it used to return at once, uncounted
+    (accumulated_calls 0 with its gradients in place), and let the next call run alongside."""
+    token = "otj_0123456789ab_" + "x" * 24  # the job's own token
+
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path) as session:
+            settings = TrainerSettings(host="127.0.0.1", port=0)
+            own = OwnCredentialAuthenticator(token, job_id="job-a", attempt=1)
+            server, port = await create_session_server(settings, session, own)
+            try:
+                async with aio_channel(f"127.0.0.1:{port}", credential=token) as channel:
+                    stub = trainer_pb2_grpc.TrainerServiceStub(channel)
+                    await cancelled_mid_step(stub, session)
+                    small = fb_request(2, [D1])
+                    reply = await stub.ForwardBackward(small, timeout=60)
+                    info = await stub.GetSessionInfo(
+                        trainer_pb2.GetSessionInfoRequest(session_id="job-a"), timeout=10
+                    )
+                    assert (reply.accumulated_calls, info.accumulated_calls) == (2, 2)
+                    assert info.last_seq == 2
+            finally:
+                await server.stop(grace=0.5)
+
+    run(main, 120)
+
+
+def fb_request(seq: int, data: list[Datum]) -> trainer_pb2.ForwardBackwardRequest:
+    return trainer_pb2.ForwardBackwardRequest(
+        call=trainer_pb2.SessionCall(session_id="job-a", seq=seq),
+        data=[
+            trainer_pb2.Datum(input_tokens=d.input_tokens, target_tokens=d.target_tokens)
+            for d in data
+        ],
+        loss=trainer_pb2.LossConfig(loss=trainer_pb2.SESSION_LOSS_CROSS_ENTROPY),
+    )
+
+
+async def cancelled_mid_step(stub: trainer_pb2_grpc.TrainerServiceStub, session) -> None:
+    """Send a large forward_backward as call 1 and cancel it once the session works on it."""
+    tokens = [(7 * i) % 500 + 1 for i in range(257)]
+    call = stub.ForwardBackward(fb_request(1, [datum(tokens)] * 24), timeout=60)
+    while session.idle_seconds() > 0:  # 0 once the call is in (its thread starts at once)
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.05)  # well inside the model work, which takes about a second
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
 
 
 def test_sampler_serves_the_saved_weights_and_keeps_stop_tokens(letter_model_dir, tmp_path):

@@ -3,6 +3,7 @@ protobuf into domain types and domain errors into status codes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -48,7 +49,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self._admit(call.session_id, context)
         try:
             async with self._s.call(call.seq):
-                return await body()
+                return await _to_the_end(body())
         except (RolloutError, WeightSyncError) as err:
             await abort(context, grpc.StatusCode.UNAVAILABLE, err.message, reason="SAMPLER")
         except ValueError as err:  # a loss refusing its arguments (e.g. ppo thresholds)
@@ -203,6 +204,21 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
             policy_version=s.sampler.policy_version,
             trainable_parameters=s.policy.num_trainable_parameters(),
         )
+
+
+async def _to_the_end(work: Awaitable[T]) -> T:
+    """Await ``work`` in a task of its own: a call the client gives up on (its deadline, a
+    cancel) still finishes what it started -- the model work in its thread and the session's
+    count of it -- before its turn ends, so the next call never runs alongside it nor finds
+    its gradients uncounted."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("cancelled_call_failed", error=str(task.exception()))
+        raise
 
 
 def _data(data) -> list[Datum]:
