@@ -312,3 +312,21 @@ def test_calls_run_in_seq_order_and_a_repeated_seq_is_refused() -> None:
 def test_bad_data_is_refused_naming_the_datum_and_field(data, loss, message) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         collate_data(data, loss, pad_id=0, vocab_size=512, max_tokens=1000)
+
+
+@pytest.mark.parametrize(
+    ("adam", "message"),
+    [
+        # Each of these passed and wrote NaN (or inf) into every trained weight at the step.
+        (AdamParams(learning_rate=INF), "adam.learning_rate must be finite and > 0, got inf"),
+        (AdamParams(learning_rate=1e-3, weight_decay=NAN), "adam.weight_decay must be"),
+        (AdamParams(learning_rate=1e-3, grad_clip_norm=NAN), "adam.grad_clip_norm must be"),
+        (AdamParams(learning_rate=1e-3, eps=INF), "adam.eps must be"),
+        (AdamParams(learning_rate=NAN), "adam.learning_rate must be"),
+        (AdamParams(learning_rate=1e-3, beta2=1.0), r"adam.beta2 must be in \[0, 1\)"),
+    ],
+)
+def test_adam_params_that_would_corrupt_the_weights_are_refused(adam, message) -> None:
+    with pytest.raises(InvalidArgumentError, match=message) as info:
+        adam.check()
+    assert info.value.reason == "BAD_ADAM_PARAMS"

@@ -50,14 +50,19 @@ class AdamParams:
     grad_clip_norm: float = 0.0
 
     def check(self) -> None:
+        """INVALID_ARGUMENT naming each bad field; a NaN or inf would reach every weight."""
         problems = []
-        if not self.learning_rate > 0:
-            problems.append(f"adam.learning_rate must be > 0, got {self.learning_rate}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            problems.append(f"adam.learning_rate must be finite and > 0, got {self.learning_rate}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 problems.append(f"adam.{name} must be in [0, 1), got {getattr(self, name)}")
-        if not self.eps > 0 or self.weight_decay < 0 or self.grad_clip_norm < 0:
-            problems.append("adam.eps must be > 0; weight_decay and grad_clip_norm >= 0")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            problems.append(f"adam.eps must be finite and > 0, got {self.eps}")
+        for name in ("weight_decay", "grad_clip_norm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                problems.append(f"adam.{name} must be finite and >= 0, got {value}")
         if problems:
             raise InvalidArgumentError("; ".join(problems), reason="BAD_ADAM_PARAMS")
 
