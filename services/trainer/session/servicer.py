@@ -49,7 +49,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self._admit(call.session_id, context)
         try:
             async with self._s.call(call.seq):
-                return await _to_the_end(body())
+                return await body()
         except (RolloutError, WeightSyncError) as err:
             await abort(context, grpc.StatusCode.UNAVAILABLE, err.message, reason="SAMPLER")
         except ValueError as err:  # a loss refusing its arguments (e.g. ppo thresholds)
@@ -84,7 +84,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def Forward(self, request, context):  # noqa: N802 - gRPC method name
         async def body():
-            result = await self._s.forward(_data(request.data), _loss(request.loss))
+            result = await _to_the_end(self._s.forward(_data(request.data), _loss(request.loss)))
             return trainer_pb2.ForwardResponse(
                 loss=float(result.loss),
                 outputs=[trainer_pb2.DatumOutput(logprobs=lp) for lp in result.logprobs],
@@ -95,7 +95,8 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def ForwardBackward(self, request, context):  # noqa: N802
         async def body():
-            result = await self._s.forward_backward(_data(request.data), _loss(request.loss))
+            work = self._s.forward_backward(_data(request.data), _loss(request.loss))
+            result = await _to_the_end(work)
             return trainer_pb2.ForwardBackwardResponse(
                 loss=float(result.loss.detach()),
                 outputs=[trainer_pb2.DatumOutput(logprobs=lp) for lp in result.logprobs],
@@ -116,7 +117,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 weight_decay=a.weight_decay,
                 grad_clip_norm=a.grad_clip_norm,
             )
-            step, grad_norm = await self._s.optim_step(adam)
+            step, grad_norm = await _to_the_end(self._s.optim_step(adam))
             return trainer_pb2.OptimStepResponse(
                 step=step, grad_norm=grad_norm, metrics={"grad_norm": grad_norm}
             )
@@ -163,14 +164,15 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def SaveState(self, request, context):  # noqa: N802
         async def body():
-            path = await self._s.save_state(request.name)
+            path = await _to_the_end(self._s.save_state(request.name))
             return trainer_pb2.SaveStateResponse(path=str(path))
 
         return await self._run(request.call, context, body)
 
     async def LoadState(self, request, context):  # noqa: N802
         async def body():
-            return trainer_pb2.LoadStateResponse(step=await self._s.load_state(request.path))
+            step = await _to_the_end(self._s.load_state(request.path))
+            return trainer_pb2.LoadStateResponse(step=step)
 
         return await self._run(request.call, context, body)
 
@@ -207,10 +209,11 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
 
 async def _to_the_end(work: Awaitable[T]) -> T:
-    """Await ``work`` in a task of its own: a call the client gives up on (its deadline, a
-    cancel) still finishes what it started -- the model work in its thread and the session's
-    count of it -- before its turn ends, so the next call never runs alongside it nor finds
-    its gradients uncounted."""
+    """Await the model work of a call in a task of its own: a call the client gives up on
+    (its deadline, a cancel) still finishes what it started -- the work in its thread and the
+    session's count of it -- before its turn ends, so the next call never runs alongside it
+    nor finds its gradients uncounted. (Sampling calls change no training state: a cancel
+    ends them at once.)"""
     task = asyncio.ensure_future(work)
     try:
         return await asyncio.shield(task)
