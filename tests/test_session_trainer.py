@@ -24,6 +24,7 @@ from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.launcher.redis_process import free_port
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.trainer.errors import RolloutError
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
 from opentinker.services.trainer.service import create_session_server
@@ -229,6 +230,33 @@ async def cancelled_mid_step(stub: trainer_pb2_grpc.TrainerServiceStub, session)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+
+
+def test_a_weight_sync_that_broke_the_stream_is_retried_on_a_fresh_one(
+    letter_model_dir, tmp_path
+) -> None:
+    """A save_weights_for_sampler that times out (or whose rollout stream breaks mid-transfer)
+    cancels the sampler's rollout stream. The next one opens a fresh stream and succeeds;
+    every later one used to fail with 'CANCELLED: Locally cancelled by application!'."""
+
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path) as s:
+            with pytest.raises(RolloutError):
+                await s.sampler.publish(s.policy, timeout_s=0.001)  # gives up mid-transfer
+            assert s.sampler.policy_version == 0
+            await s.forward_backward([D1, D2], CE)
+            await s.optim_step(AdamParams(learning_rate=0.1))
+            version, diff = await s.save_weights_for_sampler()
+            assert version == 1 and diff <= 1e-3  # the new weights, verified by the probe
+            from opentinker.common.v1 import common_pb2
+
+            sampling = common_pb2.SamplingParams(max_new_tokens=3)
+            samples, used = await s.sample(
+                [5, 9, 17], num_samples=1, sampling=sampling, stop_token_ids=[], seed=1, seq=1
+            )
+            assert used == 1 and len(samples) == 1
+
+    run(main, 120)
 
 
 def test_sampler_serves_the_saved_weights_and_keeps_stop_tokens(letter_model_dir, tmp_path):

@@ -16,6 +16,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import UnavailableError, from_rpc_error
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 
+from ..errors import RolloutError, WeightSyncError
 from ..policy import Policy
 from ..rollout_client import GrpcRolloutSession
 from ..weight_sync import verified_sync
@@ -43,25 +44,52 @@ class SessionSampler:
         tolerance: float | None,
         weight_transport: TransportSetting = "auto",
     ) -> None:
-        self._stream = GrpcRolloutSession(
-            channel, address=address, weight_transport=weight_transport
-        )
-        self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        self._channel, self._weight_transport = channel, weight_transport
         self._address = address
+        self._stream = self._new_stream()
+        self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         self._tolerance = tolerance
         self.policy_version = 0
+        self._opened_with: tuple[str, common_pb2.ModelSpec, int] | None = None
+        self._broken = False  # the last sync failed: the stream may be cancelled or mid-update
+
+    def _new_stream(self) -> GrpcRolloutSession:
+        return GrpcRolloutSession(
+            self._channel, address=self._address, weight_transport=self._weight_transport
+        )
 
     async def open(self, *, job_id: str, model: common_pb2.ModelSpec, seed: int, timeout_s: float):
+        self._opened_with = (job_id, model, seed)
+        await self._open_stream(timeout_s)
+
+    async def _open_stream(self, timeout_s: float) -> None:
+        assert self._opened_with is not None, "open() first"
+        job_id, model, seed = self._opened_with
         await self._stream.open_sampling_only(
             job_id=job_id, model=model, seed=seed, timeout_s=timeout_s
         )
 
     async def publish(self, policy: Policy, *, timeout_s: float) -> float:
-        """Serve ``policy``'s weights as the next version; returns the probe's max |Δlogprob|."""
+        """Serve ``policy``'s weights as the next version; returns the probe's max |Δlogprob|.
+        After a failed sync (a timeout or a broken stream cancels the stream) it first opens
+        a fresh stream, which then gets every weight."""
         version = self.policy_version + 1
-        result = await verified_sync(
-            self._stream, policy, version=version, tolerance=self._tolerance, timeout_s=timeout_s
-        )
+        if self._broken:
+            await self._stream.close(reason="weight sync failed", timeout_s=timeout_s)
+            self._stream = self._new_stream()
+            await self._open_stream(timeout_s)
+            self._broken = False
+        try:
+            result = await verified_sync(
+                self._stream,
+                policy,
+                version=version,
+                tolerance=self._tolerance,
+                timeout_s=timeout_s,
+            )
+        except (RolloutError, WeightSyncError):
+            self._broken = True
+            raise
         self.policy_version = version
         return result.probe_diff
 
