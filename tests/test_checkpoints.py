@@ -166,3 +166,45 @@ def test_on_cuda_the_round_trip_restores_the_cuda_generator(
     assert torch.equal(torch.rand(4, device="cuda"), expected)
     for name, want in policy.trainable_state().items():
         assert torch.equal(fresh.trainable_state()[name], want), name
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.errors import CheckpointError
+from opentinker.services.trainer.policy import Policy
+from opentinker.spec import ModelSpec
+folder = Path(sys.argv[2])
+policy = Policy(ModelSpec(base_model=sys.argv[1], finetune="full"), learning_rate=1e-2)
+state = checkpoints.TrainerState(job_id="job-c", step=1, policy_version=1, data_cursor=1)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+try:
+    checkpoints.save(policy, state, folder, keep=2)
+except CheckpointError as err:
+    print("REFUSED", err)
+"""
+
+
+def test_a_checkpoint_the_disk_cannot_hold_leaves_nothing_behind(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A save that runs out of space (a real write failure: a file size limit, as a full disk
+    fails a write) raises CheckpointError naming the checkpoint and deletes its half-written
+    folder, which used to stay and keep the space taken."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "full_disk.py"
+    script.write_text(_FULL_DISK)
+    folder = tmp_path / "ckpt"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir), str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REFUSED could not write checkpoint" in done.stdout and "step-000001" in done.stdout
+    assert list(folder.iterdir()) == []  # no hidden half-written folder

@@ -91,12 +91,41 @@ def save(
     """Write a complete checkpoint of ``policy`` (and ``critic``) at ``state.step`` into
     ``folder`` atomically, then delete all but the last ``keep`` complete ones; returns its
     absolute path. A complete checkpoint of the same step is replaced. ``rng``: the generator
-    states as the step left them (``rng_state()`` taken then); None = as they are now."""
+    states as the step left them (``rng_state()`` taken then); None = as they are now.
+    CheckpointError when it cannot be written (a full disk): what was written is deleted."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / step_name(state.step)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(policy, state, tmp, critic=critic, rng=rng)
+    except Exception as err:  # a full disk: OSError, or safetensors' / torch's own errors
+        shutil.rmtree(tmp, ignore_errors=True)  # give the space back; it was never loadable
+        raise CheckpointError(
+            f"could not write checkpoint {final}: {type(err).__name__}: {err}"
+        ) from err
+    if final.exists():  # same step again (e.g. the final save after resuming at the last step)
+        old = folder / f".{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync(folder)
+    prune(folder, keep=keep)
+    return final
+
+
+def _write(
+    policy: Policy,
+    state: TrainerState,
+    tmp: Path,
+    *,
+    critic: Critic | None,
+    rng: dict[str, object] | None,
+) -> None:
+    """Every file of the checkpoint into ``tmp``, each fsync'd, the manifest last."""
     policy.save_checkpoint(tmp, trainer_state=state.model_dump())
     torch.save(policy.optimizer.state_dict(), tmp / OPTIMIZER)
     torch.save(rng if rng is not None else rng_state(), tmp / RNG)
@@ -111,16 +140,6 @@ def save(
     (tmp / MANIFEST).write_text(json.dumps({"step": state.step, "files": files}, indent=2))
     _fsync(tmp / MANIFEST)
     _fsync(tmp)
-    if final.exists():  # same step again (e.g. the final save after resuming at the last step)
-        old = folder / f".{final.name}.old-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _fsync(folder)
-    prune(folder, keep=keep)
-    return final
 
 
 def complete_checkpoints(folder: Path) -> list[Path]:
