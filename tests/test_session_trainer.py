@@ -1,5 +1,6 @@
 """The session's trainer side in-process: a real tiny model, a real rollout server for the
-sampler; gradient accumulation, exact resume, ordering, and data checks."""
+sampler; gradient accumulation, exact resume, ordering, data checks, and faults (a cancelled
+call, an unreachable scheduler, a broken weight sync)."""
 
 from __future__ import annotations
 
