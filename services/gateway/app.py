@@ -213,7 +213,7 @@ async def session_heartbeat(gw: Gateway, caller: Caller, body: dict) -> dict:
 async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
     """The SDK's ServiceClient.close(): close the session's training models (their jobs
     succeed, reason "closed", and free their devices)."""
-    gw.sessions.finish(body["session_id"])
+    gw.sessions.finish(body["session_id"], caller.tenant_id)
     await _close_session(gw, body["session_id"], caller.tenant_id)
     return {}
 

@@ -43,6 +43,7 @@ async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Fu
 
 
 async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
+    gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
     rank = int((body.get("lora_config") or {}).get("rank") or 0)
     if rank < 1:
@@ -55,6 +56,7 @@ async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model:
     """A Tinker session's sampler of a bare base model: a rank-1 LoRA session job (its LoRA
     starts at zero, so it samples as the base model) serving its weights on the same rollout
     engine as every other sampler; one per session and base model, closed with the session."""
+    gw.sessions.check(session_id, caller.tenant_id)
     model_id = f"{session_id}:base:{base_model}"
     with contextlib.suppress(NotFoundError):
         return await gw.models.get(model_id, caller)
@@ -156,6 +158,7 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
         model = await gw.models.get(body["model_id"], caller)
         work = _load_into(model, body.get("seq_id"), path)
         return start_future(gw, caller, work, model)
+    gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
     work = _load_new(gw, caller, model_id, body.get("base_model"), path)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}

@@ -1,0 +1,58 @@
+"""The gateway's HTTP surface without a trainer: the session's real scheduler (two tenants,
+no worker, so session jobs stay QUEUED) and a gateway in a thread, driven with plain httpx.
+Who may touch a Tinker session, and how malformed requests are answered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def gateway(identities, tmp_path: Path) -> Iterator[str]:
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address,
+        port=0,
+        long_poll_s=1.0,
+        session_start_timeout_s=5.0,  # no worker here: a session job never starts
+        checkpoint_root=tmp_path,
+    )
+    with running_gateway(settings) as url:
+        yield url
+
+
+def post(url: str, path: str, key: str, body: object) -> httpx.Response:
+    return httpx.post(f"{url}/api/v1/{path}", json=body, headers={"X-API-Key": f"tml-{key}"})
+
+
+def test_a_tenant_cannot_finish_or_build_in_another_tenants_session(gateway, identities) -> None:
+    alice, bob = identities.user_key, identities.other_tenant_key
+    session = post(gateway, "create_session", alice, {}).json()["session_id"]
+
+    # Bob finishing alice's session changes nothing for her (as for a session that never was).
+    assert post(gateway, f"sessions/{session}/finish", bob, {}).status_code == 200
+    beat = post(gateway, "session_heartbeat", alice, {"session_id": session})
+    assert beat.status_code == 200, beat.text
+
+    # Bob cannot start a model in it (its id would be one of alice's models).
+    model = {
+        "session_id": session,
+        "model_seq_id": 0,
+        "base_model": "b",
+        "lora_config": {"rank": 1},
+    }
+    refused = post(gateway, "create_model", bob, model)
+    assert refused.status_code == 410 and "session_id" in refused.json()["error"], refused.text
+
+    # Nor can alice once her session has ended: nothing would ever close that model.
+    assert post(gateway, f"sessions/{session}/finish", alice, {}).status_code == 200
+    late = post(gateway, "create_model", alice, model)
+    assert late.status_code == 410 and "session_id" in late.json()["error"], late.text
