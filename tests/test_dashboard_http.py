@@ -99,3 +99,26 @@ def test_sign_in_isolation_cancel_and_resumed_events(scheduler) -> None:
 
         web.post("/logout")
         assert web.get("/").status_code == 303
+
+
+def test_a_key_revoked_while_signed_in_signs_the_browser_out(identities) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        key = admin.create_api_key("alice", label="dashboard-revoked")
+        settings = DashboardSettings(
+            scheduler_address=identities.scheduler_address, envhub_address="127.0.0.1:1"
+        )
+        with TestClient(create_app(settings), follow_redirects=False) as web:
+            assert web.post("/login", data={"api_key": key}).status_code == 303
+            assert web.get("/").status_code == 200
+            admin.revoke_api_key(key.split("_")[1])
+
+            # Not a 500: the sign-in is dropped and the page says why and what to do.
+            page = web.get("/")
+            assert page.status_code == 401 and 'id="login-error"' in page.text, page.text
+            assert "sign in again" in page.text and "opentinker_session" not in web.cookies
+            assert web.get("/jobs/job-x/events").status_code in (303, 401)

@@ -24,7 +24,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from opentinker.charts import PANELS, STEP_TIME_PARTS
-from opentinker.errors import AuthenticationError, NotFoundError, UnavailableError
+from opentinker.errors import (
+    AuthenticationError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from opentinker.services.dashboard.sessions import COOKIE, SignedIn, SignIns
 from opentinker.services.dashboard.settings import DashboardSettings
 from opentinker.services.dashboard.views import environments, event_json, job_rows
@@ -60,7 +65,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         yield
         sign_ins.close()  # the users' channels to the scheduler
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    handlers = {AuthenticationError: pages.key_refused}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
 
 
 class Pages:
@@ -95,6 +101,19 @@ class Pages:
         log.info("signed_in", tenant_id=signed.tenant_id, user_id=signed.user_id)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def key_refused(self, request: Request, err: Exception) -> Response:
+        """A page's scheduler call refused the signed-in key (revoked or expired since the
+        sign-in): drop the sign-in and ask for a new key, rather than fail with a 500."""
+        if isinstance(err, PermissionDeniedError):  # the key is good, the action is not
+            signed = self._signed_in(request)
+            message = getattr(err, "message", str(err))
+            return self._render(request, "error.html", signed, message=message, status=403)
+        self.sign_ins.sign_out(request.cookies.get(COOKIE))
+        message = f"{getattr(err, 'message', err)} (sign in again with a valid key)"
+        response = self._render(request, "login.html", None, error=message, status=401)
+        response.delete_cookie(COOKIE)
         return response
 
     async def logout(self, request: Request) -> Response:
