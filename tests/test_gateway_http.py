@@ -56,3 +56,31 @@ def test_a_tenant_cannot_finish_or_build_in_another_tenants_session(gateway, ide
     assert post(gateway, f"sessions/{session}/finish", alice, {}).status_code == 200
     late = post(gateway, "create_model", alice, model)
     assert late.status_code == 410 and "session_id" in late.json()["error"], late.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("create_session", [1, 2], "body"),  # a JSON array, not an object
+        ("retrieve_future", {"request_id": ["req-1"]}, "request_id"),
+        ("create_model", {"session_id": 7, "model_seq_id": 0, "base_model": "b"}, "session_id"),
+        ("create_model", {"session_id": "s", "model_seq_id": 0, "lora_config": "r"}, "lora_config"),
+        ("load_weights", {"path": 3, "model_id": "m", "seq_id": 1}, "path"),
+        ("optim_step", {"model_id": "m", "seq_id": "one", "adam_params": {}}, "seq_id"),
+        ("optim_step", {"model_id": "m", "seq_id": 1, "adam_params": {"lr": 1}}, "adam_params"),
+    ],
+)
+def test_a_wrongly_typed_field_is_a_400_naming_it(gateway, identities, path, body, field) -> None:
+    answer = post(gateway, path, identities.user_key, body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].startswith(f"{field}:") and answer.json()["category"] == "user"
+
+
+def test_a_non_numeric_rank_or_page_is_a_400_naming_it(gateway, identities) -> None:
+    session = post(gateway, "create_session", identities.user_key, {}).json()["session_id"]
+    model = {"session_id": session, "model_seq_id": 0, "lora_config": {"rank": "four"}}
+    answer = post(gateway, "create_model", identities.user_key, model)
+    assert answer.status_code == 400 and "lora_config.rank" in answer.text, answer.text
+    headers = {"X-API-Key": f"tml-{identities.user_key}"}
+    page = httpx.get(f"{gateway}/api/v1/training_runs?limit=ten", headers=headers)
+    assert page.status_code == 400 and page.json()["error"].startswith("limit:"), page.text

@@ -30,7 +30,7 @@ from opentinker.errors import (
     UnavailableError,
 )
 
-from . import downloads, runs
+from . import downloads, runs, wire
 from . import training_routes as training
 from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
@@ -149,14 +149,15 @@ async def _answer(body: dict) -> dict:
     return body
 
 
-async def _json(request: Request) -> Any:
+async def _json(request: Request) -> dict:
     raw = await request.body()
     if not raw:
         return {}
     try:
-        return await request.json()
+        body = await request.json()
     except ValueError as err:
         raise InvalidArgumentError(f"body: not JSON ({err})") from err
+    return wire.check_json_body(body)
 
 
 def _error(err: Exception) -> JSONResponse:

@@ -45,9 +45,11 @@ async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Fu
 async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
     gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-    rank = int((body.get("lora_config") or {}).get("rank") or 0)
-    if rank < 1:
-        raise InvalidArgumentError("lora_config.rank: required, >= 1 (LoRA training only)")
+    rank = (body.get("lora_config") or {}).get("rank") or 0
+    if not isinstance(rank, int) or rank < 1:
+        raise InvalidArgumentError(
+            f"lora_config.rank: {rank!r}; an integer >= 1 is required (LoRA training only)"
+        )
     work = start_model(gw, caller, model_id, body["base_model"], rank)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
 
@@ -118,11 +120,14 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
 
 
 async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
-    model = await gw.models.get(body["model_id"], caller)
     params = body.get("adam_params")
     if params is None:
         raise InvalidArgumentError("optimizer_params: only AdamW (adam_params) is served")
-    adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+    try:
+        adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+    except (TypeError, ValueError) as err:  # an unknown or non-numeric setting
+        raise InvalidArgumentError(f"adam_params: {params!r} ({err})") from err
+    model = await gw.models.get(body["model_id"], caller)
 
     async def work() -> Result:
         out = await ordered(model, body.get("seq_id"), lambda: model.session.optim_step_async(adam))
