@@ -115,6 +115,8 @@ def test_a_key_revoked_while_signed_in_signs_the_browser_out(identities) -> None
         with TestClient(create_app(settings), follow_redirects=False) as web:
             assert web.post("/login", data={"api_key": key}).status_code == 303
             assert web.get("/").status_code == 200
+            envs = web.get("/environments")  # no EnvHub at 127.0.0.1:1: said, not a 500
+            assert envs.status_code == 503 and "EnvHub at 127.0.0.1:1" in envs.text, envs.text
             admin.revoke_api_key(key.split("_")[1])
 
             # Not a 500: the sign-in is dropped and the page says why and what to do.
@@ -122,3 +124,17 @@ def test_a_key_revoked_while_signed_in_signs_the_browser_out(identities) -> None
             assert page.status_code == 401 and 'id="login-error"' in page.text, page.text
             assert "sign in again" in page.text and "opentinker_session" not in web.cookies
             assert web.get("/jobs/job-x/events").status_code in (303, 401)
+
+
+def test_a_scheduler_away_is_a_503_naming_it_not_a_500() -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    away = f"127.0.0.1:{free_port()}"  # nothing listens there
+    settings = DashboardSettings(scheduler_address=away, envhub_address="127.0.0.1:1")
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        page = web.post("/login", data={"api_key": "otk_abc_def"})
+        assert page.status_code == 503 and 'id="login-error"' in page.text, page.text
+        assert away in page.text and "opentinker_session" not in web.cookies

@@ -65,7 +65,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         yield
         sign_ins.close()  # the users' channels to the scheduler
 
-    handlers = {AuthenticationError: pages.key_refused}
+    handlers = {AuthenticationError: pages.key_refused, UnavailableError: pages.scheduler_away}
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
 
 
@@ -98,6 +98,8 @@ class Pages:
         except (AuthenticationError, ValueError) as err:
             message = getattr(err, "message", str(err))
             return self._render(request, "login.html", None, error=message)
+        except UnavailableError as err:
+            return self._render(request, "login.html", None, error=self._away(err), status=503)
         log.info("signed_in", tenant_id=signed.tenant_id, user_id=signed.user_id)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
@@ -115,6 +117,18 @@ class Pages:
         response = self._render(request, "login.html", None, error=message, status=401)
         response.delete_cookie(COOKIE)
         return response
+
+    async def scheduler_away(self, request: Request, err: Exception) -> Response:
+        """A page's scheduler call found nobody there (a restart, a network cut): 503 saying
+        so, the sign-in kept for when it is back."""
+        signed = self._signed_in(request)
+        return self._render(request, "error.html", signed, message=self._away(err), status=503)
+
+    def _away(self, err: Exception) -> str:
+        return (
+            f"the scheduler at {self.settings.scheduler_address} is unreachable; try again "
+            f"shortly ({getattr(err, 'message', err)})"
+        )
 
     async def logout(self, request: Request) -> Response:
         self.sign_ins.sign_out(request.cookies.get(COOKIE))
@@ -197,10 +211,14 @@ class Pages:
         if (signed := self._signed_in(request)) is None:
             return RedirectResponse("/login", status_code=303)
         s = self.settings
-        instances = await run_in_threadpool(
-            environments, s.envhub_address, api_key=signed.api_key, ca_file=s.ca_file,
-            timeout=s.call_timeout_s,
-        )  # fmt: skip
+        try:
+            instances = await run_in_threadpool(
+                environments, s.envhub_address, api_key=signed.api_key, ca_file=s.ca_file,
+                timeout=s.call_timeout_s,
+            )  # fmt: skip
+        except UnavailableError as err:  # EnvHub's, not the scheduler's (scheduler_away)
+            message = f"EnvHub at {s.envhub_address} is unreachable; try again shortly ({err})"
+            return self._render(request, "error.html", signed, message=message, status=503)
         return self._render(request, "environments.html", signed, instances=instances)
 
 
