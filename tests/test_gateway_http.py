@@ -84,3 +84,25 @@ def test_a_non_numeric_rank_or_page_is_a_400_naming_it(gateway, identities) -> N
     headers = {"X-API-Key": f"tml-{identities.user_key}"}
     page = httpx.get(f"{gateway}/api/v1/training_runs?limit=ten", headers=headers)
     assert page.status_code == 400 and page.json()["error"].startswith("limit:"), page.text
+
+
+def test_a_body_past_max_body_bytes_is_refused_413_before_it_is_held(identities) -> None:
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, max_body_bytes=4096
+    )
+    headers = {"X-API-Key": f"tml-{identities.user_key}"}
+    big = {"session_id": "s", "tags": ["x" * 100] * 100}  # ~10 kB of JSON
+    with running_gateway(settings) as url:
+        small = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers)
+        assert small.status_code == 200, small.text
+        refused = httpx.post(f"{url}/api/v1/create_session", json=big, headers=headers)
+        assert refused.status_code == 413 and "max_body_bytes (4096)" in refused.text
+        fwd = httpx.post(f"{url}/api/v1/forward_backward", content=b"\0" * 8192, headers=headers)
+        assert fwd.status_code == 413, fwd.text
+
+        def chunked():  # no Content-Length: counted as it comes
+            for _ in range(8):
+                yield b"x" * 1024
+
+        streamed = httpx.post(f"{url}/api/v1/telemetry", content=chunked(), headers=headers)
+        assert streamed.status_code == 413 and "body:" in streamed.json()["error"]
