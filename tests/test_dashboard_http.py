@@ -138,3 +138,25 @@ def test_a_scheduler_away_is_a_503_naming_it_not_a_500() -> None:
         page = web.post("/login", data={"api_key": "otk_abc_def"})
         assert page.status_code == 503 and 'id="login-error"' in page.text, page.text
         assert away in page.text and "opentinker_session" not in web.cookies
+
+
+def test_cancelling_an_ended_job_or_a_bad_event_number_says_why(identities) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    spec = JobSpec(name="twice-cancelled", rl=RlConfig(env_name="letter", steps=3))
+    with opentinker.Client(identities.scheduler_address, api_key=identities.user_key) as client:
+        job_id = client.submit(spec).job_id
+    settings = DashboardSettings(
+        scheduler_address=identities.scheduler_address, envhub_address="127.0.0.1:1"
+    )
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        web.post("/login", data={"api_key": identities.user_key})
+        assert web.post(f"/jobs/{job_id}/cancel").status_code == 303
+        again = web.post(f"/jobs/{job_id}/cancel")  # a second click: the job has ended
+        assert again.status_code == 409 and "already ended" in again.text, again.text
+        for after in ("²", "9" * 30):  # a digit that int() refuses; past int64
+            answer = web.get(f"/jobs/{job_id}/events", params={"after": after})
+            assert answer.status_code == 400 and "event number" in answer.text, answer.text

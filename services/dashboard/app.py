@@ -26,6 +26,7 @@ from starlette.templating import Jinja2Templates
 from opentinker.charts import PANELS, STEP_TIME_PARTS
 from opentinker.errors import (
     AuthenticationError,
+    FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
     UnavailableError,
@@ -35,6 +36,7 @@ from opentinker.services.dashboard.settings import DashboardSettings
 from opentinker.services.dashboard.views import environments, event_json, job_rows
 
 HERE = Path(__file__).parent
+MAX_EVENT_SEQ = 2**63 - 1  # WatchJob's from_seq is an int64
 log = structlog.get_logger("dashboard")
 
 
@@ -160,7 +162,7 @@ class Pages:
             return PlainTextResponse("sign in first", status_code=401)
         job_id = request.path_params["job_id"]
         last = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-        if not last.isdigit():
+        if not (last.isascii() and last.isdigit() and int(last) < MAX_EVENT_SEQ):
             return PlainTextResponse(f"after must be an event number, not {last!r}", 400)
         try:  # NOT_FOUND now, as a status, rather than inside the stream
             await run_in_threadpool(signed.client.get_job, job_id)
@@ -198,6 +200,8 @@ class Pages:
             )
         except NotFoundError as err:
             return self._render(request, "error.html", signed, message=err.message, status=404)
+        except FailedPreconditionError as err:  # it ended meanwhile (or a second click)
+            return self._render(request, "error.html", signed, message=err.message, status=409)
         log.info("cancelled", job_id=job.job_id, user_id=signed.user_id)
         return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
