@@ -106,3 +106,33 @@ def test_a_body_past_max_body_bytes_is_refused_413_before_it_is_held(identities)
 
         streamed = httpx.post(f"{url}/api/v1/telemetry", content=chunked(), headers=headers)
         assert streamed.status_code == 413 and "body:" in streamed.json()["error"]
+
+
+def test_every_route_refuses_a_missing_wrong_or_revoked_key_401(identities) -> None:
+    from starlette.routing import Route
+
+    from opentinker.admin import AdminClient
+    from opentinker.services.gateway.app import create_app
+
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        revoked = admin.create_api_key("alice", label="gateway-revoked")
+        admin.revoke_api_key(revoked.split("_")[1])
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, key_cache_s=0
+    )
+    open_routes = {"/api/v1/healthz", "/api/v1/files/{token}"}  # the signature is the key
+    routes = [r for r in create_app(settings).routes if isinstance(r, Route)]
+    with running_gateway(settings) as url:
+        for route in routes:
+            if route.path in open_routes:
+                continue
+            path = route.path.replace("{checkpoint_id:path}", "weights/x")
+            path = path.replace("{", "").replace("}", "")  # any id: the key is checked first
+            [method] = route.methods - {"HEAD"}
+            for key in (None, "tml-otk_0123456789ab_" + "x" * 40, f"tml-{revoked}"):
+                headers = {} if key is None else {"X-API-Key": key}
+                answer = httpx.request(method, url + path, headers=headers, json={})
+                assert answer.status_code == 401, (path, key, answer.text)
+                body = answer.json()
+                assert body["category"] == "user", (path, body)  # the caller's to fix
+                assert "X-API-Key" in body["error"] or "key" in body["error"], body
