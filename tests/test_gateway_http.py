@@ -136,3 +136,34 @@ def test_every_route_refuses_a_missing_wrong_or_revoked_key_401(identities) -> N
                 body = answer.json()
                 assert body["category"] == "user", (path, body)  # the caller's to fix
                 assert "X-API-Key" in body["error"] or "key" in body["error"], body
+
+
+def test_a_signed_download_url_is_refused_expired_tampered_or_garbled(
+    identities, tmp_path: Path
+) -> None:
+    import time
+
+    from opentinker.services.gateway.signing import sign, signing_secret
+
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, checkpoint_root=tmp_path
+    )
+    secret = signing_secret(settings)  # the file the gateway reads too
+    adapter = tmp_path / "adapter_config.json"
+    adapter.write_text('{"r": 4}')
+    good = sign(secret, str(adapter), int(time.time()) + 60)
+    payload, _, mac = good.rpartition(".")
+    forged = sign(b"another key", str(tmp_path / "auth.secret"), int(time.time()) + 60)
+    refused = {
+        "expired": sign(secret, str(adapter), int(time.time()) - 1),
+        "another file, same signature": f"{forged.rpartition('.')[0]}.{mac}",
+        "signed with another key": forged,
+        "a non-ASCII signature": f"{payload}.{mac[:-1]}é",
+        "no signature": payload,
+    }
+    with running_gateway(settings) as url:
+        assert httpx.get(f"{url}/api/v1/files/{good}").text == '{"r": 4}'
+        for why, token in refused.items():
+            answer = httpx.get(f"{url}/api/v1/files/{token}")
+            assert answer.status_code == 403, (why, answer.status_code, answer.text)
+            assert answer.json()["category"] == "user", why
