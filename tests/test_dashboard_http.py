@@ -160,3 +160,25 @@ def test_cancelling_an_ended_job_or_a_bad_event_number_says_why(identities) -> N
         for after in ("²", "9" * 30):  # a digit that int() refuses; past int64
             answer = web.get(f"/jobs/{job_id}/events", params={"after": after})
             assert answer.status_code == 400 and "event number" in answer.text, answer.text
+
+
+def test_sign_ins_left_idle_are_closed_without_being_visited_again(identities) -> None:
+    """A browser closed without signing out never sends its cookie again: its sign-in (a
+    scheduler channel) must still be closed once idle, not kept for the process's life."""
+    import time
+
+    from opentinker.services.dashboard.sessions import SignIns
+
+    sign_ins = SignIns(
+        scheduler_address=identities.scheduler_address, ca_file=None, timeout_s=5, idle_s=0.5
+    )
+    try:
+        _, left = sign_ins.sign_in(identities.user_key)  # the browser that went away
+        assert left.client.whoami().user_id == "alice"
+        time.sleep(1.0)
+        token, fresh = sign_ins.sign_in(identities.user_key)  # anyone else signing in
+        assert sign_ins.get(token) is fresh
+        with pytest.raises(ValueError, match="closed channel"):
+            left.client.whoami()  # its channel was closed with it
+    finally:
+        sign_ins.close()
