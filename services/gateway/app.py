@@ -250,12 +250,16 @@ async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def _close_session(gw: Gateway, session_id: str, tenant_id: str | None) -> None:
-    """Close the session's models (of ``tenant_id``; None: whoever's)."""
+    """Close the session's models (of ``tenant_id``; None: whoever's). One that cannot be
+    closed (its trainer is gone: job cancelled, worker lost) does not keep the others open."""
     prefix = f"{session_id}:"
     for model in gw.models.all():
         if model.model_id.startswith(prefix) and tenant_id in (None, model.tenant_id):
             gw.models.remove(model)
-            await asyncio.to_thread(model.session.close)
+            try:
+                await asyncio.to_thread(model.session.close)
+            except OpenTinkerError as err:
+                log.warning("model_close_failed", model_id=model.model_id, error=str(err))
 
 
 async def _close_expired_sessions(gw: Gateway) -> None:
