@@ -36,3 +36,17 @@ def test_kinds_prefixes_and_redaction() -> None:
     assert parse_credential("otk_short_secret") is None
     text = redact(f"failed with key {KEY} at step 3")
     assert "S" * 43 not in text and "otk_0123456789ab_…" in text
+
+
+@pytest.mark.parametrize("padded", [KEY + "\n", f"  {KEY}\r\n", f"\t{KEY} "])
+def test_a_key_with_surrounding_whitespace_is_sent_stripped(padded: str) -> None:
+    """A key read from a file keeps its newline (Path.read_text()); gRPC refuses a "\\n" in
+    metadata before sending anything (INTERNAL: Invalid metadata), so it is stripped."""
+    import opentinker
+
+    assert credential_from_metadata(metadata(padded)) == KEY
+    assert metadata(padded) == metadata(KEY)
+    # Nobody listens on port 1: the call gets as far as connecting (UNAVAILABLE), no further.
+    client = opentinker.Client("127.0.0.1:1", api_key=padded, timeout=2)
+    with client, pytest.raises(opentinker.UnavailableError):
+        client.whoami()

@@ -29,6 +29,16 @@ def test_an_invalid_spec_file_names_every_bad_field_without_a_traceback(tmp_path
     assert "Traceback" not in out.stdout + out.stderr
 
 
+def test_a_spec_that_is_not_json_names_the_file_and_the_format(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"  # a YAML spec: only JSON is read
+    spec.write_text("name: x\nrl:\n  env_name: letter\n")
+    out = run_cli("--scheduler", "127.0.0.1:1", "submit", str(spec))
+    assert out.returncode == 2
+    line = " ".join(out.stdout.split())  # rich wraps long lines
+    assert "spec.yaml" in line and "not JSON" in line and "line 1 column 1" in line, line
+    assert "Traceback" not in out.stdout + out.stderr
+
+
 def test_a_missing_file_is_one_clear_line(tmp_path: Path) -> None:
     out = run_cli("data", str(tmp_path / "nope.jsonl"), str(tmp_path / "x.parquet"))
     assert out.returncode == 2

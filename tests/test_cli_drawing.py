@@ -22,6 +22,21 @@ def test_sparkline_scales_between_min_and_max() -> None:
     assert sparkline([]) == ""
 
 
+def test_a_nan_or_infinite_reward_is_a_gap_not_a_crash_of_tail() -> None:
+    """A step whose reward_mean is NaN (no episode scored) or inf used to raise in round()
+    and end `opentinker tail` mid-run."""
+    nan, inf = float("nan"), float("inf")
+    assert sparkline([0.0, nan, 1.0, inf, -inf]) == "▁ █  "
+    assert sparkline([nan]) == " "
+    view = TailView(job_id="job-1", step_budget=4)
+    for step, reward in enumerate([0.5, nan, 1.0], start=1):
+        view.update(JobEvent(seq=step, time_unix_s=float(step), kind="step", step=step,
+                             metrics={"reward_mean": reward}))  # fmt: skip
+    console = Console(width=100, record=True, color_system=None)
+    console.print(view.render())
+    assert "▁ █ 1.000 (min 0.500, max 1.000)" in console.export_text()
+
+
 def test_eta_from_the_recent_pace() -> None:
     # steps 10 -> 20 took 50 s: 5 s a step; 80 steps left to 100 -> 400 s
     assert eta_seconds([(10, 1000.0), (15, 1020.0), (20, 1050.0)], 100) == 400.0

@@ -99,3 +99,86 @@ def test_sign_in_isolation_cancel_and_resumed_events(scheduler) -> None:
 
         web.post("/logout")
         assert web.get("/").status_code == 303
+
+
+def test_a_key_revoked_while_signed_in_signs_the_browser_out(identities) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        key = admin.create_api_key("alice", label="dashboard-revoked")
+        settings = DashboardSettings(
+            scheduler_address=identities.scheduler_address, envhub_address="127.0.0.1:1"
+        )
+        with TestClient(create_app(settings), follow_redirects=False) as web:
+            assert web.post("/login", data={"api_key": key}).status_code == 303
+            assert web.get("/").status_code == 200
+            envs = web.get("/environments")  # no EnvHub at 127.0.0.1:1: said, not a 500
+            assert envs.status_code == 503 and "EnvHub at 127.0.0.1:1" in envs.text, envs.text
+            admin.revoke_api_key(key.split("_")[1])
+
+            # Not a 500: the sign-in is dropped and the page says why and what to do.
+            page = web.get("/")
+            assert page.status_code == 401 and 'id="login-error"' in page.text, page.text
+            assert "sign in again" in page.text and "opentinker_session" not in web.cookies
+            assert web.get("/jobs/job-x/events").status_code in (303, 401)
+
+
+def test_a_scheduler_away_is_a_503_naming_it_not_a_500() -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    away = f"127.0.0.1:{free_port()}"  # nothing listens there
+    settings = DashboardSettings(scheduler_address=away, envhub_address="127.0.0.1:1")
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        page = web.post("/login", data={"api_key": "otk_abc_def"})
+        assert page.status_code == 503 and 'id="login-error"' in page.text, page.text
+        assert away in page.text and "opentinker_session" not in web.cookies
+
+
+def test_cancelling_an_ended_job_or_a_bad_event_number_says_why(identities) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    spec = JobSpec(name="twice-cancelled", rl=RlConfig(env_name="letter", steps=3))
+    with opentinker.Client(identities.scheduler_address, api_key=identities.user_key) as client:
+        job_id = client.submit(spec).job_id
+    settings = DashboardSettings(
+        scheduler_address=identities.scheduler_address, envhub_address="127.0.0.1:1"
+    )
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        web.post("/login", data={"api_key": identities.user_key})
+        assert web.post(f"/jobs/{job_id}/cancel").status_code == 303
+        again = web.post(f"/jobs/{job_id}/cancel")  # a second click: the job has ended
+        assert again.status_code == 409 and "already ended" in again.text, again.text
+        for after in ("²", "9" * 30):  # a digit that int() refuses; past int64
+            answer = web.get(f"/jobs/{job_id}/events", params={"after": after})
+            assert answer.status_code == 400 and "event number" in answer.text, answer.text
+
+
+def test_sign_ins_left_idle_are_closed_without_being_visited_again(identities) -> None:
+    """A browser closed without signing out never sends its cookie again: its sign-in (a
+    scheduler channel) must still be closed once idle, not kept for the process's life."""
+    import time
+
+    from opentinker.services.dashboard.sessions import SignIns
+
+    sign_ins = SignIns(
+        scheduler_address=identities.scheduler_address, ca_file=None, timeout_s=5, idle_s=0.5
+    )
+    try:
+        _, left = sign_ins.sign_in(identities.user_key)  # the browser that went away
+        assert left.client.whoami().user_id == "alice"
+        time.sleep(1.0)
+        token, fresh = sign_ins.sign_in(identities.user_key)  # anyone else signing in
+        assert sign_ins.get(token) is fresh
+        with pytest.raises(ValueError, match="closed channel"):
+            left.client.whoami()  # its channel was closed with it
+    finally:
+        sign_ins.close()

@@ -45,7 +45,9 @@ def redact(text: str) -> str:
 
 
 def metadata(credential: str) -> tuple[tuple[str, str], ...]:
-    """The metadata pair(s) carrying ``credential`` (none when it is empty)."""
+    """The metadata pair(s) carrying ``credential`` (none when it is empty), stripped: a key
+    read from a file keeps its newline, which gRPC refuses in metadata (INTERNAL)."""
+    credential = credential.strip()
     return ((METADATA_KEY, SCHEME + credential),) if credential else ()
 
 

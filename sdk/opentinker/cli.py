@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -20,7 +21,7 @@ from opentinker.admin_cli import add_admin_commands
 from opentinker.auth import API_KEY_ENV
 from opentinker.client import DEFAULT_ADDRESS, Client
 from opentinker.console import jobs_table, print_event, usage_table
-from opentinker.errors import OpenTinkerError
+from opentinker.errors import ConfigError, OpenTinkerError
 from opentinker.infer_cli import add_infer_command
 from opentinker.live_view import TailView
 from opentinker.scheduler.v1 import identity_pb2
@@ -70,12 +71,23 @@ def cmd_whoami(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    spec = parse_job_spec(json.loads(Path(args.spec).read_text()))
+    spec = parse_job_spec(_read_json(args.spec, "a job spec"))
     with _client(args) as client:
         job = client.submit(spec)
     console.print(f"submitted [bold]{job.job_id}[/] ({job.state})")
     console.print(f"follow it with: opentinker tail {job.job_id}")
     return 0
+
+
+def _read_json(path: str, what: str) -> Any:
+    """A JSON file's content; ConfigError naming the file (and where it stops parsing) when it
+    is not JSON, e.g. a YAML spec."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{path}: not JSON ({err}); {what} is a JSON file", reason="INVALID_SPEC"
+        ) from err
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:

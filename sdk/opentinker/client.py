@@ -133,24 +133,29 @@ class Client:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         next_seq, away_since = from_seq, None
-        while True:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            request = scheduler_pb2.WatchJobRequest(job_id=job_id, from_seq=next_seq)
-            try:
-                for response in self._stub.WatchJob(request, timeout=left):
-                    event = JobEvent.from_proto(response.event)
-                    next_seq, away_since = event.seq + 1, None
-                    yield event
-                    if event.terminal:
-                        return
-                return  # the server ended the stream without a terminal event
-            except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise from_rpc_error(err) from None
-                away_since = away_since or time.monotonic()
-                if time.monotonic() - away_since > reconnect_for:
-                    raise from_rpc_error(err) from None
-            time.sleep(min(1.0, reconnect_for / 10))
+        connected = _Connected(self._conn.channel)  # a quiet job sends no events for hours
+        try:
+            while True:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                request = scheduler_pb2.WatchJobRequest(job_id=job_id, from_seq=next_seq)
+                try:
+                    for response in self._stub.WatchJob(request, timeout=left):
+                        event = JobEvent.from_proto(response.event)
+                        next_seq, away_since = event.seq + 1, None
+                        yield event
+                        if event.terminal:
+                            return
+                    return  # the server ended the stream without a terminal event
+                except grpc.RpcError as err:
+                    if err.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise from_rpc_error(err) from None
+                    if away_since is None or connected.since(away_since):  # a new outage
+                        away_since = time.monotonic()
+                    if time.monotonic() - away_since > reconnect_for:
+                        raise from_rpc_error(err) from None
+                time.sleep(min(1.0, reconnect_for / 10))
+        finally:
+            connected.close()
 
     def training_session(
         self,
@@ -275,3 +280,22 @@ class Client:
                 reason=final.reason,
             )
         return final
+
+
+class _Connected:
+    """When ``channel`` last reached the scheduler (READY): a watch reconnected after an
+    outage may then wait quietly for hours, and the next outage is a new one."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._channel, self._last = channel, 0.0
+        channel.subscribe(self._saw, try_to_connect=False)
+
+    def _saw(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self._last = time.monotonic()
+
+    def since(self, moment: float) -> bool:
+        return self._last > moment
+
+    def close(self) -> None:
+        self._channel.unsubscribe(self._saw)

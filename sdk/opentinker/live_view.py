@@ -4,6 +4,7 @@ a sparkline of the recent rewards, redrawn as each step lands (rich ``Live``).""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import deque
 
 from rich.console import Group, RenderableType
@@ -17,13 +18,17 @@ SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float]) -> str:
-    """One block character per value, scaled between the values' min and max."""
-    if not values:
-        return ""
-    low, high = min(values), max(values)
+    """One block character per value, scaled between the finite values' min and max; a NaN
+    or infinite value (a step that scored no episode) is a gap."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return " " * len(values)
+    low, high = min(finite), max(finite)
     span = high - low or 1.0
     top = len(SPARK_BLOCKS) - 1
-    return "".join(SPARK_BLOCKS[round((v - low) / span * top)] for v in values)
+    return "".join(
+        SPARK_BLOCKS[round((v - low) / span * top)] if math.isfinite(v) else " " for v in values
+    )
 
 
 def eta_seconds(step_times: list[tuple[int, float]], budget: int) -> float | None:
@@ -66,8 +71,9 @@ class TailView:
         bar = ProgressBar(total=budget or None, completed=self.step, width=30)
         line.add_row(Text(f"{self.job_id} {self.state}", style="bold"), bar, done, eta_text)
         rewards = list(self.rewards)
+        finite = [r for r in rewards if math.isfinite(r)]
         spark = Text("reward ")
-        if rewards:
+        if finite:
             spark.append(sparkline(rewards), style="green")
-            spark.append(f" {rewards[-1]:.3f} (min {min(rewards):.3f}, max {max(rewards):.3f})")
+            spark.append(f" {finite[-1]:.3f} (min {min(finite):.3f}, max {max(finite):.3f})")
         return Group(line, spark)

@@ -24,12 +24,19 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from opentinker.charts import PANELS, STEP_TIME_PARTS
-from opentinker.errors import AuthenticationError, NotFoundError, UnavailableError
+from opentinker.errors import (
+    AuthenticationError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from opentinker.services.dashboard.sessions import COOKIE, SignedIn, SignIns
 from opentinker.services.dashboard.settings import DashboardSettings
 from opentinker.services.dashboard.views import environments, event_json, job_rows
 
 HERE = Path(__file__).parent
+MAX_EVENT_SEQ = 2**63 - 1  # WatchJob's from_seq is an int64
 log = structlog.get_logger("dashboard")
 
 
@@ -60,7 +67,8 @@ def create_app(settings: DashboardSettings) -> Starlette:
         yield
         sign_ins.close()  # the users' channels to the scheduler
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    handlers = {AuthenticationError: pages.key_refused, UnavailableError: pages.scheduler_away}
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
 
 
 class Pages:
@@ -92,10 +100,37 @@ class Pages:
         except (AuthenticationError, ValueError) as err:
             message = getattr(err, "message", str(err))
             return self._render(request, "login.html", None, error=message)
+        except UnavailableError as err:
+            return self._render(request, "login.html", None, error=self._away(err), status=503)
         log.info("signed_in", tenant_id=signed.tenant_id, user_id=signed.user_id)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
         return response
+
+    async def key_refused(self, request: Request, err: Exception) -> Response:
+        """A page's scheduler call refused the signed-in key (revoked or expired since the
+        sign-in): drop the sign-in and ask for a new key, rather than fail with a 500."""
+        if isinstance(err, PermissionDeniedError):  # the key is good, the action is not
+            signed = self._signed_in(request)
+            message = getattr(err, "message", str(err))
+            return self._render(request, "error.html", signed, message=message, status=403)
+        self.sign_ins.sign_out(request.cookies.get(COOKIE))
+        message = f"{getattr(err, 'message', err)} (sign in again with a valid key)"
+        response = self._render(request, "login.html", None, error=message, status=401)
+        response.delete_cookie(COOKIE)
+        return response
+
+    async def scheduler_away(self, request: Request, err: Exception) -> Response:
+        """A page's scheduler call found nobody there (a restart, a network cut): 503 saying
+        so, the sign-in kept for when it is back."""
+        signed = self._signed_in(request)
+        return self._render(request, "error.html", signed, message=self._away(err), status=503)
+
+    def _away(self, err: Exception) -> str:
+        return (
+            f"the scheduler at {self.settings.scheduler_address} is unreachable; try again "
+            f"shortly ({getattr(err, 'message', err)})"
+        )
 
     async def logout(self, request: Request) -> Response:
         self.sign_ins.sign_out(request.cookies.get(COOKIE))
@@ -127,7 +162,7 @@ class Pages:
             return PlainTextResponse("sign in first", status_code=401)
         job_id = request.path_params["job_id"]
         last = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-        if not last.isdigit():
+        if not (last.isascii() and last.isdigit() and int(last) < MAX_EVENT_SEQ):
             return PlainTextResponse(f"after must be an event number, not {last!r}", 400)
         try:  # NOT_FOUND now, as a status, rather than inside the stream
             await run_in_threadpool(signed.client.get_job, job_id)
@@ -165,6 +200,8 @@ class Pages:
             )
         except NotFoundError as err:
             return self._render(request, "error.html", signed, message=err.message, status=404)
+        except FailedPreconditionError as err:  # it ended meanwhile (or a second click)
+            return self._render(request, "error.html", signed, message=err.message, status=409)
         log.info("cancelled", job_id=job.job_id, user_id=signed.user_id)
         return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
@@ -178,10 +215,14 @@ class Pages:
         if (signed := self._signed_in(request)) is None:
             return RedirectResponse("/login", status_code=303)
         s = self.settings
-        instances = await run_in_threadpool(
-            environments, s.envhub_address, api_key=signed.api_key, ca_file=s.ca_file,
-            timeout=s.call_timeout_s,
-        )  # fmt: skip
+        try:
+            instances = await run_in_threadpool(
+                environments, s.envhub_address, api_key=signed.api_key, ca_file=s.ca_file,
+                timeout=s.call_timeout_s,
+            )  # fmt: skip
+        except UnavailableError as err:  # EnvHub's, not the scheduler's (scheduler_away)
+            message = f"EnvHub at {s.envhub_address} is unreachable; try again shortly ({err})"
+            return self._render(request, "error.html", signed, message=message, status=503)
         return self._render(request, "environments.html", signed, instances=instances)
 
 

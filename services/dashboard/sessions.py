@@ -50,7 +50,18 @@ class SignIns:
         token = secrets.token_urlsafe(32)
         with self._lock:
             self._by_token[token] = signed
+        self._close_idle()
         return token, signed
+
+    def _close_idle(self) -> None:
+        """Close every sign-in idle past ``idle_s``: a browser closed without signing out
+        never sends its cookie again, and each sign-in holds a channel to the scheduler."""
+        horizon = time.monotonic() - self._idle_s
+        with self._lock:
+            idle = [t for t, s in self._by_token.items() if s.last_seen < horizon]
+            gone = [self._by_token.pop(t) for t in idle]
+        for signed in gone:
+            signed.client.close()
 
     def get(self, token: str | None) -> SignedIn | None:
         with self._lock:

@@ -30,7 +30,7 @@ from opentinker.errors import (
     UnavailableError,
 )
 
-from . import downloads, runs
+from . import downloads, runs, wire
 from . import training_routes as training
 from .futures import USER_ERRORS, error_body
 from .models import SAMPLER_KIND, TinkerPath
@@ -42,9 +42,16 @@ from .tenancy import Caller
 log = structlog.get_logger("gateway")
 PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
+
+
+class BodyTooLargeError(InvalidArgumentError):
+    """A request body past max_body_bytes (HTTP 413)."""
+
+
 # HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
 _STATUS = {
     SessionGoneError: 410,  # before NotFoundError: it is one
+    BodyTooLargeError: 413,
     PermissionDeniedError: 403,  # before AuthenticationError: it is one
     AuthenticationError: 401,
     NotFoundError: 404,
@@ -121,7 +128,9 @@ def _endpoint(gw: Gateway, path: str, handler: Handler, *, raw: bool):
             key = request.headers.get("x-idempotency-key")
             if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
                 return JSONResponse(answer)  # a retry of a call already taken
-            body = await request.body() if raw else await _json(request)
+            body = await _body(request, gw.settings.max_body_bytes)
+            if not raw:
+                body = _json(body)
             if not raw:
                 body = {**request.query_params, **body, **request.path_params}
                 body.setdefault("base_url", str(request.base_url))
@@ -149,14 +158,36 @@ async def _answer(body: dict) -> dict:
     return body
 
 
-async def _json(request: Request) -> Any:
-    raw = await request.body()
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, read no further than ``limit`` bytes (BodyTooLargeError past it:
+    a client cannot make the gateway hold an unbounded body in memory)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():  # chunked, or a Content-Length that lied
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> BodyTooLargeError:
+    return BodyTooLargeError(
+        f"body: {size} bytes (or more) is over this gateway's max_body_bytes ({limit}); "
+        "send smaller requests (fewer data per forward_backward)"
+    )
+
+
+def _json(raw: bytes) -> dict:
     if not raw:
         return {}
     try:
-        return await request.json()
+        body = json.loads(raw)
     except ValueError as err:
         raise InvalidArgumentError(f"body: not JSON ({err})") from err
+    return wire.check_json_body(body)
 
 
 def _error(err: Exception) -> JSONResponse:
@@ -213,18 +244,22 @@ async def session_heartbeat(gw: Gateway, caller: Caller, body: dict) -> dict:
 async def finish_session(gw: Gateway, caller: Caller, body: dict) -> dict:
     """The SDK's ServiceClient.close(): close the session's training models (their jobs
     succeed, reason "closed", and free their devices)."""
-    gw.sessions.finish(body["session_id"])
+    gw.sessions.finish(body["session_id"], caller.tenant_id)
     await _close_session(gw, body["session_id"], caller.tenant_id)
     return {}
 
 
 async def _close_session(gw: Gateway, session_id: str, tenant_id: str | None) -> None:
-    """Close the session's models (of ``tenant_id``; None: whoever's)."""
+    """Close the session's models (of ``tenant_id``; None: whoever's). One that cannot be
+    closed (its trainer is gone: job cancelled, worker lost) does not keep the others open."""
     prefix = f"{session_id}:"
     for model in gw.models.all():
         if model.model_id.startswith(prefix) and tenant_id in (None, model.tenant_id):
             gw.models.remove(model)
-            await asyncio.to_thread(model.session.close)
+            try:
+                await asyncio.to_thread(model.session.close)
+            except OpenTinkerError as err:
+                log.warning("model_close_failed", model_id=model.model_id, error=str(err))
 
 
 async def _close_expired_sessions(gw: Gateway) -> None:

@@ -19,6 +19,7 @@ import structlog
 
 from opentinker.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -28,6 +29,7 @@ from opentinker.errors import (
 
 log = structlog.get_logger("gateway.futures")
 USER_ERRORS = (
+    AuthenticationError,  # a missing, unknown or revoked key: the caller's to fix
     InvalidArgumentError,
     FailedPreconditionError,
     NotFoundError,

@@ -29,7 +29,7 @@ RUN_NAME = "tinker"  # the name of the session jobs the gateway starts
 
 
 async def list_training_runs(gw: Gateway, caller: Caller, body: dict) -> dict:
-    limit, offset = int(body.get("limit") or 20), int(body.get("offset") or 0)
+    limit, offset = _count(body, "limit", 20), _count(body, "offset", 0)
     jobs = await asyncio.to_thread(_runs, caller)
     page = jobs[offset : offset + limit]
     runs = [await asyncio.to_thread(_training_run, gw, caller, job) for job in page]
@@ -48,7 +48,7 @@ async def list_checkpoints(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def list_user_checkpoints(gw: Gateway, caller: Caller, body: dict) -> dict:
-    limit, offset = int(body.get("limit") or 100), int(body.get("offset") or 0)
+    limit, offset = _count(body, "limit", 100), _count(body, "offset", 0)
     jobs = await asyncio.to_thread(_runs, caller)
     every = [c for job in jobs for c in _checkpoints(gw, caller, job)]
     every.sort(key=lambda c: c["time"], reverse=True)
@@ -207,6 +207,18 @@ def _owned(folder: Path, caller: Caller) -> bool:
     except (OSError, ValueError):
         return False
     return saved.get("tenant_id") == caller.tenant_id
+
+
+def _count(body: dict, name: str, default: int) -> int:
+    """A page's ``limit`` or ``offset`` (a query parameter): a whole number >= 0."""
+    value = body.get(name) or default
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        count = -1
+    if count < 0:
+        raise InvalidArgumentError(f"{name}: {value!r} is not a whole number >= 0")
+    return count
 
 
 def _iso(unix_s: float) -> str:

@@ -37,10 +37,19 @@ class Sessions:
 
     def beat(self, session_id: str, tenant_id: str) -> None:
         """A sign of life; SessionGoneError for a session finished, expired or not the caller's."""
+        self._owned(session_id, tenant_id).seen_at = time.monotonic()
+
+    def check(self, session_id: str, tenant_id: str) -> None:
+        """SessionGoneError unless ``session_id`` is a live session of ``tenant_id``: a model
+        made in another's session would take one of its ids, and one made in an ended
+        session would never be closed."""
+        self._owned(session_id, tenant_id)
+
+    def _owned(self, session_id: str, tenant_id: str) -> _Session:
         session = self._live.get(session_id)
         if session is None or session.tenant_id != tenant_id:
             raise SessionGoneError(f"session_id: session {session_id!r} has ended (or never was)")
-        session.seen_at = time.monotonic()
+        return session
 
     @contextlib.contextmanager
     def active(self, name: str | None) -> Iterator[None]:
@@ -57,8 +66,11 @@ class Sessions:
             session.busy -= 1
             session.seen_at = time.monotonic()
 
-    def finish(self, session_id: str) -> None:
-        self._live.pop(session_id, None)
+    def finish(self, session_id: str, tenant_id: str) -> None:
+        """End the caller's session; another tenant's is left alone (as one that never was)."""
+        session = self._live.get(session_id)
+        if session is not None and session.tenant_id == tenant_id:
+            del self._live[session_id]
 
     def expired(self) -> list[str]:
         """Sessions silent for longer than ``expiry_s``; they are forgotten as they are named."""

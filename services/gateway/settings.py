@@ -35,5 +35,10 @@ class GatewaySettings(BaseSettings):
     # The key download URLs are signed with (made once, random, mode 0600); None =
     # <checkpoint_root>/.gateway-download-secret. Gateways sharing it honour each other's URLs.
     download_secret_file: Path | None = None
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="A request body past this is refused 413 (the SDK sends ~5 MB chunks).",
+    )
     key_cache_s: float = Field(30.0, ge=0, description="A checked API key is trusted this long.")
     log_level: str = "INFO"

@@ -38,7 +38,8 @@ def sign(secret: bytes, file: str, expires: int) -> str:
 def verify(secret: bytes, token: str) -> tuple[str, int]:
     payload, _, mac = token.rpartition(".")
     want = hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()
-    if not payload or not hmac.compare_digest(mac, want):
+    # As bytes: compare_digest raises TypeError on a str with non-ASCII characters.
+    if not payload or not hmac.compare_digest(mac.encode(), want.encode()):
         raise ValueError("this download URL's signature is not valid")
     file, expires = json.loads(base64.urlsafe_b64decode(payload))
     return str(file), int(expires)

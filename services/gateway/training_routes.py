@@ -43,10 +43,13 @@ async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Fu
 
 
 async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
+    gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-    rank = int((body.get("lora_config") or {}).get("rank") or 0)
-    if rank < 1:
-        raise InvalidArgumentError("lora_config.rank: required, >= 1 (LoRA training only)")
+    rank = (body.get("lora_config") or {}).get("rank") or 0
+    if not isinstance(rank, int) or rank < 1:
+        raise InvalidArgumentError(
+            f"lora_config.rank: {rank!r}; an integer >= 1 is required (LoRA training only)"
+        )
     work = start_model(gw, caller, model_id, body["base_model"], rank)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
 
@@ -55,6 +58,7 @@ async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model:
     """A Tinker session's sampler of a bare base model: a rank-1 LoRA session job (its LoRA
     starts at zero, so it samples as the base model) serving its weights on the same rollout
     engine as every other sampler; one per session and base model, closed with the session."""
+    gw.sessions.check(session_id, caller.tenant_id)
     model_id = f"{session_id}:base:{base_model}"
     with contextlib.suppress(NotFoundError):
         return await gw.models.get(model_id, caller)
@@ -116,11 +120,14 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
 
 
 async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
-    model = await gw.models.get(body["model_id"], caller)
     params = body.get("adam_params")
     if params is None:
         raise InvalidArgumentError("optimizer_params: only AdamW (adam_params) is served")
-    adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+    try:
+        adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+    except (TypeError, ValueError) as err:  # an unknown or non-numeric setting
+        raise InvalidArgumentError(f"adam_params: {params!r} ({err})") from err
+    model = await gw.models.get(body["model_id"], caller)
 
     async def work() -> Result:
         out = await ordered(model, body.get("seq_id"), lambda: model.session.optim_step_async(adam))
@@ -156,6 +163,7 @@ async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
         model = await gw.models.get(body["model_id"], caller)
         work = _load_into(model, body.get("seq_id"), path)
         return start_future(gw, caller, work, model)
+    gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
     work = _load_new(gw, caller, model_id, body.get("base_model"), path)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}

@@ -37,6 +37,30 @@ _NUMPY_DTYPES = {tinker_pb.DTYPE_FLOAT32: np.float32, tinker_pb.DTYPE_INT64: np.
 # Our metric names without a reduction get the one the SDK should fold chunks with.
 _REDUCTIONS = {"clip_fraction": "mean", "truncated_fraction": "mean"}
 _STOP_REASONS = {"stop": tinker_pb.STOP_REASON_STOP, "length": tinker_pb.STOP_REASON_LENGTH}
+# The JSON fields the routes read, by the type the SDK sends (each may also be null).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(
+        ("session_id", "model_id", "request_id", "sampling_session_id", "base_model", "path"),
+        (str,),
+    ),
+    "model_path": (str,),
+    **dict.fromkeys(("seq_id", "model_seq_id", "num_samples", "prompt_logprobs_last_n"), (int,)),
+    "ttl_seconds": (float, int),
+    **dict.fromkeys(("lora_config", "adam_params", "sampling_params", "prompt"), (dict,)),
+}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", dict: "an object"}
+
+
+def check_json_body(body: Any) -> dict:
+    """A JSON request body: an object whose known fields have the types the SDK sends
+    (InvalidArgumentError naming the first that does not), so a handler never trips on one."""
+    if not isinstance(body, dict):
+        raise InvalidArgumentError(f"body: a JSON object expected, not {type(body).__name__}")
+    for name, types in _FIELD_TYPES.items():
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise InvalidArgumentError(f"{name}: {_TYPE_NAMES[types[0]]} expected, not {value!r}")
+    return body
 
 
 def parse_forward_backward(body: bytes) -> tinker_pb.ForwardBackwardRequest:

@@ -1,0 +1,169 @@
+"""The gateway's HTTP surface without a trainer: the session's real scheduler (two tenants,
+no worker, so session jobs stay QUEUED) and a gateway in a thread, driven with plain httpx.
+Who may touch a Tinker session, and how malformed requests are answered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from opentinker.services.gateway.in_thread import running_gateway
+from opentinker.services.gateway.settings import GatewaySettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def gateway(identities, tmp_path: Path) -> Iterator[str]:
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address,
+        port=0,
+        long_poll_s=1.0,
+        session_start_timeout_s=5.0,  # no worker here: a session job never starts
+        checkpoint_root=tmp_path,
+    )
+    with running_gateway(settings) as url:
+        yield url
+
+
+def post(url: str, path: str, key: str, body: object) -> httpx.Response:
+    return httpx.post(f"{url}/api/v1/{path}", json=body, headers={"X-API-Key": f"tml-{key}"})
+
+
+def test_a_tenant_cannot_finish_or_build_in_another_tenants_session(gateway, identities) -> None:
+    alice, bob = identities.user_key, identities.other_tenant_key
+    session = post(gateway, "create_session", alice, {}).json()["session_id"]
+
+    # Bob finishing alice's session changes nothing for her (as for a session that never was).
+    assert post(gateway, f"sessions/{session}/finish", bob, {}).status_code == 200
+    beat = post(gateway, "session_heartbeat", alice, {"session_id": session})
+    assert beat.status_code == 200, beat.text
+
+    # Bob cannot start a model in it (its id would be one of alice's models).
+    model = {
+        "session_id": session,
+        "model_seq_id": 0,
+        "base_model": "b",
+        "lora_config": {"rank": 1},
+    }
+    refused = post(gateway, "create_model", bob, model)
+    assert refused.status_code == 410 and "session_id" in refused.json()["error"], refused.text
+
+    # Nor can alice once her session has ended: nothing would ever close that model.
+    assert post(gateway, f"sessions/{session}/finish", alice, {}).status_code == 200
+    late = post(gateway, "create_model", alice, model)
+    assert late.status_code == 410 and "session_id" in late.json()["error"], late.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("create_session", [1, 2], "body"),  # a JSON array, not an object
+        ("retrieve_future", {"request_id": ["req-1"]}, "request_id"),
+        ("create_model", {"session_id": 7, "model_seq_id": 0, "base_model": "b"}, "session_id"),
+        ("create_model", {"session_id": "s", "model_seq_id": 0, "lora_config": "r"}, "lora_config"),
+        ("load_weights", {"path": 3, "model_id": "m", "seq_id": 1}, "path"),
+        ("optim_step", {"model_id": "m", "seq_id": "one", "adam_params": {}}, "seq_id"),
+        ("optim_step", {"model_id": "m", "seq_id": 1, "adam_params": {"lr": 1}}, "adam_params"),
+    ],
+)
+def test_a_wrongly_typed_field_is_a_400_naming_it(gateway, identities, path, body, field) -> None:
+    answer = post(gateway, path, identities.user_key, body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].startswith(f"{field}:") and answer.json()["category"] == "user"
+
+
+def test_a_non_numeric_rank_or_page_is_a_400_naming_it(gateway, identities) -> None:
+    session = post(gateway, "create_session", identities.user_key, {}).json()["session_id"]
+    model = {"session_id": session, "model_seq_id": 0, "lora_config": {"rank": "four"}}
+    answer = post(gateway, "create_model", identities.user_key, model)
+    assert answer.status_code == 400 and "lora_config.rank" in answer.text, answer.text
+    headers = {"X-API-Key": f"tml-{identities.user_key}"}
+    page = httpx.get(f"{gateway}/api/v1/training_runs?limit=ten", headers=headers)
+    assert page.status_code == 400 and page.json()["error"].startswith("limit:"), page.text
+
+
+def test_a_body_past_max_body_bytes_is_refused_413_before_it_is_held(identities) -> None:
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, max_body_bytes=4096
+    )
+    headers = {"X-API-Key": f"tml-{identities.user_key}"}
+    big = {"session_id": "s", "tags": ["x" * 100] * 100}  # ~10 kB of JSON
+    with running_gateway(settings) as url:
+        small = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers)
+        assert small.status_code == 200, small.text
+        refused = httpx.post(f"{url}/api/v1/create_session", json=big, headers=headers)
+        assert refused.status_code == 413 and "max_body_bytes (4096)" in refused.text
+        fwd = httpx.post(f"{url}/api/v1/forward_backward", content=b"\0" * 8192, headers=headers)
+        assert fwd.status_code == 413, fwd.text
+
+        def chunked():  # no Content-Length: counted as it comes
+            for _ in range(8):
+                yield b"x" * 1024
+
+        streamed = httpx.post(f"{url}/api/v1/telemetry", content=chunked(), headers=headers)
+        assert streamed.status_code == 413 and "body:" in streamed.json()["error"]
+
+
+def test_every_route_refuses_a_missing_wrong_or_revoked_key_401(identities) -> None:
+    from starlette.routing import Route
+
+    from opentinker.admin import AdminClient
+    from opentinker.services.gateway.app import create_app
+
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        revoked = admin.create_api_key("alice", label="gateway-revoked")
+        admin.revoke_api_key(revoked.split("_")[1])
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, key_cache_s=0
+    )
+    open_routes = {"/api/v1/healthz", "/api/v1/files/{token}"}  # the signature is the key
+    routes = [r for r in create_app(settings).routes if isinstance(r, Route)]
+    with running_gateway(settings) as url:
+        for route in routes:
+            if route.path in open_routes:
+                continue
+            path = route.path.replace("{checkpoint_id:path}", "weights/x")
+            path = path.replace("{", "").replace("}", "")  # any id: the key is checked first
+            [method] = route.methods - {"HEAD"}
+            for key in (None, "tml-otk_0123456789ab_" + "x" * 40, f"tml-{revoked}"):
+                headers = {} if key is None else {"X-API-Key": key}
+                answer = httpx.request(method, url + path, headers=headers, json={})
+                assert answer.status_code == 401, (path, key, answer.text)
+                body = answer.json()
+                assert body["category"] == "user", (path, body)  # the caller's to fix
+                assert "X-API-Key" in body["error"] or "key" in body["error"], body
+
+
+def test_a_signed_download_url_is_refused_expired_tampered_or_garbled(
+    identities, tmp_path: Path
+) -> None:
+    import time
+
+    from opentinker.services.gateway.signing import sign, signing_secret
+
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address, port=0, checkpoint_root=tmp_path
+    )
+    secret = signing_secret(settings)  # the file the gateway reads too
+    adapter = tmp_path / "adapter_config.json"
+    adapter.write_text('{"r": 4}')
+    good = sign(secret, str(adapter), int(time.time()) + 60)
+    payload, _, mac = good.rpartition(".")
+    forged = sign(b"another key", str(tmp_path / "auth.secret"), int(time.time()) + 60)
+    refused = {
+        "expired": sign(secret, str(adapter), int(time.time()) - 1),
+        "another file, same signature": f"{forged.rpartition('.')[0]}.{mac}",
+        "signed with another key": forged,
+        "a non-ASCII signature": f"{payload}.{mac[:-1]}é",
+        "no signature": payload,
+    }
+    with running_gateway(settings) as url:
+        assert httpx.get(f"{url}/api/v1/files/{good}").text == '{"r": 4}'
+        for why, token in refused.items():
+            answer = httpx.get(f"{url}/api/v1/files/{token}")
+            assert answer.status_code == 403, (why, answer.status_code, answer.text)
+            assert answer.json()["category"] == "user", why
