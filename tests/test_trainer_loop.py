@@ -36,6 +36,7 @@ from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
 from opentinker.services.trainer.rollout_client import GrpcRolloutSession
 from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.weight_sync import ProbeShiftWatch
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams, to_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -180,6 +181,18 @@ async def run_loop(
         )
         outcome = await loop.run()
     return outcome, policy, initial
+
+
+def test_the_probe_warning_needs_an_update_that_had_a_gradient() -> None:
+    """A batch whose rewards were all equal has no gradient: nothing moved, so a probe that
+    saw no shift is no news (the demo's first steps); the first update with a gradient that
+    the probe cannot see is told, once."""
+    watch = ProbeShiftWatch()
+    assert watch.warning(0.0, 1e-3, 1, had_gradient=False) is None
+    told = watch.warning(1e-4, 1e-3, 2, had_gradient=True)
+    assert told is not None and "step 2's update" in told
+    assert watch.warning(0.0, 1e-3, 3, had_gradient=True) is None  # once per job
+    assert ProbeShiftWatch().warning(2e-3, 1e-3, 4, had_gradient=True) is None
 
 
 def test_an_update_too_small_for_the_probe_to_see_is_reported_once(

@@ -197,7 +197,7 @@ class RlLoop:
         self.policy_version += 1
         self.step += 1
         sync_started = time.monotonic()
-        sync, probe_shift = await self._sync_weights()
+        sync, probe_shift = await self._sync_weights(had_gradient=stats.grad_norm > 0)
         time_sync = sync.seconds
         # The rollout applies the weights once it finished the batches requested ahead: the
         # rest of the sync's wall time is waiting for the rollout.
@@ -278,12 +278,14 @@ class RlLoop:
             group["lr"] = lr
         return lr
 
-    async def _sync_weights(self) -> tuple[SyncResult, float]:
+    async def _sync_weights(self, *, had_gradient: bool = False) -> tuple[SyncResult, float]:
         """Send the trainable weights as ``policy_version`` and verify the rollout serves them;
         the batches this version plays are requested right behind the weights, so the rollout
         goes from applying them to playing without waiting for the trainer.
 
         Returns the sync's result and how far the update moved the probe (0 for the first).
+        had_gradient: whether the update before it had a gradient (else nothing moved, and a
+        probe that sees no shift is no news).
         """
         result = await verified_sync(
             self.rollout,
@@ -296,7 +298,10 @@ class RlLoop:
         shift = self._probe_shift.shift(result, self.policy_version)
         if shift is None:
             return result, 0.0
-        if warning := self._probe_shift.warning(shift, result.tolerance, self.step):
+        warning = self._probe_shift.warning(
+            shift, result.tolerance, self.step, had_gradient=had_gradient
+        )
+        if warning:
             self.log.warning("probe_cannot_tell_versions", step=self.step, message=warning)
             await self.reporter.report_log(warning)
         return result, shift

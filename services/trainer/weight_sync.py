@@ -60,8 +60,12 @@ class ProbeShiftWatch:
         last, self._last = self._last, result.probe_logprobs
         return None if last is None else probe_difference(result.probe_logprobs, last, version)
 
-    def warning(self, shift: float, tolerance: float, step: int) -> str | None:
-        if self._warned or shift > tolerance:
+    def warning(
+        self, shift: float, tolerance: float, step: int, *, had_gradient: bool
+    ) -> str | None:
+        """The once-per-job warning when an update that had a gradient (one without, as when
+        every reward of a batch was equal, moves nothing to tell) stayed within tolerance."""
+        if self._warned or shift > tolerance or not had_gradient:
             return None
         self._warned = True
         return (
