@@ -7,6 +7,7 @@ test_scheduler_service, so each re-announcement is exactly what the test says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import grpc
@@ -25,7 +26,6 @@ from test_scheduler_service import (
     job_stub,
     scheduler_mesh,
     scripted_worker,
-    spec,
     states,
     submit,
     wait_for_state,
@@ -308,45 +308,32 @@ def test_a_stale_attempts_late_launched_stops_only_that_attempt(redis_url: str) 
     run(main)
 
 
-def test_a_submit_retried_after_its_enqueue_failed_is_queued_once(redis_url: str) -> None:
-    """Redis went away between storing a job and queueing it: the caller got UNAVAILABLE and
-    retried with the same request_id, as SubmitJob invites. The retry must queue the job (once),
-    not only return it: a QUEUED job missing from the queue never runs."""
-    import socket
-    from dataclasses import replace
+def test_a_job_stored_just_before_a_redis_outage_runs_without_a_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away right after SubmitJob stored the job: the caller sees an error and never
+    retries. The job entered the queue in the step that stored it, so once Redis is back it
+    runs: a QUEUED job outside the queue would never run."""
+    from opentinker.services.launcher.redis_process import RedisProcess
+    from opentinker.services.scheduler.job_store import RedisJobStore
 
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from opentinker.services.common.auth import Principal
-    from opentinker.services.scheduler.job_queue import RedisJobQueue
-    from opentinker.services.scheduler.scheduler import Scheduler
-    from opentinker.services.scheduler.stores import connect_redis, redis_stores
-
-    owner = Principal(kind="user", key_prefix="k", tenant_id="acme", user_id="alice")
-    with socket.socket() as s:  # a port nothing listens on: "Redis is away" for the queue
-        s.bind(("127.0.0.1", 0))
-        away_url = f"redis://127.0.0.1:{s.getsockname()[1]}"
+    redis_server = RedisProcess(tmp_path / "redis").start()
+    cut = redis_dies_after(monkeypatch, redis_server, RedisJobStore, "create")
 
     async def main() -> None:
-        client, away = connect_redis(redis_url), connect_redis(away_url)
-        try:
-            stores = redis_stores(client, lease_ttl_s=5.0, server_secret=b"t" * 32)
-            timing = {"heartbeat_interval_s": 0.2, "lease_ttl_s": 5.0}
-            cut_off = Scheduler(replace(stores, queue=RedisJobQueue(away)), **timing)
-            with pytest.raises(RedisConnectionError):
-                await cut_off.submit(spec("retried"), owner=owner, request_id="r-1")
-            scheduler = Scheduler(stores, **timing)
-            job = await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
-            assert job.state == QUEUED
-            assert await stores.queue.list_ids() == [job.job_id]
-            other = await scheduler.submit(spec("other"), owner=owner, request_id="r-2")
-            await scheduler.submit(spec("retried"), owner=owner, request_id="r-1")
-            assert await stores.queue.list_ids() == [job.job_id, other.job_id]  # kept its place
-        finally:
-            await away.aclose()
-            await client.aclose()
+        async with scheduler_mesh(redis_server.url, lease_ttl_s=5.0) as mesh:
+            with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):  # an error, either way
+                await asyncio.wait_for(submit(mesh.stub, "stored"), 3.0)
+            assert cut.is_set()
+            redis_server.start()
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                launch = (await w1.next_command(timeout_s=8.0)).launch
+                assert (launch.job.spec.name, launch.job.attempt) == ("stored", 1)
 
-    run(main)
+    try:
+        run(main)
+    finally:
+        redis_server.stop()
 
 
 def redis_dies_after(

@@ -115,8 +115,10 @@ class JobStore(Protocol):
         tenant_id: str = "",
         owner_user_id: str = "",
     ) -> tuple[common_pb2.Job, bool]:
-        """Store a new QUEUED job of ``tenant_id``; returns (job, created). A repeated
-        request_id of the same tenant returns the first job and created=False."""
+        """Store a new QUEUED job of ``tenant_id`` and append it to the job queue, in one
+        step (no crash or outage can leave it stored but outside the queue); returns (job,
+        created). A repeated request_id of the same tenant returns the first job and
+        created=False."""
 
     async def get(self, job_id: str) -> common_pb2.Job:
         """The job; raises JobNotFoundError."""
@@ -183,6 +185,7 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], n, ARGV[1])
 redis.call('ZADD', KEYS[5], n, ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[4], ARGV[1]) end
+redis.call('RPUSH', KEYS[6], ARGV[1])
 return ARGV[1]
 """
 
@@ -227,6 +230,7 @@ class RedisJobStore:
                 self._key("counter"),
                 self._key("request", tenant_id, request_id or "-"),
                 self._key("index", "tenant", tenant_id),
+                self._queue_key,
             ],
             args=[job.job_id, job.SerializeToString(), "1" if request_id else "0"],
         )

@@ -90,7 +90,8 @@ class Scheduler:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.lease_ttl_s = lease_ttl_s
         self._sessions: dict[str, WorkerSession] = {}
-        placing = asyncio.Lock()  # a dispatch round, or a re-queue: never both at once
+        placing = asyncio.Lock()  # a dispatch round, a re-queue or a submit: one at a time
+        self._placing = placing
         self._ends = AttemptEnds(
             stores,
             self._states,
@@ -167,17 +168,14 @@ class Scheduler:
         idempotent on (tenant, request_id)."""
         from_proto(spec)
         await self._quotas.check_submit(spec, owner.tenant_id)
-        job, created = await self._jobs.create(
-            spec, request_id=request_id, tenant_id=owner.tenant_id, owner_user_id=owner.user_id
-        )
+        async with self._placing:  # queued as it is stored: no round places it before its event
+            job, created = await self._jobs.create(
+                spec, request_id=request_id, tenant_id=owner.tenant_id, owner_user_id=owner.user_id
+            )
+            if created:
+                await self._events.append(job.job_id, state_change(QUEUED, job.reason))
         if created:
-            await self._events.append(job.job_id, state_change(QUEUED, job.reason))
-            await self._queue.push(job.job_id)
             log.info("job_submitted", job_id=job.job_id, name=job.spec.name)
-            self.wake()
-        elif job.state == QUEUED and await self._queue.ensure(job.job_id):
-            # A retry of a submit that stored the job but failed (Redis away) before queueing it.
-            log.warning("job_queued_on_retry", job_id=job.job_id, request_id=request_id)
             self.wake()
         return job
 
