@@ -250,6 +250,33 @@ def test_every_scheduler_rpc_admits_exactly_its_callers(redis_url: str) -> None:
     run(main, timeout_s=90)
 
 
+def test_a_watch_ends_unauthenticated_once_its_key_is_revoked(redis_url: str) -> None:
+    """A key is checked when a call starts, and a WatchJob stream is one call that lasts as
+    long as its job: revoking the key must end the watch too, even while no event comes."""
+
+    async def main() -> None:
+        settings = SchedulerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.2)
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            ids = running.stores.identity
+            key = await api_key(ids, tenant="acme", user="dave")
+            async with aio_channel(running.address, credential=key) as channel:
+                stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+                request = scheduler_pb2.SubmitJobRequest(
+                    spec=to_proto(JobSpec(rl=RlConfig(env_name="letter", steps=1)))
+                )
+                job = (await stub.SubmitJob(request, timeout=5)).job
+                watch = stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id=job.job_id))
+                first = await asyncio.wait_for(watch.read(), 5)  # QUEUED; then quiet (no worker)
+                assert first.event.state_change.state == common_pb2.JOB_STATE_QUEUED
+                await ids.revoke(key.split("_")[1])
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await asyncio.wait_for(watch.read(), 5)
+                assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert "revoked" in (ended.value.details() or "")
+
+    run(main)
+
+
 def test_authenticate_answers_only_about_the_credential_it_is_given(
     redis_url: str, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -45,6 +45,7 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
+from opentinker.services.scheduler.revocation import while_not_revoked
 from opentinker.services.scheduler.spanning import holds_part, release_job_leases
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
@@ -243,11 +244,20 @@ class Scheduler:
         ]
 
     async def watch(
-        self, job_id: str, from_seq: int = 1, *, tenant: str | None
+        self, job_id: str, from_seq: int = 1, *, tenant: str | None, key_prefix: str = ""
     ) -> AsyncIterator[common_pb2.JobEvent]:
-        """The job's events from ``from_seq``, live until it ends; JobNotFoundError first."""
+        """The job's events from ``from_seq``, live until it ends; JobNotFoundError first.
+        ``key_prefix``: the caller's credential, checked again every heartbeat interval, so a
+        watch ends (AuthenticationError) once its key is revoked."""
         await self.get(job_id, tenant=tenant)
-        return self._events.read(job_id, from_seq)
+        events = self._events.read(job_id, from_seq)
+        if not key_prefix:
+            return events
+        return while_not_revoked(
+            events,
+            lambda: self._identity.is_revoked(key_prefix),
+            every_s=self.heartbeat_interval_s,
+        )
 
     # ---- workers ----------------------------------------------------------------------------
 

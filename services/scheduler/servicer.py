@@ -108,12 +108,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def WatchJob(
         self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
+        caller = current_principal()
         try:
-            events = await self._scheduler.watch(request.job_id, request.from_seq, tenant=_scope())
-        except OpenTinkerError as err:
+            events = await self._scheduler.watch(
+                request.job_id,
+                request.from_seq,
+                tenant=caller.tenant_scope,
+                key_prefix=caller.key_prefix,
+            )
+            async for event in events:
+                yield scheduler_pb2.WatchJobResponse(event=event)
+        except OpenTinkerError as err:  # not found; or the key revoked while watching
             await abort_with(context, err)
-        async for event in events:
-            yield scheduler_pb2.WatchJobResponse(event=event)
 
     async def GetUsage(
         self, request: scheduler_pb2.GetUsageRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,45 @@
+"""Long-lived streams whose caller's credential is checked again while they last.
+
+A credential is checked when a call starts; a `WatchJob` stream is one call that can last as
+long as its job. Revoking the key must end it too, not only the calls made after: the events
+are passed on while the credential holds, and it is checked again every ``every_s`` seconds
+(also while no event comes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from opentinker.errors import AuthenticationError
+
+T = TypeVar("T")
+
+
+async def while_not_revoked(
+    items: AsyncIterator[T], revoked: Callable[[], Awaitable[bool]], *, every_s: float
+) -> AsyncIterator[T]:
+    """``items`` until they end, or AuthenticationError once ``revoked()`` says so."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                if await revoked():
+                    raise AuthenticationError(
+                        "the API key this stream was opened with was revoked; "
+                        "sign in with a valid key"
+                    )
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
