@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -34,6 +35,7 @@ from test_scheduler_service import (
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.launcher.redis_process import RedisProcess
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +61,16 @@ async def start_job(mesh: Mesh, worker, name: str, *, launched: bool = True):
         await worker.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
         await wait_for_state(mesh.stub, job.job_id, RUNNING)
     return launch
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A Redis of the test's own (AOF on), which a test may kill and start again."""
+    server = RedisProcess(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_a_reconnecting_worker_keeps_its_job_and_is_told_to_stop_strays(redis_url: str) -> None:
@@ -172,13 +184,10 @@ async def report_result(mesh: Mesh, launch: scheduler_pb2.LaunchJob) -> None:
 
 
 def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
-    tmp_path: Path,
+    redis_server: RedisProcess,
 ) -> None:
     import redis
 
-    from opentinker.services.launcher.redis_process import RedisProcess
-
-    redis_server = RedisProcess(tmp_path / "redis").start()
     config = redis.Redis.from_url(redis_server.url, decode_responses=True)
     settings = config.config_get("append*")
     assert (settings["appendonly"], settings["appendfsync"]) == ("yes", "always")
@@ -201,18 +210,12 @@ def test_rpcs_answer_unavailable_while_redis_is_away_and_work_again_after(
             later = await submit(mesh.stub, "after")
             assert later.state == QUEUED
 
-    try:
-        run(main)
-    finally:
-        redis_server.stop()
+    run(main)
 
 
 def test_a_redis_outage_longer_than_the_lease_ttl_keeps_a_connected_workers_job(
-    tmp_path: Path,
+    redis_server: RedisProcess,
 ) -> None:
-    from opentinker.services.launcher.redis_process import RedisProcess
-
-    redis_server = RedisProcess(tmp_path / "redis").start()
 
     async def main() -> None:
         async with (
@@ -237,10 +240,7 @@ def test_a_redis_outage_longer_than_the_lease_ttl_keeps_a_connected_workers_job(
             assert done.attempt == 1
             assert await ledger.leases("w1") == []
 
-    try:
-        run(main)
-    finally:
-        redis_server.stop()
+    run(main)
 
 
 def test_a_watch_rides_out_a_scheduler_restart_without_missing_or_repeating(
@@ -309,15 +309,13 @@ def test_a_stale_attempts_late_launched_stops_only_that_attempt(redis_url: str) 
 
 
 def test_a_job_stored_just_before_a_redis_outage_runs_without_a_retry(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis goes away right after SubmitJob stored the job: the caller sees an error and never
     retries. The job entered the queue in the step that stored it, so once Redis is back it
     runs: a QUEUED job outside the queue would never run."""
-    from opentinker.services.launcher.redis_process import RedisProcess
     from opentinker.services.scheduler.job_store import RedisJobStore
 
-    redis_server = RedisProcess(tmp_path / "redis").start()
     cut = redis_dies_after(monkeypatch, redis_server, RedisJobStore, "create")
 
     async def main() -> None:
@@ -330,10 +328,7 @@ def test_a_job_stored_just_before_a_redis_outage_runs_without_a_retry(
                 launch = (await w1.next_command(timeout_s=8.0)).launch
                 assert (launch.job.spec.name, launch.job.attempt) == ("stored", 1)
 
-    try:
-        run(main)
-    finally:
-        redis_server.stop()
+    run(main)
 
 
 def redis_dies_after(
@@ -356,15 +351,13 @@ def redis_dies_after(
 
 
 def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis goes away right after the dispatcher took a lease and before the job left the
     queue (shorter than the lease TTL, which the worker's heartbeats keep renewing). Once Redis
     is back the lease must be given up and the job launched, not held by nobody forever."""
-    from opentinker.services.launcher.redis_process import RedisProcess
     from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
 
-    redis_server = RedisProcess(tmp_path / "redis").start()
     cut = redis_dies_after(monkeypatch, redis_server, RedisLeaseLedger, "acquire")
 
     async def main() -> None:
@@ -381,21 +374,16 @@ def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
             leases = await mesh.running.stores.ledger.leases("w1")
             assert [lease.lease_id for lease in leases] == [launch.lease_id]
 
-    try:
-        run(main)
-    finally:
-        redis_server.stop()
+    run(main)
 
 
 def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis goes away right after a killed attempt's job was moved back to QUEUED: once Redis
     is back the job must be in the queue and run again, not stay QUEUED outside it for ever."""
-    from opentinker.services.launcher.redis_process import RedisProcess
     from opentinker.services.scheduler.job_store import RedisJobStore
 
-    redis_server = RedisProcess(tmp_path / "redis").start()
     cut = redis_dies_after(
         monkeypatch, redis_server, RedisJobStore, "transition", lambda _, to, **__: to == QUEUED
     )
@@ -415,10 +403,7 @@ def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
                 again = (await w1.next_command(timeout_s=8.0)).launch
                 assert (again.job.job_id, again.job.attempt) == (first.job.job_id, 2)
 
-    try:
-        run(main)
-    finally:
-        redis_server.stop()
+    run(main)
 
 
 def test_a_requeued_job_is_placed_again_only_once_its_requeue_is_written(
