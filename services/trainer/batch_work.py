@@ -130,15 +130,7 @@ def prepare(
             ),
         )
     old_B_T = _trainer_old_logprobs(policy, episodes, full, config)
-    penalty_B_T = None
-    if config.kl_in_reward and ref_B_T is not None:
-        penalty_B_T = kl_reward_penalty(
-            full.old_logprobs_B_T if old_B_T is None else old_B_T,
-            ref_B_T,
-            mask_B_T,
-            coef=config.kl_coef,
-            estimator=config.kl_estimator,
-        )
+    penalty_B_T = _kl_penalty(full, old_B_T, ref_B_T, config)
     if config.loss != "ppo":
         shift_B = None if penalty_B_T is None else penalty_B_T.sum(dim=1)
         advantages_B_T = token_advantages(
@@ -166,9 +158,27 @@ def prepare(
         lam=config.gae_lambda,
         reward_shift_B_T=penalty_B_T,
     )
-    masked_values_B_T = values_B_T * mask_B_T
     return BatchWork(
-        episodes, full, advantages_B_T, ref_B_T, masked_values_B_T, returns_B_T, old_B_T
+        episodes, full, advantages_B_T, ref_B_T, values_B_T * mask_B_T, returns_B_T, old_B_T
+    )
+
+
+def _kl_penalty(
+    full: SequenceBatch,
+    old_B_T: torch.Tensor | None,
+    ref_B_T: torch.Tensor | None,
+    config: UpdateConfig,
+) -> torch.Tensor | None:
+    """The per-token KL penalty of a KL in the reward (None otherwise), measured from the old
+    policy: the trainer's own logprobs when they were computed, else the rollout's."""
+    if not config.kl_in_reward or ref_B_T is None:
+        return None
+    return kl_reward_penalty(
+        full.old_logprobs_B_T if old_B_T is None else old_B_T,
+        ref_B_T,
+        full.loss_mask_B_T,
+        coef=config.kl_coef,
+        estimator=config.kl_estimator,
     )
 
 
