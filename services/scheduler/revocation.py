@@ -12,9 +12,13 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+import structlog
+from redis.exceptions import RedisError
+
 from opentinker.errors import AuthenticationError
 
 T = TypeVar("T")
+log = structlog.get_logger("opentinker.scheduler")
 
 
 async def while_not_revoked(
@@ -28,7 +32,7 @@ async def while_not_revoked(
                 pending = asyncio.ensure_future(anext(items))
             done, _ = await asyncio.wait({pending}, timeout=every_s)
             if not done:
-                if await revoked():
+                if await _revoked(revoked):
                     raise AuthenticationError(
                         "the API key this stream was opened with was revoked; "
                         "sign in with a valid key"
@@ -43,3 +47,13 @@ async def while_not_revoked(
     finally:
         if pending is not None:
             pending.cancel()
+
+
+async def _revoked(revoked: Callable[[], Awaitable[bool]]) -> bool:
+    """``revoked()``, False when it cannot answer (Redis briefly away): an outage of the
+    identity store does not end a stream that was admitted; the next check decides."""
+    try:
+        return await revoked()
+    except (OSError, RedisError) as err:
+        log.warning("credential_recheck_failed", error=repr(err))
+        return False
