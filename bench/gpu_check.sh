@@ -5,7 +5,8 @@
 # was staged on it, so the calls go back to back, most important first:
 #
 #   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
-#   bash bench/gpu_check.sh stage install tests     # the last part; the gpu tests
+#   bash bench/gpu_check.sh stage install tests     # the last part; the gpu tests (or some:
+#                                                   #   tests vllm_engine_gpu,checkpoints)
 #   bash bench/gpu_check.sh bench rl lora           # tokens/s vs LLM.generate; a LoRA RL job
 #   bash bench/gpu_check.sh rl full multilora       # if >= 5 device minutes are left
 #
@@ -78,14 +79,30 @@ PY
   passed install
 }
 
+GPU_TEST_FILES="tests/test_vllm_engine_gpu.py tests/test_vllm_multi_lora_gpu.py
+  tests/test_rollout_engine.py tests/test_prefix_cache.py tests/test_weight_transport.py
+  tests/test_checkpoints.py"  # every file holding a `gpu` test (tests/test_benches.py checks)
+
 tests() {
-  # Every test file holding a `gpu` test (grep -l "mark.gpu" tests/*.py): the marker alone
-  # over tests/ would import every module, some of them needing packages the image lacks.
-  OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu tests/test_vllm_engine_gpu.py \
-    tests/test_vllm_multi_lora_gpu.py tests/test_rollout_engine.py tests/test_prefix_cache.py \
-    tests/test_weight_transport.py tests/test_checkpoints.py 2>&1 | tee "$OUT/gpu_tests.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || failed tests "pytest, see above"
-  ! grep -q "^SKIPPED" "$OUT/gpu_tests.log" || failed tests "a gpu test was skipped, the reason above"
+  # One pytest per file, each with its own log in $OUT, so the files that ran keep their
+  # result when a later one hangs; `tests vllm_engine_gpu,checkpoints` runs only those. Files
+  # are named (not `-m gpu` over tests/): the others import packages the image lacks.
+  local files=() file stem bad=()
+  if [ -n "${1:-}" ]; then
+    for stem in ${1//,/ }; do files+=("tests/test_$stem.py"); done
+  else
+    read -ra files <<<"$(echo $GPU_TEST_FILES)"
+  fi
+  for file in "${files[@]}"; do
+    [ -f "$file" ] || failed tests "no $file"
+    stem=$(basename "$file" .py)
+    echo "--- $file"
+    OPENTINKER_GPU_TEST_MODEL="$MODEL" python3 -m pytest -q -rA -s -p no:cacheprovider -m gpu \
+      "$file" 2>&1 | tee "$OUT/gpu_$stem.log" | grep -v "^INFO\|^DEBUG\|^(EngineCore"
+    [ "${PIPESTATUS[0]}" = 0 ] || bad+=("$stem")
+    ! grep -q "^SKIPPED" "$OUT/gpu_$stem.log" || bad+=("$stem (a gpu test skipped, the reason above)")
+  done
+  [ ${#bad[@]} = 0 ] || failed tests "${bad[*]}"
   passed tests
 }
 
@@ -156,7 +173,7 @@ if [ "${1:-}" = --one ]; then  # inside run_step
   case "$1" in
     stage) stage ;;
     install) install ;;
-    tests) tests ;;
+    tests) tests "${2:-}" ;;
     bench) bench ;;
     rl) rl "${2:-lora}" ;;
     multilora) multilora ;;
@@ -171,6 +188,8 @@ while [ $# -gt 0 ]; do
   step=$1 args=("$1")
   if [ "$1" = rl ]; then
     case "${2:-}" in lora | full) step="rl $2" args=(rl "$2") && shift ;; *) step="rl lora" args=(rl lora) ;; esac
+  elif [ "$1" = tests ]; then  # an optional list of files: tests vllm_engine_gpu,checkpoints
+    case "${2:-}" in "" | stage | install | tests | bench | rl | multilora) ;; *) step="tests $2" args=(tests "$2") && shift ;; esac
   fi
   shift
   case "${args[0]}" in

@@ -14,6 +14,8 @@ for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_6
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d .whl/dl -r .whl/requirements.txt
+# Complete before any device time: every requirement carried, in the image or omitted
+python3 bench/gpu_wheels_closure.py .whl/dl .whl/requirements.txt
 rm -rf .whl/p[0-9]* .whl/part-*
 tar -C .whl/dl -cf - . | split -b 56m -d -a 2 - .whl/part-
 parts=0
@@ -32,6 +34,9 @@ for dir in .whl/p[0-9]*; do
   [ "$dir" = "$last" ] && break
   echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
 done
-echo "  run(command='bash bench/gpu_check.sh stage install tests', carry=['$last'], timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh bench rl lora', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh rl full multilora', timeout_s=600)  # if >= 5 min are left"
+# In calls of a few minutes each: a call that loses its machine loses its output (on
+# 2026-11-26 one running all the tests did, ~150 s in, after test_vllm_engine_gpu had passed).
+echo "  run(command='bash bench/gpu_check.sh stage install tests vllm_engine_gpu,rollout_engine,prefix_cache,checkpoints', carry=['$last'], timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh tests vllm_multi_lora_gpu,weight_transport rl lora', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh bench rl full', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh multilora', timeout_s=300)  # if >= 5 min are left"
