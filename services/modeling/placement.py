@@ -83,25 +83,44 @@ def _kind(device_id: str) -> str:
     return device_id.rsplit("/", 1)[-1].split(":", 1)[0]
 
 
-# Largest |Δlogprob| on the probe (32 tokens) still counted as "the rollout serves the
-# trainer's weights", per (trainer dtype, rollout dtype). Same weights in float32 on both
-# sides agree to ~1e-6 (kernels sum in different orders); bfloat16 keeps 8 bits of mantissa,
-# so one bf16 side moves logprobs by up to ~1e-2 on a 0.5B model and two bf16 sides with
-# different kernels (transformers vs vLLM) by a few 1e-2. A stale or wrong weight moves
-# them by far more (~1e-1 and up after one update), which the probe still catches.
-PROBE_TOLERANCE: dict[tuple[torch.dtype, torch.dtype], float] = {
-    (torch.float32, torch.float32): 1e-3,
-    (torch.float32, torch.bfloat16): 5e-2,
-    (torch.bfloat16, torch.float32): 5e-2,
-    (torch.bfloat16, torch.bfloat16): 5e-2,
-    (torch.float16, torch.float16): 1e-2,
+@dataclass(frozen=True)
+class ProbeTolerance:
+    """Largest |Δlogprob| on the probe still counted as "the rollout serves the trainer's
+    weights": ``floor``, or ``per_logit_std`` times the probe's logit scale if larger."""
+
+    floor: float
+    per_logit_std: float
+
+    def at(self, logit_scale: float) -> float:
+        return max(self.floor, self.per_logit_std * logit_scale)
+
+
+# Per (trainer dtype, rollout dtype). Same weights in float32 on both sides agree to ~1e-6
+# (kernels sum in different orders). In a narrower dtype the logits carry a relative error
+# (bfloat16 keeps 8 bits of mantissa), so |Δlogprob| grows with the logits' spread: max |Δ|
+# over the 32 probe tokens was 0.05-0.07 x the logits' std (bench/probe_noise.py: bf16 vs
+# float32 and bf16 eager vs sdpa attention on CPU, logit std 0.6 to 12; vLLM vs transformers
+# on an H100 at std ~0.6: 0.043). A random-init model's logits have std ~0.6, a trained
+# one's several times that, where a fixed 5e-2 would fail every sync. A stale or wrong
+# weight moves the probe by far more than the noise; an update that moves it less is what
+# ProbeShiftWatch (trainer/weight_sync.py) reports.
+PROBE_TOLERANCE: dict[tuple[torch.dtype, torch.dtype], ProbeTolerance] = {
+    (torch.float32, torch.float32): ProbeTolerance(1e-3, 0.0),
+    (torch.float32, torch.bfloat16): ProbeTolerance(5e-2, 0.2),
+    (torch.bfloat16, torch.float32): ProbeTolerance(5e-2, 0.2),
+    (torch.bfloat16, torch.bfloat16): ProbeTolerance(5e-2, 0.2),
+    (torch.float16, torch.float16): ProbeTolerance(1e-2, 0.03),
 }
 
 
-def probe_tolerance(trainer_dtype: torch.dtype, rollout_dtype: torch.dtype) -> float:
-    """The documented probe tolerance for the pair; ConfigError for a pair not in the table."""
+def probe_tolerance(
+    trainer_dtype: torch.dtype, rollout_dtype: torch.dtype, logit_scale: float = 0.0
+) -> float:
+    """The documented probe tolerance for the pair at the probe's ``logit_scale`` (the RMS
+    over its positions of the logits' std over the vocabulary; 0: the floor alone);
+    ConfigError for a pair not in the table."""
     try:
-        return PROBE_TOLERANCE[(trainer_dtype, rollout_dtype)]
+        return PROBE_TOLERANCE[(trainer_dtype, rollout_dtype)].at(logit_scale)
     except KeyError:
         raise ConfigError(
             f"no weight-sync probe tolerance for trainer {trainer_dtype} / rollout "

@@ -10,6 +10,7 @@ builds the same model the same way (same base, same peft ``LoraConfig``), so the
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from transformers import (
 
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.adapters import load_init_adapter
-from opentinker.services.modeling.placement import dtype_for_device
+from opentinker.services.modeling.placement import dtype_for_device, probe_tolerance
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
 from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
@@ -50,9 +51,6 @@ PROBE_MESSAGES = [
 ]
 PROBE_LENGTH = 32
 ADAMW_WEIGHT_DECAY = 0.0  # RL fine-tuning runs usually keep the base weights un-decayed.
-# Largest |chunked - model forward| logprob on the probe accepted at start (float32 models
-# agree to ~1e-6; bf16 rounding stays well below this).
-CHUNKED_LOGPROB_TOLERANCE = 1e-3
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None:
@@ -65,6 +63,16 @@ def enable_gradient_checkpointing(model: PreTrainedModel, *, lora: bool) -> None
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora:
         model.enable_input_require_grads()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The trainer's answer to the weight-sync probe: each token's logprob, and the logits'
+    scale (the RMS over positions of their std over the vocabulary), which sets how far a
+    narrow dtype's rounding moves the logprobs (placement.probe_tolerance)."""
+
+    logprobs: list[float]
+    logit_scale: float
 
 
 class Policy:
@@ -184,8 +192,11 @@ class Policy:
             )
         finally:
             self.model.train(was_training)
-        gap = chunked_1_T[0].cpu() - torch.tensor(self.probe_logprobs(self.probe_token_ids))
-        if gap.abs().max() > CHUNKED_LOGPROB_TOLERANCE:
+        forward = self.probe(self.probe_token_ids)
+        gap = chunked_1_T[0].cpu() - torch.tensor(forward.logprobs)
+        # The probe's tolerance for this dtype on both sides: float32 agrees to ~1e-6 (held
+        # to 1e-3); bf16 logits round differently as the head's matmul changes shape.
+        if gap.abs().max() > probe_tolerance(self.dtype, self.dtype, forward.logit_scale):
             raise ConfigError(
                 f"model {self.spec.base_model} ({type(self.model).__name__}): logprobs from its "
                 f"hidden states and output head differ from its own forward by "
@@ -277,24 +288,32 @@ class Policy:
             wanted_B_T=wanted_B_T,
         )
 
-    @torch.no_grad()
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
-        """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1.
-        With one adapter per role: those of every role's adapter, in role order."""
-        if self.role_adapters:
-            return each_role(
-                self.model, self.role_adapters, lambda: self._probe_logprobs(token_ids)
-            )
-        return self._probe_logprobs(token_ids)
+        return self.probe(token_ids).logprobs
 
-    def _probe_logprobs(self, token_ids: list[int]) -> list[float]:
+    @torch.no_grad()
+    def probe(self, token_ids: list[int]) -> Probe:
+        """logprob(ids[i+1] | ids[:i+1]) for each i, in eval mode (no dropout), temperature 1,
+        and the logits' scale. With one adapter per role: those of every role's adapter, in
+        role order (the largest scale)."""
+        if not self.role_adapters:
+            return self._probe(token_ids)
+        probes = each_role(self.model, self.role_adapters, lambda: [self._probe(token_ids)])
+        return Probe(
+            [logprob for probe in probes for logprob in probe.logprobs],
+            max(probe.logit_scale for probe in probes),
+        )
+
+    def _probe(self, token_ids: list[int]) -> Probe:
         was_training = self.model.training
         self.model.eval()
         try:
             ids_1_L = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-            logits_1_L_V = self.model(input_ids=ids_1_L).logits.float()
-            logp_T_V = torch.log_softmax(logits_1_L_V[0, :-1], dim=-1)
-            return logp_T_V.gather(-1, ids_1_L[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+            logits_T_V = self.model(input_ids=ids_1_L).logits.float()[0, :-1]
+            logp_T_V = torch.log_softmax(logits_T_V, dim=-1)
+            logprobs = logp_T_V.gather(-1, ids_1_L[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+            scale = logits_T_V.std(dim=-1).square().mean().sqrt().item() if logprobs else 0.0
+            return Probe(logprobs, scale)
         finally:
             self.model.train(was_training)
 

@@ -42,7 +42,7 @@ from .distributed import (
     load_full_state,
     trainable_names,
 )
-from .policy import Policy
+from .policy import Policy, Probe
 from .training import TrainStats
 
 log = structlog.get_logger()
@@ -167,8 +167,11 @@ class LeaderPolicy:
         return full_state(self.policy, trainable_only=True)
 
     def probe_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.probe(token_ids).logprobs
+
+    def probe(self, token_ids: list[int]) -> Probe:
         _broadcast(Order("probe", token_ids=list(token_ids)))
-        return self.policy.probe_logprobs(token_ids)
+        return self.policy.probe(token_ids)
 
     def save_checkpoint(self, out_dir: Path, *, trainer_state: dict | None = None) -> Path:
         """``Policy.save_checkpoint``'s Hugging Face files, from the gathered full weights."""
@@ -240,7 +243,7 @@ def follow(policy: Policy, rank: Rank) -> None:
         elif order.kind == "weights":
             full_state(policy, trainable_only=True)  # the leader keeps what it asked for
         elif order.kind == "probe":
-            policy.probe_logprobs(order.token_ids)
+            policy.probe(order.token_ids)
         elif order.kind == "optimizer_state":
             full_optimizer_state(policy)
         elif order.kind == "load_weights":

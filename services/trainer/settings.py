@@ -23,7 +23,8 @@ class TrainerSettings(BaseSettings):
     log_level: str = "INFO"
     # Largest |logprob difference| on the probe sequence still counted as the same weights.
     # None: the documented tolerance for the trainer/rollout dtype pair
-    # (placement.PROBE_TOLERANCE: 1e-3 for float32 on both sides, 5e-2 with bfloat16).
+    # (placement.PROBE_TOLERANCE: 1e-3 for float32 on both sides; with bfloat16, 0.2 x the
+    # probe's logit std, at least 5e-2).
     probe_tolerance: float | None = Field(None, gt=0)
     open_timeout_s: float = Field(
         300.0, gt=0, description="rollout loads its model before answering"

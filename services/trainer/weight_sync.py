@@ -16,7 +16,7 @@ import torch
 from opentinker.services.modeling.placement import probe_tolerance
 
 from .errors import WeightSyncError
-from .policy import Policy
+from .policy import Policy, Probe
 from .rollout_client import WeightsAck
 
 
@@ -98,12 +98,11 @@ async def verified_sync(
     """Send ``policy``'s trainable weights as ``version`` and check the rollout serves them;
     raises WeightSyncError naming what differs. ``tolerance`` None: the documented one for
     the policy's dtype on both sides (the rollout picks its dtype by the same rule from the
-    same lease, placement.py). The trainer's own probe runs while the rollout applies.
+    same lease, placement.py) at the logit scale of the trainer's probe. The trainer's own
+    probe runs while the rollout applies.
     after_send: awaited once the weights are written (see ``sync_weights``)."""
-    if tolerance is None:
-        tolerance = probe_tolerance(policy.dtype, policy.dtype)
     ids = policy.probe_token_ids
-    probe: asyncio.Task[tuple[list[float], float]] | None = None
+    probe: asyncio.Task[tuple[Probe, float]] | None = None
 
     async def sent() -> None:
         nonlocal probe
@@ -125,7 +124,10 @@ async def verified_sync(
             probe.cancel()
         raise
     assert probe is not None, "sync_weights awaits after_send before it returns"
-    expected, probe_seconds = await probe
+    answer, probe_seconds = await probe
+    expected = answer.logprobs
+    if tolerance is None:
+        tolerance = probe_tolerance(policy.dtype, policy.dtype, answer.logit_scale)
     if ack.policy_version != version:
         raise WeightSyncError(
             f"rollout applied policy version {ack.policy_version}, the trainer sent {version}"
@@ -140,8 +142,8 @@ async def verified_sync(
     return SyncResult(ack.apply_seconds + probe_seconds, diff, tuple(expected), tolerance)
 
 
-def _timed_probe(policy: Policy, ids: list[int]) -> tuple[list[float], float]:
-    """The trainer's probe logprobs and the seconds they took."""
+def _timed_probe(policy: Policy, ids: list[int]) -> tuple[Probe, float]:
+    """The trainer's probe answer and the seconds it took."""
     started = time.monotonic()
-    expected = policy.probe_logprobs(ids)
-    return expected, time.monotonic() - started
+    answer = policy.probe(ids)
+    return answer, time.monotonic() - started
