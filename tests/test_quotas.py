@@ -160,6 +160,64 @@ def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs
     run(main)
 
 
+def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
+    redis_url: str,
+) -> None:
+    """The budget was checked at submit only, against leases already released: jobs queued
+    while the first ran started once devices came back, whatever the budget. Now the leases
+    a tenant holds count to this moment, and a spent tenant's queued jobs get no lease."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=3600)
+            globex = stub_with(
+                mesh, await api_key(mesh.running.stores.identity, tenant="globex", user="bob")
+            )
+            first = await submit(mesh.stub, "first", num_devices=2)
+            waiting = await submit(mesh.stub, "waiting", num_devices=2)  # budget untouched yet
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1"]) as w:
+                assert await launches(w, 1) == [first.job_id]
+                await asyncio.sleep(0.6)  # two devices held: 1.2 device-seconds, not released
+                with pytest.raises(grpc.aio.AioRpcError) as spent:
+                    await submit(mesh.stub, "more")
+                assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "the leases it holds now" in spent.value.details()
+                await w.send(
+                    exited=scheduler_pb2.JobExited(job_id=first.job_id, attempt=1, exit_code=2)
+                )
+                # The devices came back, and acme's queued job waits; another tenant's gets them.
+                assert await still_queued(mesh, [waiting])
+                other = await submit(globex, "other", num_devices=2)
+                assert await launches(w, 1) == [other.job_id]
+
+    run(main)
+
+
+def test_a_lease_released_twice_is_charged_once(redis_url: str) -> None:
+    """The ledger charges a lease just before releasing it (so the budget check never sees it
+    neither held nor charged); a release that loses the race to another takes its charge back."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            stores = mesh.running.stores
+            job = await submit(mesh.stub, "charged", num_devices=2)
+            await stores.ledger.register_worker("w9", ["d0", "d1"])
+            lease = await stores.ledger.acquire("w9", job.job_id, 2)
+            assert lease is not None
+            await asyncio.sleep(0.5)
+            # Two paths release it at once (an attempt's end, a lapse): both read it held.
+            released = await asyncio.gather(
+                stores.ledger.release(lease.lease_id), stores.ledger.release(lease.lease_id)
+            )
+            assert sorted(released) == [False, True]
+            charged = (await stores.usage.job(job.job_id)).device_seconds
+            assert 1.0 <= charged < 1.8, charged  # 2 devices x ~0.5 s, once
+            assert not await stores.ledger.release(lease.lease_id)  # found gone: no charge
+            assert (await stores.usage.job(job.job_id)).device_seconds == pytest.approx(charged)
+
+    run(main)
+
+
 def test_allocating_jobs_hold_their_devices_against_the_quota(redis_url: str) -> None:
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:

@@ -2,7 +2,8 @@
 
 Wraps any ``LeaseLedger``: a release, wherever in the scheduler it happens (an attempt ended,
 a job was cancelled, a worker was lost, a lease lapsed), accounts the time from the lease's
-start to now, times its devices, to its job and the job's tenant.
+start to now, times its devices, to its job and the job's tenant (charged just before the
+release, so held and charged together never miss it).
 """
 
 from __future__ import annotations
@@ -39,19 +40,34 @@ class AccountedLedger:
         self._identity = identity
 
     async def release(self, lease_id: str) -> bool:
+        """Release and account. The time is charged first: a reader of held leases plus
+        charged usage (the budget check, quotas.py) would otherwise see the lease, for a
+        moment, neither held nor charged. A release that finds it gone (another path released
+        it, and charged it) or fails takes the charge back."""
         lease = await self._inner.get(lease_id)
-        released = await self._inner.release(lease_id)
-        if released and lease is not None:
-            await self._account(lease)
+        if lease is None:
+            return await self._inner.release(lease_id)
+        charge = await self._charge(lease)
+        released = False
+        try:
+            released = await self._inner.release(lease_id)
+        finally:
+            if not released and charge is not None:
+                job_id, tenant_id, seconds, period_s = charge
+                await self._usage.add(
+                    job_id, tenant_id, Usage(device_seconds=-seconds), period_s=period_s
+                )
         return released
 
-    async def _account(self, lease: Lease) -> None:
+    async def _charge(self, lease: Lease) -> tuple[str, str, float, float] | None:
+        """Charge the lease's device-seconds to its job and tenant: (job, tenant, seconds,
+        period) as charged, or None for a lease of an unknown job."""
         seconds = max(0.0, time.time() - lease.created_unix_s) * len(lease.device_ids)
         try:
             job = await self._jobs.get(lease.job_id)
         except JobNotFoundError:
             log.warning("lease_of_unknown_job", lease_id=lease.lease_id, job_id=lease.job_id)
-            return
+            return None
         period_s = 0.0
         if job.tenant_id:
             with contextlib.suppress(IdentityNotFoundError):  # no tenant record: default period
@@ -59,6 +75,7 @@ class AccountedLedger:
         await self._usage.add(
             job.job_id, job.tenant_id, Usage(device_seconds=seconds), period_s=period_s
         )
+        return job.job_id, job.tenant_id, seconds, period_s
 
     # ---- delegated as is ----------------------------------------------------------------------
 

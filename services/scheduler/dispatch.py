@@ -67,6 +67,7 @@ class Dispatcher:
         self.unschedulable_after_s = unschedulable_after_s
         self._lock = placing  # held for a round; re-queues take it too (attempt_ends.py)
         self._cut_short: list[_Placement] = []  # placements a store error interrupted
+        self._held_for_budget: set[str] = set()  # queued jobs told they wait for a budget
 
     async def dispatch(self) -> int:
         """One round; returns how many jobs were launched."""
@@ -81,6 +82,7 @@ class Dispatcher:
                     await self._queue.remove(job_id)
                 elif not await self._fail_if_unschedulable(job):
                     queued.append(job)
+            queued = await self._within_budget(queued)
             picker = FairPicker(
                 queued,
                 await self._quotas.devices_in_use(),
@@ -91,6 +93,17 @@ class Dispatcher:
                 picker.done(job, placed=placed)
                 launched += placed
         return launched
+
+    async def _within_budget(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:
+        """The queued jobs whose tenant's device budget is not spent; the others wait in the
+        queue for the next period (each logged once)."""
+        spent = await self._quotas.spent_budgets(j.tenant_id for j in queued)
+        for job in queued:
+            if job.tenant_id in spent and job.job_id not in self._held_for_budget:
+                self._held_for_budget.add(job.job_id)
+                log.info("job_held_budget_spent", job_id=job.job_id, why=spent[job.tenant_id])
+        self._held_for_budget &= {j.job_id for j in queued if j.tenant_id in spent}
+        return [j for j in queued if j.tenant_id not in spent]
 
     async def _place(self, job: common_pb2.Job) -> bool:
         """Lease devices for ``job`` on the first worker that has them (a LoRA RL job: those

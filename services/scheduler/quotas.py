@@ -4,7 +4,10 @@
   ``max_devices``, is refused (the job could never run as asked); a tenant whose device-seconds
   this period reached its budget gets RESOURCE_EXHAUSTED with the numbers.
 - dispatch: the devices each tenant holds now (from the ledger) and each tenant's limit feed
-  the FairPicker (fair_share.py).
+  the FairPicker (fair_share.py). A tenant whose budget is spent gets no new lease: its queued
+  jobs wait for the next period (jobs running then finish their attempt). Spent counts the
+  leases it holds now, to this moment, beside those already released and accounted: else a
+  tenant could queue many jobs while its first ran and start them all past its budget.
 - reports: each step adds its tokens and one step to the job's and tenant's usage; each result
   row of an inference job adds the tokens its episode generated.
 """
@@ -20,7 +23,7 @@ from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2
 from opentinker.services.scheduler.errors import IdentityNotFoundError
 from opentinker.services.scheduler.identity import IdentityStore
 from opentinker.services.scheduler.job_store import JobStore
-from opentinker.services.scheduler.lease_ledger import LeaseLedger
+from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
 from opentinker.services.scheduler.usage import DEFAULT_PERIOD_S, Usage, UsageStore, period_start
 
 # Step metrics the trainer reports that count as tokens (see the trainer loop).
@@ -60,30 +63,56 @@ class Quotas:
                 f"most {quota.max_devices} at once; it could never run",
                 reason="ABOVE_DEVICE_QUOTA",
             )
-        budget = quota.device_seconds_per_period
-        if budget:
+        if spent := (await self.spent_budgets([tenant_id])).get(tenant_id):
+            raise ResourceExhaustedError(spent, reason="DEVICE_BUDGET_SPENT")
+
+    async def spent_budgets(self, tenant_ids: Iterable[str]) -> dict[str, str]:
+        """The tenants of ``tenant_ids`` whose device-seconds this period, the leases they
+        hold now counted to this moment, reached their budget: tenant -> why, with when it
+        resets."""
+        now = time.time()
+        held: list[tuple[str, Lease]] | None = None
+        spent = {}
+        for tenant_id in set(tenant_ids):
+            quota = await self.quota(tenant_id)
+            budget = quota.device_seconds_per_period
+            if not budget:
+                continue
             period_s = quota.period_s or DEFAULT_PERIOD_S
+            start = period_start(now, period_s)
             used, _ = await self._usage.tenant(tenant_id, period_s=period_s)
-            if used.device_seconds >= budget:
-                resets = period_start(time.time(), period_s) + period_s
-                raise ResourceExhaustedError(
-                    f"tenant {tenant_id!r} used {used.device_seconds:,.0f} of its "
-                    f"{budget:,.0f} device-seconds this period; the budget resets at "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(resets))}",
-                    reason="DEVICE_BUDGET_SPENT",
+            held = await self._leases_by_tenant() if held is None else held
+            running = sum(
+                (now - max(lease.created_unix_s, start)) * len(lease.device_ids)
+                for tenant, lease in held
+                if tenant == tenant_id
+            )
+            if used.device_seconds + running >= budget:
+                resets = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start + period_s))
+                spent[tenant_id] = (
+                    f"tenant {tenant_id!r} used {used.device_seconds + running:,.0f} of its "
+                    f"{budget:,.0f} device-seconds this period (the leases it holds now "
+                    f"{running:,.0f} of them); the budget resets at {resets}"
                 )
+        return spent
 
     async def devices_in_use(self) -> dict[str, int]:
         """Devices held by each tenant's jobs: every lease not yet released, also those of
         workers not connected now (a dropped stream, a scheduler restart), whose jobs keep
         running and are adopted again when their worker re-announces them."""
-        leases = await self._ledger.all_leases()
-        jobs = await self._jobs.get_many([lease.job_id for lease in leases])
         held: dict[str, int] = {}
-        for lease, job in zip(leases, jobs, strict=True):
-            tenant = job.tenant_id if job is not None else ""  # a lease of a job that is gone
+        for tenant, lease in await self._leases_by_tenant():
             held[tenant] = held.get(tenant, 0) + len(lease.device_ids)
         return held
+
+    async def _leases_by_tenant(self) -> list[tuple[str, Lease]]:
+        """Every lease not yet released, with its job's tenant ("" for a job that is gone)."""
+        leases = await self._ledger.all_leases()
+        jobs = await self._jobs.get_many([lease.job_id for lease in leases])
+        return [
+            (job.tenant_id if job is not None else "", lease)
+            for lease, job in zip(leases, jobs, strict=True)
+        ]
 
     async def device_limits(self, tenant_ids: Iterable[str]) -> dict[str, int]:
         return {t: (await self.quota(t)).max_devices for t in set(tenant_ids)}
