@@ -167,3 +167,32 @@ def test_a_signed_download_url_is_refused_expired_tampered_or_garbled(
             answer = httpx.get(f"{url}/api/v1/files/{token}")
             assert answer.status_code == 403, (why, answer.status_code, answer.text)
             assert answer.json()["category"] == "user", why
+
+
+def test_a_poll_after_a_gateway_restart_is_told_its_request_was_lost_410(
+    identities, tmp_path: Path
+) -> None:
+    """Futures live in the gateway's process. A poll after a restart used to get 404 "no
+    request", as if it had never been made; it now gets 410 saying it was lost, to send again."""
+    settings = GatewaySettings(
+        scheduler_address=identities.scheduler_address,
+        port=0,
+        long_poll_s=0.2,
+        session_start_timeout_s=5.0,
+        checkpoint_root=tmp_path,
+    )
+    key = identities.user_key
+    with running_gateway(settings) as first:
+        session = post(first, "create_session", key, {}).json()["session_id"]
+        model = {"session_id": session, "model_seq_id": 0, "base_model": "b"}
+        started = post(first, "create_model", key, model | {"lora_config": {"rank": 1}})
+        request_id = started.json()["request_id"]
+        polled = post(first, "retrieve_future", key, {"request_id": request_id})
+        assert polled.status_code == 200 and polled.json()["type"] == "try_again", polled.text
+    with running_gateway(settings) as second:
+        lost = post(second, "retrieve_future", key, {"request_id": request_id})
+        assert lost.status_code == 410, lost.text
+        assert "earlier gateway instance" in lost.json()["error"]
+        assert "send the request again" in lost.json()["error"]
+        never = post(second, "retrieve_future", key, {"request_id": "req-made-up"})
+        assert never.status_code == 404 and "no request" in never.json()["error"], never.text

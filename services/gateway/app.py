@@ -32,7 +32,7 @@ from opentinker.errors import (
 
 from . import downloads, runs, wire
 from . import training_routes as training
-from .futures import USER_ERRORS, error_body
+from .futures import USER_ERRORS, FutureGoneError, error_body
 from .models import SAMPLER_KIND, TinkerPath
 from .sessions import SessionGoneError
 from .settings import GatewaySettings
@@ -51,6 +51,7 @@ class BodyTooLargeError(InvalidArgumentError):
 # HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
 _STATUS = {
     SessionGoneError: 410,  # before NotFoundError: it is one
+    FutureGoneError: 410,  # likewise
     BodyTooLargeError: 413,
     PermissionDeniedError: 403,  # before AuthenticationError: it is one
     AuthenticationError: 401,

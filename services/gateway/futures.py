@@ -5,11 +5,16 @@ Every Tinker call that does work answers at once with a ``request_id``; the SDK 
 answers ``try_again``. A failed request's result is ``{"error", "category"}`` with category
 ``user`` (the request was wrong: bad input, unsupported loss, out-of-order state) or
 ``server``. Results are kept ``keep_s`` after they are ready (a poll may be retried).
+
+Futures live in this process only: a request id names the gateway instance that made it, so a
+poll after a restart is told its request was lost (HTTP 410: send it again) rather than that
+it never existed (404).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Awaitable
@@ -53,16 +58,24 @@ class _Entry:
     done_at: float | None = None
 
 
+_REQUEST_ID = re.compile(r"req-([0-9a-f]{12})-[0-9a-f]{32}")  # req-<instance>-<uuid>
+
+
+class FutureGoneError(NotFoundError):
+    """A request of an earlier gateway instance: lost with it (HTTP 410)."""
+
+
 class FutureStore:
     def __init__(self, *, long_poll_s: float = 20.0, keep_s: float = 600.0) -> None:
         self.long_poll_s = long_poll_s
         self.keep_s = keep_s
         self._entries: dict[str, _Entry] = {}
+        self.instance = uuid.uuid4().hex[:12]  # in every request id this store makes
 
     def start(self, work: Awaitable[Result], *, tenant: str) -> str:
         """Run ``work`` in the background; the id the caller polls its result with."""
         self._prune()
-        request_id = f"req-{uuid.uuid4().hex}"
+        request_id = f"req-{self.instance}-{uuid.uuid4().hex}"
         entry = _Entry(task=asyncio.ensure_future(work), tenant=tenant)
         entry.task.add_done_callback(lambda _: setattr(entry, "done_at", time.monotonic()))
         self._entries[request_id] = entry
@@ -73,7 +86,7 @@ class FutureStore:
         NotFoundError for an unknown id or another tenant's."""
         entry = self._entries.get(request_id)
         if entry is None or entry.tenant != tenant:
-            raise NotFoundError(f"request_id: no request {request_id!r} of yours")
+            raise self._unknown(request_id)
         done, _ = await asyncio.wait({entry.task}, timeout=self.long_poll_s)
         if not done:
             return None
@@ -81,6 +94,18 @@ class FutureStore:
         if err is None:
             return entry.task.result()
         return Result(error_body(err))
+
+    def _unknown(self, request_id: str) -> NotFoundError:
+        made = _REQUEST_ID.fullmatch(request_id)
+        if made is not None and made.group(1) != self.instance:
+            return FutureGoneError(
+                f"request_id: {request_id!r} was made by an earlier gateway instance, which "
+                f"restarted since; its work and result were lost with it: send the request again"
+            )
+        return NotFoundError(
+            f"request_id: no request {request_id!r} of yours (a result is kept "
+            f"{self.keep_s:g} s after it is ready)"
+        )
 
     def _prune(self) -> None:
         horizon = time.monotonic() - self.keep_s
