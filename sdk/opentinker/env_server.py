@@ -33,20 +33,11 @@ from opentinker.episode_table import (
     close_quietly,
 )
 from opentinker.errors import InvalidArgumentError
+from opentinker.grpc_options import server_options
 
 __all__ = ["ENV_NAME_PATTERN", "EnvServerHandle", "EpisodeTable", "GameFactory", "serve"]
 
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
-# The same limits as the services (opentinker.services.common.grpc_server); repeated here
-# because the SDK must not import the server extras.
-_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 log = structlog.get_logger("opentinker.env_server")
 
@@ -198,7 +189,7 @@ def _start_grpc_server(
     """A started threaded gRPC server with the servicer, health checking and reflection."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
-        options=_SERVER_OPTIONS,
+        options=server_options(),  # an EnvHub that vanished lets its games go
     )
     environment_pb2_grpc.add_EnvironmentServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()

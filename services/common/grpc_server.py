@@ -16,12 +16,12 @@ from grpc_reflection.v1alpha import reflection
 from opentinker import errors
 from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
+from opentinker.grpc_options import MAX_MESSAGE_BYTES, SERVER_KEEPALIVE_S, server_options
 from opentinker.services.common.tls import TlsSettings
 from opentinker.tls import channel_credentials, open_channel
 
-# Weight updates travel in chunks well under this; larger messages are refused with
-# RESOURCE_EXHAUSTED by gRPC itself.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Weight updates travel in chunks well under MAX_MESSAGE_BYTES; larger messages are refused
+# with RESOURCE_EXHAUSTED by gRPC itself.
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -29,14 +29,6 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-
-SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_pings_without_data", 0),
 ]
 
@@ -48,15 +40,21 @@ def create_aio_server(
     port: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     tls: TlsSettings | None = None,
+    keepalive_s: float = SERVER_KEEPALIVE_S,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """An asyncio gRPC server bound to host:port (0 = any free port), with health + reflection.
 
     ``interceptors``: the service's AuthInterceptor (services/common/auth.py). ``tls``: serve
     TLS when it has a certificate (default: the OPENTINKER_TLS_* variables). Register
-    servicers on the returned server before ``await server.start()``. Returns
-    (server, bound_port, health_servicer); every named service is marked SERVING.
+    servicers on the returned server before ``await server.start()``. ``keepalive_s``: how
+    often it pings a silent client; one that does not answer within half of that is dropped
+    and its calls end (opentinker/grpc_options.py). Returns (server, bound_port,
+    health_servicer); every named service is marked SERVING.
     """
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    server = grpc.aio.server(
+        options=server_options(keepalive_s, ping_timeout_s=keepalive_s / 2),
+        interceptors=list(interceptors),
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)
