@@ -10,7 +10,7 @@ A GPU is named by its UUID, since the two processes may number their visible GPU
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
@@ -101,10 +101,23 @@ def open_tensor(d: rollout_pb2.CudaIpcTensor) -> torch.Tensor:
         False,
         d.ref_counter_handle,
         d.ref_counter_offset,
-        d.event_handle or None,
+        # bytes, as _share_cuda_() gave them (always 64): torch's C++ _new_shared_cuda checks
+        # PyBytes_Check on the event handle before it looks at event_sync_required; None there
+        # is an argument error, not "no event".
+        bytes(d.event_handle),
         d.event_sync_required,
     )
 
 
 def open_all(described: list[rollout_pb2.CudaIpcTensor]) -> dict[str, torch.Tensor]:
     return {d.name: open_tensor(d) for d in described}
+
+
+def meta_tensors(described: Sequence[rollout_pb2.CudaIpcTensor]) -> dict[str, torch.Tensor]:
+    """Name -> a meta tensor of each described tensor's shape and dtype: what a weight update
+    of these handles would carry, to check against the model before any handle is opened
+    (no GPU, no memory). ValueError naming a tensor of an unknown dtype."""
+    return {
+        d.name: torch.empty(tuple(d.shape), dtype=dtype_from_pb(d.name, d.dtype), device="meta")
+        for d in described
+    }

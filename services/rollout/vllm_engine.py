@@ -38,6 +38,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from opentinker.errors import ConfigError
+from opentinker.services.modeling.cuda_ipc import meta_tensors
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -147,6 +148,8 @@ class VllmEngine:
         self._lora_ids = itertools.count(1)
         if adapters is not None and adapters.changed:  # an init_adapter is version 0
             self._serve_adapter(0)
+        elif adapters is not None:
+            self._check_adapter_loads()
 
     @classmethod
     def load(
@@ -231,22 +234,40 @@ class VllmEngine:
             raise WeightUpdateError(
                 "a LoRA engine takes adapter tensors by value; send them inline or in shared memory"
             )
+        # Names and shapes first, as apply_weights does: vLLM's load_weights would fail deep in
+        # its worker (an assert in a weight loader, a KeyError), or copy part of the update.
+        try:
+            carried = meta_tensors(described)
+        except ValueError as err:  # an unknown dtype
+            raise WeightUpdateError(str(err)) from err
+        self.shapes.check(carried)
         blobs = [d.SerializeToString() for d in described]  # plain bytes cross to the workers
         self.llm.collective_rpc("opentinker_load_ipc_weights", args=(blobs,))
         self.llm.reset_prefix_cache()
 
     def _serve_adapter(self, version: int) -> None:
-        from vllm.lora.request import LoRARequest
-
         assert self.adapters is not None
         lora_id = next(self._lora_ids)
         folder = self.adapters.write(version, suffix=f"-{lora_id}")
-        request = LoRARequest(f"policy-v{version}-{lora_id}", lora_id, str(folder))
-        self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails the update
+        request = add_lora(self.llm, f"policy-v{version}-{lora_id}", lora_id, folder)
         previous, self.lora_request = self.lora_request, request
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)  # vLLM holds it in memory
+
+    def _check_adapter_loads(self) -> None:
+        """Version 0 of a fresh adapter is the base model, served without one; its folder is
+        loaded once and dropped here all the same, so that an adapter vLLM cannot serve (a
+        target module the model's vLLM class takes no LoRA on, e.g. Qwen2's embed_tokens or
+        lm_head) fails the job at start, not at its first weight sync."""
+        assert self.adapters is not None
+        lora_id = next(self._lora_ids)
+        folder = self.adapters.write(0, suffix=f"-check-{lora_id}")
+        try:
+            add_lora(self.llm, f"policy-check-{lora_id}", lora_id, folder)
+            self.llm.llm_engine.remove_lora(lora_id)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
         if len(token_ids) < 2:
@@ -265,6 +286,23 @@ class VllmEngine:
         if self.adapters is not None:
             shutil.rmtree(self.adapters.root, ignore_errors=True)
         shutdown_llm(self)
+
+
+def add_lora(llm: Any, name: str, lora_id: int, folder: Path) -> Any:
+    """Load the PEFT adapter in ``folder`` into ``llm`` (a ``vllm.LLM``) now, under ``name``
+    and ``lora_id``; its ``LoRARequest``. WeightUpdateError with vLLM's reason when vLLM refuses
+    it (rank above max_lora_rank, a target module it takes no LoRA on); the folder is deleted."""
+    from vllm.lora.request import LoRARequest
+
+    request = LoRARequest(name, lora_id, str(folder))
+    try:
+        llm.llm_engine.add_lora(request)
+    # vLLM raises ValueError in process; its engine-process client re-raises any worker error
+    # as a bare Exception carrying the message, so nothing narrower catches both.
+    except Exception as err:  # noqa: BLE001
+        shutil.rmtree(folder, ignore_errors=True)
+        raise WeightUpdateError(f"vLLM refused the LoRA adapter {name}: {err}") from err
+    return request
 
 
 def shutdown_llm(owner: Any) -> None:

@@ -45,7 +45,7 @@ from .multi_lora import LoraRow, check_shared_spec, check_text_model
 from .settings import RolloutSettings
 from .types import Completion
 from .vllm_adapters import AdapterVersions, WeightShapes
-from .vllm_engine import PROBE_OPTIONS, sampling_options, shutdown_llm, vllm_options
+from .vllm_engine import PROBE_OPTIONS, add_lora, sampling_options, shutdown_llm, vllm_options
 from .vllm_outputs import completions_from_outputs, prompt_logprobs_from_output
 
 log = structlog.get_logger("opentinker.rollout.vllm_multi_lora")
@@ -344,11 +344,8 @@ class VllmMixedLoraEngine:
         shutdown_llm(self)
 
     def _load(self, ref: LoraRef) -> None:
-        from vllm.lora.request import LoRARequest
-
-        request = LoRARequest(ref.name, ref.lora_id, str(ref.path))
-        self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails here
-        self._requests[ref.lora_id] = request
+        # Loaded now: an adapter vLLM refuses fails here (WeightUpdateError, a ValueError).
+        self._requests[ref.lora_id] = add_lora(self.llm, ref.name, ref.lora_id, ref.path)
 
     def _unload(self, ref: LoraRef) -> None:
         self._requests.pop(ref.lora_id, None)
