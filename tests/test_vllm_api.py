@@ -307,3 +307,31 @@ def test_a_vllm_cuda_ipc_update_is_checked_against_the_model_before_any_handle_o
         shapes.check(cuda_ipc.meta_tensors([described("model.nope.weight", shape)]))
     with pytest.raises(ValueError, match="unknown dtype"):
         cuda_ipc.meta_tensors([rollout_pb2.CudaIpcTensor(name="w", shape=[2], dtype=999)])
+
+
+def test_an_embedding_adapter_folder_parses_in_vllm(vllm_src: VllmSource, tmp_path) -> None:
+    """LoRA on embed_tokens, which vLLM takes for models listing it in embedding_modules
+    (Llama, Qwen3; not Qwen2): every key of our folder parses with vLLM's own function. PEFT
+    names these parameters ``...lora_embedding_A.default`` (no ``.weight``); a key that kept
+    ``.default`` is "unsupported LoRA weight" to vLLM."""
+    llama = vllm_src.cls("vllm/model_executor/models/llama.py", "LlamaForCausalLM")
+    embedding_modules = next(
+        ast.literal_eval(n.value)
+        for n in llama.body
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "embedding_modules" for t in n.targets)
+    )
+    assert "embed_tokens" in embedding_modules
+    parse = vllm_src.function("vllm/lora/utils.py", "parse_fine_tuned_lora_name")[
+        "parse_fine_tuned_lora_name"
+    ]
+    model = build_tiny_model(tmp_path / "tiny")
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("embed_tokens", "q_proj"))
+    spec = ModelSpec(base_model=str(model), finetune="lora", lora=lora)
+    folder = AdapterVersions(spec, WeightShapes.of(spec), tmp_path / "adapters").write(1)
+    with safe_open(str(folder / "adapter_model.safetensors"), framework="pt") as f:
+        keys = list(f.keys())  # a safetensors file is not iterable
+    parsed = {key: parse(key, None) for key in keys}
+    embedding = {k: v for k, v in parsed.items() if "lora_embedding" in k}
+    assert len(embedding) == 2
+    assert {module for module, _ in embedding.values()} == {"model.embed_tokens"}

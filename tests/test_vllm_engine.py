@@ -293,3 +293,25 @@ def test_the_worker_extension_resolves_by_the_name_vllm_is_given() -> None:
     extension = getattr(importlib.import_module(module), name)  # as vLLM resolves it
     assert callable(extension.opentinker_load_weights)  # the method collective_rpc names
     assert "vllm" not in sys.modules
+
+
+def test_an_embedding_adapter_folder_loads_back_in_peft(model_dir: Path, tmp_path: Path) -> None:
+    """LoRA on embed_tokens (vLLM takes it for e.g. Llama and Qwen3, not Qwen2): PEFT names
+    those parameters ``...lora_embedding_A.default`` with no ``.weight`` after, and saves them
+    as ``...lora_embedding_A``: the folder holds that key (PEFT reads ``.default`` back too, but
+    vLLM refuses it: tests/test_vllm_api.py), and it reads back as what was sent."""
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("embed_tokens", "q_proj"))
+    spec = ModelSpec(base_model=str(model_dir), finetune="lora", lora=lora)
+    shapes = WeightShapes.of(spec)
+    assert any(n.endswith("lora_embedding_A.default") for n in shapes.shapes)
+    versions = AdapterVersions(spec, shapes, tmp_path / "adapters")
+    generator = torch.Generator().manual_seed(1)
+    update = {n: torch.randn(s, generator=generator) * 0.2 for n, s in shapes.shapes.items()}
+    versions.update(update)
+    folder = versions.write(1)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    loaded = peft.PeftModel.from_pretrained(base, str(folder))
+    got = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert set(got) == set(update)
+    assert all(torch.equal(got[n], update[n]) for n in update), "every tensor read back"
+    assert peft_key("m.embed_tokens.lora_embedding_B.default") == "m.embed_tokens.lora_embedding_B"

@@ -27,7 +27,7 @@ from opentinker.spec import LoraConfig, ModelSpec
 from .engine import WeightUpdateError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-_ADAPTER_NAME = re.compile(r"\.(lora_[A-Za-z_]+)\.default(?=\.)")
+_ADAPTER_NAME = re.compile(r"\.(lora_[A-Za-z_]+)\.default(?=\.|$)")  # embeddings: no .weight
 
 # vLLM allocates LoRA slots for these ranks only (``max_lora_rank``'s choices).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
