@@ -8,7 +8,8 @@ The model is Qwen2.5-0.5B-shaped with random init, built here (nothing downloads
 
 Rows: ``engine.generate`` (what the rollout calls: a seed per request, the sampled token's
 logprob, stop at eos) and ``LLM.generate`` (vLLM alone: one SamplingParams, no logprobs, no
-seeds); ``transformers`` (the engine the rollout uses without vLLM) for scale.
+seeds; token ids only, as the rollout asks); ``transformers`` (the engine the rollout uses
+without vLLM) for scale.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def throughput(engine: VllmEngine, prompts: list[list[int]], new_tokens: int) ->
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens)
     engine.generate(prompts[:8], sampling, seed=0)  # warm-up
     ours, ours_s = timed(lambda: engine.generate(prompts, sampling, seed=1))
-    plain = vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens)
+    # Token ids out, as the rollout asks (detokenize=False): text would cost vLLM per-token CPU
+    # work the engine never does, and the random model's ids past the 512-token tokenizer
+    # (vocab 151936) decode to nothing anyway.
+    plain = vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens, detokenize=False)
     token_prompts = [{"prompt_token_ids": p} for p in prompts]
     theirs, theirs_s = timed(lambda: engine.llm.generate(token_prompts, plain, use_tqdm=False))
     ours_tokens = sum(len(c.token_ids) for c in ours)
