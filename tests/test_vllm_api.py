@@ -36,6 +36,7 @@ from opentinker.services.rollout.vllm_adapters import (
 )
 from opentinker.services.rollout.vllm_engine import PROBE_OPTIONS, sampling_options, vllm_options
 from opentinker.services.rollout.vllm_multi_lora import multi_lora_options
+from opentinker.services.rollout.vllm_worker import WeightUpdateExtension
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -196,8 +197,17 @@ def test_the_engine_calls_we_make_exist_with_these_keywords(vllm_src: VllmSource
     assert _params(vllm_src.method(engine, "LLMEngine", "add_lora"))[1] == "lora_request"
     assert _params(vllm_src.method(engine, "LLMEngine", "remove_lora"))[1] == "lora_id"
     vllm_src.method(engine, "LLMEngine", "list_loras")
-    # vllm_worker.py reaches the model through the worker's model_runner.get_model()
+    # vllm_worker.py reaches the model through the worker's model_runner.get_model() and
+    # calls its load_weights(weights=...) (Qwen2's skips lm_head when tied, as we never send it)
     vllm_src.method("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "get_model")
+    qwen2 = "vllm/model_executor/models/qwen2.py"
+    load = vllm_src.method(qwen2, "Qwen2ForCausalLM", "load_weights")
+    assert _params(load) == ["self", "weights"]
+    assert '"lm_head."' in ast.get_source_segment(vllm_src.text(qwen2), load)
+    # our methods are mixed into vLLM's worker class; vLLM refuses a name the worker has
+    worker = {n.name for n in vllm_src.cls("vllm/v1/worker/gpu_worker.py", "Worker").body}
+    ours = {m for m in vars(WeightUpdateExtension) if not m.startswith("__")}
+    assert ours and not ours & worker
 
 
 def test_the_adapter_folder_is_one_vllm_loads_for_qwen2(vllm_src: VllmSource, tmp_path) -> None:
