@@ -216,9 +216,11 @@ class VllmEngine:
         if self.adapters is not None:
             # Every part is served at once (a new adapter id), as the transformers engine copies
             # each part in place: a re-sent version is never mistaken for a partial one. LoRA
-            # updates are small and come in one chunk or a few.
+            # updates are small and come in one chunk or a few. An end with no tensors (CUDA
+            # IPC and shared-memory updates end so: their parts came before) changes only the
+            # version: what is served already holds every part, so nothing is loaded again.
             self.adapters.update(tensors)
-            if tensors or policy_version != self.policy_version:
+            if tensors:
                 self._serve_adapter(policy_version)
         elif tensors:
             pairs = list(tensors.items())
