@@ -31,6 +31,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import structlog
@@ -171,7 +172,13 @@ class VllmEngine:
             adapters = AdapterVersions(spec, shapes, root)
         log.info("vllm_starting", version=vllm.__version__, **_loggable(options))
         llm = vllm.LLM(**options)
-        return cls(llm, tokenizer, shapes, adapters)
+        try:
+            return cls(llm, tokenizer, shapes, adapters)
+        except BaseException:  # e.g. an adapter vLLM refuses: free the GPU before the error
+            shutdown_llm(SimpleNamespace(llm=llm))
+            if adapters is not None:
+                shutil.rmtree(adapters.root, ignore_errors=True)
+            raise
 
     def generate(
         self,
