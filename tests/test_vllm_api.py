@@ -345,3 +345,20 @@ def test_an_embedding_adapter_folder_parses_in_vllm(vllm_src: VllmSource, tmp_pa
     embedding = {k: v for k, v in parsed.items() if "lora_embedding" in k}
     assert len(embedding) == 2
     assert {module for module, _ in embedding.values()} == {"model.embed_tokens"}
+
+
+def test_the_output_fields_we_read_are_vllms(vllm_src: VllmSource) -> None:
+    """vllm_outputs.py reads RequestOutput.outputs/prompt_logprobs, CompletionOutput.token_ids/
+    logprobs/finish_reason and Logprob.logprob (the Protocols there), as list-of-dict logprobs:
+    what vLLM returns unless SamplingParams.flat_logprobs, which we never set."""
+    from opentinker.services.rollout import vllm_outputs
+
+    completion = set(vllm_src.fields("vllm/outputs.py", "CompletionOutput"))
+    request = _params(vllm_src.method("vllm/outputs.py", "RequestOutput", "__init__"))
+    logprob = set(vllm_src.fields("vllm/logprobs.py", "Logprob"))
+    assert set(vllm_outputs.CompletionOutputLike.__annotations__) <= completion
+    assert set(vllm_outputs.RequestOutputLike.__annotations__) <= set(request)
+    assert set(vllm_outputs.LogprobLike.__annotations__) <= logprob
+    sampling = sampling_options(SamplingParams(), 0, greedy=False, eos=2)
+    assert "flat_logprobs" in vllm_src.fields("vllm/sampling_params.py", "SamplingParams")
+    assert "flat_logprobs" not in sampling and "flat_logprobs" not in PROBE_OPTIONS
