@@ -113,7 +113,9 @@ bench() {
 }
 
 multilora() {
-  python3 bench/multi_lora.py --engine vllm --model "$MODEL" --ks 1,4,16 --prompts 8 \
+  # --eager: no LoRA CUDA graphs to capture at start (minutes of a 15-minute lease); both
+  # sides of the comparison run eager alike
+  python3 bench/multi_lora.py --engine vllm --eager --model "$MODEL" --ks 1,4,16 --prompts 8 \
     --new-tokens 64 --rounds 3 2>&1 | tee "$OUT/multi_lora.log" | grep -v "^INFO\|^DEBUG"
   [ "${PIPESTATUS[0]}" = 0 ] || failed multilora "bench/multi_lora.py --engine vllm, see above"
   passed multilora

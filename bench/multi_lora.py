@@ -160,7 +160,9 @@ def vllm_main(args: argparse.Namespace, ks: list[int]) -> None:
     if not args.model:
         raise SystemExit("--engine vllm needs --model (a local model folder)")
     spec = ModelSpec(base_model=args.model, finetune="lora", lora=LoraConfig(rank=8))
-    settings = RolloutSettings(gpu_memory_utilization=args.gpu_memory_utilization)
+    settings = RolloutSettings(
+        gpu_memory_utilization=args.gpu_memory_utilization, vllm_enforce_eager=args.eager
+    )
     engine = VllmMixedLoraEngine.load(args.model, settings, capacity=max(ks), max_lora_rank=8)
     shapes = WeightShapes.of(spec).shapes
     prompts = [
@@ -219,6 +221,12 @@ def main() -> None:
     parser.add_argument("--model", default="", help="(vllm) a local model folder")
     parser.add_argument(
         "--gpu-memory-utilization", type=float, default=0.3, help="(vllm) vLLM's share of the GPU"
+    )
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="(vllm) no CUDA graphs: starts without capturing a graph per LoRA batch shape, "
+        "which costs minutes of a short GPU lease; decodes slower",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
