@@ -17,7 +17,15 @@ import pytest
 import safetensors.torch
 import tinker
 from tinker import types
-from tinker_gateway_helpers import BASE, QWEN, gateway, mesh, monkeypatch_module, service
+from tinker_gateway_helpers import (
+    BASE,
+    QWEN,
+    gateway,
+    mesh,
+    monkeypatch_module,
+    service,
+    service_client,
+)
 from transformers import AutoTokenizer
 
 import opentinker
@@ -166,8 +174,8 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh, gateway, tm
 
 
 def test_a_bad_key_is_refused_with_the_sdks_authentication_error(gateway) -> None:
-    service = tinker.ServiceClient(base_url=gateway, api_key="tml-otk_not_a_key")  # lazy
-    with pytest.raises(tinker.AuthenticationError, match="X-API-Key|credential|key"):
+    refused = pytest.raises(tinker.AuthenticationError, match="X-API-Key|credential|key")
+    with service_client(gateway, "otk_not_a_key") as service, refused:  # the client is lazy
         service.create_lora_training_client(base_model=BASE, rank=4)
 
 
@@ -179,8 +187,7 @@ def test_a_base_model_samples_and_a_silent_session_expires(mesh, letter_model_di
         long_poll_s=2.0,
         session_expiry_s=4.0,  # the SDK beats every 10 s: its session expires between beats
     )
-    with running_gateway(settings) as url:
-        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{mesh.api_key}")
+    with running_gateway(settings) as url, service_client(url, mesh.api_key) as service:
         sampler = service.create_sampling_client(base_model=BASE)  # no saved weights
         params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
         result = sampler.sample(types.ModelInput.from_ints([5, 9, 13]), 2, params).result()
@@ -213,14 +220,12 @@ def test_a_download_url_outlives_a_gateway_restart(mesh, letter_model_dir) -> No
         long_poll_s=2.0,
         checkpoint_root=mesh.checkpoint_root,
     )
-    with running_gateway(settings) as url:
-        service = tinker.ServiceClient(base_url=url, api_key=f"tml-{mesh.api_key}")
+    with running_gateway(settings) as url, service_client(url, mesh.api_key) as service:
         trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
         export = trainer.save_weights_external("before-restart").result().path
         urls = service.create_rest_client().get_external_weights_urls(export).result().urls
         before = httpx.get(urls["adapter_config.json"])
         assert before.status_code == 200, before.text
-        service.close("success").result()
     secret = mesh.checkpoint_root / ".gateway-download-secret"
     assert secret.stat().st_mode & 0o777 == 0o600  # made once, readable by its owner only
 
@@ -249,21 +254,20 @@ def test_a_download_url_outlives_a_gateway_restart(mesh, letter_model_dir) -> No
 def test_a_stop_string_ends_a_sample_with_the_token_that_completes_it(
     gateway, mesh, letter_model_dir
 ) -> None:
-    service = tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
-    trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
-    sampler = trainer.save_weights_and_get_sampling_client().result()
-    prompt = types.ModelInput.from_ints([5, 9, 13])
-    free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=3)).result()
-    tokens = free.sequences[0].tokens
-    assert len(tokens) >= 4, tokens
-    decode = AutoTokenizer.from_pretrained(letter_model_dir).decode
-    stop = decode(tokens[1:3])[-2:]  # text that ends within the third token (or earlier)
-    end = next(k for k in range(1, len(tokens) + 1) if stop in decode(tokens[:k]))
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        free = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=12, seed=3)).result()
+        tokens = free.sequences[0].tokens
+        assert len(tokens) >= 4, tokens
+        decode = AutoTokenizer.from_pretrained(letter_model_dir).decode
+        stop = decode(tokens[1:3])[-2:]  # text that ends within the third token (or earlier)
+        end = next(k for k in range(1, len(tokens) + 1) if stop in decode(tokens[:k]))
 
-    params = types.SamplingParams(max_tokens=12, seed=3, stop=[stop])
-    [cut] = sampler.sample(prompt, 1, params).result().sequences
-    # the same draw (same seed), ended by the token that completes the stop string, kept
-    assert cut.tokens == tokens[:end] and end <= 3
-    assert cut.stop_reason == "stop" and len(cut.logprobs) == end
-    assert cut.logprobs == pytest.approx(free.sequences[0].logprobs[:end])
-    service.close("success").result()
+        params = types.SamplingParams(max_tokens=12, seed=3, stop=[stop])
+        [cut] = sampler.sample(prompt, 1, params).result().sequences
+        # the same draw (same seed), ended by the token that completes the stop string, kept
+        assert cut.tokens == tokens[:end] and end <= 3
+        assert cut.stop_reason == "stop" and len(cut.logprobs) == end
+        assert cut.logprobs == pytest.approx(free.sequences[0].logprobs[:end])

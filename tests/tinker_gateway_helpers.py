@@ -4,6 +4,8 @@ Import the fixtures into a test module: ``from tinker_gateway_helpers import gat
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,20 @@ def gateway(mesh, letter_model_dir: Path, monkeypatch_module):
         yield url
 
 
+@contextlib.contextmanager
+def service_client(url: str, api_key: str) -> Iterator[tinker.ServiceClient]:
+    """A ServiceClient closed at the end: its heartbeat thread would outlive the gateway and
+    log connection errors for minutes, into later tests and past pytest's end. A close the
+    gateway refuses (a session it expired, a bad key) is fine here."""
+    service = tinker.ServiceClient(base_url=url, api_key=f"tml-{api_key}")
+    try:
+        yield service
+    finally:
+        with contextlib.suppress(Exception):
+            service.close("success").result()
+
+
 @pytest.fixture(scope="module")
 def service(gateway, mesh):
-    return tinker.ServiceClient(base_url=gateway, api_key=f"tml-{mesh.api_key}")
+    with service_client(gateway, mesh.api_key) as client:
+        yield client
