@@ -5,10 +5,13 @@
 # was staged on it, so the calls go back to back, most important first:
 #
 #   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
-#   bash bench/gpu_check.sh stage install tests     # the last part; the gpu tests (or some:
-#                                                   #   tests vllm_engine_gpu,checkpoints)
-#   bash bench/gpu_check.sh bench rl lora           # tokens/s vs LLM.generate; a LoRA RL job
-#   bash bench/gpu_check.sh rl full multilora       # if >= 5 device minutes are left
+#   bash bench/gpu_check.sh stage install tests vllm_engine_gpu,rollout_engine,prefix_cache,checkpoints
+#                                                   # the last part; those files' gpu tests
+#   bash bench/gpu_check.sh rl lora tests weight_transport   # a LoRA RL job; CUDA IPC
+#   bash bench/gpu_check.sh bench rl full           # tokens/s vs LLM.generate; a full RL job
+#   bash bench/gpu_check.sh tests vllm_multi_lora_gpu multilora   # if >= 5 minutes are left
+#
+# (`tests` alone runs every file; gpu_wheels.sh prints this plan with the carries.)
 #
 # Each step ends with "GPU CHECK <step>: PASSED" or "GPU CHECK <step>: FAILED (<what>)" and
 # the lines that say why; logs also go to $OUT (they come back with the call). A failed step

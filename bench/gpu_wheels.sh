@@ -34,9 +34,10 @@ for dir in .whl/p[0-9]*; do
   [ "$dir" = "$last" ] && break
   echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
 done
-# In calls of a few minutes each: a call that loses its machine loses its output (on
-# 2026-11-26 one running all the tests did, ~150 s in, after test_vllm_engine_gpu had passed).
+# In calls of a few minutes each: a call that loses its machine loses its output. On
+# 2026-11-26 one running all the test files did, ~150 s in, after test_vllm_engine_gpu had
+# passed: most likely in test_vllm_multi_lora_gpu, so the multi-LoRA engine goes last, alone.
 echo "  run(command='bash bench/gpu_check.sh stage install tests vllm_engine_gpu,rollout_engine,prefix_cache,checkpoints', carry=['$last'], timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh tests vllm_multi_lora_gpu,weight_transport rl lora', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh rl lora tests weight_transport', timeout_s=600)"
 echo "  run(command='bash bench/gpu_check.sh bench rl full', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh multilora', timeout_s=300)  # if >= 5 min are left"
+echo "  run(command='bash bench/gpu_check.sh tests vllm_multi_lora_gpu multilora', timeout_s=600)  # if >= 5 min are left"
