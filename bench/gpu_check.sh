@@ -71,8 +71,11 @@ install() {
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
     --target "$SITE/ot" . 2>&1 | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || failed install "pip install of this repo"
-  python3 - <<'PY' || failed install "imports (a ModuleNotFoundError names a wheel to add to bench/gpu_wheels.txt)"
-import torch, vllm, transformers, peft, opentinker.services.rollout.vllm_engine as e
+  python3 bench/gpu_imports.py vllm.entrypoints.llm vllm.v1.engine.core \
+    opentinker.services.rollout.vllm_engine opentinker.services.rollout.vllm_multi_lora ||
+    failed install "imports: add the missing modules' wheels to bench/gpu_wheels.txt"
+  python3 - <<'PY' || failed install "imports"
+import torch, vllm, transformers, peft
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
 print("vllm", vllm.__version__, "transformers", transformers.__version__, "peft", peft.__version__)
 from vllm import LLM, SamplingParams  # the lazy names resolve

@@ -81,3 +81,20 @@ def test_the_lists_agree_with_each_other() -> None:
     for line in (BENCH / "gpu_wheels_omitted.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             assert "#" in line and line.split("#")[1].strip(), f"no reason given: {line}"
+
+
+def test_the_import_check_names_every_missing_module_in_one_go(tmp_path: Path) -> None:
+    """On the GPU machine each missing wheel cost a call when imports stopped at the first."""
+    (tmp_path / "needs_three.py").write_text(
+        "import json\nimport gone_one\nfrom gone_two.sub import Thing\nimport gone_three\n\n"
+        "class Grammar:\n    matcher: gone_three.Matcher  # evaluated at import, as vLLM's are\n"
+    )
+    (tmp_path / "fine.py").write_text("import json\n")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    command = [sys.executable, str(BENCH / "gpu_imports.py")]
+    out = subprocess.run([*command, "fine", "needs_three"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "missing modules: gone_one, gone_three, gone_two (first: gone_one)" in out.stdout
+    assert "stopped" not in out.stdout, out.stdout  # the stand-ins carried it to the end
+    fine = subprocess.run([*command, "fine"], capture_output=True, text=True, env=env)
+    assert fine.returncode == 0 and "imported: fine" in fine.stdout, fine.stdout + fine.stderr
