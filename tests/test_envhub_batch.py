@@ -23,7 +23,7 @@ from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES
+from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.envhub_client import EnvHubClient

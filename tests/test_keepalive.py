@@ -1,9 +1,10 @@
-"""A client host that vanishes without closing its connection (powered off, stopped, cut off)
-is dropped by our servers' keepalive, and its calls end, so what they held is let go (an
-EnvHub stream's episodes, an env server's games). Before, gRPC's defaults kept them two hours:
-a server sent keepalive pings only every two hours, at most one per 5 minutes without data,
-and waited 60 s for an answer. A real gRPC server (create_aio_server) and a client process,
-stopped with SIGSTOP: its kernel keeps the TCP connection up, only the client is gone."""
+"""A peer that vanishes without closing its connection (powered off, stopped, cut off) is
+noticed by keepalive on both sides (opentinker/grpc_options.py). A server drops such a client
+and its calls end, so what they held is let go (an EnvHub stream's episodes, an env server's
+games); a client's call to such a server fails UNAVAILABLE instead of waiting. Before, gRPC's
+defaults kept a vanished client two hours, and a client waited on a vanished server for well
+over a minute. The peer is a real process stopped with SIGSTOP: its kernel keeps the TCP
+connection up, only the process is gone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import grpc
 import pytest
 from async_guard import run
 
+from opentinker.grpc_options import channel_options
 from opentinker.services.common.grpc_server import create_aio_server
 
 pytestmark = pytest.mark.integration
@@ -66,5 +68,49 @@ def test_a_client_that_stops_answering_is_dropped_and_its_call_ends() -> None:
             client.kill()
             client.wait()
             await server.stop(0)
+
+    run(main, 60)
+
+
+SERVER = """
+import threading
+from concurrent import futures
+import grpc
+from opentinker.grpc_options import server_options
+def hold(requests, context):
+    yield b"opened"
+    threading.Event().wait()
+server = grpc.server(futures.ThreadPoolExecutor(2), options=server_options())
+methods = {"Hold": grpc.stream_stream_rpc_method_handler(hold)}
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Hold", methods),))
+print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+server.start()
+server.wait_for_termination()
+"""
+
+
+def test_a_call_to_a_server_that_stops_answering_fails_unavailable() -> None:
+    async def main() -> None:
+        server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+        options = channel_options(keepalive_s=1.0, ping_timeout_s=0.5)
+        try:
+            port = int(server.stdout.readline())
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+
+                async def requests():
+                    yield b"open"
+                    await asyncio.Event().wait()
+
+                call = channel.stream_stream("/test.Hold/Hold")(requests())
+                assert await call.read() == b"opened"
+                os.kill(server.pid, signal.SIGSTOP)
+                stopped = time.monotonic()
+                with pytest.raises(grpc.aio.AioRpcError) as lost:
+                    await asyncio.wait_for(call.read(), 10)
+                assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert time.monotonic() - stopped < 5
+        finally:
+            server.kill()
+            server.wait()
 
     run(main, 60)

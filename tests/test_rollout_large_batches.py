@@ -19,7 +19,7 @@ from identity_helpers import user_channel
 
 from opentinker.env_server import serve
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES
+from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings

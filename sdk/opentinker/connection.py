@@ -10,13 +10,10 @@ import grpc
 
 from opentinker.auth import api_key_from_env, with_credential
 from opentinker.errors import from_rpc_error
+from opentinker.grpc_options import channel_options
 from opentinker.tls import ca_file_from_env, open_channel
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
+CHANNEL_OPTIONS = channel_options()  # a server that vanished is noticed in ~15 s
 
 
 class Connection:

@@ -16,21 +16,14 @@ from grpc_reflection.v1alpha import reflection
 from opentinker import errors
 from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
-from opentinker.grpc_options import MAX_MESSAGE_BYTES, SERVER_KEEPALIVE_S, server_options
+from opentinker.grpc_options import SERVER_KEEPALIVE_S, channel_options, server_options
 from opentinker.services.common.tls import TlsSettings
 from opentinker.tls import channel_credentials, open_channel
 
-# Weight updates travel in chunks well under MAX_MESSAGE_BYTES; larger messages are refused
-# with RESOURCE_EXHAUSTED by gRPC itself.
+# Weight updates travel in chunks well under opentinker.grpc_options.MAX_MESSAGE_BYTES; larger
+# messages are refused with RESOURCE_EXHAUSTED by gRPC itself.
 
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+CHANNEL_OPTIONS = channel_options()
 
 
 def create_aio_server(

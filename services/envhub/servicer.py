@@ -16,8 +16,9 @@ from opentinker.errors import (
     EnvironmentError_,
     OpenTinkerError,
 )
+from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.services.common.auth import JOBS, USERS, current_principal, rules_for
-from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES, abort, abort_with
+from opentinker.services.common.grpc_server import abort, abort_with
 from opentinker.services.envhub.episodes import EnvChannels, EpisodeRouter
 from opentinker.services.envhub.image_limits import ImageLimits
 from opentinker.services.envhub.registry import Instance, Registry, page

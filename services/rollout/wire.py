@@ -17,8 +17,8 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.rollout.v1 import rollout_pb2
-from opentinker.services.common.grpc_server import MAX_MESSAGE_BYTES
 
 from .types import FinishReason, Trajectory, TrajectoryBatch
 
