@@ -59,8 +59,10 @@ def _wheel_dirs() -> list[Path]:
         capture_output=True,
         text=True,
     )
-    if common.returncode == 0:
-        dirs.append(Path(common.stdout.strip()).parent / ".whl" / "dl")
+    if common.returncode == 0:  # a worktree's main checkout (itself in a plain clone)
+        main = Path(common.stdout.strip()).parent / ".whl" / "dl"
+        if main.resolve() != dirs[0].resolve():
+            dirs.append(main)
     return dirs
 
 
