@@ -286,6 +286,7 @@ def test_a_rollout_that_ignores_weights_fails_the_job(
             # v0 passes (LoRA B = 0: adapter is a no-op on both sides); v1 must not
             assert "rollout serves stale/different weights: max |Δlogprob| =" in failure.reason
             assert "policy version 1" in failure.reason
+            assert "torch.float32 logits of std" in failure.reason  # what the tolerance is of
             assert [s.step for s in m.scheduler.of("step")] == []
             assert not m.scheduler.of("result")
 

@@ -136,8 +136,9 @@ async def verified_sync(
     if not diff <= tolerance:  # also catches nan
         raise WeightSyncError(
             f"rollout serves stale/different weights: max |Δlogprob| = {diff:.3g} on the probe "
-            f"after syncing policy version {version} (tolerance {tolerance:g}); check that the "
-            f"rollout loads the same base model and LoRA config and applies every tensor"
+            f"after syncing policy version {version} (tolerance {tolerance:g}, {policy.dtype} "
+            f"logits of std {answer.logit_scale:.3g}); check that the rollout loads the same "
+            f"base model and LoRA config and applies every tensor"
         )
     return SyncResult(ack.apply_seconds + probe_seconds, diff, tuple(expected), tolerance)
 
