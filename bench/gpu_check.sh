@@ -169,10 +169,12 @@ run_step() {
   shift
   limit=$(limit_s "$1")
   mark="$$.$RANDOM.$1"
+  local started=$SECONDS
   GPU_CHECK_STEP=$mark timeout -k 10 "$limit" bash "$0" --one "$@"
   local rc=$?
   [ "$rc" = 124 ] && echo "GPU CHECK $name: FAILED (over its $limit s limit)"
   sweep "$mark"
+  echo "GPU CHECK $name: took $((SECONDS - started)) s"  # to plan the next lease's calls
   return "$rc"
 }
 
