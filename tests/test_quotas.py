@@ -187,6 +187,10 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
                 )
                 # The devices came back, and acme's queued job waits; another tenant's gets them.
                 assert await still_queued(mesh, [waiting])
+                events = mesh.running.stores.events.read(waiting.job_id, follow=False)
+                told = [e.log.message async for e in events if e.HasField("log")]
+                assert len(told) == 1, told  # said once, where `opentinker tail` shows it
+                assert told[0].startswith("queued until the budget resets: tenant 'acme' used")
                 other = await submit(globex, "other", num_devices=2)
                 assert await launches(w, 1) == [other.job_id]
 

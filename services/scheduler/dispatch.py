@@ -61,6 +61,7 @@ class Dispatcher:
         self._queue = stores.queue
         self._ledger = stores.ledger
         self._identity = stores.identity
+        self._events = stores.events
         self._quotas = quotas
         self._states = states
         self._sessions = sessions  # the scheduler's live dict of connected workers
@@ -96,12 +97,15 @@ class Dispatcher:
 
     async def _within_budget(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:
         """The queued jobs whose tenant's device budget is not spent; the others wait in the
-        queue for the next period (each logged once)."""
+        queue for the next period (each said once, in the log and in the job's events)."""
         spent = await self._quotas.spent_budgets(j.tenant_id for j in queued)
         for job in queued:
             if job.tenant_id in spent and job.job_id not in self._held_for_budget:
                 self._held_for_budget.add(job.job_id)
-                log.info("job_held_budget_spent", job_id=job.job_id, why=spent[job.tenant_id])
+                why = spent[job.tenant_id]
+                log.info("job_held_budget_spent", job_id=job.job_id, why=why)
+                line = common_pb2.LogLine(message=f"queued until the budget resets: {why}")
+                await self._events.append(job.job_id, common_pb2.JobEvent(log=line))
         self._held_for_budget &= {j.job_id for j in queued if j.tenant_id in spent}
         return [j for j in queued if j.tenant_id not in spent]
 
