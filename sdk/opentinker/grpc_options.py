@@ -1,28 +1,27 @@
 """gRPC limits and keepalives of every server and channel of ours: the services', the SDK's
 clients and its environment servers alike (this module imports nothing, so the SDK holds it).
 
-Each side pings a silent peer every ``keepalive_s`` and drops the connection when a ping is
-not answered within ``ping_timeout_s``; the calls on it then end (a server's as cancelled, a
-client's UNAVAILABLE), so whatever they held is let go (an EnvHub stream's episodes, an env
-server's games) and a caller waiting on a peer that vanished (powered off, stopped, cut off)
-hears of it. Without this a server noticed after gRPC's default of two hours, and a client
-never within a minute. Three settings are needed: gRPC times a keepalive ping out by
-``grpc.http2.ping_timeout_ms`` (default 60 s, not ``keepalive_timeout_ms``), and sends none
-more often than ``grpc.http2.min_sent_ping_interval_without_data_ms`` (default 5 min) while
-no data flows.
+Each side pings a silent peer every ``keepalive_s`` (servers 20 s, channels 10 s) and drops
+the connection when a ping is not answered within half of that; the calls on it then end (a
+server's as cancelled, a client's UNAVAILABLE), so whatever they held is let go (an EnvHub
+stream's episodes, an env server's games) and a caller waiting on a peer that vanished
+(powered off, stopped, cut off) hears of it. Without this a server noticed after gRPC's
+default of two hours, and a client only after more than a minute. Three settings are needed:
+gRPC times a keepalive ping out by ``grpc.http2.ping_timeout_ms`` (default 60 s, not
+``keepalive_timeout_ms``), and sends none more often than
+``grpc.http2.min_sent_ping_interval_without_data_ms`` (default 5 min) while no data flows.
 """
 
 from __future__ import annotations
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_KEEPALIVE_S = 20.0
-SERVER_PING_TIMEOUT_S = 10.0
 CHANNEL_KEEPALIVE_S = 10.0  # at least the servers' min_ping_interval_without_data (5 s)
-CHANNEL_PING_TIMEOUT_S = 5.0
 
 
-def _keepalive(keepalive_s: float, ping_timeout_s: float) -> list[tuple[str, int]]:
-    keepalive_ms, timeout_ms = int(keepalive_s * 1000), int(ping_timeout_s * 1000)
+def _keepalive(keepalive_s: float) -> list[tuple[str, int]]:
+    """A ping every ``keepalive_s`` while the peer is silent, answered within half of it."""
+    keepalive_ms, timeout_ms = int(keepalive_s * 1000), int(keepalive_s * 500)
     return [
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
@@ -33,25 +32,21 @@ def _keepalive(keepalive_s: float, ping_timeout_s: float) -> list[tuple[str, int
     ]
 
 
-def server_options(
-    keepalive_s: float = SERVER_KEEPALIVE_S, ping_timeout_s: float = SERVER_PING_TIMEOUT_S
-) -> list[tuple[str, int]]:
+def server_options(keepalive_s: float = SERVER_KEEPALIVE_S) -> list[tuple[str, int]]:
     """Options for ``grpc.server``/``grpc.aio.server``: 64 MiB messages, clients' own
     keepalive pings allowed (every 5 s at most), and the server's (module docstring)."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        *_keepalive(keepalive_s, ping_timeout_s),
+        *_keepalive(keepalive_s),
     ]
 
 
-def channel_options(
-    keepalive_s: float = CHANNEL_KEEPALIVE_S, ping_timeout_s: float = CHANNEL_PING_TIMEOUT_S
-) -> list[tuple[str, int]]:
+def channel_options(keepalive_s: float = CHANNEL_KEEPALIVE_S) -> list[tuple[str, int]]:
     """Options for a channel: 64 MiB messages and its keepalive (module docstring)."""
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        *_keepalive(keepalive_s, ping_timeout_s),
+        *_keepalive(keepalive_s),
     ]

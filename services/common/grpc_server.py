@@ -45,7 +45,7 @@ def create_aio_server(
     health_servicer); every named service is marked SERVING.
     """
     server = grpc.aio.server(
-        options=server_options(keepalive_s, ping_timeout_s=keepalive_s / 2),
+        options=server_options(keepalive_s),
         interceptors=list(interceptors),
     )
     health_servicer = health.aio.HealthServicer()
