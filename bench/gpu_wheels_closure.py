@@ -63,12 +63,12 @@ def wheel_metadata(path: Path) -> tuple[str, Version, list[str]]:
 
 
 def names_in(path: Path) -> dict[str, str]:
-    """``name  # reason`` lines of a list file: canonical name -> reason (or '')."""
+    """``name[==version]  # reason`` lines of a list file: canonical name -> reason (or '')."""
     names = {}
     for line in path.read_text().splitlines():
         entry, _, reason = line.partition("#")
         if entry.strip():
-            names[canonicalize_name(entry.strip())] = reason.strip()
+            names[canonicalize_name(Requirement(entry.strip()).name)] = reason.strip()
     return names
 
 

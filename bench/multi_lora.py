@@ -197,7 +197,7 @@ def vllm_main(args: argparse.Namespace, ks: list[int]) -> None:
     engine.close()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ks", default="1,4,16", help="numbers of jobs (adapters)")
     parser.add_argument("--prompts", type=int, default=8, help="completions per job per round")
@@ -228,7 +228,11 @@ def main() -> None:
         help="(vllm) no CUDA graphs: starts without capturing a graph per LoRA batch shape, "
         "which costs minutes of a short GPU lease; decodes slower",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")]
     if args.engine == "vllm":

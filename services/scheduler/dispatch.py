@@ -97,7 +97,8 @@ class Dispatcher:
 
     async def _within_budget(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:
         """The queued jobs whose tenant's device budget is not spent; the others wait in the
-        queue for the next period (each said once, in the log and in the job's events)."""
+        queue for the next period (each said once per scheduler process, in the log and in the
+        job's events)."""
         spent = await self._quotas.spent_budgets(j.tenant_id for j in queued)
         for job in queued:
             if job.tenant_id in spent and job.job_id not in self._held_for_budget:
