@@ -52,9 +52,14 @@ class Unmet:
 
 def wheel_metadata(path: Path) -> tuple[str, Version, list[str]]:
     """(name, version, Requires-Dist lines) from a wheel's METADATA."""
-    with zipfile.ZipFile(path) as wheel:
-        name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
-        message = Parser().parsestr(wheel.read(name).decode())
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            names = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+            if not names:
+                raise SystemExit(f"{path}: no *.dist-info/METADATA in it; download it again")
+            message = Parser().parsestr(wheel.read(names[0]).decode())
+    except zipfile.BadZipFile as err:
+        raise SystemExit(f"{path}: not a wheel ({err}); download it again") from None
     return (
         canonicalize_name(message["Name"]),
         Version(message["Version"]),

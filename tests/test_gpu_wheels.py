@@ -52,6 +52,15 @@ def test_every_requirement_must_be_carried_in_the_image_or_omitted(tmp_path: Pat
     assert "closure ok: 3 wheels" in out.stdout
 
 
+def test_a_broken_download_is_named(tmp_path: Path) -> None:
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    (dl / "lark-1.2.2-py3-none-any.whl").write_bytes(b"<html>proxy error</html>")
+    out = closure(dl, "lark==1.2.2")
+    assert out.returncode == 1
+    assert "lark-1.2.2-py3-none-any.whl: not a wheel" in out.stderr, out.stderr
+
+
 def test_a_wheel_left_from_an_earlier_list_or_a_pin_not_downloaded_fails(tmp_path: Path) -> None:
     dl = tmp_path / "dl"
     dl.mkdir()
