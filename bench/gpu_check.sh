@@ -5,11 +5,11 @@
 # was staged on it, so the calls go back to back, most important first:
 #
 #   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
-#   bash bench/gpu_check.sh stage install tests vllm_engine_gpu,rollout_engine,prefix_cache,checkpoints
-#                                                   # the last part; those files' gpu tests
-#   bash bench/gpu_check.sh rl lora tests weight_transport   # a LoRA RL job; CUDA IPC
-#   bash bench/gpu_check.sh bench rl full           # tokens/s vs LLM.generate; a full RL job
-#   bash bench/gpu_check.sh tests vllm_multi_lora_gpu multilora   # if >= 5 minutes are left
+#   bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu
+#                                                   # the last part; a LoRA RL job; multi-LoRA
+#   bash bench/gpu_check.sh bench multilora         # tokens/s vs LLM.generate; k adapters
+#   bash bench/gpu_check.sh rl full tests vllm_engine_gpu,weight_transport,rollout_engine,prefix_cache,checkpoints
+#                                                   # if >= 5 minutes are left
 #
 # (`tests` alone runs every file; gpu_wheels.sh prints this plan with the carries.)
 #

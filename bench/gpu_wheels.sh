@@ -34,10 +34,11 @@ for dir in .whl/p[0-9]*; do
   [ "$dir" = "$last" ] && break
   echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
 done
-# In calls of a few minutes each: a call that loses its machine loses its output. On
-# 2026-11-26 one running all the test files did, ~150 s in, after test_vllm_engine_gpu had
-# passed: most likely in test_vllm_multi_lora_gpu, so the multi-LoRA engine goes last, alone.
-echo "  run(command='bash bench/gpu_check.sh stage install tests vllm_engine_gpu,rollout_engine,prefix_cache,checkpoints', carry=['$last'], timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh rl lora tests weight_transport', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh bench rl full', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh tests vllm_multi_lora_gpu multilora', timeout_s=600)  # if >= 5 min are left"
+# In calls of a few minutes each: a call that loses its machine loses its output. Step times
+# on an H100 (2026-11-26): install 100 s, rl lora 190 s (vLLM compile cache cold), rl full
+# 115 s, bench 142 s, tests vllm_multi_lora_gpu 63 s, weight_transport 38 s, vllm_engine_gpu
+# 92 s. Not run yet or changed since: the RL job's reward (now a training step), the multi-LoRA
+# test's bound, the bench's rows, multilora; the rest passed and reruns last.
+echo "  run(command='bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu', carry=['$last'], timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh bench multilora', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh rl full tests vllm_engine_gpu,weight_transport,rollout_engine,prefix_cache,checkpoints', timeout_s=600)  # if >= 5 min are left"

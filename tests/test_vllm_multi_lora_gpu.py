@@ -117,6 +117,8 @@ def test_an_update_of_one_job_leaves_the_others_probe_unchanged(shared) -> None:
     probe = prompts(engine, 1)[0] + list(range(300, 340))
     engine.llm.reset_prefix_cache()  # both probes computed the same way (no cached prefix)
     before = {adapter: engine.adapter_logprobs_of(adapter, probe) for adapter in RANKS}
+    engine.llm.reset_prefix_cache()
+    noise_b = max_diff(engine.adapter_logprobs_of("job_b", probe), before["job_b"])
     served_b = engine.table.served("job_b")
     update = random_update(references["job_a"], seed=7)
     engine.apply_adapter_weights("job_a", update)
@@ -127,11 +129,14 @@ def test_an_update_of_one_job_leaves_the_others_probe_unchanged(shared) -> None:
     moved_b = max_diff(after["job_b"], before["job_b"])
     agreed_a = max_diff(after["job_a"], references["job_a"].logprobs_of(probe))
     print(
-        f"\nupdate of job_a: its probe moved {moved_a:.3f}, job_b's {moved_b:.2e}; "
-        f"job_a vs transformers+peft {agreed_a:.4f}"
+        f"\nupdate of job_a: its probe moved {moved_a:.3f}, job_b's {moved_b:.2e} (job_b "
+        f"twice, unchanged: {noise_b:.2e}); job_a vs transformers+peft {agreed_a:.4f}"
     )
     assert moved_a > 2 * TOL and agreed_a < TOL
-    assert moved_b < 1e-3, "job_b's adapter was not touched"
+    # Not bit-exact: vLLM's LoRA kernels may sum split-K partials in any order, so job_b's
+    # unchanged adapter moved 1.2e-2 across the update on an H100 (2026-11-26). job_a's update
+    # leaking into job_b would move it as job_a moved, over 2 * TOL.
+    assert moved_b < TOL, "job_b's adapter was not touched"
     assert engine.table.served("job_b") == served_b
     loaded = engine.llm.llm_engine.list_loras()
     assert loaded == {engine.table.served(a).lora_id for a in RANKS}, "the old version removed"
