@@ -6,12 +6,14 @@ The model is Qwen2.5-0.5B-shaped with random init, built here (nothing downloads
 
     python bench/vllm_engine.py [--prompts 256] [--max-new-tokens 128] [--eager]
 
-Rows (each the median of ``--repeats`` runs): ``engine.generate`` (what the rollout calls: a
-seed per request, the sampled token's logprob, stop at eos) and ``LLM.generate`` (vLLM alone:
-one SamplingParams, no logprobs, no seeds; token ids only, as the rollout asks), then vLLM
-alone with the logprob, and with a seed per request: what each costs. ``transformers`` (the
+Rows (each the median of ``--repeats`` runs): ``engine.generate`` (what the rollout calls:
+the sampled token's logprob, stop at eos), then with a seed per request
+(``OPENTINKER_ROLLOUT_VLLM_SEED_PER_REQUEST=true``, the only way before 2026-11-26), and
+``LLM.generate`` (vLLM alone: one SamplingParams, no logprobs, no seeds; token ids only, as
+the rollout asks), then vLLM alone with the logprob, and with a seed per request: what each
+costs. ``transformers`` (the
 engine the rollout uses without vLLM) for scale. On an H100 (2026-11-26, one run each) the
-engine made 30.0k tokens/s against vLLM alone's 40.2k (0.75x).
+engine, a seed per request then, made 30.0k tokens/s against vLLM alone's 40.2k (0.75x).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def throughput(
     engine.generate(prompts[:8], sampling, seed=0)  # warm-up
     ours, ours_s = median_timed(lambda: engine.generate(prompts, sampling, seed=1), repeats)
     rows = [("engine.generate (rollout)", sum(len(c.token_ids) for c in ours), ours_s)]
+    engine.seed_per_request = True  # OPENTINKER_ROLLOUT_VLLM_SEED_PER_REQUEST=true
+    seeded, seeded_s = median_timed(lambda: engine.generate(prompts, sampling, seed=1), repeats)
+    engine.seed_per_request = False
+    rows.append(("  seed per request", sum(len(c.token_ids) for c in seeded), seeded_s))
     # Token ids out, as the rollout asks (detokenize=False): text would cost vLLM per-token CPU
     # work the engine never does, and the random model's ids past the 512-token tokenizer
     # (vocab 151936) decode to nothing anyway.
@@ -146,7 +152,7 @@ def main() -> None:
         f"{args.prompts} prompts x {args.max_new_tokens} new tokens, Qwen2.5-0.5B shape, bf16, "
         f"{torch.cuda.get_device_name(0)}, {'eager' if args.eager else 'CUDA graphs'}\n"
     )
-    base = rows[1][1] / rows[1][2]
+    base = rows[2][1] / rows[2][2]  # LLM.generate (vLLM alone)
     out.write(f"{'generation':<30}{'tokens':>9}{'seconds':>9}{'tokens/s':>11}{'vs vLLM':>9}\n")
     for name, tokens, seconds in rows:
         rate = tokens / seconds

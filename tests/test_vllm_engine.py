@@ -29,13 +29,13 @@ from opentinker.services.rollout.vllm_adapters import (
     max_lora_rank_for,
     peft_key,
 )
-from opentinker.services.rollout.vllm_engine import vllm_options
+from opentinker.services.rollout.vllm_engine import sampling_options, vllm_options
 from opentinker.services.rollout.vllm_outputs import (
     VllmOutputError,
     completions_from_outputs,
     prompt_logprobs_from_output,
 )
-from opentinker.spec import LoraConfig, ModelSpec
+from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
 
@@ -154,6 +154,18 @@ def test_vllm_options_follow_the_placement_rule_and_the_lora_config() -> None:
     assert [max_lora_rank_for(r) for r in (1, 2, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
     with pytest.raises(WeightUpdateError, match="above"):
         max_lora_rank_for(1024)
+
+
+def test_requests_carry_a_seed_only_when_the_settings_ask(monkeypatch) -> None:
+    # vLLM draws seeded rows one at a time: by default they share the engine's generator
+    sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=5)
+    unseeded = sampling_options(sampling, None, greedy=False, eos=2)
+    assert "seed" not in unseeded
+    assert (unseeded["temperature"], unseeded["top_p"], unseeded["max_tokens"]) == (0.7, 0.9, 5)
+    assert sampling_options(sampling, 7, greedy=False, eos=2) == unseeded | {"seed": 7}
+    assert RolloutSettings().vllm_seed_per_request is False
+    monkeypatch.setenv("OPENTINKER_ROLLOUT_VLLM_SEED_PER_REQUEST", "true")
+    assert RolloutSettings().vllm_seed_per_request is True
 
 
 # --- vLLM outputs -> Completions ---------------------------------------------------------------

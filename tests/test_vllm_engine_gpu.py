@@ -81,6 +81,7 @@ class TestFullWeights:
         engine, reference = full_pair
         batch = prompts(engine)
         sampling = SamplingParams(temperature=0.8, top_p=1.0, max_new_tokens=24)
+        engine.seed_per_request = True  # OPENTINKER_ROLLOUT_VLLM_SEED_PER_REQUEST=true
         engine.llm.reset_prefix_cache()  # both runs prefill the same way (no cached prefix)
         first = engine.generate(batch, sampling, seed=11)
         engine.llm.reset_prefix_cache()
@@ -89,6 +90,9 @@ class TestFullWeights:
         assert [c.token_ids for c in first] != [
             c.token_ids for c in engine.generate(batch, sampling, seed=12)
         ]
+        engine.seed_per_request = False  # the default: the engine's generator draws on
+        drawn = [[c.token_ids for c in engine.generate(batch, sampling, seed=11)] for _ in "ab"]
+        assert drawn[0] != drawn[1], "unseeded rows draw on from the engine's generator"
         worst = 0.0
         for prompt, completion in zip(batch, first, strict=True):
             assert 1 <= len(completion.token_ids) <= 24

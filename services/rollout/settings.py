@@ -94,6 +94,12 @@ class RolloutSettings(BaseSettings):
         description="(vLLM, one GPU) run vLLM's engine in this process, so full-weight updates "
         "reach it by reference instead of serialised to its engine process",
     )
+    vllm_seed_per_request: bool = Field(
+        False,
+        description="(vLLM) a seed per request (derived from the call's), so a row's sample "
+        "depends on its seed alone; vLLM draws such rows one at a time (a kernel launch per "
+        "row and token), unseeded ones together from the engine's generator (seeded 0)",
+    )
     vllm_max_model_len: int = Field(
         0, ge=0, description="(vLLM) longest sequence (prompt + completion); 0 = the model's own"
     )

@@ -5,8 +5,12 @@ What can be checked without a GPU lives beside it: turning vLLM's outputs into C
 (``vllm_outputs.py``), the LoRA folders and update checks (``vllm_adapters.py``), the
 engine choice (``engine_choice.py``).
 
-- Sampling: one request per prompt with its own seed (``derive_seed(seed, "vllm", i)``, so a
-  call is deterministic for a seed as far as vLLM's kernels are), ``logprobs=0`` and
+- Sampling: one request per prompt, drawn from the engine's one generator (seeded 0 at
+  start): vLLM draws the rows that carry their own seed one at a time, a kernel launch per row
+  and token (its sampler's own TODO says so), which may be what left the engine at 0.75x of
+  ``LLM.generate`` on an H100 (README). ``OPENTINKER_ROLLOUT_VLLM_SEED_PER_REQUEST=true``
+  gives each its own seed (``derive_seed(seed, "vllm", i)``, so a call is deterministic for a
+  seed as far as vLLM's kernels are, whatever ran before). ``logprobs=0`` and
   ``logprobs_mode="processed_logprobs"``: the sampled token's logprob under the distribution
   it was drawn from, i.e. ``log_softmax(logits / temperature)`` as the trainer recomputes it
   (with top_p < 1 vLLM renormalises over the nucleus; the transformers engine does not).
@@ -107,19 +111,20 @@ PROBE_OPTIONS: dict[str, Any] = {
 
 
 def sampling_options(
-    sampling: SamplingParams, seed: int, *, greedy: bool, eos: int
+    sampling: SamplingParams, seed: int | None, *, greedy: bool, eos: int
 ) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keyword arguments of one request (pure; tested on CPU)."""
-    return {
+    """``vllm.SamplingParams`` keyword arguments of one request (pure; tested on CPU); seed
+    None = drawn from the engine's generator."""
+    options = {
         "n": 1,
         "temperature": 0.0 if greedy else sampling.temperature,  # 0 = argmax in vLLM
         "top_p": 1.0 if greedy else sampling.top_p,
         "max_tokens": sampling.max_new_tokens,
-        "seed": seed,
         "logprobs": 0,  # the sampled token's logprob only
         "stop_token_ids": [eos],
         "detokenize": False,  # the agent loop decodes what it needs
     }
+    return options if seed is None else options | {"seed": seed}
 
 
 class VllmEngine:
@@ -133,6 +138,8 @@ class VllmEngine:
         tokenizer: PreTrainedTokenizerBase,
         shapes: WeightShapes,
         adapters: AdapterVersions | None,
+        *,
+        seed_per_request: bool = False,
     ) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; the rollout cannot tell turns apart")
@@ -142,6 +149,7 @@ class VllmEngine:
         self.shapes = shapes
         self.adapters = adapters
         self.policy_version = 0
+        self.seed_per_request = seed_per_request
         self.image_processor: object | None = None  # images: the transformers engine only
         self.lora_request: Any = None  # None = the base model
         # A new id per adapter loaded: vLLM caches adapters by id, so a re-sent version must
@@ -173,7 +181,9 @@ class VllmEngine:
         log.info("vllm_starting", version=vllm.__version__, **_loggable(options))
         llm = vllm.LLM(**options)
         try:
-            return cls(llm, tokenizer, shapes, adapters)
+            return cls(
+                llm, tokenizer, shapes, adapters, seed_per_request=settings.vllm_seed_per_request
+            )
         except BaseException:  # e.g. an adapter vLLM refuses: free the GPU before the error
             shutdown_llm(SimpleNamespace(llm=llm))
             if adapters is not None:
@@ -199,7 +209,11 @@ class VllmEngine:
         if not prompts:
             return []
         params = [
-            self._sampling(sampling, derive_seed(seed, "vllm", i), greedy=greedy)
+            self._sampling(
+                sampling,
+                derive_seed(seed, "vllm", i) if self.seed_per_request else None,
+                greedy=greedy,
+            )
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(
@@ -210,7 +224,7 @@ class VllmEngine:
         )
         return completions_from_outputs(outputs, eos_token_id=self.eos_token_id)
 
-    def _sampling(self, sampling: SamplingParams, seed: int, *, greedy: bool) -> Any:
+    def _sampling(self, sampling: SamplingParams, seed: int | None, *, greedy: bool) -> Any:
         import vllm
 
         return vllm.SamplingParams(
