@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 from step_breakdown import KEYS  # bench/ is sys.path[0]: the same step split
 
@@ -55,7 +59,17 @@ class VisibleText(AbstractGame):
         return StepResult(observation="", reward=reward, done=True, info={})
 
 
-def main() -> None:
+@dataclass
+class Run:
+    """What one job left: its info, its step events, and where its logs are."""
+
+    job: opentinker.JobInfo
+    steps: list[opentinker.JobEvent]
+    job_s: float
+    run_root: Path
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--finetune", choices=["full", "lora"], default="lora")
     parser.add_argument("--steps", type=int, default=8)
@@ -64,7 +78,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--model", type=Path, help="a model folder (default: build one)")
     parser.add_argument("--engine", default="vllm", help="the rollout engine (CPU: transformers)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run_job(args: argparse.Namespace) -> Run:
+    """The job on a fresh mesh with the env served here; client.fit raises JobFailedError
+    (with the reason) when the job fails."""
     os.environ.setdefault("OPENTINKER_ROLLOUT_ENGINE", args.engine)
     os.environ.setdefault("OPENTINKER_ROLLOUT_GPU_MEMORY_UTILIZATION", "0.3")
     root = Path(tempfile.mkdtemp(prefix="opentinker-gpu-rl-"))
@@ -81,13 +100,7 @@ def main() -> None:
             sampling=SamplingParams(max_new_tokens=args.max_new_tokens),
         ),
     )
-    steps, step_at = [], []  # client.fit raises JobFailedError (with the reason) on failure
-
-    def on_event(event: opentinker.JobEvent) -> None:
-        if event.kind == "step":
-            steps.append(event)
-            step_at.append(time.monotonic())
-
+    steps: list[opentinker.JobEvent] = []
     with (
         LocalMesh(MeshSettings(run_root=root / "mesh", warm_spares=0)) as mesh,
         opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
@@ -97,34 +110,75 @@ def main() -> None:
         )
         submitted = time.monotonic()
         try:
-            job = client.fit(spec, on_event=on_event)
+            job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else 0)
         finally:
             env.stop(0)
-        job_s = time.monotonic() - submitted
-        logs = mesh.log_dir
-    out = sys.stdout
-    out.write(f"job {job.job_id} {job.state} ({args.finetune}); logs under {logs}\n")
-    if steps:  # the start: lease, trainer and rollout processes, model loads, vLLM's warm-up
-        first = steps[0].metrics["time_step_s"]
-        out.write(f"job {job_s:.1f} s; submit to step 1 done {step_at[0] - submitted:.1f} s ")
-        out.write(f"(step 1 itself {first:.1f} s)\n")
-    measured = steps[1:] or steps  # the first step includes vLLM's warm-up
+        return Run(job, steps, time.monotonic() - submitted, mesh.run_root)
+
+
+_LINE = re.compile(r"^timestamp='([^']+)'.*? event='([^']+)'")
+
+
+def startup_timeline(run: Run) -> list[tuple[float, str, str]]:
+    """(seconds from the worker's first line for the job, process, event) of every logged
+    event of the job's worker, rollout and trainer up to its first step: where the start
+    went (process starts, imports, model loads, vLLM's compile and CUDA graphs)."""
+    attempt = run.run_root / "jobs" / run.job.job_id / "attempt-1"
+    sources = {
+        "worker": [
+            ln for ln in _lines(run.run_root / "logs" / "worker.log") if run.job.job_id in ln
+        ],
+        "rollout": _lines(attempt / "rollout.log"),
+        "trainer": _lines(attempt / "trainer.log"),
+    }
+    events = []
+    for process, lines in sources.items():
+        for line in lines:
+            if match := _LINE.match(line):
+                at = datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp()
+                events.append((at, process, match[2]))
+    events.sort()
+    firsts = [at for at, process, event in events if process == "trainer" and event == "step"]
+    if not events or not firsts:
+        return []
+    return [(at - events[0][0], p, e) for at, p, e in events if at <= firsts[0]]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(errors="replace").splitlines() if path.exists() else []
+
+
+def report(run: Run, args: argparse.Namespace, out: TextIO) -> None:
+    out.write(
+        f"job {run.job.job_id} {run.job.state} ({args.finetune}); logs under {run.run_root}\n"
+    )
+    out.write(f"job {run.job_s:.1f} s from submit to its end; start-up, from its logs:\n")
+    for at, process, event in startup_timeline(run):
+        out.write(f"  {at:7.1f} s  {process:<8}{event}\n")
+    measured = run.steps[1:] or run.steps  # the first step includes vLLM's warm-up
     if not measured:
         sys.exit("no step finished: see the rollout and trainer logs above")
     step_s = statistics.fmean(s.metrics["time_step_s"] for s in measured)
-    out.write(f"{len(measured)} steps measured, {args.prompts * args.samples} episodes/step\n")
+    first = run.steps[0].metrics["time_step_s"]
+    out.write(f"step 1: {first:.2f} s; {len(measured)} steps measured, ")
+    out.write(f"{args.prompts * args.samples} episodes/step\n")
     out.write(f"{'part':<18}{'s/step':>10}{'share':>9}\n")
     for key in KEYS:
         mean = statistics.fmean(s.metrics.get(key, 0.0) for s in measured)
         name = key.removeprefix("time_").removesuffix("_s")
         out.write(f"{name:<18}{mean:>10.4f}{mean / step_s:>9.1%}\n")
     out.write(f"{'step total':<18}{step_s:>10.4f}\n")
-    for key in ("tokens_per_s", "probe_max_abs_diff", "probe_shift", "logprob_gap", "reward_mean"):
+    for key in ("tokens_per_s", "probe_max_abs_diff", "probe_shift", "logprob_gap", "grad_norm"):
         values = [s.metrics[key] for s in measured if key in s.metrics]
         if values:
             out.write(f"{key}: mean {statistics.fmean(values):.4g}, max {max(values):.4g}\n")
-    rewards = [s.metrics.get("reward_mean", 0.0) for s in steps]
+    rewards = [s.metrics.get("reward_mean", 0.0) for s in run.steps]
     out.write(f"reward_mean by step: {' '.join(f'{r:.3f}' for r in rewards)}\n")
+
+
+def main() -> None:
+    args = parse_args()
+    report(run_job(args), args, sys.stdout)
 
 
 if __name__ == "__main__":
