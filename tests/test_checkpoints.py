@@ -127,6 +127,32 @@ def test_incomplete_checkpoints_are_never_loaded(tiny_model_dir: Path, tmp_path:
     assert checkpoints.latest(tmp_path / "nothing-here") is None
 
 
+@pytest.mark.parametrize("new_complete", [True, False], ids=["new-complete", "new-partial"])
+def test_a_save_killed_while_replacing_a_step_leaves_one_in_place(
+    new_complete: bool, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Replacing step 3, the save moved the old one aside and was killed before moving the new
+    # one in: no step-000003, only the two hidden folders (built here as they would be left).
+    policy = trained(lora(tiny_model_dir), steps=1)
+    old_state = state_at(3)
+    new_state = old_state.model_copy(update={"rewards": [1.0, 1.0, 1.0]})
+    final = checkpoints.save(policy, old_state, tmp_path, keep=5)
+    final.rename(tmp_path / ".step-000003.old-777")
+    written = checkpoints.save(policy, new_state, tmp_path / "scratch", keep=1)
+    written.rename(tmp_path / ".step-000003.tmp-777")
+    if not new_complete:
+        (tmp_path / ".step-000003.tmp-777" / checkpoints.MANIFEST).unlink()
+    assert checkpoints.latest(tmp_path) is None
+
+    removed = checkpoints.remove_partial(tmp_path)  # what the next attempt does first
+    assert checkpoints.latest(tmp_path) == final
+    expected = new_state if new_complete else old_state
+    assert checkpoints.load(policy, final) == expected
+    left = ".step-000003.old-777" if new_complete else ".step-000003.tmp-777"
+    assert [p.name for p in removed] == [left]  # the one not put in place
+    assert not list(tmp_path.glob(".step-*"))
+
+
 def test_only_the_newest_checkpoints_are_kept(tiny_model_dir: Path, tmp_path: Path) -> None:
     policy = trained(lora(tiny_model_dir), steps=1)
     for step in (1, 2, 3, 4):

@@ -95,6 +95,7 @@ def save(
     CheckpointError when it cannot be written (a full disk): what was written is deleted."""
     folder = Path(folder).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    settle_replacements(folder)
     final = folder / step_name(state.step)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -204,12 +205,34 @@ def prune(folder: Path, *, keep: int) -> None:
         log.info("checkpoint_deleted", path=str(old))
 
 
+def settle_replacements(folder: Path) -> list[Path]:
+    """Finish what a save killed between its two renames left: replacing a checkpoint of the
+    same step, it had moved the old one aside (``.step-N.old-PID``) and not yet moved the new
+    one (``.step-N.tmp-PID``) in, so ``step-N`` is missing. The new one goes in when complete,
+    else the old one goes back. Returns the checkpoints put in place."""
+    settled = []
+    for old in sorted(Path(folder).glob(f".{_PREFIX}*.old-*")):
+        name, pid = old.name[1:].rsplit(".old-", 1)
+        final = old.parent / name
+        if final.exists():
+            continue
+        for candidate in (old.parent / f".{name}.tmp-{pid}", old):
+            if candidate.is_dir() and is_complete(candidate):
+                candidate.rename(final)
+                log.warning("checkpoint_settled", path=str(final), was=candidate.name)
+                settled.append(final)
+                break
+    return settled
+
+
 def remove_partial(folder: Path) -> list[Path]:
-    """Delete what killed attempts left half-written in ``folder`` (hidden temporary folders);
-    call only while no other attempt of the job runs. Returns what was deleted."""
+    """Delete what killed attempts left half-written in ``folder`` (hidden temporary folders),
+    once an interrupted replacement is settled; call only while no other attempt of the job
+    runs. Returns what was deleted."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
+    settle_replacements(folder)
     partial = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(f".{_PREFIX}")]
     for p in partial:
         shutil.rmtree(p, ignore_errors=True)
