@@ -401,6 +401,13 @@ def test_cuda_ipc_is_refused_with_the_reason_when_the_gpu_is_not_visible() -> No
     assert accepted == [rollout_pb2.WEIGHT_TRANSPORT_INLINE, SHM]
     assert "GPU-0000-not-here is not visible here" in refused
     assert not shm_exists(probe.offer.probe_segment)
+    probe = ProbeOffer(cuda_device_uuid="GPU-0000-not-here")
+    try:  # vLLM over two GPUs: its second worker would open the handles across devices
+        accepted, refused = accept_offer(probe.offer, engine_gpus=2)
+    finally:
+        probe.close()
+    assert accepted == [rollout_pb2.WEIGHT_TRANSPORT_INLINE, SHM]
+    assert "spans 2 GPUs (tensor parallel)" in refused
     with pytest.raises(ValueError, match="'w' lives on GPU GPU-0000-not-here"):
         cuda_ipc.open_tensor(rollout_pb2.CudaIpcTensor(name="w", device_uuid="GPU-0000-not-here"))
     with pytest.raises(ValueError, match="'w' is on cpu, not a CUDA device"):

@@ -251,7 +251,10 @@ class _RolloutStream:
             if self._admit is not None:
                 self._admit(config)
             engine = await self.session.open(config)
-            transports, refused = await asyncio.to_thread(accept_offer, request.open.weight_offer)
+            gpus = self.session.settings.tensor_parallel_size if engine.name == "vllm" else 1
+            transports, refused = await asyncio.to_thread(
+                accept_offer, request.open.weight_offer, engine_gpus=gpus
+            )
             return rollout_pb2.RolloutResponse(
                 opened=rollout_pb2.RolloutOpened(
                     engine=engine.name,

@@ -15,9 +15,13 @@ from opentinker.services.modeling.shared_weights import SegmentReader, check_pro
 log = structlog.get_logger("opentinker.rollout.weight_transports")
 
 
-def accept_offer(offer: rollout_pb2.WeightTransportOffer) -> tuple[list[int], str]:
+def accept_offer(
+    offer: rollout_pb2.WeightTransportOffer, *, engine_gpus: int = 1
+) -> tuple[list[int], str]:
     """(the transports this process takes, why it refused what it did): shared memory when it
-    maps the trainer's probe segment, CUDA IPC when it also sees the trainer's GPU."""
+    maps the trainer's probe segment, CUDA IPC when it also sees the trainer's GPU and the
+    engine runs on one GPU (``engine_gpus``: vLLM's tensor parallel size; its workers on
+    other GPUs would have to open the trainer's handles across devices, never tried)."""
     accepted = [rollout_pb2.WEIGHT_TRANSPORT_INLINE]
     if not offer.probe_segment:
         return accepted, ""
@@ -27,7 +31,9 @@ def accept_offer(offer: rollout_pb2.WeightTransportOffer) -> tuple[list[int], st
         return accepted, refused
     accepted.append(rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY)
     if offer.cuda_device_uuid:
-        if cuda_ipc.local_device_index(offer.cuda_device_uuid) is None:
+        if engine_gpus > 1:
+            refused = f"CUDA IPC: the engine spans {engine_gpus} GPUs (tensor parallel)"
+        elif cuda_ipc.local_device_index(offer.cuda_device_uuid) is None:
             refused = f"CUDA IPC: GPU {offer.cuda_device_uuid} is not visible here"
         else:
             accepted.append(rollout_pb2.WEIGHT_TRANSPORT_CUDA_IPC)
