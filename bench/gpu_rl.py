@@ -8,7 +8,9 @@ The env is ``visible_text`` (served here, registered with the mesh's EnvHub as a
 is): its reward is the answer's visible length, up to 16 characters. The random model's ids
 are mostly past the local 512-token tokenizer and decode to nothing, so a few answers in each
 group hold text and the rewards differ from the first step: every step trains, and the probe
-shift and the trainer-to-vLLM logprob gap are measured. (On the letter task such a model earns
+shift and the trainer-to-vLLM logprob gap are measured. (Checked on CPU with transformers: 0.29%
+of sampled ids were below 512, 3 of 32 answers held text, 2 of 4 groups of 8 had rewards
+that differ.) (On the letter task such a model earns
 0 everywhere: no gradient, nothing moves; so it ran on 2026-11-26.)
 
 The worker leases the GPU, so the trainer runs in bf16 on it and the rollout picks vLLM
