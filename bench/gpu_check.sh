@@ -5,10 +5,10 @@
 # was staged on it, so the calls go back to back, most important first:
 #
 #   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
-#   bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu
+#   bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu
 #                                                   # the last part; a LoRA RL job; multi-LoRA
 #   bash bench/gpu_check.sh bench multilora         # tokens/s vs LLM.generate; k adapters
-#   bash bench/gpu_check.sh rl full tests vllm_engine_gpu,weight_transport,rollout_engine,prefix_cache,checkpoints
+#   bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints
 #                                                   # if >= 5 minutes are left
 #
 # (`tests` alone runs every file; gpu_wheels.sh prints this plan with the carries.)

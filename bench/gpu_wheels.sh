@@ -38,7 +38,8 @@ done
 # on an H100 (2026-11-26): install 100 s, rl lora 190 s (vLLM compile cache cold), rl full
 # 115 s, bench 142 s, tests vllm_multi_lora_gpu 63 s, weight_transport 38 s, vllm_engine_gpu
 # 92 s. Not run yet or changed since: the RL job's reward (now a training step), the multi-LoRA
-# test's bound, the bench's rows, multilora; the rest passed and reruns last.
-echo "  run(command='bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu', carry=['$last'], timeout_s=600)"
+# test's bound, the engine test's unseeded mode, the bench's rows, multilora; the rest passed
+# and reruns last.
+echo "  run(command='bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu', carry=['$last'], timeout_s=600)"
 echo "  run(command='bash bench/gpu_check.sh bench multilora', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh rl full tests vllm_engine_gpu,weight_transport,rollout_engine,prefix_cache,checkpoints', timeout_s=600)  # if >= 5 min are left"
+echo "  run(command='bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints', timeout_s=600)  # if >= 5 min are left"
