@@ -7,7 +7,8 @@ concurrent clients each submit one-step jobs one after another (closed loop, ``-
 of think time between a client's jobs) until ``--jobs`` have run. Per job, from the
 scheduler's event stream (one host, one clock):
 
-    submit -> RUNNING      the client's submit call to the RUNNING event (trainer started)
+    submit -> RUNNING      the client's submit call to the RUNNING event (the rollout
+                           serves; the trainer was started beside it, at the same time)
     submit -> first step   the client's submit call to the first step's metrics event
 
 Printed: p50 and p99 of both for cold and warm, the ratio cold/warm, jobs/s, and how many

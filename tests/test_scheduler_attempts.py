@@ -153,6 +153,8 @@ def test_the_worker_reports_a_sigkilled_trainer_or_rollout_and_the_job_runs_agai
         async with mesh_with_agent(redis_url, tmp_path) as mesh:
             job = await submit_named(mesh.stub, "hang")
             first = mesh.run_root / job.job_id / "attempt-1"
+            # RUNNING: the rollout serves and the trainer trains (both start at once before)
+            await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
             await wait_until(lambda: (first / "trainer.pid").exists())
             rollout_pid, trainer_pid = pids(first)
             os.kill(trainer_pid, signal.SIGKILL)

@@ -36,7 +36,13 @@ import sys, time
 from pathlib import Path
 from opentinker.services.common.launch import LaunchConfig
 config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
-address = sys.argv[sys.argv.index("--rollout-address") + 1]
+if "--rollout-address" in sys.argv:  # the shared rollout: its address is known
+    address = sys.argv[sys.argv.index("--rollout-address") + 1]
+else:  # a private rollout, started beside this trainer, writes its address there
+    address_file = Path(sys.argv[sys.argv.index("--rollout-address-file") + 1])
+    while not address_file.exists():
+        time.sleep(0.05)
+    address = address_file.read_text().strip()
 (config.run_dir / "trainer.rollout").write_text(address)
 while not (config.run_dir / "finish").exists():
     time.sleep(0.05)

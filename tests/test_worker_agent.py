@@ -3,8 +3,9 @@
 The rollout and trainer are other engineers' services; here two small scripts stand in for
 them through the worker's ``rollout_command`` / ``trainer_command`` settings. They follow the
 same contract: read ``--launch launch.json``, the rollout writes ``rollout.addr`` and waits, the
-trainer reports to the scheduler's ReportJobProgress and exits with a code. What each does is
-chosen by the job's name.
+trainer (started at the same time, given ``--rollout-address-file``) reads the address there,
+reports to the scheduler's ReportJobProgress and exits with a code. What each does is chosen by
+the job's name.
 """
 
 from __future__ import annotations
@@ -43,10 +44,22 @@ from opentinker.services.common.launch import LaunchConfig, write_atomic
 
 config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
 (config.run_dir / "rollout.pid").write_text(str(os.getpid()))
-if config.job.spec.name == "rollout-dies":
+name = config.job.spec.name
+if name == "rollout-dies":
     print("RuntimeError: no generation engine", file=sys.stderr)
     sys.exit(4)
-write_atomic(config.run_dir / "rollout.addr", "127.0.0.1:1")
+if name.startswith("beside-"):  # ready (or dead) only once the worker has started the trainer
+    deadline = time.monotonic() + 20
+    while not (config.run_dir / "trainer.pid").exists():
+        if time.monotonic() > deadline:
+            print("RuntimeError: no trainer was started beside this rollout", file=sys.stderr)
+            sys.exit(5)
+        time.sleep(0.05)
+if name == "beside-rollout-dies":
+    print("RuntimeError: the engine failed while the trainer started", file=sys.stderr)
+    sys.exit(4)
+if name not in ("never-ready", "trainer-dies-early"):
+    write_atomic(config.run_dir / "rollout.addr", "127.0.0.1:1")
 while True:
     time.sleep(1)
 """
@@ -59,14 +72,20 @@ from opentinker.services.common.grpc_server import sync_channel
 from opentinker.services.common.launch import LaunchConfig
 
 config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
-address = sys.argv[sys.argv.index("--rollout-address") + 1]
 job = config.job
 (config.run_dir / "trainer.pid").write_text(str(os.getpid()))
+name = job.spec.name
+if name == "trainer-dies-early":  # before it needs the rollout, which is not ready yet
+    print("ValueError: could not load the policy", file=sys.stderr)
+    sys.exit(3)
+address_file = Path(sys.argv[sys.argv.index("--rollout-address-file") + 1])
+while not address_file.exists():  # as the trainer waits where it opens the rollout
+    time.sleep(0.05)
+address = address_file.read_text().strip()
 (config.run_dir / "trainer.env").write_text(
     os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>") + "|" + address
 )
-name = job.spec.name
-if name == "good":
+if name in ("good", "beside-good"):
     channel = sync_channel(config.scheduler_address, credential=config.job_token)
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     stub.ReportJobProgress(
@@ -105,7 +124,9 @@ class Mesh:
 
 
 @asynccontextmanager
-async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]:
+async def mesh_with_agent(
+    redis_url: str, tmp_path: Path, *, rollout_start_timeout_s: float = 30
+) -> AsyncIterator[Mesh]:
     rollout_script = tmp_path / "stand_in_rollout.py"
     trainer_script = tmp_path / "stand_in_trainer.py"
     rollout_script.write_text(STAND_IN_ROLLOUT)
@@ -124,7 +145,7 @@ async def mesh_with_agent(redis_url: str, tmp_path: Path) -> AsyncIterator[Mesh]
             devices=["cpu:0"],
             rollout_command=[sys.executable, str(rollout_script)],
             trainer_command=[sys.executable, str(trainer_script)],
-            rollout_start_timeout_s=30,
+            rollout_start_timeout_s=rollout_start_timeout_s,
             stop_grace_s=2,
             connect_timeout_s=3,
             warm_spares=0,  # the stand-ins have no spare mode (test_warm_spares.py has it)

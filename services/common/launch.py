@@ -1,9 +1,10 @@
 """What a worker agent hands to the processes it starts for a job.
 
-The worker writes ``<run_dir>/launch.json`` (this model, as JSON) and starts
-``python -m opentinker.services.rollout --launch <run_dir>/launch.json`` and, once the rollout
-has written its address to ``<run_dir>/rollout.addr``, ``python -m opentinker.services.trainer
---launch <run_dir>/launch.json --rollout-address <addr>``.
+The worker writes ``<run_dir>/launch.json`` (this model, as JSON) and starts, at the same time,
+``python -m opentinker.services.rollout --launch <run_dir>/launch.json`` and ``python -m
+opentinker.services.trainer --launch <run_dir>/launch.json --rollout-address-file
+<run_dir>/rollout.addr``; the rollout writes its address to that file once it serves, and the
+trainer reads it when it opens the rollout.
 """
 
 from __future__ import annotations

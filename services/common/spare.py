@@ -45,6 +45,9 @@ class Handover(BaseModel):
     log_path: Path  # where the process writes from now on: <run_dir>/<trainer|rollout>.log
     cuda_visible_devices: str  # the leased GPUs ("" on CPU), set before CUDA is first used
     rollout_address: str = ""  # the trainer's --rollout-address
+    # or the trainer's --rollout-address-file: its private rollout, starting beside it, writes
+    # its address there (trainer/rollout_address.py)
+    rollout_address_file: Path | None = None
 
     def line(self) -> bytes:
         return (self.model_dump_json() + "\n").encode()

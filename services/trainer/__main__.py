@@ -1,6 +1,8 @@
 """Trainer process: settings -> launch file -> run the job -> exit code.
 
 python -m opentinker.services.trainer --launch RUN_DIR/launch.json --rollout-address HOST:PORT
+python -m opentinker.services.trainer --launch RUN_DIR/launch.json --rollout-address-file F
+    (F: the file the job's rollout, started at the same time, writes its HOST:PORT to)
 python -m opentinker.services.trainer --launch RUN_DIR/launch.json     (an SFT job: no rollout)
 python -m opentinker.services.trainer --spare [--preload-model M]   (a warm spare: spare.py)
 """
@@ -20,19 +22,20 @@ from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import become_job_process
 from opentinker.services.modeling.preload import Preload
 
+from .rollout_address import RolloutAddress
 from .service import run_job
 from .settings import TrainerSettings
 
 
 async def _main(
     launch: LaunchConfig,
-    rollout_address: str | None,
+    rollout: RolloutAddress | None,
     settings: TrainerSettings,
     preload: Preload | None,
 ) -> int:
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
     follow_job_share(launch)
-    task = asyncio.create_task(run_job(launch, rollout_address, settings, preload))
+    task = asyncio.create_task(run_job(launch, rollout, settings, preload))
     for sig in (signal.SIGTERM, signal.SIGINT):  # graceful: the loop closes the rollout stream
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     try:
@@ -45,6 +48,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="OpenTinker trainer: runs one job's training.")
     parser.add_argument("--launch", type=Path, help="<run_dir>/launch.json")
     parser.add_argument("--rollout-address", help="host:port of the job's rollout (RL jobs)")
+    parser.add_argument(
+        "--rollout-address-file",
+        type=Path,
+        help="or the file the job's rollout writes its host:port to once it serves (read when "
+        "the trainer opens the rollout, so both can start at once)",
+    )
     parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     args = parser.parse_args()
@@ -52,12 +61,14 @@ def main() -> None:
     if args.spare:  # imports and the model load happen before the job is known
         preload, handover = become_job_process("trainer", args.preload_model)
         args.launch, args.rollout_address = handover.launch, handover.rollout_address
+        args.rollout_address_file = handover.rollout_address_file
     if args.launch is None:
         parser.error("--launch is required (or --spare)")
     settings = TrainerSettings()
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
-    code = asyncio.run(_main(launch, args.rollout_address or None, settings, preload))
+    rollout = RolloutAddress.given(args.rollout_address, args.rollout_address_file)
+    code = asyncio.run(_main(launch, rollout, settings, preload))
     # A rank's sharded policy holds its (left) process group: free both while the interpreter
     # is whole; gloo's threads abort the process when the group is freed during exit.
     gc.collect()

@@ -29,12 +29,14 @@ from opentinker.spec import JobSpec, from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 from .distributed import Rank
+from .errors import RolloutError
 from .inference_job import InferenceJob
 from .loop import Outcome, RlLoop, TrainerStatus
 from .policy import Policy
 from .rank_job import lead, rank_device, release, run_follower, world_from_env
 from .ranks import LeaderPolicy, check_data_parallel
 from .reporter import SchedulerReporter, report_failure_logged
+from .rollout_address import RolloutAddress
 from .rollout_client import GrpcRolloutSession
 from .session.run import run_session
 from .session.servicer import SessionServicer
@@ -121,12 +123,13 @@ async def _serve(
 
 async def run_job(
     launch: LaunchConfig,
-    rollout_address: str | None,
+    rollout: RolloutAddress | None,
     settings: TrainerSettings,
     preload: Preload | None = None,
 ) -> int:
     """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure).
-    ``rollout_address``: the job's rollout (None for SFT, which has none).
+    ``rollout``: the job's rollout (None for SFT, which has none); its address is waited for
+    only where the rollout is opened, so the policy loads while the rollout starts.
     ``preload``: the base model a warm spare read before the job came (used if it matches)."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
@@ -147,24 +150,28 @@ async def run_job(
             spec, settings = _spec_and_placement(launch, settings, me, job_log)
         except ConfigError as err:
             return await _report_failure(reporter, str(err), job_log)
-        if spec.kind != "sft" and not rollout_address:
-            reason = f"a {spec.kind} job's trainer needs --rollout-address (the job's rollout)"
+        if spec.kind != "sft" and rollout is None:
+            reason = (
+                f"a {spec.kind} job's trainer needs --rollout-address or --rollout-address-file "
+                "(the job's rollout)"
+            )
             return await _report_failure(reporter, reason, job_log)
         if spec.kind == "session":
+            assert rollout is not None
             return await run_session(
-                launch, spec, rollout_address, settings, reporter, create_session_server, preload
+                launch, spec, rollout, settings, reporter, create_session_server, preload
             )
         status = TrainerStatus(job_id=job.job_id, finetune=spec.model.finetune)
         authenticator = OwnCredentialAuthenticator(token, job_id=job.job_id, attempt=job.attempt)
         server, port = await create_server(settings, status, authenticator=authenticator)
         try:
             write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
-            job_log.info("trainer_serving", port=port, rollout=rollout_address, kind=spec.kind)
+            job_log.info("trainer_serving", port=port, rollout=str(rollout), kind=spec.kind)
             if spec.kind == "inference":
-                assert rollout_address is not None
-                return await _infer(job.job_id, spec, launch, rollout_address, settings, reporter)
+                assert rollout is not None
+                return await _infer(job.job_id, spec, launch, rollout, settings, reporter)
             return await _train(
-                job.job_id, spec, launch, rollout_address, settings, reporter, status, preload
+                job.job_id, spec, launch, rollout, settings, reporter, status, preload
             )
         finally:
             await server.stop(grace=1.0)
@@ -194,7 +201,7 @@ async def _train(
     job_id: str,
     spec: JobSpec,
     launch: LaunchConfig,
-    rollout_address: str | None,
+    rollout: RolloutAddress | None,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
     status: TrainerStatus,
@@ -230,20 +237,16 @@ async def _train(
             checkpoint_dir=launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints",
         ).run()
         return 1 if outcome is Outcome.FAILED else 0
-    assert rollout_address is not None  # run_job checked it
+    assert rollout is not None  # run_job checked it
     if world_from_env() is None:
-        return await _run_rl(
-            job_id, spec, launch, rollout_address, settings, reporter, status, policy
-        )
+        return await _run_rl(job_id, spec, launch, rollout, settings, reporter, status, policy)
     try:  # rank 0 of several: the loop drives the other ranks through a LeaderPolicy
         leader = await lead(policy, settings)
     except Exception as err:  # noqa: BLE001 - any failure to meet: a reported, clean end
         reason = f"trainer ranks could not meet: {type(err).__name__}: {err}"
         return await _report_failure(reporter, reason, log.bind(job_id=job_id))
     try:
-        return await _run_rl(
-            job_id, spec, launch, rollout_address, settings, reporter, status, leader
-        )
+        return await _run_rl(job_id, spec, launch, rollout, settings, reporter, status, leader)
     finally:
         await asyncio.to_thread(release, leader)
 
@@ -252,12 +255,16 @@ async def _run_rl(
     job_id: str,
     spec: JobSpec,
     launch: LaunchConfig,
-    rollout_address: str,
+    rollout: RolloutAddress,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
     status: TrainerStatus,
     policy: Policy | LeaderPolicy,
 ) -> int:
+    try:
+        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+    except RolloutError as err:
+        return await _report_failure(reporter, str(err), log.bind(job_id=job_id))
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         loop = RlLoop(
             job_id=job_id,
@@ -282,11 +289,15 @@ async def _infer(
     job_id: str,
     spec: JobSpec,
     launch: LaunchConfig,
-    rollout_address: str,
+    rollout: RolloutAddress,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
 ) -> int:
     """An inference job: the rollout holds the model; no policy is loaded here."""
+    try:
+        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+    except RolloutError as err:
+        return await _report_failure(reporter, str(err), log.bind(job_id=job_id))
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
         job = InferenceJob(
             job_id=job_id,

@@ -29,6 +29,13 @@ class TrainerSettings(BaseSettings):
     open_timeout_s: float = Field(
         300.0, gt=0, description="rollout loads its model before answering"
     )
+    rollout_address_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="--rollout-address-file: how long to wait for the rollout (started beside "
+        "this trainer) to write its address. A backstop: the worker's own wait "
+        "(rollout_start_timeout_s, 300 s) fails a late rollout's attempt first and ends both",
+    )
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     weight_transport: Literal["auto", "grpc"] = Field(
         "auto",

@@ -1,5 +1,11 @@
-"""One attempt of one job on this worker: start rollout, then trainer, and report how it ended.
+"""One attempt of one job on this worker: start rollout and trainer, and report how it ended.
 An SFT job has no rollout: the trainer alone.
+
+A private rollout and its trainer start at the same time: each spends seconds importing torch
+and transformers, and the trainer loads its policy, before either needs the other. The trainer
+reads the rollout's address from ``rollout.addr`` when it opens the rollout
+(trainer/rollout_address.py); the worker alone judges the rollout's start (it dies, is late, or
+the run is stopped: the attempt fails with that reason and both processes are ended).
 
 ``run_root/<job_id>/attempt-<n>/`` holds launch.json, rollout.log, rollout.addr and trainer.log.
 """
@@ -135,15 +141,7 @@ class JobRun:
                     return await self._train_on(shared_address, launch_path, env, handover)
                 finally:
                     await self._shared.leave(self.job.job_id, base_model)
-        rollout = await self._start(
-            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
-        )
-        address = await self._wait_for_rollout_address(rollout)
-        if isinstance(address, Exit):
-            return address
-        trainer = await self._start_trainer(launch_path, env, handover, rollout_address=address)
-        await self._on_launched()
-        return await self._supervise(rollout, trainer)
+        return await self._train_with_private_rollout(launch_path, env, handover)
 
     @property
     def _ranked(self) -> bool:
@@ -155,6 +153,27 @@ class JobRun:
     @property
     def _follows_only(self) -> bool:
         return self._ranked and self._rendezvous.get("NODE_RANK", "0") != "0"
+
+    async def _train_with_private_rollout(
+        self, launch_path: Path, env: dict[str, str], handover: Handover
+    ) -> Exit:
+        """The rollout and the trainer at once; the trainer reads rollout.addr when it needs
+        it. The job counts as launched once the rollout serves (as when the trainer followed)."""
+        rollout = await self._start(
+            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
+        )
+        trainer = await self._start_trainer(
+            launch_path, env, handover, rollout_address=None, address_file=self._addr_path
+        )
+        ended = await self._wait_for_rollout_address(rollout, trainer)
+        if ended is not None:
+            return ended  # run() ends both processes
+        await self._on_launched()
+        return await self._supervise(rollout, trainer)
+
+    @property
+    def _addr_path(self) -> Path:
+        return (self.run_dir / "rollout.addr").resolve()
 
     async def _train_on(
         self, shared_address: str, launch_path: Path, env: dict[str, str], handover: Handover
@@ -175,17 +194,22 @@ class JobRun:
         handover: Handover,
         *,
         rollout_address: str | None,
+        address_file: Path | None = None,
     ) -> ManagedProcess | RankGroup:
-        """The trainer, told its rollout's address (RL) or none (SFT); several ranks for a
-        job on several devices."""
+        """The trainer, told its rollout's address (RL), the file the rollout writes it to (a
+        private rollout starting beside it), or neither (SFT); several ranks for a job on
+        several devices (rank 0 alone opens the rollout)."""
         argv = [*self.settings.trainer_command, "--launch", str(launch_path)]
         if rollout_address is not None:
             argv += ["--rollout-address", rollout_address]
+        if address_file is not None:
+            argv += ["--rollout-address-file", str(address_file)]
         if self._ranked:
             return await self._start_ranks(argv, env)
         update = {
             "log_path": (self.run_dir / "trainer.log").resolve(),
             "rollout_address": rollout_address or "",
+            "rollout_address_file": address_file,
         }
         return await self._start("trainer", argv, env, handover.model_copy(update=update))
 
@@ -237,37 +261,53 @@ class JobRun:
         self.log.info("warm_start", process=name, pid=spare.pid)
         return spare
 
-    async def _wait_for_rollout_address(self, rollout: ManagedProcess) -> str | Exit:
-        addr_path = self.run_dir / "rollout.addr"
+    async def _wait_for_rollout_address(
+        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup
+    ) -> Exit | None:
+        """None once the rollout has written rollout.addr; else how the attempt ended: the
+        rollout died or was late, the run was stopped, or the trainer exited first."""
         timeout_s = self.settings.rollout_start_timeout_s
         # wait_for_file polls in a worker thread; this flag (thread-safe, unlike the event
-        # loop's view of the process) ends it as soon as the rollout exits, the run is stopped,
-        # or this coroutine is abandoned, so no thread outlives the attempt.
+        # loop's view of the processes) ends it as soon as either process exits, the run is
+        # stopped, or this coroutine is abandoned, so no thread outlives the attempt.
         give_up = threading.Event()
-        exited = asyncio.create_task(rollout.wait())
-        exited.add_done_callback(lambda _: give_up.set())
-        stopped = asyncio.create_task(self._stopped.wait())
-        stopped.add_done_callback(lambda _: give_up.set())
+        rollout_exited = asyncio.create_task(rollout.wait())
+        watched = [rollout_exited, asyncio.create_task(trainer.wait())]
+        watched.append(asyncio.create_task(self._stopped.wait()))
+        for task in watched:
+            task.add_done_callback(lambda _: give_up.set())
         try:
-            return await asyncio.to_thread(
-                wait_for_file, addr_path, timeout_s=timeout_s, alive=lambda: not give_up.is_set()
+            await asyncio.to_thread(
+                wait_for_file,
+                self._addr_path,
+                timeout_s=timeout_s,
+                alive=lambda: not give_up.is_set(),
             )
+            return None
         except TimeoutError:
             return Exit(-1, f"rollout did not write rollout.addr within {timeout_s:.0f} s")
         except RuntimeError:
             if self._stop_reason is not None:
                 return Exit(-1, f"stopped: {self._stop_reason}")
-            code = await rollout.wait()
-            return Exit(code or -1, self._died("rollout", code, rollout, "before it was ready"))
+            if rollout_exited.done():
+                code = await rollout.wait()
+                return Exit(code or -1, self._died("rollout", code, rollout, "before it was ready"))
+            # The trainer exited first: reported as ever (its own reason, or how it was killed).
+            return await self._supervise(rollout, trainer, when="while its rollout started")
         finally:
             give_up.set()
-            exited.cancel()
-            stopped.cancel()
+            for task in watched:
+                task.cancel()
 
     async def _supervise(
-        self, rollout: ManagedProcess | None, trainer: ManagedProcess | RankGroup
+        self,
+        rollout: ManagedProcess | None,
+        trainer: ManagedProcess | RankGroup,
+        *,
+        when: str = "while it trained",
     ) -> Exit:
-        """Until the trainer exits, the run is stopped, or the rollout (if any) dies."""
+        """Until the trainer exits, the run is stopped, or the rollout (if any) dies. ``when``:
+        what the trainer was doing, said of a trainer killed or a follower failed."""
         waits = {
             asyncio.create_task(trainer.wait()): "trainer",
             asyncio.create_task(self._stopped.wait()): "stop",
@@ -290,7 +330,7 @@ class JobRun:
                 culprit = trainer.name  # a follower that failed is named (trainer-rank1)
             # Killed, or a follower failed: say so (rank 0 reports its own failures).
             if code < 0 or (code != 0 and culprit != "trainer"):
-                reason = self._died(culprit, code, trainer, "while it trained")
+                reason = self._died(culprit, code, trainer, when)
             self.log.info("trainer_exited", exit_code=code)
             return Exit(code, reason)
         if "stop" in first:

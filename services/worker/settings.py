@@ -50,7 +50,8 @@ class WorkerSettings(BaseSettings):
     # becomes "<hostname>/<entry>" and its kind is the part before ":".
     devices: Annotated[list[str], NoDecode] = []
     # argv prefixes of the two processes of a job; "--launch <launch.json>" (and for the trainer
-    # "--rollout-address <addr>") are appended. Env form: a shell-quoted command line.
+    # "--rollout-address-file <run_dir>/rollout.addr", or "--rollout-address <addr>" of a shared
+    # rollout) are appended. Env form: a shell-quoted command line.
     rollout_command: Annotated[list[str], NoDecode] = [
         sys.executable, "-m", "opentinker.services.rollout",
     ]  # fmt: skip

@@ -25,8 +25,10 @@ from opentinker.services.modeling.preload import Preload
 from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, to_proto
 
+from ..errors import RolloutError
 from ..policy import Policy
 from ..reporter import SchedulerReporter, report_failure_logged
+from ..rollout_address import RolloutAddress
 from ..settings import TrainerSettings
 from .auth import SessionAuthenticator
 from .sampler import SessionSampler
@@ -43,7 +45,7 @@ ServeSession = Callable[
 async def run_session(
     launch: LaunchConfig,
     spec: JobSpec,
-    rollout_address: str,
+    rollout: RolloutAddress,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
     serve: ServeSession,
@@ -58,6 +60,10 @@ async def run_session(
     except (OSError, ValueError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _fail(reporter, reason, job_log)
+    try:  # the rollout may still be starting (worker/job_run.py): its address comes now
+        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+    except RolloutError as err:
+        return await _fail(reporter, str(err), job_log)
     async with (
         aio_channel(rollout_address, credential=launch.job_token) as rollout_channel,
         aio_channel(launch.scheduler_address) as identity_channel,
