@@ -20,6 +20,7 @@ from opentinker.spec import InferenceConfig, JobSpec
 
 from .loop import Outcome
 from .reporter import report_failure_logged
+from .rollout_open import open_telling_the_user
 from .settings import TrainerSettings
 from .validation import EvalRollout
 
@@ -34,6 +35,8 @@ class InferenceRollout(EvalRollout, Protocol):
 
 class RowReporter(Protocol):
     async def report_row(self, row: Mapping[str, Any]) -> bool: ...
+
+    async def report_log(self, message: str) -> bool: ...
 
     async def report_result(
         self, checkpoint_uri: str, final_metrics: Mapping[str, float]
@@ -84,8 +87,8 @@ class InferenceJob:
 
     async def _play(self) -> Outcome:
         c = self.config
-        engine = await self.rollout.open(
-            job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
+        engine = await open_telling_the_user(
+            self.rollout, self.reporter, job_id=self.job_id, spec=self.spec, settings=self.settings
         )
         self.log.info("inference_started", engine=engine, episodes=c.episodes)
         temperature = 0.0 if c.greedy else c.sampling.temperature

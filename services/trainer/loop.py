@@ -33,6 +33,7 @@ from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
 from .reporter import report_failure_logged
 from .role_training import adopt_roles, role_update
+from .rollout_open import open_telling_the_user
 from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
@@ -132,8 +133,8 @@ class RlLoop:
         return Outcome.FAILED
 
     async def _train(self) -> Outcome:
-        engine = await self.rollout.open(
-            job_id=self.job_id, spec=self.spec, timeout_s=self.settings.open_timeout_s
+        engine = await open_telling_the_user(
+            self.rollout, self.reporter, job_id=self.job_id, spec=self.spec, settings=self.settings
         )
         if adopt_roles(self.policy, self.rollout.roles, self.rl):  # before resume loads them
             self.status.trainable_parameters = self.policy.num_trainable_parameters()

@@ -29,6 +29,12 @@ class TrainerSettings(BaseSettings):
     open_timeout_s: float = Field(
         300.0, gt=0, description="rollout loads its model before answering"
     )
+    slow_open_notice_s: float = Field(
+        10.0,
+        ge=0,
+        description="an OpenRollout still loading after this long is told to the user (a job "
+        "log line), and its time once ready",
+    )
     rollout_address_timeout_s: float = Field(
         600.0,
         gt=0,
