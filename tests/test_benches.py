@@ -99,6 +99,23 @@ def test_padding_passes_measures_one_padded_pass_against_like_length_passes() ->
     assert "like-length passes" in text and "x as fast" in text, text
 
 
+def test_gpu_rl_runs_its_job_and_prints_the_start_up_timeline(tmp_path: Path) -> None:
+    """The GPU check's RL bench on CPU (transformers engine, tiny model): a device lease is
+    too short to find out there that the bench itself is broken."""
+    from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+    model = ensure_tiny_model(tmp_path / "tiny")
+    sizes = ("--steps", "3", "--prompts", "2", "--samples", "2", "--max-new-tokens", "4")
+    text = run_bench("gpu_rl.py", "--engine", "transformers", "--model", str(model), *sizes)
+    assert "SUCCEEDED (lora)" in text, text
+    timeline = text.split("start-up, from its logs:")[1].split("step 1:")[0].splitlines()
+    events = [line.split()[2:] for line in timeline if line.strip()]
+    assert ["worker", "process_started"] in events and ["rollout", "rollout_serving"] in events
+    assert events[-1] == ["trainer", "step"], text  # up to the first step
+    rewards = text.split("reward_mean by step:")[1].split()
+    assert len(rewards) == 3 and all(0.0 <= float(r) <= 1.0 for r in rewards), text
+
+
 def test_multi_turn_job_runs_the_mesh_with_the_prefix_cache_on_and_off() -> None:
     args = ["--steps", "3", "--turns", "2", "--prompts", "2", "--samples", "2", "--rounds", "1"]
     text = run_bench("multi_turn_job.py", *args)
