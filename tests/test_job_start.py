@@ -2,7 +2,7 @@
 reads the rollout's address from rollout.addr when it needs it. Every way that start can go
 wrong still ends the attempt with its reason and leaves no process behind.
 
-Through the real worker agent and scheduler (gRPC + Redis) with test_worker_agent.py's stand-in
+Through the real worker agent and scheduler (gRPC + Redis) with worker_agent_helpers.py's stand-in
 rollout and trainer (what each does is chosen by the job's name), and once with the real
 services through the mesh and the tiny model.
 """
@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from test_worker_agent import (
+from worker_agent_helpers import (
     RPC_TIMEOUT_S,
     alive,
     device_freed,

@@ -26,9 +26,9 @@ from test_scheduler_service import (
     wait_for_state,
     watch_until,
 )
-from test_worker_agent import alive, mesh_with_agent, pids, wait_until
-from test_worker_agent import run as run_with_processes
-from test_worker_agent import submit as submit_named
+from worker_agent_helpers import alive, mesh_with_agent, pids, wait_until
+from worker_agent_helpers import run as run_with_processes
+from worker_agent_helpers import submit as submit_named
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
@@ -147,7 +147,7 @@ def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
 def test_the_worker_reports_a_sigkilled_trainer_or_rollout_and_the_job_runs_again(
     redis_url: str, tmp_path: Path
 ) -> None:
-    """The real worker agent and real processes (the stand-ins of test_worker_agent)."""
+    """The real worker agent and real processes (the stand-ins of worker_agent_helpers)."""
 
     async def main() -> None:
         async with mesh_with_agent(redis_url, tmp_path) as mesh:
