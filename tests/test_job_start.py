@@ -38,6 +38,7 @@ from opentinker.services.common.launch import write_atomic
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.trainer.errors import RolloutError
 from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.worker.job_run import TRAINER_WAIT_GRACE_S
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_the_trainer_reads_the_address_once_the_rollout_writes_it(tmp_path: Path
     assert later is not None
 
     async def main() -> str:
-        waiting = asyncio.create_task(later.resolve(timeout_s=10))
+        waiting = asyncio.create_task(later.resolve(default_timeout_s=10))
         await asyncio.sleep(0.2)
         assert not waiting.done()  # the rollout has not written it yet
         write_atomic(tmp_path / "rollout.addr", "127.0.0.1:9\n")
@@ -68,10 +69,10 @@ def test_the_trainers_own_wait_ends_with_a_clear_reason_or_at_once_when_cancelle
 ) -> None:
     never = RolloutAddress(file=tmp_path / "rollout.addr")
     with pytest.raises(RolloutError, match=r"the rollout did not write rollout.addr within 1 s"):
-        asyncio.run(never.resolve(timeout_s=1))
+        asyncio.run(never.resolve(default_timeout_s=1))
 
     async def cancelled() -> float:  # the trainer's SIGTERM cancels its task mid-wait
-        waiting = asyncio.create_task(never.resolve(timeout_s=600))
+        waiting = asyncio.create_task(never.resolve(default_timeout_s=600))
         await asyncio.sleep(0.1)
         started = time.monotonic()
         waiting.cancel()
@@ -80,6 +81,27 @@ def test_the_trainers_own_wait_ends_with_a_clear_reason_or_at_once_when_cancelle
         return time.monotonic() - started
 
     assert asyncio.run(cancelled()) < 1.0
+
+    # The wait the worker handed over (--rollout-address-timeout) wins over the default.
+    handed = RolloutAddress.given(None, tmp_path / "rollout.addr", timeout_s=0.5)
+    assert handed is not None
+    started = time.monotonic()
+    with pytest.raises(RolloutError, match=r"within 0 s"):
+        asyncio.run(handed.resolve(default_timeout_s=600))
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.unit
+def test_a_rollout_addr_without_an_address_is_named(tmp_path: Path) -> None:
+    """Not a gRPC error about an unreachable target later: what the file holds, and whose."""
+    for garbage in ("", "not an address", "127.0.0.1", "localhost:port"):
+        write_atomic(tmp_path / "rollout.addr", garbage + "\n")
+        with pytest.raises(RolloutError, match=r"not the rollout's host:port"):
+            asyncio.run(RolloutAddress(file=tmp_path / "rollout.addr").resolve(default_timeout_s=1))
+    for good in ("127.0.0.1:50051", "[::1]:7", "unix:/tmp/r.sock", "node-3.local:9"):
+        write_atomic(tmp_path / "rollout.addr", good + "\n")
+        resolved = RolloutAddress(file=tmp_path / "rollout.addr").resolve(default_timeout_s=1)
+        assert asyncio.run(resolved) == good
 
 
 def test_the_trainer_is_started_before_the_rollout_is_ready(redis_url: str, tmp_path: Path) -> None:
@@ -165,6 +187,9 @@ def test_a_rollout_never_ready_fails_each_attempt_in_time_and_ends_its_trainer(
             failed = await wait_for_state(mesh.stub, job.job_id, FAILED, timeout_s=40)
             assert failed.reason.startswith("gave up after 3 attempts: ")
             assert "1: rollout did not write rollout.addr within 2 s" in failed.reason
+            # The trainer was told to wait longer than the worker, so the worker's reason won.
+            run_dir = mesh.run_root / job.job_id / "attempt-1"
+            assert float((run_dir / "trainer.wait").read_text()) == 2 + TRAINER_WAIT_GRACE_S
             for attempt in (1, 2, 3):
                 run_dir = mesh.run_root / job.job_id / f"attempt-{attempt}"
                 assert not any(alive(pid) for pid in pids(run_dir)), attempt

@@ -75,6 +75,8 @@ if name == "trainer-dies-early":  # before it needs the rollout, which is not re
     print("ValueError: could not load the policy", file=sys.stderr)
     sys.exit(3)
 address_file = Path(sys.argv[sys.argv.index("--rollout-address-file") + 1])
+wait_s = sys.argv[sys.argv.index("--rollout-address-timeout") + 1]  # the worker's, handed on
+(config.run_dir / "trainer.wait").write_text(wait_s)
 while not address_file.exists():  # as the trainer waits where it opens the rollout
     time.sleep(0.05)
 address = address_file.read_text().strip()

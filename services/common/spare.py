@@ -48,6 +48,7 @@ class Handover(BaseModel):
     # or the trainer's --rollout-address-file: its private rollout, starting beside it, writes
     # its address there (trainer/rollout_address.py)
     rollout_address_file: Path | None = None
+    rollout_address_timeout_s: float | None = None  # and how long to wait for it
 
     def line(self) -> bytes:
         return (self.model_dump_json() + "\n").encode()

@@ -54,6 +54,12 @@ def main() -> None:
         help="or the file the job's rollout writes its host:port to once it serves (read when "
         "the trainer opens the rollout, so both can start at once)",
     )
+    parser.add_argument(
+        "--rollout-address-timeout",
+        type=float,
+        help="seconds to wait for that file (the worker passes its own wait for the rollout and "
+        "a grace; default: TrainerSettings.rollout_address_timeout_s)",
+    )
     parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     args = parser.parse_args()
@@ -62,12 +68,15 @@ def main() -> None:
         preload, handover = become_job_process("trainer", args.preload_model)
         args.launch, args.rollout_address = handover.launch, handover.rollout_address
         args.rollout_address_file = handover.rollout_address_file
+        args.rollout_address_timeout = handover.rollout_address_timeout_s
     if args.launch is None:
         parser.error("--launch is required (or --spare)")
     settings = TrainerSettings()
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
-    rollout = RolloutAddress.given(args.rollout_address, args.rollout_address_file)
+    rollout = RolloutAddress.given(
+        args.rollout_address, args.rollout_address_file, args.rollout_address_timeout
+    )
     code = asyncio.run(_main(launch, rollout, settings, preload))
     # A rank's sharded policy holds its (left) process group: free both while the interpreter
     # is whole; gloo's threads abort the process when the group is freed during exit.

@@ -262,7 +262,9 @@ async def _run_rl(
     policy: Policy | LeaderPolicy,
 ) -> int:
     try:
-        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+        rollout_address = await rollout.resolve(
+            default_timeout_s=settings.rollout_address_timeout_s
+        )
     except RolloutError as err:
         return await _report_failure(reporter, str(err), log.bind(job_id=job_id))
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:
@@ -295,7 +297,9 @@ async def _infer(
 ) -> int:
     """An inference job: the rollout holds the model; no policy is loaded here."""
     try:
-        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+        rollout_address = await rollout.resolve(
+            default_timeout_s=settings.rollout_address_timeout_s
+        )
     except RolloutError as err:
         return await _report_failure(reporter, str(err), log.bind(job_id=job_id))
     async with aio_channel(rollout_address, credential=launch.job_token) as rollout_channel:

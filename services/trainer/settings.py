@@ -38,9 +38,9 @@ class TrainerSettings(BaseSettings):
     rollout_address_timeout_s: float = Field(
         600.0,
         gt=0,
-        description="--rollout-address-file: how long to wait for the rollout (started beside "
-        "this trainer) to write its address. A backstop: the worker's own wait "
-        "(rollout_start_timeout_s, 300 s) fails a late rollout's attempt first and ends both",
+        description="--rollout-address-file without --rollout-address-timeout (a trainer "
+        "started by hand): how long to wait for the rollout, started beside this trainer, to "
+        "write its address. The worker passes its own wait (rollout_start_timeout_s) and a grace",
     )
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     weight_transport: Literal["auto", "grpc"] = Field(

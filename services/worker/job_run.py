@@ -39,6 +39,10 @@ from opentinker.services.worker.supervisor import ManagedProcess, last_meaningfu
 
 log = structlog.get_logger(__name__)
 
+# How much longer than the worker's own wait for rollout.addr its trainer waits (the worker
+# polls, then ends both processes: the trainer must not fail the job first).
+TRAINER_WAIT_GRACE_S = 60.0
+
 
 @dataclass(frozen=True)
 class Exit:
@@ -202,14 +206,20 @@ class JobRun:
         argv = [*self.settings.trainer_command, "--launch", str(launch_path)]
         if rollout_address is not None:
             argv += ["--rollout-address", rollout_address]
+        trainer_wait_s = None
         if address_file is not None:
+            # The worker judges the rollout's start; the trainer waits longer, so a late
+            # rollout ends the attempt with the worker's reason (re-queued), not the trainer's.
+            trainer_wait_s = self.settings.rollout_start_timeout_s + TRAINER_WAIT_GRACE_S
             argv += ["--rollout-address-file", str(address_file)]
+            argv += ["--rollout-address-timeout", f"{trainer_wait_s:g}"]
         if self._ranked:
             return await self._start_ranks(argv, env)
         update = {
             "log_path": (self.run_dir / "trainer.log").resolve(),
             "rollout_address": rollout_address or "",
             "rollout_address_file": address_file,
+            "rollout_address_timeout_s": trainer_wait_s,
         }
         return await self._start("trainer", argv, env, handover.model_copy(update=update))
 

@@ -61,7 +61,9 @@ async def run_session(
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _fail(reporter, reason, job_log)
     try:  # the rollout may still be starting (worker/job_run.py): its address comes now
-        rollout_address = await rollout.resolve(timeout_s=settings.rollout_address_timeout_s)
+        rollout_address = await rollout.resolve(
+            default_timeout_s=settings.rollout_address_timeout_s
+        )
     except RolloutError as err:
         return await _fail(reporter, str(err), job_log)
     async with (
