@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -39,6 +37,7 @@ import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.env_server import serve
 from opentinker.game import AbstractGame, StepResult
+from opentinker.services.common.logging import parse_log_line
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
 
@@ -118,9 +117,6 @@ def run_job(args: argparse.Namespace) -> Run:
         return Run(job, steps, time.monotonic() - submitted, mesh.run_root)
 
 
-_LINE = re.compile(r"^timestamp='([^']+)'.*? event='([^']+)'")
-
-
 def startup_timeline(run: Run) -> list[tuple[float, str, str]]:
     """(seconds from the worker's first line for the job, process, event) of every logged
     event of the job's worker, rollout and trainer up to its first step: where the start
@@ -136,9 +132,8 @@ def startup_timeline(run: Run) -> list[tuple[float, str, str]]:
     events = []
     for process, lines in sources.items():
         for line in lines:
-            if match := _LINE.match(line):
-                at = datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp()
-                events.append((at, process, match[2]))
+            if parsed := parse_log_line(line):
+                events.append((parsed[0], process, parsed[1]))
     events.sort()
     firsts = [at for at, process, event in events if process == "trainer" and event == "step"]
     if not events or not firsts:

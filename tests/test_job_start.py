@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -35,6 +33,7 @@ from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.launch import write_atomic
+from opentinker.services.common.logging import parse_log_line
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.trainer.errors import RolloutError
 from opentinker.services.trainer.rollout_address import RolloutAddress
@@ -221,9 +220,9 @@ def test_cancelling_a_job_whose_rollout_is_not_ready_ends_both(
 
 
 def _timestamp(line: str) -> float:
-    stamp = re.search(r"timestamp='([^']+)'", line)
-    assert stamp is not None, line
-    return datetime.fromisoformat(stamp.group(1).replace("Z", "+00:00")).timestamp()
+    parsed = parse_log_line(line)
+    assert parsed is not None, line
+    return parsed[0]
 
 
 def _first(path: Path, *needles: str) -> str:

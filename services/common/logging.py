@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from datetime import datetime
 
 import structlog
 
 from opentinker.auth import redact
+
+# A line as configure_logging renders it: timestamp='…' level=… service=… event='…' …
+_LINE = re.compile(r"^timestamp='([^']+)'.*? event='([^']+)'")
+
+
+def parse_log_line(line: str) -> tuple[float, str] | None:
+    """(unix seconds, event) of a line this module's renderer wrote; None for any other line
+    (a library's own output, a traceback)."""
+    match = _LINE.match(line)
+    if match is None:
+        return None
+    return datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp(), match[2]
 
 
 def redact_credentials(_logger: object, _method: str, event_dict: dict) -> dict:
