@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 import pytest
+from envhub_helpers import SlowGame  # the same slow/failing game as the single-call tests
 from identity_helpers import user_channel, user_key
-from test_envhub import SlowGame  # the same slow/failing game as the single-call tests
 
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb

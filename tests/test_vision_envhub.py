@@ -7,8 +7,8 @@ import asyncio
 import io
 
 import pytest
+from envhub_helpers import Episodes, envhub, run
 from PIL import Image as PILImage
-from test_envhub import Episodes, envhub, run
 
 from opentinker.game import AbstractGame, Image, StepResult
 from opentinker.services.envhub.games.geometry_env import calculate
