@@ -21,6 +21,7 @@ from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.registry import Instance
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 
@@ -57,6 +58,21 @@ class Hub:
     async def instances(self, env_name: str = "") -> list[hub_pb.EnvironmentInstance]:
         reply = await self.stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
         return [i for i in reply.instances if not env_name or i.env_name == env_name]
+
+    async def register(self, env_name: str, address: str, capacity: int = 64) -> str:
+        """A server registered by hand (it never renews); its instance id."""
+        reply = await self.stub.RegisterEnvironment(
+            hub_pb.RegisterEnvironmentRequest(
+                env_name=env_name, address=address, capacity=capacity
+            ),
+            timeout=5,
+        )
+        return reply.instance.instance_id
+
+    def instance(self, instance_id: str) -> Instance:
+        """EnvHub's own record of one instance (health, active episodes)."""
+        [found] = [i for i in self.deps.registry.instances() if i.instance_id == instance_id]
+        return found
 
 
 @contextlib.asynccontextmanager

@@ -10,83 +10,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import pytest
+from envhub_helpers import Episodes, Hub, run
+from envhub_helpers import envhub as any_envhub
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from identity_helpers import user_channel
 from structlog.testing import capture_logs
 
-from opentinker.env_server import EnvServerHandle, serve
+from opentinker.env_server import EnvServerHandle
 from opentinker.env_servicer import EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
-from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
-from opentinker.envhub.v1 import environment_pb2 as env_pb
+from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.episode_table import EpisodeTable
 from opentinker.services.envhub.games.letter_env import LetterGame
-from opentinker.services.envhub.registry import Instance
-from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 
 ENV = "letters"
 INTERVAL_S = 0.1
 
 
-@dataclass
-class Hub:
-    address: str
-    deps: EnvHubDeps
-    stub: envhub_pb2_grpc.EnvHubServiceStub
-
-    async def serve_sdk(self) -> EnvServerHandle:
-        """An SDK env server (health checking on) that registers and renews by itself."""
-        return await asyncio.to_thread(
-            serve, LetterGame, name=ENV, envhub_address=self.address, capacity=64, block=False
-        )
-
-    async def register(self, address: str) -> str:
-        reply = await self.stub.RegisterEnvironment(
-            hub_pb.RegisterEnvironmentRequest(env_name=ENV, address=address, capacity=64),
-            timeout=5,
-        )
-        return reply.instance.instance_id
-
-    def instance(self, instance_id: str) -> Instance:
-        [found] = [i for i in self.deps.registry.instances(ENV) if i.instance_id == instance_id]
-        return found
-
-    async def listed(self) -> set[str]:
-        return set(await self.health())
-
-    async def health(self) -> dict[str, int]:
-        """instance id -> InstanceHealth, as ListEnvironments reports it."""
-        reply = await self.stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
-        return {i.instance_id: i.health for i in reply.instances}
-
-
-@contextlib.asynccontextmanager
-async def envhub() -> AsyncIterator[Hub]:
-    settings = EnvHubSettings(
-        port=0,
-        builtin_envs=[],
+def envhub() -> contextlib.AbstractAsyncContextManager[Hub]:
+    return any_envhub(
         registration_ttl_s=60,  # hand-registered servers never renew
         health_check_interval_s=INTERVAL_S,
         health_check_timeout_s=0.5,
         unhealthy_after=2,
     )
-    deps = EnvHubDeps.create(settings)
-    server, port = await create_server(settings, deps)
-    address = f"127.0.0.1:{port}"
-    async with user_channel(address) as channel:
-        try:
-            yield Hub(address, deps, envhub_pb2_grpc.EnvHubServiceStub(channel))
-        finally:
-            await server.stop(0)
-            await deps.close()
+
+
+async def serve_letters(hub: Hub) -> EnvServerHandle:
+    """An SDK env server (health checking on) that registers and renews by itself."""
+    return await hub.serve(LetterGame, name=ENV, capacity=64)
+
+
+async def health_of(hub: Hub) -> dict[str, int]:
+    """instance id -> InstanceHealth, as ListEnvironments reports it."""
+    return {i.instance_id: i.health for i in await hub.instances()}
 
 
 @dataclass
@@ -124,38 +87,22 @@ async def wait_for(condition: Callable[[], bool], what: str, *, within_s: float 
     return time.monotonic() - started
 
 
-class Episodes:
-    """A RunEpisodes stream on which resets are sent and their replies read one by one."""
-
-    def __init__(self, hub: Hub) -> None:
-        self.call = hub.stub.RunEpisodes(timeout=30)
-        self.seq = 0
-
-    async def send(self, **payload: Any) -> None:
-        self.seq += 1
-        await self.call.write(hub_pb.RunEpisodesRequest(seq=self.seq, **payload))
-
-    async def open(self) -> None:
-        await self.send(open=hub_pb.OpenEpisodes(job_id="job-h", env_name=ENV))
-        reply = await asyncio.wait_for(self.call.read(), 5)
-        assert reply.WhichOneof("payload") == "opened"
-
-    async def reset(self, episode_id: str) -> hub_pb.RunEpisodesResponse:
-        await self.send(reset=env_pb.ResetRequest(episode_id=episode_id, seed=1))
-        reply = await asyncio.wait_for(self.call.read(), 5)
-        assert reply is not grpc.aio.EOF
-        return reply
+async def open_episodes(hub: Hub) -> Episodes:
+    episodes = Episodes(hub)
+    await episodes.open(ENV)
+    return episodes
 
 
-def run(coro) -> None:  # noqa: ANN001 - a coroutine
-    asyncio.run(asyncio.wait_for(coro, 30))
+async def reset(episodes: Episodes, episode_id: str) -> hub_pb.RunEpisodesResponse:
+    await episodes.reset(episode_id, seed=1)
+    return await episodes.recv()
 
 
 @pytest.mark.integration
 def test_a_dead_instance_becomes_unhealthy_and_new_episodes_go_to_the_live_one() -> None:
     async def scenario() -> None:
         async with envhub() as hub:
-            doomed, alive = await hub.serve_sdk(), await hub.serve_sdk()
+            doomed, alive = await serve_letters(hub), await serve_letters(hub)
             try:
                 await wait_for(lambda: len(hub.deps.registry.instances(ENV)) == 2, "both register")
                 doomed.server.stop(0).wait()  # dead, yet its registration thread still renews
@@ -165,14 +112,13 @@ def test_a_dead_instance_becomes_unhealthy_and_new_episodes_go_to_the_live_one()
                 assert took < 10 * INTERVAL_S  # two failed checks, a round or two of slack
                 assert hub.instance(alive.instance_id).healthy
                 # Still registered and listed: only routing skips it.
-                assert await hub.health() == {
+                assert await health_of(hub) == {
                     doomed.instance_id: hub_pb.INSTANCE_HEALTH_NOT_SERVING,
                     alive.instance_id: hub_pb.INSTANCE_HEALTH_SERVING,
                 }
-                episodes = Episodes(hub)
-                await episodes.open()
+                episodes = await open_episodes(hub)
                 for n in range(4):  # least-loaded routing alone would send two to the dead one
-                    reply = await episodes.reset(f"e{n}")
+                    reply = await reset(episodes, f"e{n}")
                     assert reply.WhichOneof("payload") == "reset", reply
                 assert len(alive.table) == 4
                 assert hub.instance(alive.instance_id).active_episodes == 4
@@ -192,24 +138,23 @@ def test_a_not_serving_instance_is_skipped_until_it_serves_again() -> None:
             assert flaky.health is not None
             sdk: EnvServerHandle | None = None
             try:
-                flaky_id = await hub.register(flaky.address)
+                flaky_id = await hub.register(ENV, flaky.address)
                 flaky.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
                 with capture_logs() as logs:
                     await wait_for(lambda: not hub.instance(flaky_id).healthy, "flaky unhealthy")
                 [event] = [e for e in logs if e["event"] == "instance_unhealthy"]
                 assert event["address"] == flaky.address and "NOT_SERVING" in event["problem"]
-                assert await hub.listed() == {flaky_id}
+                assert set(await health_of(hub)) == {flaky_id}
 
-                episodes = Episodes(hub)
-                await episodes.open()
-                failed = (await episodes.reset("lonely")).failed
+                episodes = await open_episodes(hub)
+                failed = (await reset(episodes, "lonely")).failed
                 assert failed.code == "RESOURCE_EXHAUSTED"
                 assert "health checks" in failed.reason and flaky.address in failed.reason
 
-                sdk = await hub.serve_sdk()
+                sdk = await serve_letters(hub)
                 await wait_for(lambda: len(hub.deps.registry.instances(ENV)) == 2, "sdk registers")
                 for n in range(3):
-                    assert (await episodes.reset(f"a{n}")).WhichOneof("payload") == "reset"
+                    assert (await reset(episodes, f"a{n}")).WhichOneof("payload") == "reset"
                 assert (len(flaky.table), len(sdk.table)) == (0, 3)
 
                 flaky.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -217,7 +162,7 @@ def test_a_not_serving_instance_is_skipped_until_it_serves_again() -> None:
                     await wait_for(lambda: hub.instance(flaky_id).healthy, "flaky healthy again")
                 assert [e["event"] for e in logs] == ["instance_healthy_again"]
                 for n in range(2):  # least loaded now: 0 episodes against 3
-                    assert (await episodes.reset(f"b{n}")).WhichOneof("payload") == "reset"
+                    assert (await reset(episodes, f"b{n}")).WhichOneof("payload") == "reset"
                 assert (len(flaky.table), len(sdk.table)) == (2, 3)
             finally:
                 flaky.server.stop(0).wait()
@@ -232,7 +177,7 @@ def test_a_server_back_at_the_same_address_is_healthy_again_at_once() -> None:
     async def scenario() -> None:
         async with envhub() as hub:
             first = hand_made_server(with_health=True)
-            instance_id = await hub.register(first.address)
+            instance_id = await hub.register(ENV, first.address)
             first.server.stop(0).wait()
             await wait_for(lambda: not hub.instance(instance_id).healthy, "dead is unhealthy")
             await asyncio.sleep(1.5)  # failing all along: gRPC's reconnect backoff grows
@@ -254,15 +199,14 @@ def test_an_instance_without_the_health_service_stays_routable() -> None:
             bare = hand_made_server(with_health=False)
             try:
                 with capture_logs() as logs:
-                    bare_id = await hub.register(bare.address)
+                    bare_id = await hub.register(ENV, bare.address)
                     await asyncio.sleep(8 * INTERVAL_S)  # several rounds of UNIMPLEMENTED
                 assert hub.instance(bare_id).healthy
                 told = [e for e in logs if e["event"].startswith("instance_has_no_health")]
                 assert len(told) == 1 and told[0]["address"] == bare.address  # logged once
                 assert not [e for e in logs if e["event"] == "instance_unhealthy"]
-                episodes = Episodes(hub)
-                await episodes.open()
-                assert (await episodes.reset("e")).WhichOneof("payload") == "reset"
+                episodes = await open_episodes(hub)
+                assert (await reset(episodes, "e")).WhichOneof("payload") == "reset"
                 assert len(bare.table) == 1
             finally:
                 bare.server.stop(0).wait()
