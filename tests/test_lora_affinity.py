@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from async_guard import run
-from test_scheduler_service import RPC_TIMEOUT_S, ScriptedWorker, scheduler_mesh
+from scheduler_helpers import RPC_TIMEOUT_S, ScriptedWorker, scheduler_mesh
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from async_guard import run
 from ledger_helpers import assert_no_double_lease
-from test_scheduler_service import (
+from scheduler_helpers import (
     ALLOCATING,
     FAILED,
     QUEUED,

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from async_guard import run
 from identity_helpers import api_key
-from test_scheduler_service import (
+from scheduler_helpers import (
     ALLOCATING,
     FAILED,
     RPC_TIMEOUT_S,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from async_guard import run
-from test_scheduler_service import (
+from scheduler_helpers import (
     ALLOCATING,
     FAILED,
     QUEUED,

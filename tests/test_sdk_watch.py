@@ -8,7 +8,7 @@ import threading
 import pytest
 from async_guard import run
 from identity_helpers import api_key
-from test_scheduler_service import RPC_TIMEOUT_S, scheduler_mesh, submit
+from scheduler_helpers import RPC_TIMEOUT_S, scheduler_mesh, submit
 
 import opentinker
 from opentinker.scheduler.v1 import scheduler_pb2

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from async_guard import run
 from identity_helpers import api_key, worker_token
+from scheduler_helpers import RUNNING, scripted_worker, submit, wait_for_state
 from structlog.testing import capture_logs
-from test_scheduler_service import RUNNING, scripted_worker, submit, wait_for_state
 
 from opentinker.errors import UnavailableError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc

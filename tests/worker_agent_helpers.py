@@ -20,6 +20,7 @@ from pathlib import Path
 
 from async_guard import run as guarded_run
 from identity_helpers import api_key, worker_token
+from scheduler_helpers import wait_for_state as scheduler_wait_for_state
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -181,19 +182,8 @@ async def submit(stub, name: str) -> common_pb2.Job:
 
 
 async def wait_for_state(stub, job_id: str, state: int, timeout_s: float = 20.0) -> common_pb2.Job:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = (
-            await stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=RPC_TIMEOUT_S)
-        ).job
-        if job.state == state:
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"job {job_id} is {common_pb2.JobState.Name(job.state)} ({job.reason}), "
-                f"expected {common_pb2.JobState.Name(state)}"
-            )
-        await asyncio.sleep(0.05)
+    """scheduler_helpers.wait_for_state with a deadline for jobs that start processes."""
+    return await scheduler_wait_for_state(stub, job_id, state, timeout_s)
 
 
 def alive(pid: int) -> bool:
