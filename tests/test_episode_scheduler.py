@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from test_agent_loop import Countdown, GameSession, RecordingEngine, base_engine  # noqa: F401
+from agent_loop_helpers import Countdown, GameSession, RecordingEngine
 
 from opentinker.services.rollout.agent_loop import AgentLoop
 from opentinker.services.rollout.engine import TransformersEngine
@@ -78,7 +78,7 @@ def play(
     return trajectories
 
 
-def test_a_fast_episode_does_not_wait_for_a_slow_env(base_engine: TransformersEngine) -> None:  # noqa: F811
+def test_a_fast_episode_does_not_wait_for_a_slow_env(base_engine: TransformersEngine) -> None:
     log: list[tuple[str, float, float]] = []
     engine = TimedEngine(base_engine, log)
     slow = TimedSession(Countdown(turns=3), step_s=0.6, log=log)
@@ -95,7 +95,7 @@ def test_a_fast_episode_does_not_wait_for_a_slow_env(base_engine: TransformersEn
     assert len(during) == 2  # the fast episode's turns 2 and 3
 
 
-def test_lockstep_waits_for_the_slow_env(base_engine: TransformersEngine) -> None:  # noqa: F811
+def test_lockstep_waits_for_the_slow_env(base_engine: TransformersEngine) -> None:
     log: list[tuple[str, float, float]] = []
     engine = TimedEngine(base_engine, log)
     sessions = [
@@ -107,7 +107,7 @@ def test_lockstep_waits_for_the_slow_env(base_engine: TransformersEngine) -> Non
 
 
 def test_async_and_lockstep_agree_when_envs_reply_at_once(
-    base_engine: TransformersEngine,  # noqa: F811
+    base_engine: TransformersEngine,
 ) -> None:
     """Prompt envs: the same engine calls with the same seeds, so the same trajectories."""
     played = {}
@@ -131,7 +131,7 @@ class BrokenEngine(RecordingEngine):
 
 
 def test_an_engine_failure_ends_the_run_with_its_error(
-    base_engine: TransformersEngine,  # noqa: F811
+    base_engine: TransformersEngine,
 ) -> None:
     sessions = [GameSession(Countdown(turns=3)) for _ in range(3)]
     with pytest.raises(RuntimeError, match="caught fire"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_agent_loop import GameSession, RecordingEngine, play
+from agent_loop_helpers import GameSession, RecordingEngine, play
 
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
