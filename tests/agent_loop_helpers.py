@@ -1,8 +1,9 @@
 """The agent loop's test harness: in-process games (GameSession plays an AbstractGame without
-gRPC; Countdown), the real engine recording what it generated (RecordingEngine), and play(),
-which runs a batch of episodes through AgentLoop and checks its stats. The tiny engine itself
-is conftest's ``base_engine``. Used by test_agent_loop.py, test_episode_scheduler.py and
-test_multi_turn_returns.py.
+gRPC, RoleSession one with roles; Countdown), the real engine recording what it generated
+(RecordingEngine), play(), which runs a batch of episodes through AgentLoop and checks its
+stats, and model_turns(). The tiny engine itself is conftest's ``base_engine``. Used by
+test_agent_loop.py, test_episode_scheduler.py, test_multi_turn_returns.py, test_multi_agent.py
+and test_role_adapters.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,33 @@ class GameSession:
         except Exception as err:
             raise EnvironmentError_(f"environment '{self.game.name}' raised: {err}") from err
         return StepOutcome(result.observation, result.reward, result.done, result.info)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class RoleSession:
+    """An ``EnvSession`` that plays a game with roles in-process (the env server's view)."""
+
+    def __init__(self, game: AbstractGame) -> None:
+        self.game = game
+        self.closed = False
+
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
+        observation = self.game.reset(seed=seed, **options)
+        message = first_user_message(self.game.get_initial_user_message(), observation)
+        return ResetResult(self.game.get_system_prompt(), message, next_role=self.game.first_role())
+
+    async def step(self, action: str) -> StepOutcome:
+        r = self.game.step(action)
+        return StepOutcome(
+            r.observation,
+            r.reward,
+            r.done,
+            r.info,
+            next_role=r.next_role,
+            role_rewards=dict(r.role_rewards),
+        )
 
     async def close(self) -> None:
         self.closed = True

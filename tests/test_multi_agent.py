@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from agent_loop_helpers import RoleSession, model_turns
 
 from opentinker.errors import UnavailableError
-from opentinker.game import AbstractGame, Role, StepResult, first_user_message
+from opentinker.game import AbstractGame, Role, StepResult
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.envhub.games.gomoku_selfplay import GomokuSelfPlayGame
 from opentinker.services.envhub.server import EnvHubDeps
@@ -29,10 +30,8 @@ from opentinker.services.rollout.types import (
     Completion,
     EnvSpec,
     FinishReason,
-    ResetResult,
     RoleSpec,
     StepOutcome,
-    Trajectory,
 )
 from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.spec import ModelSpec, SamplingParams
@@ -139,33 +138,6 @@ class Relay(AbstractGame):
         )
 
 
-class RoleSession:
-    """An ``EnvSession`` that plays a game with roles in-process (the env server's view)."""
-
-    def __init__(self, game: AbstractGame) -> None:
-        self.game = game
-        self.closed = False
-
-    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
-        observation = self.game.reset(seed=seed, **options)
-        message = first_user_message(self.game.get_initial_user_message(), observation)
-        return ResetResult(self.game.get_system_prompt(), message, next_role=self.game.first_role())
-
-    async def step(self, action: str) -> StepOutcome:
-        r = self.game.step(action)
-        return StepOutcome(
-            r.observation,
-            r.reward,
-            r.done,
-            r.info,
-            next_role=r.next_role,
-            role_rewards=dict(r.role_rewards),
-        )
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 class PhaseEngine:
     """The real engine, recording each call's batch size and adapter (the role it served)."""
 
@@ -199,17 +171,6 @@ def engine(model_dir: Path) -> TransformersEngine:
     return TransformersEngine.load(
         ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
     )
-
-
-def model_turns(t: Trajectory) -> list[list[int]]:
-    """The completion split into runs of loss-mask-1 tokens (one run per model turn)."""
-    completion, turns = t.token_ids[t.prompt_length :], []
-    for i, (tok, mask) in enumerate(zip(completion, t.loss_mask, strict=True)):
-        if mask == 1:
-            if i == 0 or t.loss_mask[i - 1] == 0:
-                turns.append([])
-            turns[-1].append(tok)
-    return turns
 
 
 @pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_multi_agent import RoleSession
+from agent_loop_helpers import RoleSession
 
 from opentinker.game import AbstractGame, Role, StepResult
 from opentinker.services.modeling.tiny_model import build_tiny_model
