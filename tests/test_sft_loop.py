@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from sft_helpers import answer_format_rows, write_jsonl
-from test_trainer_loop import RecordingScheduler
+from trainer_loop_helpers import RecordingScheduler
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from opentinker.scheduler.v1 import scheduler_pb2_grpc

@@ -1,6 +1,6 @@
 """Bounded staleness: the rollout plays the next batch while the trainer trains.
 
-Real EnvHub, real Rollout over gRPC, a recording scheduler (test_trainer_loop's mesh). With
+Real EnvHub, real Rollout over gRPC, a recording scheduler (trainer_loop_helpers' mesh). With
 max_staleness 1 a job still learns the letter task and every batch is played by the version
 one behind the one that trains on it (the first by the same); with 0 none lags. A weight update
 sent while a batch is being played applies after it: the batch is all one version.
@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from identity_service import Identities
-from test_trainer_loop import job_spec, mesh, run_loop
-from test_trainer_resume import run_attempt
+from trainer_loop_helpers import job_spec, mesh, run_attempt, run_loop
 
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.trainer.loop import Outcome
@@ -85,10 +84,10 @@ def test_staleness_one_resumes_from_a_checkpoint(
     async def scenario() -> None:
         async with mesh(identities, stop_at=3, job_id="job-r") as m:
             first = await run_attempt(m, spec, tmp_path / "a1", tmp_path / "ckpt")
-            assert first.outcome is Outcome.CANCELLED  # type: ignore[attr-defined]
+            assert first.outcome is Outcome.CANCELLED
         async with mesh(identities, job_id="job-r") as m:
             second = await run_attempt(m, spec, tmp_path / "a2", tmp_path / "ckpt")
-            assert second.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")  # type: ignore[attr-defined]
+            assert second.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
             steps = m.scheduler.of("step")
             assert [s.step for s in steps] == [3, 4, 5, 6]  # from the step-2 checkpoint
             assert [s.policy_version for s in steps] == [3, 4, 5, 6]

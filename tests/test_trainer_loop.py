@@ -1,7 +1,6 @@
-"""The trainer's RL loop against the real mesh: EnvHub (built-in `letter` env) + Rollout service,
-both real gRPC servers on 127.0.0.1:0 in this process. The scheduler side is a small real gRPC
-SchedulerService here that implements only ReportJobProgress (the trainer's one call to it)
-and records what it is told.
+"""The trainer's RL loop against the real mesh (trainer_loop_helpers.py): EnvHub (built-in
+`letter` env) + Rollout service as real gRPC servers on 127.0.0.1:0 in this process, and a
+recording SchedulerService.
 """
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ import asyncio
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -20,25 +17,17 @@ import pytest
 import torch
 from identity_service import Identities
 from peft import PeftModel
+from trainer_loop_helpers import job_spec, mesh, run_loop
 from transformers import AutoModelForCausalLM
 
 from opentinker.common.v1 import common_pb2
-from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from opentinker.services.common.grpc_server import aio_channel, create_aio_server
+from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
-from opentinker.services.envhub.server import EnvHubDeps
-from opentinker.services.envhub.server import create_server as create_envhub
-from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.service import create_server as create_rollout
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.trainer.loop import Outcome, RlLoop
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.loop import Outcome
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.services.trainer.weight_sync import ProbeShiftWatch
-from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams, to_proto
+from opentinker.spec import to_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -56,41 +45,6 @@ def tiny_model_dir(letter_model_dir: Path) -> Path:
     return letter_model_dir
 
 
-def job_spec(model_dir: Path, **rl: object) -> JobSpec:
-    rl_config = {
-        "env_name": "letter",
-        "env_options": {"num_letters": "4"},
-        "steps": 3,
-        "prompts_per_step": 2,
-        "samples_per_prompt": 4,
-        "learning_rate": 1e-2,
-        "sampling": SamplingParams(max_new_tokens=2),
-        "seed": 7,
-        **rl,
-    }
-    return JobSpec(
-        name="loop-test",
-        model=ModelSpec(base_model=str(model_dir), finetune="lora", lora=LoraConfig(rank=4)),
-        rl=RlConfig(**rl_config),  # type: ignore[arg-type]
-    )
-
-
-class RecordingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
-    """ReportJobProgress only: records every report, answers stop=True from step `stop_at`."""
-
-    def __init__(self, stop_at: int | None = None) -> None:
-        self.reports: list[scheduler_pb2.ReportJobProgressRequest] = []
-        self.stop_at = stop_at
-
-    async def ReportJobProgress(self, request, context):  # noqa: N802 - gRPC method name
-        self.reports.append(request)
-        stop = self.stop_at is not None and request.step.step >= self.stop_at
-        return scheduler_pb2.ReportJobProgressResponse(stop=stop)
-
-    def of(self, kind: str) -> list:
-        return [getattr(r, kind) for r in self.reports if r.WhichOneof("payload") == kind]
-
-
 class WeightIgnoringEngine(TransformersEngine):
     """A broken engine: claims every update but keeps serving its own weights."""
 
@@ -104,94 +58,6 @@ class VersionLaggingEngine(TransformersEngine):
     def apply_weights(self, tensors: Mapping[str, torch.Tensor], policy_version: int) -> None:
         super().apply_weights(tensors, policy_version)
         self.policy_version = policy_version - 1
-
-
-@dataclass
-class Mesh:
-    rollout_address: str
-    scheduler_address: str
-    scheduler: RecordingScheduler
-    job_token: str
-    engines: list[TransformersEngine] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def mesh(
-    identities: Identities,
-    engine_cls: type[TransformersEngine] = TransformersEngine,
-    stop_at: int | None = None,
-    job_id: str = "job-1",
-) -> AsyncIterator[Mesh]:
-    """Real EnvHub + real Rollout + a recording SchedulerService, all on 127.0.0.1:0."""
-    envhub_settings = EnvHubSettings(port=0)
-    deps = EnvHubDeps.create(envhub_settings)
-    envhub, envhub_port = await create_envhub(envhub_settings, deps)
-    engines: list[TransformersEngine] = []
-
-    def factory(spec: ModelSpec) -> TransformersEngine:
-        base = TransformersEngine.load(spec)
-        engine = engine_cls(base.model, base.tokenizer)
-        engines.append(engine)
-        return engine
-
-    # The rollout holds the job's token, as a worker would give it, and admits only that.
-    job_token = identities.job_token(job_id)
-    rollout_settings = RolloutSettings(
-        envhub_address=f"127.0.0.1:{envhub_port}", credential=job_token
-    )
-    rollout, rollout_port = await create_rollout(
-        rollout_settings, engine_factory=factory, job_id=job_id, attempt=1
-    )
-    recorder = RecordingScheduler(stop_at)
-    scheduler, scheduler_port, _ = create_aio_server(
-        ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
-    )
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(recorder, scheduler)
-    await scheduler.start()
-    try:
-        yield Mesh(
-            f"127.0.0.1:{rollout_port}", f"127.0.0.1:{scheduler_port}", recorder, job_token, engines
-        )
-    finally:
-        for server in (scheduler, rollout, envhub):
-            await server.stop(grace=0.5)
-        await deps.close()
-
-
-async def run_loop(
-    m: Mesh,
-    spec: JobSpec,
-    run_dir: Path,
-    *,
-    rollout_address: str | None = None,
-    slow_open_notice_s: float = 10.0,
-) -> tuple[Outcome, Policy, dict[str, torch.Tensor]]:
-    assert spec.rl is not None
-    torch.manual_seed(spec.rl.seed)
-    policy = Policy(spec.model, learning_rate=spec.rl.learning_rate)
-    initial = {n: t.clone() for n, t in policy.trainable_state().items()}
-    address = rollout_address or m.rollout_address
-    settings = TrainerSettings(
-        collect_timeout_s=60,
-        open_timeout_s=60,
-        weight_sync_timeout_s=30,
-        slow_open_notice_s=slow_open_notice_s,
-    )
-    token = m.job_token
-    async with aio_channel(address, credential=token) as rc, aio_channel(m.scheduler_address) as sc:
-        loop = RlLoop(
-            job_id="job-1",
-            spec=spec,
-            policy=policy,
-            rollout=GrpcRolloutSession(rc, address=address),
-            reporter=SchedulerReporter(
-                sc, address=m.scheduler_address, job_id="job-1", attempt=1, timeout_s=5
-            ),
-            run_dir=run_dir,
-            settings=settings,
-        )
-        outcome = await loop.run()
-    return outcome, policy, initial
 
 
 def test_the_probe_warning_needs_an_update_that_had_a_gradient() -> None:

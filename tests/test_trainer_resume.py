@@ -1,6 +1,6 @@
 """A job resumed from a checkpoint continues step for step like an uninterrupted one.
 
-Real EnvHub + Rollout gRPC servers and the real RL loop (the mesh of test_trainer_loop). LoRA
+Real EnvHub + Rollout gRPC servers and the real RL loop (trainer_loop_helpers' mesh). LoRA
 dropout is on, so the trainer draws from torch's RNG every step: the resumed steps match only
 if the checkpoint restored the RNG state as well as the weights and AdamW moments.
 """
@@ -15,15 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from identity_service import Identities
-from test_trainer_loop import Mesh, RecordingScheduler, job_spec, mesh
+from trainer_loop_helpers import RecordingScheduler, job_spec, mesh, run_attempt
 
-from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.loop import Outcome, RlLoop
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
-from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.loop import Outcome
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration
@@ -60,30 +55,6 @@ def spec_with_dropout(model_dir: Path, **rl: object) -> JobSpec:
     return spec.model_copy(
         update={"model": ModelSpec(base_model=str(model_dir), finetune="lora", lora=lora)}
     )
-
-
-async def run_attempt(m: Mesh, spec: JobSpec, run_dir: Path, checkpoint_dir: Path) -> RlLoop:
-    """One attempt as the trainer process runs it: seed, build the policy, run the loop."""
-    assert spec.rl is not None
-    torch.manual_seed(spec.rl.seed)
-    policy = Policy(spec.model, learning_rate=spec.rl.learning_rate)
-    settings = TrainerSettings(collect_timeout_s=60, open_timeout_s=60, weight_sync_timeout_s=30)
-    rollout_channel = aio_channel(m.rollout_address, credential=m.job_token)
-    async with rollout_channel as rc, aio_channel(m.scheduler_address) as sc:
-        loop = RlLoop(
-            job_id="job-r",
-            spec=spec,
-            policy=policy,
-            rollout=GrpcRolloutSession(rc, address=m.rollout_address),
-            reporter=SchedulerReporter(
-                sc, address=m.scheduler_address, job_id="job-r", attempt=1, timeout_s=5
-            ),
-            run_dir=run_dir,
-            settings=settings,
-            checkpoint_dir=checkpoint_dir,
-        )
-        loop.outcome = await loop.run()  # type: ignore[attr-defined]
-    return loop
 
 
 COMPARED = (
