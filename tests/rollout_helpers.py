@@ -1,14 +1,31 @@
-"""A rollout session over a real EnvHub for tests: a preloaded engine, two-turn episodes."""
+"""Rollouts over a real EnvHub for tests: a session of a preloaded engine playing two-turn
+episodes, and a shared multi-LoRA rollout server checking job tokens with the scheduler
+(shared_mesh)."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
+from identity_service import Identities
+
+from opentinker.services.common.auth import IdentityServiceAuthenticator
+from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.batcher import MixedBatcher
 from opentinker.services.rollout.config import RolloutConfig
 from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import TrajectoryBatch
 from opentinker.spec import ModelSpec, SamplingParams
 
@@ -50,3 +67,41 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
     return TransformersEngine.load(
         ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
     )
+
+
+@dataclass
+class SharedMesh:
+    address: str
+    shared: SharedAdapters
+
+
+@asynccontextmanager
+async def shared_mesh(
+    identities: Identities,
+    model_dir: Path,
+    *,
+    capacity: int = 2,
+    window_s: float = 0.05,
+    shared_cls: type[SharedAdapters] = SharedAdapters,
+) -> AsyncIterator[SharedMesh]:
+    """Real EnvHub + a shared rollout on 127.0.0.1:0 checking job tokens with the scheduler."""
+    envhub_settings = EnvHubSettings(port=0)
+    deps = EnvHubDeps.create(envhub_settings)
+    envhub, envhub_port = await create_envhub(envhub_settings, deps)
+    engine = SharedLoraEngine.load(str(model_dir), device="cpu")
+    shared = shared_cls(MixedBatcher(engine, window_s=window_s), capacity=capacity)
+    identity_channel = aio_channel(identities.scheduler_address)
+    rollout, port = await create_rollout(
+        RolloutSettings(envhub_address=f"127.0.0.1:{envhub_port}", device="cpu"),
+        shared=shared,
+        authenticator=IdentityServiceAuthenticator(
+            identity_channel, address=identities.scheduler_address
+        ),
+    )
+    try:
+        yield SharedMesh(f"127.0.0.1:{port}", shared)
+    finally:
+        await rollout.stop(grace=0.5)
+        await envhub.stop(grace=0.5)
+        await identity_channel.close()
+        await deps.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from identity_service import Identities
-from test_rollout_shared import shared_mesh
+from rollout_helpers import shared_mesh
 
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server

@@ -11,27 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from identity_service import Identities
+from rollout_helpers import shared_mesh
 
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from opentinker.services.common.auth import IdentityServiceAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
-from opentinker.services.envhub.server import EnvHubDeps
-from opentinker.services.envhub.server import create_server as create_envhub
-from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.batcher import MixedBatcher
-from opentinker.services.rollout.multi_lora import SharedLoraEngine
-from opentinker.services.rollout.service import create_server as create_rollout
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.shared_engine import SharedAdapters
 from opentinker.services.trainer.errors import RolloutError
 from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.rollout_client import GrpcRolloutSession
@@ -41,44 +30,6 @@ from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingPa
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 60.0
-
-
-@dataclass
-class SharedMesh:
-    address: str
-    shared: SharedAdapters
-
-
-@asynccontextmanager
-async def shared_mesh(
-    identities: Identities,
-    model_dir: Path,
-    *,
-    capacity: int = 2,
-    window_s: float = 0.05,
-    shared_cls: type[SharedAdapters] = SharedAdapters,
-) -> AsyncIterator[SharedMesh]:
-    """Real EnvHub + a shared rollout on 127.0.0.1:0 checking job tokens with the scheduler."""
-    envhub_settings = EnvHubSettings(port=0)
-    deps = EnvHubDeps.create(envhub_settings)
-    envhub, envhub_port = await create_envhub(envhub_settings, deps)
-    engine = SharedLoraEngine.load(str(model_dir), device="cpu")
-    shared = shared_cls(MixedBatcher(engine, window_s=window_s), capacity=capacity)
-    identity_channel = aio_channel(identities.scheduler_address)
-    rollout, port = await create_rollout(
-        RolloutSettings(envhub_address=f"127.0.0.1:{envhub_port}", device="cpu"),
-        shared=shared,
-        authenticator=IdentityServiceAuthenticator(
-            identity_channel, address=identities.scheduler_address
-        ),
-    )
-    try:
-        yield SharedMesh(f"127.0.0.1:{port}", shared)
-    finally:
-        await rollout.stop(grace=0.5)
-        await envhub.stop(grace=0.5)
-        await identity_channel.close()
-        await deps.close()
 
 
 def job_spec(model_dir: Path, *, seed: int) -> JobSpec:
