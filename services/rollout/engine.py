@@ -51,7 +51,9 @@ class GenerationEngine(Protocol):
 
     name: str  # "transformers" or "vllm", reported in RolloutOpened
     policy_version: int  # version of the weights now served; 0 right after loading
-    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...  # read-only: a shared engine's own
 
     def generate(
         self,
