@@ -35,7 +35,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check sdk services tests bench tools
-	$(BIN)/mypy sdk/opentinker/client.py sdk/opentinker/spec.py sdk/opentinker/spec_rl.py sdk/opentinker/jobs.py sdk/opentinker/cli.py sdk/opentinker/admin.py sdk/opentinker/admin_cli.py sdk/opentinker/auth.py sdk/opentinker/connection.py sdk/opentinker/infer_cli.py sdk/opentinker/inference_rows.py sdk/opentinker/spec_inference.py sdk/opentinker/spec_parts.py sdk/opentinker/spec_sft.py sdk/opentinker/session_config.py sdk/opentinker/training_session.py sdk/opentinker/sinks.py sdk/opentinker/live_view.py sdk/opentinker/plot.py sdk/opentinker/console.py sdk/opentinker/charts.py
+	$(BIN)/mypy  # the SDK and the services: files and paths in pyproject.toml [tool.mypy]
 
 bench: install
 	$(BIN)/python bench/step_breakdown.py

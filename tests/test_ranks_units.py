@@ -13,9 +13,14 @@ from pydantic import ValidationError
 from opentinker import JobSpec, ModelSpec, RlConfig, SftConfig
 from opentinker.errors import ConfigError
 from opentinker.services.common.cpu_share import ThreadShareFile, ThreadShareReader
-from opentinker.services.trainer.ranks import check_data_parallel
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.trainer.distributed import Rank
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.ranks import LeaderPolicy, check_data_parallel
+from opentinker.services.trainer.role_training import adopt_roles
 from opentinker.services.worker.ranks import RankGroup, rank_envs
 from opentinker.services.worker.supervisor import ManagedProcess
+from opentinker.spec import LoraConfig
 
 pytestmark = pytest.mark.unit
 
@@ -39,6 +44,25 @@ def test_a_several_device_job_that_cannot_shard_is_refused_at_submission_naming_
     sft = JobSpec(kind="sft", sft=SftConfig(dataset_path="d.jsonl"), num_devices=2)
     with pytest.raises(ConfigError, match="a sft job trains on one device"):
         check_data_parallel(sft, 2)  # the worker starts ranks for RL jobs only
+
+
+def test_per_role_adapters_on_several_ranks_fail_naming_the_setting_not_with_a_crash(
+    tmp_path: Path,
+) -> None:
+    # Only the env knows its roles, so the spec cannot refuse this; rank 0 refuses it when
+    # the rollout names them (it used to call use_role_adapters, which a LeaderPolicy lacks:
+    # AttributeError). Nothing here needs the process group: it fails before any order.
+    spec = ModelSpec(
+        base_model=str(ensure_tiny_model(tmp_path / "tiny")), finetune="lora", lora=LoraConfig()
+    )
+    leader = LeaderPolicy(Policy(spec, learning_rate=1e-3, seed=0), Rank(0, 2))
+    rl = RlConfig(env_name="letter")  # role_adapters "per_role", the default
+    with pytest.raises(ConfigError, match="rl.role_adapters: 'per_role'.*'shared' or num_dev"):
+        adopt_roles(leader, ("black", "white"), rl)
+    assert not adopt_roles(leader, (), rl)  # an env without roles: nothing to adopt
+    assert not adopt_roles(
+        leader, ("black", "white"), RlConfig(env_name="e", role_adapters="shared")
+    )
 
 
 def test_one_worker_ranks_meet_on_localhost_and_a_spanning_part_numbers_from_its_start() -> None:

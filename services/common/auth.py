@@ -172,7 +172,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._authenticator = authenticator
         self._rules = dict(rules)
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method: str = handler_call_details.method
         if handler is None or method.startswith(OPEN_SERVICES):

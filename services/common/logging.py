@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import MutableMapping
 from datetime import datetime
+from typing import Any
 
 import structlog
 
@@ -24,7 +26,9 @@ def parse_log_line(line: str) -> tuple[float, str] | None:
     return datetime.fromisoformat(match[1].replace("Z", "+00:00")).timestamp(), match[2]
 
 
-def redact_credentials(_logger: object, _method: str, event_dict: dict) -> dict:
+def redact_credentials(
+    _logger: object, _method: str, event_dict: MutableMapping[str, Any]
+) -> dict[str, Any]:
     """Replace the secret part of any credential in a log line's text values with ``…``: a key
     pasted into an error message or a URL never reaches a log file."""
     return {k: redact(v) if isinstance(v, str) else v for k, v in event_dict.items()}

@@ -41,7 +41,7 @@ from .tenancy import Caller
 
 log = structlog.get_logger("gateway")
 PROTOBUF = "application/x-protobuf"
-Handler = Callable[[Gateway, Caller, Any], Awaitable[dict]]
+Handler = Callable[[Gateway, Caller, Any], Awaitable[dict | Response | None]]
 
 
 class BodyTooLargeError(InvalidArgumentError):
@@ -127,13 +127,12 @@ def _endpoint(gw: Gateway, path: str, handler: Handler, *, raw: bool):
         try:
             caller = await gw.tenancy.caller(request.headers.get("x-api-key"))
             key = request.headers.get("x-idempotency-key")
-            if key and (answer := gw.answered.get((caller.tenant_id, key))) is not None:
-                return JSONResponse(answer)  # a retry of a call already taken
-            body = await _body(request, gw.settings.max_body_bytes)
+            if key and (first := gw.answered.get((caller.tenant_id, key))) is not None:
+                return JSONResponse(first)  # a retry of a call already taken
+            raw_body = await _body(request, gw.settings.max_body_bytes)
+            body: bytes | dict = raw_body
             if not raw:
-                body = _json(body)
-            if not raw:
-                body = {**request.query_params, **body, **request.path_params}
+                body = {**request.query_params, **_json(raw_body), **request.path_params}
                 body.setdefault("base_url", str(request.base_url))
             with gw.sessions.active(_session_of(body)):
                 answer = await handler(gw, caller, body)

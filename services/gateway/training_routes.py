@@ -9,12 +9,12 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 from opentinker.errors import InvalidArgumentError, NotFoundError
 from opentinker.session_config import SessionConfig
 from opentinker.spec import SamplingParams
-from opentinker.training_session import AdamParams
+from opentinker.training_session import AdamParams, LossName
 
 from . import wire
 from .futures import Result
@@ -110,7 +110,7 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
             if request.forward_only
             else (model.session.forward_backward_async)
         )
-        return call(data, request.loss_fn, **options)
+        return call(data, cast(LossName, request.loss_fn), **options)  # loss_options checked it
 
     async def work() -> Result:
         output = await ordered(model, request.seq_id, submit)

@@ -117,11 +117,13 @@ def run_demo(
     model_dir = ensure_tiny_model(run_root.parent / "tiny-qwen2")
     console.print(f"tiny Qwen2 model (random init, local tokenizer): {model_dir}")
     spec = demo_spec(model_dir, threshold=threshold, max_steps=max_steps)
+    rl = spec.rl
+    assert rl is not None  # an RL job's spec
     console.print(
         f"task: answer with the letter the prompt names (env 'letter', "
-        f"{spec.rl.env_options['num_letters']} letters); GRPO, "
-        f"{spec.rl.prompts_per_step} prompts × {spec.rl.samples_per_prompt} samples, "
-        f"lr {spec.rl.learning_rate:g}, full fine-tuning"
+        f"{rl.env_options['num_letters']} letters); GRPO, "
+        f"{rl.prompts_per_step} prompts × {rl.samples_per_prompt} samples, "
+        f"lr {rl.learning_rate:g}, full fine-tuning"
     )
     console.print(f"success = job SUCCEEDED and 10-step mean reward ≥ [bold]{threshold}[/]")
     # One job: a warm spare could only compete with it for the CPU.

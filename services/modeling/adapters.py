@@ -10,14 +10,48 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
+import peft
 import torch
 from peft import set_peft_model_state_dict
 from peft.utils import load_peft_weights
 
-from opentinker.spec import ModelSpec
+from opentinker.spec import LoraConfig, ModelSpec
+
+if TYPE_CHECKING:
+    from torch.nn.modules.module import _IncompatibleKeys
 
 ADAPTER_CONFIG = "adapter_config.json"
+
+
+def peft_lora_config(lora: LoraConfig, base_model: str | None = None) -> peft.LoraConfig:
+    """The job's LoRA as peft's config: the trainer and every rollout engine wrap their model
+    with this one, so the adapters have the same tensor names and the same scaling."""
+    return peft.LoraConfig(
+        r=lora.rank,
+        # peft annotates an int but only divides by it (scaling = alpha / r); ours is a float.
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model,
+    )
+
+
+def load_adapter_weights(
+    model: torch.nn.Module,
+    folder: Path,
+    device: torch.device,
+    *,
+    adapter_name: str = "default",
+) -> _IncompatibleKeys:
+    """Copy the adapter peft saved in ``folder`` into ``model``'s adapter ``adapter_name``;
+    returns torch's (missing_keys, unexpected_keys) of the copy, as ``load_state_dict`` does."""
+    weights = load_peft_weights(str(folder), device=str(device))
+    loaded = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+    # peft annotates its result as a bare ``namedtuple``; it is load_state_dict's.
+    return cast("_IncompatibleKeys", loaded)
 
 
 def load_init_adapter(
@@ -49,8 +83,7 @@ def load_init_adapter(
             f"has rank {lora.rank}, alpha {lora.alpha}, target modules "
             f"{sorted(lora.target_modules)}; make them equal"
         )
-    weights = load_peft_weights(str(folder), device=str(device))
-    loaded = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+    loaded = load_adapter_weights(model, folder, device, adapter_name=adapter_name)
     missing = [k for k in loaded.missing_keys if "lora_" in k and f".{adapter_name}." in k]
     if loaded.unexpected_keys or missing:
         raise ValueError(

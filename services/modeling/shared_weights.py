@@ -111,9 +111,11 @@ class ProbeOffer:
     """The trainer's offer at OpenRollout: a one-page segment holding a random nonce."""
 
     def __init__(self, cuda_device_uuid: str = "") -> None:
-        self._segment: SharedMemory | None = create_segment(mmap.PAGESIZE)
+        segment = create_segment(mmap.PAGESIZE)
+        self._segment: SharedMemory | None = segment
         self.nonce = secrets.token_bytes(16)
-        self._segment.buf[: len(self.nonce)] = self.nonce
+        assert segment.buf is not None  # None only once closed
+        segment.buf[: len(self.nonce)] = self.nonce
         self.offer = rollout_pb2.WeightTransportOffer(
             probe_segment=self._segment.name,
             probe_nonce=self.nonce,

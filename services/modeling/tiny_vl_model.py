@@ -52,7 +52,11 @@ def build_tiny_vl_model(out_dir: Path, *, hidden_size: int = 64, seed: int = 0) 
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tokenizer.chat_template = VL_CHAT_TEMPLATE
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    ids: dict[str, int] = {}
+    for token in VISION_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        assert isinstance(token_id, int)  # one token, one id (a list only for a list)
+        ids[token] = token_id
     heads = 4
     config = Qwen2VLConfig(
         text_config={

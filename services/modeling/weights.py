@@ -23,7 +23,7 @@ from opentinker.rollout.v1 import rollout_pb2
 
 DEFAULT_CHUNK_BYTES = 16 * 1024 * 1024
 
-_TO_PB = {
+_TO_PB: dict[torch.dtype, common_pb2.DType] = {
     torch.float32: common_pb2.D_TYPE_FLOAT32,
     torch.float16: common_pb2.D_TYPE_FLOAT16,
     torch.bfloat16: common_pb2.D_TYPE_BFLOAT16,
@@ -32,14 +32,14 @@ _TO_PB = {
 _FROM_PB = {v: k for k, v in _TO_PB.items()}
 
 
-def dtype_to_pb(name: str, dtype: torch.dtype) -> int:
+def dtype_to_pb(name: str, dtype: torch.dtype) -> common_pb2.DType:
     """The wire DType of tensor ``name``'s dtype; TypeError when it cannot travel."""
     if dtype not in _TO_PB:
         raise TypeError(f"tensor {name!r} has dtype {dtype}, which cannot be sent")
     return _TO_PB[dtype]
 
 
-def dtype_from_pb(name: str, dtype: int) -> torch.dtype:
+def dtype_from_pb(name: str, dtype: common_pb2.DType) -> torch.dtype:
     """The torch dtype of a wire DType; ValueError naming the tensor for an unknown one."""
     if dtype not in _FROM_PB:
         raise ValueError(f"tensor {name!r} has an unknown dtype {dtype}")
@@ -105,7 +105,7 @@ class _Partial:
 
     buffer: bytearray
     shape: list[int]
-    dtype: int
+    dtype: common_pb2.DType
     filled: int = 0
 
 

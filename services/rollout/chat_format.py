@@ -106,7 +106,7 @@ class ChatFormat:
     ) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
             messages,
-            tools=tools or None,
+            tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=False,

@@ -21,7 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_config
 from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
@@ -51,7 +51,9 @@ class GenerationEngine(Protocol):
 
     name: str  # "transformers" or "vllm", reported in RolloutOpened
     policy_version: int  # version of the weights now served; 0 right after loading
-    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase: ...  # read-only: a shared engine's own
 
     def generate(
         self,
@@ -140,7 +142,7 @@ class TransformersEngine:
                 adapter_dir if has_own_tokenizer else spec.base_model
             )
         if preloaded is not None:  # float32 on CPU; bfloat16 on CUDA, as from_pretrained gives
-            model = preloaded.model.to(dtype=dtype)
+            model = preloaded.model.to(dtype=dtype)  # type: ignore[call-arg]  # as .to() below
         else:
             model = load_language_model(spec.base_model, dtype=dtype)
         if adapter_dir is not None:
@@ -150,18 +152,9 @@ class TransformersEngine:
             model = adapted.merge_and_unload()  # type: ignore[assignment]  # a plain model again
         model = model.to(target)  # type: ignore[arg-type]  # transformers types .to() narrowly
         if spec.finetune == "lora":
-            lora = spec.lora
-            # PeftModel forwards every PreTrainedModel method (generate, named_parameters, ...).
-            model = peft.get_peft_model(  # type: ignore[assignment]
-                model,
-                peft.LoraConfig(
-                    r=lora.rank,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=list(lora.target_modules),
-                    task_type="CAUSAL_LM",  # as the trainer wraps it: same tensor names
-                ),
-            )
+            # As the trainer wraps it (same tensor names). PeftModel forwards every
+            # PreTrainedModel method (generate, named_parameters, ...).
+            model = peft.get_peft_model(model, peft_lora_config(spec.lora))  # type: ignore[assignment]
             load_init_adapter(model, spec, target)  # the trainer's starting adapter, as it loads it
         model.eval()
         engine = cls(model, tokenizer, max_batch_size=max_batch_size)

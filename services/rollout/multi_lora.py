@@ -30,7 +30,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer, LogitsProcessor, PreTrainedTokenizerBase
 
-from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_config
 from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_image_processor
@@ -170,14 +170,7 @@ class SharedLoraEngine:
 
     def add_adapter(self, adapter: str, spec: ModelSpec) -> None:
         check_shared_spec(spec, self.base_model)
-        lora = spec.lora
-        config = peft.LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",  # as the trainer wraps it
-        )
+        config = peft_lora_config(spec.lora)  # as the trainer wraps it
         with self._lock:
             if adapter in self._params:
                 raise ValueError(f"adapter {adapter!r} is already loaded on this engine")

@@ -223,8 +223,10 @@ def _prefill(
 
 def row_prefix(cache: DynamicCache, row: int, start: int, end: int) -> CachedPrefix:
     """Row ``row``'s keys and values at positions ``start:end`` of a batch's cache, copied."""
+    # A full-attention model's layers (DynamicLayer), filled by the forward: transformers
+    # types them as any cache layer, whose keys may be unset.
     layers = tuple(
-        (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())
+        (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())  # type: ignore[union-attr,index]
         for layer in cache.layers
     )
     return CachedPrefix(layers=layers, length=end - start)

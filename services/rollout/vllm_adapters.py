@@ -22,7 +22,8 @@ from peft.utils import load_peft_weights
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from opentinker.spec import LoraConfig, ModelSpec
+from opentinker.services.modeling.adapters import peft_lora_config
+from opentinker.spec import ModelSpec
 
 from .engine import WeightUpdateError
 
@@ -46,18 +47,6 @@ def peft_key(name: str) -> str:
     return _ADAPTER_NAME.sub(r".\1", name)
 
 
-def _lora_config(lora: LoraConfig, base_model: str) -> peft.LoraConfig:
-    """The job's LoRA exactly as the trainer wraps its model (same names, same scaling)."""
-    return peft.LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=base_model,
-    )
-
-
 @dataclass(frozen=True)
 class WeightShapes:
     """Name -> shape of every tensor a weight update may carry (the trainer's names)."""
@@ -73,7 +62,7 @@ class WeightShapes:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         if spec.finetune == "lora":
-            model = peft.get_peft_model(model, _lora_config(spec.lora, spec.base_model))
+            model = peft.get_peft_model(model, peft_lora_config(spec.lora, spec.base_model))
             named = {n: p for n, p in model.named_parameters() if p.requires_grad}
             return cls({n: tuple(p.shape) for n, p in named.items()}, "adapter")
         return cls({n: tuple(p.shape) for n, p in model.named_parameters()}, "model")
@@ -106,7 +95,7 @@ class AdapterVersions:
         self.spec = spec
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.config = _lora_config(spec.lora, spec.base_model)
+        self.config = peft_lora_config(spec.lora, spec.base_model)
         self.state: dict[str, torch.Tensor] = {
             peft_key(n): torch.zeros(shape, dtype=torch.float32)
             for n, shape in shapes.shapes.items()

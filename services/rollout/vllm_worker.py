@@ -8,6 +8,7 @@ in-process); it imports nothing of vLLM itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -18,14 +19,14 @@ class WeightUpdateExtension:
     tensor-parallel shards), copied into the parameters that are already on the GPU. Nothing
     is re-read from disk and CUDA graphs stay valid (same storage)."""
 
-    model_runner: object  # set by vLLM's worker
+    model_runner: Any  # vLLM's model runner, set by its worker (vllm is untyped here)
 
     def opentinker_load_weights(self, named: Sequence[Sequence[object]]) -> int:
         """``named``: (name, tensor) pairs under Hugging Face names; returns how many."""
         runner = self.model_runner
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         pairs = [(str(name), tensor) for name, tensor in named]
-        model.load_weights(weights=iter(pairs))  # type: ignore[union-attr]
+        model.load_weights(weights=iter(pairs))
         torch.cuda.synchronize()
         return len(pairs)
 

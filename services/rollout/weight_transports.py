@@ -17,7 +17,7 @@ log = structlog.get_logger("opentinker.rollout.weight_transports")
 
 def accept_offer(
     offer: rollout_pb2.WeightTransportOffer, *, engine_gpus: int = 1
-) -> tuple[list[int], str]:
+) -> tuple[list[rollout_pb2.WeightTransport], str]:
     """(the transports this process takes, why it refused what it did): shared memory when it
     maps the trainer's probe segment, CUDA IPC when it also sees the trainer's GPU and the
     engine runs on one GPU (``engine_gpus``: vLLM's tensor parallel size; its workers on

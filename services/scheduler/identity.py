@@ -21,7 +21,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 
@@ -31,6 +31,7 @@ from opentinker.scheduler.v1 import identity_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.scheduler.credentials import digest, matches, mint
 from opentinker.services.scheduler.errors import IdentityNotFoundError
+from opentinker.services.scheduler.redis_text import as_text
 
 TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 USER_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -61,7 +62,12 @@ class IdentityStore(Protocol):
     ) -> identity_pb2.Tenant: ...
     async def list_tenants(self, *, page_size: int = 0, page_token: str = "") -> Page: ...
     async def create_user(
-        self, user_id: str, tenant_id: str, *, display_name: str = "", role: int = 0
+        self,
+        user_id: str,
+        tenant_id: str,
+        *,
+        display_name: str = "",
+        role: identity_pb2.Role = identity_pb2.ROLE_UNSPECIFIED,
     ) -> identity_pb2.User: ...
     async def get_user(self, user_id: str) -> identity_pb2.User: ...
     async def list_users(
@@ -113,7 +119,7 @@ class RedisIdentityStore:
         stored, principal, revoked, last_used = await self._r.hmget(
             key, "digest", "principal", "revoked", "last_used"
         )
-        if stored is None or not matches(self._secret, credential, stored.decode()):
+        if stored is None or not matches(self._secret, credential, as_text(stored)):
             raise AuthenticationError(f"unknown credential (key {prefix}); ask an admin for a key")
         if revoked == b"1":
             raise AuthenticationError(f"the key {prefix} was revoked; ask an admin for a new one")
@@ -171,7 +177,12 @@ class RedisIdentityStore:
         return await self._page("tenants", "tenant", identity_pb2.Tenant, page_size, page_token)
 
     async def create_user(
-        self, user_id: str, tenant_id: str, *, display_name: str = "", role: int = 0
+        self,
+        user_id: str,
+        tenant_id: str,
+        *,
+        display_name: str = "",
+        role: identity_pb2.Role = identity_pb2.ROLE_UNSPECIFIED,
     ) -> identity_pb2.User:
         if not USER_ID.match(user_id):
             raise ConfigError(
@@ -246,17 +257,17 @@ class RedisIdentityStore:
         set_key = self._key("job-creds", job_id)
         prefixes = await self._r.smembers(set_key)
         if prefixes:
-            await self._r.delete(*(self._key("cred", p.decode()) for p in prefixes))
+            await self._r.delete(*(self._key("cred", as_text(p)) for p in prefixes))
         await self._r.delete(set_key)
 
     async def list_api_keys(
         self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
     ) -> Page:
         start, size = _page_bounds(page_size, page_token)
-        prefixes = await self._r.zrange(self._key("creds"), start, start + size)
+        prefixes = await self._members(self._key("creds"), start, start + size)
         infos = []
         for prefix in prefixes[:size]:
-            info = await self._info(prefix.decode())
+            info = await self._info(prefix)
             if info is not None and (not tenant_id or info.tenant_id == tenant_id):
                 infos.append(info)
         return Page(infos, str(start + size) if len(prefixes) > size else "")
@@ -313,10 +324,16 @@ class RedisIdentityStore:
         info.last_used_unix_s = float(last_used) if last_used else 0.0
         return info
 
+    async def _members(self, key: str, start: int, end: int) -> list[str]:
+        """The members ranked start..end (inclusive) of the sorted set ``key``."""
+        # redis-py types zrange's members as its WITHSCORES pairs too; without, they are bytes.
+        members = cast("list[bytes]", await self._r.zrange(key, start, end))
+        return [as_text(m) for m in members]
+
     async def _page(self, index: str, kind: str, message: Any, page_size: int, token: str) -> Page:
         start, size = _page_bounds(page_size, token)
-        ids = await self._r.zrange(self._key(index), start, start + size)
-        raws = await self._r.mget([self._key(kind, i.decode()) for i in ids[:size]]) if ids else []
+        ids = await self._members(self._key(index), start, start + size)
+        raws = await self._r.mget([self._key(kind, i) for i in ids[:size]]) if ids else []
         items = [message.FromString(raw) for raw in raws if raw is not None]
         return Page(items, str(start + size) if len(ids) > size else "")
 

@@ -10,6 +10,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from .redis_text import as_text
+
 
 class JobQueue(Protocol):
     async def push(self, job_id: str) -> None:
@@ -66,14 +68,10 @@ class RedisJobQueue:
 
     async def pop(self) -> str | None:
         raw = await self._r.lpop(self.key)
-        return _text(raw) if isinstance(raw, (bytes, str)) else None
+        return as_text(raw) if isinstance(raw, (bytes, str)) else None
 
     async def remove(self, job_id: str) -> bool:
         return bool(await self._r.lrem(self.key, 0, job_id))
 
     async def list_ids(self) -> list[str]:
-        return [_text(raw) for raw in await self._r.lrange(self.key, 0, -1)]
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        return [as_text(raw) for raw in await self._r.lrange(self.key, 0, -1)]

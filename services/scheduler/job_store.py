@@ -37,9 +37,11 @@ from opentinker.services.scheduler.errors import (
     JobNotFoundError,
     StaleAttemptError,
 )
+from opentinker.services.scheduler.redis_text import as_text
 
-# The enum's int values (JOB_STATE_QUEUED, ...), as protobuf's type stubs spell them.
-JobState: TypeAlias = common_pb2.JobState.ValueType
+# The enum's int values (JOB_STATE_QUEUED, ...), typed as our generated .pyi stubs spell them
+# (protoc's ``class JobState(int)``; ``.ValueType`` is mypy-protobuf's spelling, not ours).
+JobState: TypeAlias = common_pb2.JobState
 
 TERMINAL_STATES: frozenset[JobState] = frozenset(
     {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_CANCELLED}
@@ -271,7 +273,7 @@ class RedisJobStore:
         page = rows[:size]
         jobs = []
         if page:
-            raws = await self._r.mget([self._key("job", _text(row[0])) for row in page])
+            raws = await self._r.mget([self._key("job", as_text(row[0])) for row in page])
             jobs = [common_pb2.Job.FromString(raw) for raw in raws if raw is not None]
         next_token = str(int(page[-1][1])) if len(rows) > size else ""
         return JobPage(jobs=jobs, next_page_token=next_token)
@@ -396,7 +398,3 @@ def _check_transition(job: common_pb2.Job, to: JobState, expect_attempt: int | N
             f"{state_name(to)}{final}",
             reason="ILLEGAL_TRANSITION",
         )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -33,6 +33,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from . import lease_scripts
+from .redis_text import as_text
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ class RedisLeaseLedger:
 
     async def devices(self, worker_id: str) -> list[str]:
         raw = await self._r.lrange(self._key("worker", worker_id, "devices"), 0, -1)
-        return [_text(d) for d in raw]
+        return [as_text(d) for d in raw]
 
     async def free_devices(self, worker_id: str) -> list[str]:
         devices = await self.devices(worker_id)
@@ -197,7 +198,7 @@ class RedisLeaseLedger:
         )
         if not taken:
             return None
-        return Lease(lease_id, worker_id, job_id, tuple(_text(d) for d in taken), now)
+        return Lease(lease_id, worker_id, job_id, tuple(as_text(d) for d in taken), now)
 
     async def acquire_group(
         self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
@@ -209,7 +210,7 @@ class RedisLeaseLedger:
             raise ValueError(f"a group lease needs >= 2 parts of >= 1 device, got {parts}")
         ids = [f"lease-{uuid.uuid4().hex[:16]}" for _ in parts]
         now = time.time()
-        args: list[object] = [self._prefix, job_id, self._ttl_ms, repr(now), HISTORY_MAX_EVENTS]
+        args: list[str | int] = [self._prefix, job_id, self._ttl_ms, repr(now), HISTORY_MAX_EVENTS]
         args += [ports[0], ports[1]]
         for (worker_id, n), lease_id in zip(parts, ids, strict=True):
             args += [worker_id, n, lease_id]
@@ -217,16 +218,16 @@ class RedisLeaseLedger:
         if not taken:
             return None
         leases = tuple(
-            Lease(lease_id, worker_id, job_id, tuple(_text(devices).split("\n")), now)
+            Lease(lease_id, worker_id, job_id, tuple(as_text(devices).split("\n")), now)
             for (worker_id, _), lease_id, devices in zip(parts, ids, taken[1:], strict=True)
         )
-        return GroupLease(leases, int(_text(taken[0])))
+        return GroupLease(leases, int(as_text(taken[0])))
 
     async def group_of(self, lease_id: str) -> list[str]:
         """The lease ids acquired together with ``lease_id`` (itself included), [] for a
         one-worker lease or one already released."""
         joined = await self._r.hget(self._key("lease", lease_id), "group")
-        return [i for i in _text(joined).split("\n") if i] if joined else []
+        return [i for i in as_text(joined).split("\n") if i] if joined else []
 
     async def renew(self, worker_id: str) -> int:
         return int(await self._renew(args=[self._prefix, worker_id, self._ttl_ms]))
@@ -238,7 +239,7 @@ class RedisLeaseLedger:
         fields = await self._r.hgetall(self._key("lease", lease_id))
         if not fields:
             return None
-        f = {_text(k): _text(v) for k, v in fields.items()}
+        f = {as_text(k): as_text(v) for k, v in fields.items()}
         return Lease(
             lease_id=lease_id,
             worker_id=f["worker_id"],
@@ -249,26 +250,29 @@ class RedisLeaseLedger:
 
     async def leases(self, worker_id: str) -> list[Lease]:
         ids = await self._r.smembers(self._key("worker", worker_id, "leases"))
-        return await self._load(sorted(_text(i) for i in ids))
+        return await self._load(sorted(as_text(i) for i in ids))
 
     async def all_leases(self) -> list[Lease]:
         ids = await self._r.smembers(self._key("leases"))
-        return await self._load(sorted(_text(i) for i in ids))
+        return await self._load(sorted(as_text(i) for i in ids))
 
     async def is_live(self, lease_id: str) -> bool:
         return bool(await self._is_live(args=[self._prefix, lease_id]))
 
     async def lapsed(self) -> list[Lease]:
         ids = await self._lapsed(args=[self._prefix])
-        return await self._load([_text(i) for i in ids])
+        return await self._load([as_text(i) for i in ids])
 
     async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
-        args = [self._prefix, lease_id, worker_id, job_id, self._ttl_ms, HISTORY_MAX_EVENTS]
+        ttl_ms, max_events = self._ttl_ms, HISTORY_MAX_EVENTS
+        args: list[str | int] = [self._prefix, lease_id, worker_id, job_id, ttl_ms, max_events]
         return bool(await self._revive(args=args))
 
     async def history(self) -> list[LeaseEvent]:
-        entries = await self._r.xrange(self._key("history"))
-        return [_event(entry_id, fields) for entry_id, fields in entries]
+        # redis-py types the reply, an entry's id and its fields as optional (XAUTOCLAIM's
+        # deleted entries); XRANGE gives a list of whole entries.
+        entries = await self._r.xrange(self._key("history")) or []
+        return [_event(i, fields) for i, fields in entries if i is not None and fields is not None]
 
     async def _load(self, lease_ids: Sequence[str]) -> list[Lease]:
         out = []
@@ -279,18 +283,14 @@ class RedisLeaseLedger:
         return out
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _event(entry_id: bytes | str, fields: dict) -> LeaseEvent:
-    f = {_text(k): _text(v) for k, v in fields.items()}
+    f = {as_text(k): as_text(v) for k, v in fields.items()}
     return LeaseEvent(
         kind=f["event"],
         lease_id=f["lease_id"],
         job_id=f.get("job_id", ""),
         worker_id=f.get("worker_id", ""),
         device_ids=tuple(d for d in f.get("devices", "").split("\n") if d),
-        at_unix_s=int(_text(entry_id).split("-")[0]) / 1000,
+        at_unix_s=int(as_text(entry_id).split("-")[0]) / 1000,
         group=tuple(i for i in f.get("group", "").split("\n") if i),
     )

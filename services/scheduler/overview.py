@@ -41,8 +41,8 @@ class Overview:
         self, session: WorkerSession, tenant: str | None
     ) -> scheduler_pb2.WorkerStatus:
         held: dict[str, Lease] = {}
-        for lease in await self._ledger.leases(session.worker_id):
-            held.update(dict.fromkeys(lease.device_ids, lease))
+        for taken in await self._ledger.leases(session.worker_id):
+            held.update(dict.fromkeys(taken.device_ids, taken))
         devices = []
         for offer in session.devices:
             lease = held.get(offer.device_id)

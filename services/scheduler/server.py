@@ -78,7 +78,9 @@ async def server_secret(settings: SchedulerSettings, redis: aioredis.Redis) -> b
         "auth_secret_in_redis",
         hint="set OPENTINKER_AUTH_SECRET_FILE so that credential digests and their key live apart",
     )
-    return bytes(await redis.get(REDIS_SECRET_KEY))
+    secret = await redis.get(REDIS_SECRET_KEY)
+    assert isinstance(secret, bytes), "set just above; connect_redis's client returns bytes"
+    return secret
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import structlog
@@ -319,7 +320,7 @@ class _Envelopes:
     def __init__(self) -> None:
         self._seq = 0
 
-    def next(self, **payload: object) -> scheduler_pb2.ConnectWorkerResponse:
+    def next(self, **payload: Any) -> scheduler_pb2.ConnectWorkerResponse:
         self._seq += 1
         return scheduler_pb2.ConnectWorkerResponse(seq=self._seq, **payload)
 

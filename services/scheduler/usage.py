@@ -40,7 +40,8 @@ class Usage:
         return scheduler_pb2.Usage(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     @classmethod
-    def from_hash(cls, raw: Mapping[bytes, bytes]) -> Usage:
+    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> Usage:
+        # redis-py types a reply as bytes | str; ours are bytes (decode_responses=False).
         return cls(**{f.name: float(raw.get(f.name.encode(), 0) or 0) for f in fields(cls)})
 
     def amounts(self) -> dict[str, float]:

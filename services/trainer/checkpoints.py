@@ -34,7 +34,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 import torch
@@ -43,6 +43,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from .critic import Critic
 from .errors import CheckpointError
 from .policy import Policy
+
+if TYPE_CHECKING:
+    from .ranks import LeaderPolicy
 
 log = structlog.get_logger()
 
@@ -80,7 +83,7 @@ def step_name(step: int) -> str:
 
 
 def save(
-    policy: Policy,
+    policy: Policy | LeaderPolicy,
     state: TrainerState,
     folder: Path,
     *,
@@ -119,7 +122,7 @@ def save(
 
 
 def _write(
-    policy: Policy,
+    policy: Policy | LeaderPolicy,
     state: TrainerState,
     tmp: Path,
     *,

@@ -27,6 +27,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -112,7 +113,7 @@ def shard_policy(policy: Policy) -> None:
         policy.model.float()
         precision = MixedPrecisionPolicy(param_dtype=policy.dtype, reduce_dtype=torch.float32)
     body, _ = causal_lm_parts(policy.model)
-    for layer in body.layers:
+    for layer in body.layers:  # type: ignore[union-attr]  # a decoder's nn.ModuleList
         fully_shard(layer, mp_policy=precision)
     fully_shard(policy.model, mp_policy=precision)
     for unit in policy.model.modules():  # the root and every layer: each has its own setting
@@ -195,10 +196,12 @@ def full_state(policy: Policy, *, trainable_only: bool = False) -> dict[str, tor
             full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only
         ),
     )
+    # torch types a state dict's values as any state (ValueType); a model's are tensors.
+    tensors = cast("dict[str, torch.Tensor]", state)
     if not trainable_only:
-        return state
+        return tensors
     names = trainable_names(policy)
-    return {n: t for n, t in state.items() if n in names}
+    return {n: t for n, t in tensors.items() if n in names}
 
 
 def trainable_names(policy: Policy) -> list[str]:
@@ -211,7 +214,7 @@ def load_full_state(policy: Policy, state: dict[str, torch.Tensor]) -> None:
     not in ``state`` keep their values. A collective."""
     set_model_state_dict(
         policy.model,
-        state,
+        state,  # type: ignore[arg-type]  # dict is invariant; torch's ValueType has Tensor
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False),
     )
 
@@ -227,9 +230,12 @@ def full_optimizer_state(policy: Policy) -> dict[str, object]:
     )
     if not state:
         return {}
+    # torch types every value as any state; AdamW's full state has Optimizer.state_dict()'s
+    # form, under parameter names.
+    full = cast("dict[str, Any]", state)
     index = {name: i for i, name in enumerate(trainable_names(policy))}
-    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
-    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]
+    return {"state": {index[n]: s for n, s in full["state"].items()}, "param_groups": groups}
 
 
 def load_full_optimizer_state(policy: Policy, state: dict[str, object]) -> None:
@@ -244,6 +250,6 @@ def load_full_optimizer_state(policy: Policy, state: dict[str, object]) -> None:
     set_optimizer_state_dict(
         policy.model,
         policy.optimizer,
-        state,
+        state,  # type: ignore[arg-type]  # the form full_optimizer_state gives, as torch's
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )

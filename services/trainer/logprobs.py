@@ -33,10 +33,12 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     The body maps ``input_ids`` to the final (normalized) hidden states; the head maps them to
     logits. Raises ValueError for a model that does not expose both the standard way.
     """
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    inner = get_base_model() if get_base_model is not None else model
     get_decoder = getattr(inner, "get_decoder", None)
     body = get_decoder() if get_decoder is not None else None
-    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    get_output_embeddings = getattr(inner, "get_output_embeddings", None)
+    head = get_output_embeddings() if get_output_embeddings is not None else None
     if body is None or head is None:
         raise ValueError(
             f"{type(inner).__name__} does not expose get_decoder() and "
@@ -285,5 +287,6 @@ def logit_softcap(model: nn.Module) -> float | None:
 def _vocab_size(head: nn.Module) -> int:
     weight = getattr(head, "weight", None)
     if weight is None:  # e.g. a peft-wrapped head: the wrapped layer keeps the weight
-        weight = head.get_base_layer().weight
+        # peft's method; nn.Module.__getattr__ is typed as returning Tensor | Module.
+        weight = head.get_base_layer().weight  # type: ignore[operator]
     return int(weight.shape[0])

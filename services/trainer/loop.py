@@ -95,7 +95,10 @@ class RlLoop:
         self.reports = BackgroundStepReports(reporter.report_step)
         self.batches = BatchPipeline(rollout, self.rl, timeout_s=settings.collect_timeout_s)
         # Built before a resume loads a checkpoint: a full fine-tune's reference is the base.
-        self.reference = ReferencePolicy.from_policy(policy) if self.rl.kl_coef > 0 else None
+        self.reference = None
+        if self.rl.kl_coef > 0:  # never on several ranks: the spec refuses it there
+            assert isinstance(policy, Policy), "kl_coef > 0 with a LeaderPolicy"
+            self.reference = ReferencePolicy.from_policy(policy)
         self.critic = (
             Critic(
                 policy.model.config.hidden_size,

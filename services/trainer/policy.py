@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model, set_peft_model_state_dict
-from peft.utils import load_peft_weights
+from peft import get_peft_model
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -25,7 +23,11 @@ from transformers import (
 )
 
 from opentinker.errors import ConfigError
-from opentinker.services.modeling.adapters import load_init_adapter
+from opentinker.services.modeling.adapters import (
+    load_adapter_weights,
+    load_init_adapter,
+    peft_lora_config,
+)
 from opentinker.services.modeling.placement import dtype_for_device, probe_tolerance
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
@@ -104,12 +106,13 @@ class Policy:
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
         self.image_processor = load_image_processor(model_spec.base_model)  # None: text only
-        base = preloaded.model.to(dtype=self.dtype)  # a spare preloads float32
+        # transformers types .to() narrowly (functools.wraps of the unbound method).
+        base = preloaded.model.to(dtype=self.dtype)  # type: ignore[call-arg]  # spare: float32
         if seed is not None:
             torch.manual_seed(seed)
         if model_spec.gradient_checkpointing:
             enable_gradient_checkpointing(base, lora=self.is_lora)
-        self.model: PreTrainedModel = self._wrap(base).to(self.device)
+        self.model: PreTrainedModel = self._wrap(base).to(self.device)  # type: ignore[arg-type]
         load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
         _, self._head = causal_lm_parts(self.model)
@@ -159,15 +162,8 @@ class Policy:
     def _wrap(self, base: PreTrainedModel) -> PreTrainedModel:
         if not self.is_lora:
             return base
-        lora = self.spec.lora
-        config = PeftLoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        )
-        return get_peft_model(base, config)
+        # PeftModel forwards every PreTrainedModel method (generate, named_parameters, ...).
+        return get_peft_model(base, peft_lora_config(self.spec.lora))  # type: ignore[return-value]
 
     def _probe_ids(self) -> list[int]:
         if self.tokenizer.chat_template:
@@ -353,9 +349,7 @@ class Policy:
         if self.role_adapters:
             unexpected, missing = self._load_role_adapters(directory)
         elif self.is_lora:
-            loaded = set_peft_model_state_dict(
-                self.model, load_peft_weights(str(directory), device=str(self.device))
-            )
+            loaded = load_adapter_weights(self.model, directory, self.device)
             unexpected = list(loaded.unexpected_keys)
             missing = [k for k in loaded.missing_keys if "lora_" in k]
         else:
@@ -374,8 +368,9 @@ class Policy:
         unexpected: list[str] = []
         missing: list[str] = []
         for role in self.role_adapters:
-            weights = load_peft_weights(str(directory / role), device=str(self.device))
-            loaded = set_peft_model_state_dict(self.model, weights, adapter_name=role)
+            loaded = load_adapter_weights(
+                self.model, directory / role, self.device, adapter_name=role
+            )
             unexpected += list(loaded.unexpected_keys)
             missing += [k for k in loaded.missing_keys if "lora_" in k and f".{role}." in k]
         return unexpected, missing

@@ -6,12 +6,14 @@ with that role's adapter active. The figures of the roles are merged into one ``
 
 from __future__ import annotations
 
+from opentinker.errors import ConfigError
 from opentinker.spec import RlConfig
 
 from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
 from .policy import Policy
+from .ranks import LeaderPolicy
 from .reference import ReferencePolicy
 from .training import TrainStats, rl_update
 
@@ -19,11 +21,18 @@ _TOKEN_MEANS = ("entropy", "clip_fraction", "ratio_mean", "logprob_gap", "kl", "
 _STEP_MEANS = ("loss", "grad_norm", "value_loss")
 
 
-def adopt_roles(policy: Policy, roles: tuple[str, ...], rl: RlConfig) -> bool:
+def adopt_roles(policy: Policy | LeaderPolicy, roles: tuple[str, ...], rl: RlConfig) -> bool:
     """Give ``policy`` one adapter per role when the job asks for it (``role_adapters``
-    per_role, LoRA, an env with roles); True when it did."""
+    per_role, LoRA, an env with roles); True when it did. ConfigError on several ranks (a
+    ``LeaderPolicy``), which train one shared adapter only: the spec cannot refuse it, as
+    only the env knows its roles."""
     if not roles or rl.role_adapters != "per_role" or not policy.is_lora:
         return False
+    if isinstance(policy, LeaderPolicy):
+        raise ConfigError(
+            f"rl.role_adapters: 'per_role' (one adapter per role of {list(roles)}) cannot train "
+            "on several ranks yet; set rl.role_adapters 'shared' or num_devices 1"
+        )
     policy.use_role_adapters(roles)
     return True
 

@@ -30,7 +30,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import (
+    Cache,
+    CacheLayerMixin,
+    DynamicLayer,
+    LinearAttentionCacheLayerMixin,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .batch import Episode, SequenceBatch
@@ -142,7 +147,11 @@ def _rows_hidden(
             use_cache=False,  # the layers fill the cache passed in; none to make or return
         )
     # One row per sample; the backward sums the rows' gradients back into their prompt.
-    cache = Cache(layers=[_RowsLayer(layer, slot_B) for layer in prompts.layers])
+    rows: list[CacheLayerMixin | LinearAttentionCacheLayerMixin] = []
+    for layer in prompts.layers:
+        assert isinstance(layer, _PromptLayer)  # layer_class_to_replicate above
+        rows.append(_RowsLayer(layer, slot_B))
+    cache = Cache(layers=rows)
     # Each row from its last prompt token to its end, right-padded, on top of its prompt.
     span = int((lengths_B - prompt_B).max()) + 1
     positions_B_S = (prompt_B - 1)[:, None] + torch.arange(span, device=device)
@@ -205,15 +214,18 @@ class _RowsLayer(DynamicLayer):
 
     def __init__(self, prompt: DynamicLayer, slot_B: torch.Tensor) -> None:
         super().__init__()
-        self.lazy_initialization(prompt.keys, prompt.values)
-        self.keys, self.values, self._slot_B = prompt.keys, prompt.values, slot_B
+        keys_U, values_U = prompt.keys, prompt.values
+        assert keys_U is not None and values_U is not None  # the prompts' pass filled them
+        self.lazy_initialization(keys_U, values_U)
+        self.keys, self.values, self._slot_B = keys_U, values_U, slot_B
+        self._keys_U, self._values_U = keys_U, values_U  # the same tensors, typed as set
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return (
-            torch.cat([self.keys[self._slot_B], key_states], dim=-2),
-            torch.cat([self.values[self._slot_B], value_states], dim=-2),
+            torch.cat([self._keys_U[self._slot_B], key_states], dim=-2),
+            torch.cat([self._values_U[self._slot_B], value_states], dim=-2),
         )
 
 

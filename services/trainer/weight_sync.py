@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -18,6 +18,9 @@ from opentinker.services.modeling.placement import probe_tolerance
 from .errors import WeightSyncError
 from .policy import Policy, Probe
 from .rollout_client import WeightsAck
+
+if TYPE_CHECKING:
+    from .ranks import LeaderPolicy
 
 
 class WeightReceiver(Protocol):
@@ -88,7 +91,7 @@ def probe_difference(sent: Sequence[float], expected: Sequence[float], version: 
 
 async def verified_sync(
     rollout: WeightReceiver,
-    policy: Policy,
+    policy: Policy | LeaderPolicy,
     *,
     version: int,
     tolerance: float | None,
@@ -143,7 +146,7 @@ async def verified_sync(
     return SyncResult(ack.apply_seconds + probe_seconds, diff, tuple(expected), tolerance)
 
 
-def _timed_probe(policy: Policy, ids: list[int]) -> tuple[Probe, float]:
+def _timed_probe(policy: Policy | LeaderPolicy, ids: list[int]) -> tuple[Probe, float]:
     """The trainer's probe answer and the seconds it took."""
     started = time.monotonic()
     answer = policy.probe(ids)

@@ -9,7 +9,7 @@ CUDA IPC for CUDA tensors on the offered GPU, shared memory for the rest, inline
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 import torch
@@ -161,9 +161,7 @@ class StreamTransport:
         self._writer.close()
 
 
-def _part(
-    header: rollout_pb2.WeightChunk, last: bool, **payload: object
-) -> rollout_pb2.WeightChunk:
+def _part(header: rollout_pb2.WeightChunk, last: bool, **payload: Any) -> rollout_pb2.WeightChunk:
     """A chunk of the update ``header`` describes (version, adapter or not, probe ids: these
     only on the last chunk) carrying ``payload``."""
     chunk = rollout_pb2.WeightChunk(

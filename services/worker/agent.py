@@ -17,6 +17,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -242,7 +243,7 @@ class _Connection:
         self._heartbeat_interval_s = 1.0
         self._silence_limit_s = self.settings.connect_timeout_s
 
-    async def send(self, **payload: object) -> None:
+    async def send(self, **payload: Any) -> None:
         async with self._write_lock:
             self._seq += 1
             message = scheduler_pb2.ConnectWorkerRequest(seq=self._seq, **payload)

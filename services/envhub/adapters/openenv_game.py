@@ -86,16 +86,17 @@ class OpenEnvGame(AbstractGame):
         self._target = target
         self._session = OpenEnvSession(target.url, timeout_s=target.timeout_s)
 
-    @property  # type: ignore[override]  # per server, not per class
-    def name(self) -> str:
+    # AbstractGame declares these as ClassVars; here they are per server, from the instance.
+    @property
+    def name(self) -> str:  # type: ignore[override]
         return self._target.name
 
-    @property  # type: ignore[override]
-    def max_turns(self) -> int:
+    @property
+    def max_turns(self) -> int:  # type: ignore[override]
         return self._target.max_turns
 
-    @property  # type: ignore[override]
-    def tools(self) -> tuple[Tool, ...]:
+    @property
+    def tools(self) -> tuple[Tool, ...]:  # type: ignore[override]
         return self._target.action_format.tools
 
     def get_system_prompt(self) -> str:

@@ -79,16 +79,17 @@ class VerifiersGame(AbstractGame):
         self._system_prompt = source.env.system_prompt or ""
         self._finished = False
 
-    @property  # type: ignore[override]  # per env, not per class
-    def name(self) -> str:
+    # AbstractGame declares these as ClassVars; here they are per env, from the instance.
+    @property
+    def name(self) -> str:  # type: ignore[override]
         return self._source.name
 
-    @property  # type: ignore[override]
-    def max_turns(self) -> int:
+    @property
+    def max_turns(self) -> int:  # type: ignore[override]
         return max(0, int(getattr(self._source.env, "max_turns", 0) or 0))
 
-    @property  # type: ignore[override]
-    def tools(self) -> tuple[Tool, ...]:
+    @property
+    def tools(self) -> tuple[Tool, ...]:  # type: ignore[override]
         return tuple(
             Tool(name=t.name, description=t.description or "", parameters=dict(t.parameters))
             for t in self._source.env.tool_defs or ()

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from opentinker.session_config import SessionConfig
 
 from ..policy import Policy
 from ..settings import TrainerSettings
-from ..step_reports import BackgroundStepReports
+from ..step_reports import BackgroundStepReports, StepReport
 from . import state
 from .data import Datum, collate_data
 from .objective import LossResult, LossSpec, evaluate
@@ -33,9 +33,6 @@ from .ordering import CallOrder
 from .sampler import Sample, SessionSampler
 
 log = structlog.get_logger(__name__)
-
-# Reports one optimizer step to the scheduler: (step, policy version, metrics) -> stop?
-StepReport = Callable[[int, int, dict[str, float]], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
@@ -160,7 +157,8 @@ class TrainingSession:
             data,
             loss.name,
             pad_id=self.policy.pad_id,
-            vocab_size=self.policy.model.get_input_embeddings().num_embeddings,
+            # nn.Embedding's int; nn.Module.__getattr__ types any attribute as Tensor | Module.
+            vocab_size=self.policy.model.get_input_embeddings().num_embeddings,  # type: ignore[arg-type]
             max_tokens=self.config.max_batch_tokens,
         )
         if not backward:

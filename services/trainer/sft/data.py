@@ -16,6 +16,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -191,7 +192,8 @@ def _template_ids(
         return_dict=False,
         add_generation_prompt=generation_prompt,
     )
-    return [int(i) for i in ids]
+    # tokenize=True, return_dict=False: a list of ids (transformers types every form it has).
+    return [int(i) for i in cast("list[int]", ids)]
 
 
 def render_all(
