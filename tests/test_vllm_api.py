@@ -5,9 +5,9 @@ another place, an adapter folder vLLM would refuse, a rank it has no slot for: e
 not in a device call.
 
 Each test runs against two releases: the GPU machine's (bench/gpu_wheels.txt) and the newest
-the ``vllm`` extra admits (NEWEST_CHECKED). The wheels are looked for in ``.whl/dl`` of this
-checkout, then of the main checkout this one is a worktree of (.ci/run and
-bench/gpu_wheels.sh download them there); without one its tests skip, saying so.
+the ``vllm`` extra admits (NEWEST_CHECKED). The wheels are looked for in ``.whl/api`` (.ci/run
+downloads both there) and ``.whl/dl`` (bench/gpu_wheels.sh's) of this checkout, then of the
+main checkout this one is a worktree of; without one its tests skip, saying so.
 CUDA IPC's side (torch's ``rebuild_cuda_tensor``) is checked against the torch installed here.
 """
 
@@ -58,7 +58,10 @@ def _pinned_version() -> str:
 
 
 def _wheel_dirs() -> list[Path]:
-    dirs = [ROOT / ".whl" / "dl"]
+    """.whl/api (.ci/run's downloads) and .whl/dl (bench/gpu_wheels.sh's, carried to the GPU
+    machine: only its wheels go there) of this checkout, then of the main checkout this one is
+    a worktree of."""
+    roots = [ROOT]
     common = subprocess.run(
         ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
         cwd=ROOT,
@@ -66,10 +69,10 @@ def _wheel_dirs() -> list[Path]:
         text=True,
     )
     if common.returncode == 0:  # a worktree's main checkout (itself in a plain clone)
-        main = Path(common.stdout.strip()).parent / ".whl" / "dl"
-        if main.resolve() != dirs[0].resolve():
-            dirs.append(main)
-    return dirs
+        main = Path(common.stdout.strip()).parent
+        if main.resolve() != ROOT.resolve():
+            roots.append(main)
+    return [root / ".whl" / folder for root in roots for folder in ("api", "dl")]
 
 
 class VllmSource:
@@ -141,7 +144,7 @@ def vllm_src(request: pytest.FixtureRequest) -> VllmSource:
         if wheels:
             return VllmSource(wheels[0])
     where = ", ".join(str(d) for d in _wheel_dirs())
-    fetch = f"pip download vllm=={version} --no-deps -d .whl/dl"  # as .ci/run does
+    fetch = f"pip download vllm=={version} --no-deps -d .whl/api"  # as .ci/run does
     print(f"\nno vllm-{version} wheel in {where}: `{fetch}` downloads it")
     pytest.skip(f"the vllm-{version} wheel is not downloaded ({fetch}): {where}")
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 
 config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
-(config.run_dir / "rollout.pid").write_text(str(os.getpid()))
+write_atomic(config.run_dir / "rollout.pid", str(os.getpid()))
 name = config.job.spec.name
 if name == "rollout-dies":
     print("RuntimeError: no generation engine", file=sys.stderr)
@@ -66,11 +66,11 @@ import os, sys, time
 from pathlib import Path
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import sync_channel
-from opentinker.services.common.launch import LaunchConfig
+from opentinker.services.common.launch import LaunchConfig, write_atomic
 
 config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
 job = config.job
-(config.run_dir / "trainer.pid").write_text(str(os.getpid()))
+write_atomic(config.run_dir / "trainer.pid", str(os.getpid()))
 name = job.spec.name
 if name == "trainer-dies-early":  # before it needs the rollout, which is not ready yet
     print("ValueError: could not load the policy", file=sys.stderr)

@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.common.launch import LaunchConfig, wait_for_file
+from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.ranks import (
@@ -238,7 +238,7 @@ class JobRun:
                 cwd=self.run_dir,
             )
             self._processes.append(process)
-            (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")
+            write_atomic(self.run_dir / f"{name}.pid", f"{process.pid}\n")
         self.log.info("trainer_ranks_started", world_size=envs[0]["WORLD_SIZE"], local=len(envs))
         return RankGroup(self._processes[-len(envs) :])
 
@@ -252,7 +252,8 @@ class JobRun:
                 name, argv, log_path=self.run_dir / f"{name}.log", env=env, cwd=self.run_dir
             )
         self._processes.append(process)
-        (self.run_dir / f"{name}.pid").write_text(f"{process.pid}\n")  # for people and tests
+        # for people and tests: whoever sees the file reads the whole pid
+        write_atomic(self.run_dir / f"{name}.pid", f"{process.pid}\n")
         return process
 
     async def _take_spare(self, name: str, handover: Handover) -> ManagedProcess | None:
