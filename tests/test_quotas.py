@@ -4,6 +4,7 @@ workers on real ConnectWorker streams."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -47,6 +48,17 @@ async def still_queued(mesh, jobs, after_s: float = 0.6) -> bool:  # noqa: ANN00
         if reply.job.state != common_pb2.JOB_STATE_QUEUED:
             return False
     return True
+
+
+async def log_lines(mesh, job_id: str, at_least: int = 0, within_s: float = 10) -> list[str]:  # noqa: ANN001
+    """The job's log lines in its event stream, once there are ``at_least`` of them."""
+    deadline = time.monotonic() + within_s
+    while True:
+        events = mesh.running.stores.events.read(job_id, follow=False)
+        lines = [e.log.message async for e in events if e.HasField("log")]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        await asyncio.sleep(0.05)
 
 
 def test_a_flooding_tenant_does_not_starve_another_and_quotas_hold(redis_url: str) -> None:
@@ -186,9 +198,11 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
                     exited=scheduler_pb2.JobExited(job_id=first.job_id, attempt=1, exit_code=2)
                 )
                 # The devices came back, and acme's queued job waits; another tenant's gets them.
+                # It is told why once a dispatch round has seen it (polled: a loaded machine's
+                # rounds come late), and only once however many rounds follow.
+                told = await log_lines(mesh, waiting.job_id, at_least=1)
                 assert await still_queued(mesh, [waiting])
-                events = mesh.running.stores.events.read(waiting.job_id, follow=False)
-                told = [e.log.message async for e in events if e.HasField("log")]
+                told = await log_lines(mesh, waiting.job_id)
                 assert len(told) == 1, told  # said once, where `opentinker tail` shows it
                 assert told[0].startswith("queued until the budget resets: tenant 'acme' used")
                 other = await submit(globex, "other", num_devices=2)
