@@ -1,190 +1,37 @@
 """RolloutService end to end over real gRPC: a real env server behind a real EnvHub, the tiny
-model, and the test playing the trainer (open, weight sync with probe, batches, failures)."""
+model, and the test playing the trainer (open, weight sync with probe, batches, bad input),
+and the rollout process itself (address file, health, SIGTERM). When the environment fails:
+test_rollout_env_faults.py."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from identity_helpers import user_channel, user_key
 from identity_service import Identities
-from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model
-from transformers import AutoModelForCausalLM
+from rollout_service_helpers import Trainer, mesh, open_request, run, trainer_replica
 
 from opentinker.common.v1 import common_pb2
-from opentinker.env_server import EnvServerHandle, serve
-from opentinker.errors import UnavailableError
-from opentinker.game import AbstractGame, StepResult
-from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
-from opentinker.services.envhub.server import EnvHubDeps
-from opentinker.services.envhub.server import create_server as create_envhub
-from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.weights import pack_weights
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.service import create_server
-from opentinker.services.rollout.settings import RolloutSettings
 
 pytestmark = pytest.mark.integration
-
-LORA = common_pb2.LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
-
-
-class Countdown(AbstractGame):
-    """Two turns; the prompt depends on the seed; reward 0.5 per step."""
-
-    name = "countdown"
-    max_turns = 2
-
-    def get_system_prompt(self) -> str:
-        return "Count down with me."
-
-    def reset(self, *, seed: int = 0, start: str = "") -> str:
-        self.number = int(start) if start else random.Random(seed).randrange(10**6)
-        self.steps = 0
-        return f"Start at {self.number}."
-
-    def step(self, action: str) -> StepResult:
-        self.steps += 1
-        done = self.steps >= 2
-        return StepResult(
-            observation=f"Now {self.number - self.steps}.",
-            reward=0.5,
-            done=done,
-            info={"outcome": "win", "last": str(self.number - self.steps)} if done else {},
-        )
-
-
-class Broken(Countdown):
-    """Resets fine, then raises on every step."""
-
-    name = "broken"
-
-    def step(self, action: str) -> StepResult:
-        raise RuntimeError("out of cheese")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-
-
-@dataclass
-class Mesh:
-    envhub_address: str
-    rollout_address: str
-    env: EnvServerHandle
-    envhub: grpc.aio.Server
-
-
-@contextlib.asynccontextmanager
-async def mesh(env_timeout_s: float = 5.0) -> AsyncIterator[Mesh]:
-    """EnvHub (no built-ins) + the Countdown env server registered with it + the rollout."""
-    hub_settings = EnvHubSettings(port=0, builtin_envs=[], env_call_timeout_s=3.0)
-    deps = EnvHubDeps.create(hub_settings)
-    hub, hub_port = await create_envhub(hub_settings, deps)
-    hub_address = f"127.0.0.1:{hub_port}"
-    env = await asyncio.to_thread(serve, Countdown, envhub_address=hub_address, block=False)
-    broken = await asyncio.to_thread(serve, Broken, envhub_address=hub_address, block=False)
-    settings = RolloutSettings(
-        port=0, envhub_address=hub_address, env_timeout_s=env_timeout_s, device="cpu"
-    )
-    rollout, port = await create_server(settings)
-    try:
-        yield Mesh(hub_address, f"127.0.0.1:{port}", env, hub)
-    finally:
-        await rollout.stop(0)
-        await asyncio.gather(asyncio.to_thread(env.stop, 0), asyncio.to_thread(broken.stop, 0))
-        await hub.stop(0)
-        await deps.close()
-
-
-def open_request(
-    model_dir: Path, env_name: str = "countdown", **fields: object
-) -> rollout_pb2.OpenRollout:
-    request = rollout_pb2.OpenRollout(
-        job_id="job-1",
-        model=common_pb2.ModelSpec(
-            base_model=str(model_dir), finetune=common_pb2.FINETUNE_MODE_LORA, lora=LORA
-        ),
-        env_name=env_name,
-        sampling=common_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8),
-        max_turns=3,
-        max_episode_tokens=512,
-        seed=5,
-    )
-    for key, value in fields.items():
-        setattr(request, key, value)
-    return request
-
-
-class Trainer:
-    """The trainer's side of one Rollout stream, driven by plain awaits."""
-
-    def __init__(self, address: str) -> None:
-        self.channel = user_channel(address)
-        self.call = rollout_pb2_grpc.RolloutServiceStub(self.channel).Rollout(timeout=120)
-        self.seq = 0
-        self.replies: list[rollout_pb2.RolloutResponse] = []
-
-    async def send(self, **payload: object) -> None:
-        self.seq += 1
-        await self.call.write(rollout_pb2.RolloutRequest(seq=self.seq, **payload))
-
-    async def recv(self, timeout_s: float = 60.0) -> rollout_pb2.RolloutResponse:
-        reply = await asyncio.wait_for(self.call.read(), timeout_s)
-        assert reply is not grpc.aio.EOF, "the rollout ended the stream"
-        self.replies.append(reply)
-        return reply
-
-    async def ended(self) -> bool:
-        return await asyncio.wait_for(self.call.read(), 10) is grpc.aio.EOF
-
-    async def open(self, model_dir: Path, **fields: object) -> rollout_pb2.RolloutResponse:
-        await self.send(open=open_request(model_dir, **fields))
-        return await self.recv()
-
-    async def close(self) -> None:
-        self.call.cancel()
-        await self.channel.close()
-
-
-def run(coro) -> None:  # noqa: ANN001 - a coroutine
-    asyncio.run(asyncio.wait_for(coro, 120))
-
-
-def trainer_replica(model_dir: Path) -> torch.nn.Module:
-    """The trainer's policy: the same base, wrapped by peft the same way, adapters perturbed."""
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = PeftLoraConfig(
-        r=4,
-        lora_alpha=8.0,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "v_proj"],
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(base, config).eval()
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.copy_(0.2 * torch.randn(p.shape, generator=generator))
-    return model
 
 
 def test_open_sync_weights_with_probe_collect_groups_and_close(model_dir: Path) -> None:
@@ -337,106 +184,6 @@ def test_bad_client_input_is_refused_with_a_reason(model_dir: Path) -> None:
                 )
             finally:
                 await trainer.close()
-
-    run(scenario())
-
-
-def test_unknown_or_dead_environment_fails_the_rollout_naming_it(model_dir: Path) -> None:
-    async def scenario() -> None:
-        async with mesh(env_timeout_s=5.0) as m:
-            trainer = Trainer(m.rollout_address)
-            try:
-                started = time.monotonic()
-                failed = (await trainer.open(model_dir, env_name="chess")).failed
-                assert failed.code == "NOT_FOUND" and "'chess'" in failed.reason
-                assert time.monotonic() - started < 5
-            finally:
-                await trainer.close()
-
-            # Every episode fails in the environment: the batch fails, naming it and the error.
-            trainer = Trainer(m.rollout_address)
-            try:
-                assert (await trainer.open(model_dir, env_name="broken")).HasField("opened")
-                await trainer.send(
-                    collect=rollout_pb2.CollectTrajectories(num_groups=2, group_size=2)
-                )
-                failed = (await trainer.recv()).failed
-                assert failed.code == "UNAVAILABLE"
-                assert "4 of 4 episodes of environment 'broken'" in failed.reason
-                assert "out of cheese" in failed.reason
-                assert await trainer.ended()
-            finally:
-                await trainer.close()
-
-            # The env server dies without deregistering.
-            trainer = Trainer(m.rollout_address)
-            try:
-                assert (await trainer.open(model_dir)).HasField("opened")
-                await asyncio.to_thread(lambda: m.env.server.stop(0).wait())
-                started = time.monotonic()
-                await trainer.send(
-                    collect=rollout_pb2.CollectTrajectories(num_groups=2, group_size=2)
-                )
-                failed = (await trainer.recv()).failed
-                assert failed.code == "UNAVAILABLE" and "'countdown'" in failed.reason
-                assert time.monotonic() - started < 8
-                assert await trainer.ended()
-            finally:
-                await trainer.close()
-
-            # EnvHub itself goes away.
-            trainer = Trainer(m.rollout_address)
-            try:
-                await m.envhub.stop(0)
-                started = time.monotonic()
-                failed = (await trainer.open(model_dir)).failed
-                assert failed.code == "UNAVAILABLE" and "'countdown'" in failed.reason
-                assert m.envhub_address in failed.reason
-                assert time.monotonic() - started < 8
-            finally:
-                await trainer.close()
-
-    run(scenario())
-
-
-class Sleepy(Countdown):
-    name = "sleepy"
-
-    def step(self, action: str) -> StepResult:
-        time.sleep(3)
-        return super().step(action)
-
-
-def test_envhub_dying_mid_step_fails_the_waiting_episode_within_seconds() -> None:
-    async def scenario() -> None:
-        settings = EnvHubSettings(port=0, builtin_envs=[])
-        deps = EnvHubDeps.create(settings)
-        hub, port = await create_envhub(settings, deps)
-        env = await asyncio.to_thread(
-            serve, Sleepy, envhub_address=f"127.0.0.1:{port}", block=False
-        )
-        client = EnvHubClient(
-            f"127.0.0.1:{port}", credential=user_key(), job_id="j", env_name="sleepy", timeout_s=10
-        )
-        try:
-            spec = await client.open()
-            assert spec.name == "sleepy"
-            episode = client.session("e1")
-            reset = await episode.reset(seed=1, options={"start": "7"})
-            assert reset.observation == "Start at 7."
-            step = asyncio.create_task(episode.step("6"))
-            await asyncio.sleep(0.3)
-            started = time.monotonic()
-            await hub.stop(0)
-            with pytest.raises(UnavailableError, match="'sleepy'"):
-                await step
-            assert time.monotonic() - started < 2
-            with pytest.raises(UnavailableError):  # the stream is gone: later calls fail at once
-                await client.session("e2").reset(seed=2, options={})
-        finally:
-            await client.close()
-            await asyncio.to_thread(env.stop, 0)
-            await deps.close()
 
     run(scenario())
 
