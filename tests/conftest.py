@@ -4,6 +4,10 @@
   session in a temporary folder (services.launcher.redis_process.RedisProcess).
 - ``redis_url`` (function): the same URL, with database 0 emptied (FLUSHDB) before the test,
   so each test starts from a clean Redis. Use this one in tests.
+- ``redis_server`` (function): a Redis of the test's own (AOF on), which the test may kill and
+  start again (the scheduler's Redis-outage tests).
+- ``base_engine`` (module): the random-init tiny Qwen2 in the transformers engine.
+- ``letter_model_dir`` (session): the tiny Qwen2 nudged to answer with some letter A..D.
 - ``identities`` (session): a real scheduler whose IdentityService checks credentials for
   EnvHub servers started by tests, with API keys of two tenants, an admin key and a worker
   token (tests/identity_service.py).
@@ -38,6 +42,16 @@ def redis_url(redis_server_url: str) -> str:
     finally:
         client.close()
     return redis_server_url
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A Redis of the test's own (AOF on), which a test may kill and start again."""
+    server = RedisProcess(tmp_path / "redis").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

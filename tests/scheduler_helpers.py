@@ -209,3 +209,37 @@ async def watch_until(stub, job_id: str, count: int) -> list[common_pb2.JobEvent
             call.cancel()
             break
     return out
+
+
+def held(
+    launch: scheduler_pb2.LaunchJob, *, launched: bool = True, exited: bool = False
+) -> scheduler_pb2.HeldAttempt:
+    return scheduler_pb2.HeldAttempt(
+        job_id=launch.job.job_id,
+        attempt=launch.job.attempt,
+        lease_id=launch.lease_id,
+        launched=launched,
+        exited=exited,
+    )
+
+
+async def start_job(mesh: Mesh, worker, name: str, *, launched: bool = True):
+    """Submit a job and take its launch on ``worker``; RUNNING when ``launched``."""
+    job = await submit(mesh.stub, name)
+    launch = (await worker.next_command()).launch
+    assert launch.job.job_id == job.job_id
+    if launched:
+        await worker.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+        await wait_for_state(mesh.stub, job.job_id, RUNNING)
+    return launch
+
+
+async def report_result(mesh: Mesh, launch: scheduler_pb2.LaunchJob) -> None:
+    """The trainer reports its result to the new scheduler (nothing tied it to the old one)."""
+    result = scheduler_pb2.ReportJobProgressRequest(
+        job_id=launch.job.job_id,
+        attempt=1,
+        result=scheduler_pb2.JobResult(checkpoint_uri="file:///ckpt"),
+    )
+    trainer = job_stub(mesh, launch)
+    assert not (await trainer.ReportJobProgress(result, timeout=RPC_TIMEOUT_S)).stop
