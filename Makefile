@@ -35,7 +35,7 @@ test: install
 
 lint: install
 	$(BIN)/ruff check sdk services tests bench tools
-	$(BIN)/mypy  # the SDK and the services: files and paths in pyproject.toml [tool.mypy]
+	$(BIN)/mypy  # the SDK, the services, bench/ and tools/: files and paths in pyproject.toml [tool.mypy]
 
 bench: install
 	$(BIN)/python bench/step_breakdown.py

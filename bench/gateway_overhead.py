@@ -60,7 +60,9 @@ def compare(client: opentinker.Client, model: Path, url: str, key: str, tokens, 
         datum = Datum.from_sequence(tokens)
         sdk_datum = types.Datum(
             model_input=types.ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64)},
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_numpy(np.array(tokens[1:], dtype=np.int64))
+            },
         )
         fb = timed_pairs(
             lambda: session.forward_backward([datum], "cross_entropy"),

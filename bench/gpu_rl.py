@@ -111,7 +111,7 @@ def run_job(args: argparse.Namespace) -> Run:
         )
         submitted = time.monotonic()
         try:
-            job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else 0)
+            job = client.fit(spec, on_event=lambda e: steps.append(e) if e.kind == "step" else None)
         finally:
             env.stop(0)
         return Run(job, steps, time.monotonic() - submitted, mesh.run_root)

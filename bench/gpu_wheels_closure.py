@@ -69,7 +69,7 @@ def wheel_metadata(path: Path) -> tuple[str, Version, list[str]]:
 
 def names_in(path: Path) -> dict[str, str]:
     """``name[==version]  # reason`` lines of a list file: canonical name -> reason (or '')."""
-    names = {}
+    names: dict[str, str] = {}
     for line in path.read_text().splitlines():
         entry, _, reason = line.partition("#")
         if entry.strip():
@@ -100,7 +100,9 @@ def unmet(
 def not_listed(wheels: dict[str, tuple[Version, list[str]]], listed: list[str]) -> list[str]:
     """Downloaded wheels that the list does not pin (left from an earlier list), and pins
     that no downloaded wheel is."""
-    pins = {canonicalize_name(Requirement(line).name): Requirement(line) for line in listed}
+    pins: dict[str, Requirement] = {
+        canonicalize_name(Requirement(line).name): Requirement(line) for line in listed
+    }
     stale = [
         f"{name} {version} is not pinned by the list"
         for name, (version, _) in sorted(wheels.items())

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.rollout.chat_format import decode
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.policy import Policy
@@ -80,7 +81,7 @@ def sample_group_batch(
         completion = sampled.token_ids  # up to and including eos
         generated += len(completion)
         letter = letters[i // group_size]
-        text = tok.decode(completion, skip_special_tokens=True)
+        text = decode(tok, completion, skip_special_tokens=True)
         episodes.append(
             Episode(
                 group_index=i // group_size,

@@ -218,7 +218,7 @@ async def redis_commands(url: str) -> int:
         await client.aclose()
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values or [0])[0]
 
 

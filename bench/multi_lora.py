@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -48,6 +49,14 @@ from opentinker.services.rollout.vllm_adapters import WeightShapes
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 
+class Generates(Protocol):
+    """What a side's job calls: a GenerationEngine, or OneJobPerCall (vLLM's other side)."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
+    ) -> list[Completion]: ...
+
+
 def randomize_adapters(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -56,7 +65,7 @@ def randomize_adapters(model: torch.nn.Module) -> None:
 
 
 def one_round(
-    engines: Sequence[GenerationEngine],
+    engines: Sequence[Generates],
     prompts: list[list[int]],
     sampling: SamplingParams,
     round_index: int,
@@ -78,7 +87,7 @@ def one_round(
 
 
 def compare(
-    sides: Sequence[Sequence[GenerationEngine]],
+    sides: Sequence[Sequence[Generates]],
     prompts: list[list[int]],
     sampling: SamplingParams,
     rounds: int,
@@ -106,8 +115,8 @@ def shared_side(model_dir: Path, k: int, spec: ModelSpec) -> tuple[list[Generati
     return views, base_bytes(engine.base)
 
 
-def separate_side(model_dir: Path, k: int, spec: ModelSpec) -> tuple[list[GenerationEngine], int]:
-    engines = []
+def separate_side(model_dir: Path, k: int, spec: ModelSpec) -> tuple[list[TransformersEngine], int]:
+    engines: list[TransformersEngine] = []
     for _ in range(k):
         engine = TransformersEngine.load(spec, device="cpu", max_batch_size=1024)
         randomize_adapters(engine.model)
@@ -179,8 +188,8 @@ def vllm_main(args: argparse.Namespace, ks: list[int]) -> None:
     for k in ks:
         shared = SharedAdapters(MixedBatcher(engine), capacity=k)
         lock = threading.Lock()
-        merged: list[GenerationEngine] = []
-        turns: list[GenerationEngine] = []
+        merged: list[Generates] = []
+        turns: list[Generates] = []
         for i in range(k):
             view = shared.attach(f"job-{i}", spec)
             generator = torch.Generator().manual_seed(i)

@@ -28,7 +28,12 @@ from pathlib import Path
 
 import torch
 from arguments import positive_int  # bench/ is sys.path[0]
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
 from opentinker.services.rollout.engine import TransformersEngine
@@ -40,7 +45,13 @@ from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 class SharedRows:
     """A shared multi-LoRA engine played as one engine: episode i by adapter i % ``adapters``."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, adapters: int, keep: bool) -> None:  # noqa: ANN001
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        adapters: int,
+        keep: bool,
+    ) -> None:
         self.engine = SharedLoraEngine(model, tokenizer, base_model="bench")
         self.adapters = [f"job-{k}" for k in range(adapters)]
         spec = ModelSpec(base_model="bench", finetune="lora", lora=LoraConfig(rank=8))
@@ -65,7 +76,9 @@ class SharedRows:
         return self.engine.generate_rows(rows)
 
 
-def engines(args: argparse.Namespace, model: torch.nn.Module, tokenizer) -> tuple:  # noqa: ANN001
+def engines(
+    args: argparse.Namespace, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[TransformersEngine, TransformersEngine] | tuple[SharedRows, SharedRows]:
     """(plain, continued) engines, each on its own copy of ``model``."""
     if args.adapters:
         return (
@@ -78,7 +91,7 @@ def engines(args: argparse.Namespace, model: torch.nn.Module, tokenizer) -> tupl
     return plain, continued
 
 
-def eos_nudged(model_dir: Path, steps: int) -> tuple[torch.nn.Module, object]:
+def eos_nudged(model_dir: Path, steps: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(0)
@@ -96,8 +109,8 @@ def one_round(engine: TransformersEngine | SharedRows, args: argparse.Namespace,
     """Seconds for every turn of every episode, tokens computed, turns ended with eos."""
     generator = torch.Generator().manual_seed(seed)
     vocab = len(engine.tokenizer)
-    prompts = torch.randint(0, vocab, (args.episodes, args.prompt_tokens), generator=generator)
-    prompts = prompts.tolist()
+    prompts_B_T = torch.randint(0, vocab, (args.episodes, args.prompt_tokens), generator=generator)
+    prompts: list[list[int]] = prompts_B_T.tolist()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     fed = [0]
     hook = engine.model.register_forward_pre_hook(

@@ -28,7 +28,8 @@ from opentinker.services.trainer.policy import PROBE_LENGTH
 def probe(model: Qwen2ForCausalLM, ids_1_L: torch.Tensor, dtype: torch.dtype, attention: str):
     """(logprobs of the probe's tokens, the logits' scale) with the model in ``dtype``."""
     model.config._attn_implementation = attention
-    model.to(dtype)
+    # transformers' @wraps(Module.to) types `to` as a plain function (self not bound)
+    model.to(dtype)  # type: ignore[arg-type]
     with torch.no_grad():
         logits_T_V = model(input_ids=ids_1_L).logits.float()[0, :-1]
     logprobs_T = torch.log_softmax(logits_T_V, -1).gather(-1, ids_1_L[0, 1:, None])[:, 0]

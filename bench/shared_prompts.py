@@ -58,7 +58,9 @@ def sampling(engine: TransformersEngine, prompts: list[list[int]], calls: int) -
                 inputs = prompt_inputs(
                     engine.model, prompts, engine.pad_token_id, engine.device, share=share
                 )
-                return engine.model.generate(
+                # PreTrainedModel does not declare generate: GenerationMixin's, which the
+                # loaded *ForCausalLM model has
+                return engine.model.generate(  # type: ignore[operator]
                     **inputs, do_sample=True, top_k=0, max_new_tokens=1, output_logits=True,
                     return_dict_in_generate=True, pad_token_id=engine.pad_token_id,
                     eos_token_id=engine.eos_token_id,
@@ -100,6 +102,7 @@ def main() -> None:
         parser.error(f"--calls needs at least 1 call per side, got {args.calls}")
     model_dir = ensure_tiny_model(Path(tempfile.gettempdir()) / "opentinker-bench-tiny")
     spec = demo_spec(model_dir, threshold=0.9, max_steps=1)
+    assert spec.rl is not None  # an RL job
     engine = TransformersEngine.load(spec.model, device="cpu")
     prompts = [letter_prompt(engine.tokenizer, k) for k in LETTERS for _ in range(SAMPLES)]
     completions = engine.generate(prompts, spec.rl.sampling, seed=0)

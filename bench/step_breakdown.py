@@ -96,13 +96,14 @@ def run_job(spec: JobSpec, root: Path) -> tuple[JobInfo, list[JobEvent], list[di
     """The job through a fresh local mesh: its final state, its step events, and the CPU the
     mesh's processes had used when the last warm-up step and the last step were reported."""
     assert spec.rl is not None
+    last_step = spec.rl.steps
     steps: list[JobEvent] = []
     cpu: list[dict[str, float]] = []
 
     def on_event(event: JobEvent) -> None:
         if event.kind == "step":
             steps.append(event)
-            if len(steps) in (WARM_UP_STEPS, spec.rl.steps):
+            if len(steps) in (WARM_UP_STEPS, last_step):
                 cpu.append(cpu_by_service())
 
     with (

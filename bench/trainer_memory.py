@@ -163,7 +163,7 @@ def _measure_into(conn, measure_fn: Callable[..., dict], *args) -> None:
 def in_fresh_process(measure_fn: Callable[..., dict], *args, spawn: bool = False) -> dict:
     """``measure_fn(*args)`` in a new process: forked (fast, and its heap starts empty), or
     spawned for CUDA (a CUDA context never crosses a fork)."""
-    ctx = mp.get_context("spawn" if spawn else "fork")
+    ctx = mp.get_context("spawn") if spawn else mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     worker = ctx.Process(target=_measure_into, args=(send, measure_fn, *args))
     worker.start()

@@ -36,19 +36,19 @@ from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 def chat_prompts(engine: VllmEngine, n: int) -> list[list[int]]:
     return [
-        engine.tokenizer.apply_chat_template(
-            [
-                {
-                    "role": "user",
-                    "content": f"Answer with the letter {chr(65 + i % 26)}. " * (1 + i % 4),
-                }
-            ],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
+        user_turn_ids(engine, f"Answer with the letter {chr(65 + i % 26)}. " * (1 + i % 4))
         for i in range(n)
     ]
+
+
+def user_turn_ids(engine: VllmEngine, content: str) -> list[int]:
+    ids = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)  # tokenized: the ids (the declared type is every mode's result)
 
 
 def timed(fn):  # noqa: ANN001, ANN201 - any call

@@ -77,7 +77,9 @@ class Run:
 
 def mesh_run(spec: JobSpec, root: Path, staleness: int) -> Run:
     """The demo job through a fresh single-node mesh."""
-    spec = spec.model_copy(update={"rl": spec.rl.model_copy(update={"max_staleness": staleness})})
+    assert spec.rl is not None  # an RL job (demo_spec)
+    rl = spec.rl.model_copy(update={"max_staleness": staleness})
+    spec = spec.model_copy(update={"rl": rl})
     run = Run(f"mesh, staleness {staleness}")
     steps: list[JobEvent] = []
     started = time.monotonic()
@@ -94,7 +96,7 @@ def mesh_run(spec: JobSpec, root: Path, staleness: int) -> Run:
     rewards = [s.metrics["reward_mean"] for s in steps]
     run.steps = len(steps)
     run.train_seconds = steps[-1].time_unix_s - start
-    reached = first_reaching(rewards, spec.rl.stop_at_reward or 1.0)
+    reached = first_reaching(rewards, rl.stop_at_reward or 1.0)
     if reached is not None:
         run.seconds_to_target = steps[reached].time_unix_s - start
     timed = steps[2:] or steps  # the first steps include warm-up
@@ -163,10 +165,10 @@ def report_rounds(rounds: list[list[Run]]) -> None:
         out.write(f"{first.name:<20} s to target {seconds}   s/step {per_step}\n")
     for position, first in enumerate(rounds[0][:-1]):
         to_target = [_ratio(r[position].seconds_to_target, r[-1].seconds_to_target) for r in rounds]
-        per_step = [_ratio(r[position].seconds_per_step, r[-1].seconds_per_step) for r in rounds]
+        step_ratios = [_ratio(r[position].seconds_per_step, r[-1].seconds_per_step) for r in rounds]
         out.write(
             f"ratio {first.name} / in-process (same round): s to target "
-            f"{_spread(to_target, 'x')}   s/step {_spread(per_step, 'x')}\n"
+            f"{_spread(to_target, 'x')}   s/step {_spread(step_ratios, 'x')}\n"
         )
 
 

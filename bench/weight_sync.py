@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import weight_sync_baseline as baseline  # noqa: E402 - bench/ is not a package
 
 Tensors = dict[str, torch.Tensor]
+Sync = Callable[[TransformersEngine, Tensors, int, int], int]  # returns the tensor bytes sent
 
 
 def qwen05b_config(layers: int) -> Qwen2Config:
@@ -155,8 +156,12 @@ def measure(path: str, layers: int, chunk_mib: int) -> list[dict[str, float]]:
     trainer = Qwen2ForCausalLM(qwen05b_config(layers))
     engine = TransformersEngine(Qwen2ForCausalLM(qwen05b_config(layers)).eval(), tokenizer)
     state = {n: p.detach() for n, p in trainer.named_parameters()}
-    sync: Callable[[TransformersEngine, Tensors, int, int], int]
-    sync = {"old": lambda: old_sync, "new": NewSender, "shm": ShmSender}[path]()
+    makers: dict[str, Callable[[], Sync]] = {
+        "old": lambda: old_sync,
+        "new": NewSender,
+        "shm": ShmSender,
+    }
+    sync = makers[path]()
     rows = []
     for version, before_sync in enumerate(
         [None, lambda: _step(trainer, layers_only=False), lambda: _step(trainer, layers_only=True)],

@@ -80,7 +80,7 @@ class WeightAssembler:
 
     def __init__(self) -> None:
         self._buffers: dict[str, bytearray] = {}
-        self._meta: dict[str, tuple[list[int], int]] = {}
+        self._meta: dict[str, tuple[list[int], common_pb2.DType]] = {}
         self._filled: dict[str, int] = {}
         self.policy_version: int | None = None
 
@@ -116,5 +116,5 @@ class WeightAssembler:
                 else torch.empty(0, dtype=torch.uint8)
             )
             out[name] = flat.view(_FROM_PB[dtype]).reshape(shape).clone()
-        self.__init__()
+        WeightAssembler.__init__(self)  # empty again for the next update
         return out

@@ -3,8 +3,10 @@ checked here, only that they measure and print them)."""
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -158,6 +160,17 @@ def test_multi_lora_with_vllm_says_what_it_needs_where_it_cannot_run() -> None:
         timeout=120,
     )
     assert out.returncode != 0 and "needs a CUDA GPU and the vllm extra" in out.stderr
+
+
+@pytest.mark.unit
+def test_no_bench_module_is_named_as_a_stdlib_or_installed_one() -> None:
+    """A bench runs with bench/ as sys.path[0], and mypy reads bench/ through mypy_path
+    (pyproject.toml): a bench named as a stdlib or installed module (``profile.py``) would
+    shadow that module there."""
+    site = [sysconfig.get_paths()[key] for key in ("purelib", "platlib")]
+    installed = {module.name for module in pkgutil.iter_modules(site)}
+    benches = {path.stem for path in BENCH.glob("*.py")}
+    assert not benches & (installed | set(sys.stdlib_module_names))
 
 
 @pytest.mark.unit
