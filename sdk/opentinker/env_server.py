@@ -33,7 +33,7 @@ from opentinker.episode_table import (
     close_quietly,
 )
 from opentinker.errors import InvalidArgumentError
-from opentinker.grpc_options import server_options
+from opentinker.grpc_options import bind, server_options
 
 __all__ = ["ENV_NAME_PATTERN", "EnvServerHandle", "EpisodeTable", "GameFactory", "serve"]
 
@@ -198,9 +198,7 @@ def _start_grpc_server(
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_name, reflection.SERVICE_NAME], server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"could not bind the environment server to {host}:{port}")
+    bound = bind(server, f"{host}:{port}", what="the environment server")
     server.start()
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

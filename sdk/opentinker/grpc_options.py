@@ -14,6 +14,8 @@ gRPC times a keepalive ping out by ``grpc.http2.ping_timeout_ms`` (default 60 s,
 
 from __future__ import annotations
 
+from typing import Any
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_KEEPALIVE_S = 20.0
 CHANNEL_KEEPALIVE_S = 10.0  # at least the servers' min_ping_interval_without_data (5 s)
@@ -34,8 +36,15 @@ def _keepalive(keepalive_s: float) -> list[tuple[str, int]]:
 
 def server_options(keepalive_s: float = SERVER_KEEPALIVE_S) -> list[tuple[str, int]]:
     """Options for ``grpc.server``/``grpc.aio.server``: 64 MiB messages, clients' own
-    keepalive pings allowed (every 5 s at most), and the server's (module docstring)."""
+    keepalive pings allowed (every 5 s at most), and the server's (module docstring).
+
+    No SO_REUSEPORT (gRPC sets it by default on Linux): with it, a server bound to a port
+    another of our servers holds shares it silently, and the kernel splits the connections
+    between the two (seen: EnvHub on a port one of its built-in env servers had drawn, so a
+    rollout's episode stream reached the env server and failed INTERNAL). Without it the
+    second bind fails, naming the port."""
     return [
+        ("grpc.so_reuseport", 0),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -50,3 +59,22 @@ def channel_options(keepalive_s: float = CHANNEL_KEEPALIVE_S) -> list[tuple[str,
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         *_keepalive(keepalive_s),
     ]
+
+
+def bind(server: Any, address: str, credentials: Any = None, *, what: str = "a gRPC server") -> int:
+    """Bind ``server`` (sync or asyncio) to host:port, TLS when ``credentials``; the port bound.
+    OSError naming the address when it cannot be had (taken: see server_options), where gRPC
+    returns 0 or raises RuntimeError depending on its version."""
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        bound = 0
+    if not bound:
+        raise OSError(
+            f"could not bind {what} to {address}: the port is taken, or the host is not an "
+            "address of this machine"
+        )
+    return int(bound)

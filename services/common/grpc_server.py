@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from opentinker import errors
 from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
-from opentinker.grpc_options import SERVER_KEEPALIVE_S, channel_options, server_options
+from opentinker.grpc_options import SERVER_KEEPALIVE_S, bind, channel_options, server_options
 from opentinker.services.common.tls import TlsSettings
 from opentinker.tls import channel_credentials, open_channel
 
@@ -60,12 +60,7 @@ def create_aio_server(
         server,
     )
     credentials = (tls or TlsSettings()).server_credentials()
-    if credentials is None:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    else:
-        bound = server.add_secure_port(f"{host}:{port}", credentials)
-    if bound == 0:
-        raise OSError(f"could not bind a gRPC server to {host}:{port}")
+    bound = bind(server, f"{host}:{port}", credentials)
     return server, bound, health_servicer
 
 

@@ -1,4 +1,4 @@
-"""``python -m opentinker.services.envhub``: settings -> registry + built-in envs -> serve."""
+"""``python -m opentinker.services.envhub``: settings -> its port -> built-in envs -> serve."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import asyncio
 import signal
 
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.envhub.server import EnvHubDeps, create_server
+from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 
 
 async def main() -> None:
     settings = EnvHubSettings()
     log = configure_logging("envhub", level=settings.log_level)
+    bound = bind_envhub(settings)  # its port first: the built-in env servers take theirs after
     deps = EnvHubDeps.create(settings)
-    server, port = await create_server(settings, deps)
+    server, port = await start_envhub(bound, settings, deps)
     log.info(
         "serving",
         host=settings.host,

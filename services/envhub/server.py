@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health
 
 from opentinker.env_server import EnvServerHandle
 from opentinker.env_servicer import EnvironmentServicer, spec_of
@@ -79,22 +80,49 @@ class EnvHubDeps:
             handle.stop(grace_s=0.5)
 
 
-async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
-    """A started EnvHub server on settings.host:settings.port (0 = any free port), with the
-    health watch of ``deps`` running (``deps.close()`` stops it). Every caller's credential
-    is checked by the scheduler's IdentityService at settings.scheduler_address."""
-    deps.identity_channel = aio_channel(settings.scheduler_address)
+@dataclass
+class BoundEnvHub:
+    """EnvHub's gRPC server bound to its port, not started yet: no servicer, no deps."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    identity_channel: grpc.aio.Channel  # to the scheduler, which checks every credential
+
+
+def bind_envhub(settings: EnvHubSettings) -> BoundEnvHub:
+    """Hold settings.host:settings.port (0 = any free port) before anything else of EnvHub's
+    binds: its built-in env servers take ports of their own (port 0), and one could otherwise
+    draw a port chosen for EnvHub in advance (the local mesh picks it before starting it).
+    OSError when the port is taken."""
+    identity_channel = aio_channel(settings.scheduler_address)
     auth = AuthInterceptor(
-        IdentityServiceAuthenticator(deps.identity_channel, address=settings.scheduler_address),
+        IdentityServiceAuthenticator(identity_channel, address=settings.scheduler_address),
         ACCESS_RULES,
     )
-    server, port, health = create_aio_server(
+    server, port, health_servicer = create_aio_server(
         [SERVICE_NAME], host=settings.host, port=settings.port, interceptors=[auth]
     )
+    return BoundEnvHub(server, port, health_servicer, identity_channel)
+
+
+async def start_envhub(
+    bound: BoundEnvHub, settings: EnvHubSettings, deps: EnvHubDeps
+) -> tuple[grpc.aio.Server, int]:
+    """Serve ``deps`` on the bound server, with the health watch of ``deps`` running
+    (``deps.close()`` stops it and closes the channel to the scheduler)."""
+    deps.identity_channel = bound.identity_channel
     servicer = EnvHubServicer(settings, deps.registry, deps.channels)
-    envhub_pb2_grpc.add_EnvHubServiceServicer_to_server(servicer, server)
-    await server.start()
-    await mark_serving(health, [SERVICE_NAME])
+    envhub_pb2_grpc.add_EnvHubServiceServicer_to_server(servicer, bound.server)
+    await bound.server.start()
+    await mark_serving(bound.health, [SERVICE_NAME])
     if deps.health_watch is not None:
         deps.health_watch.start()
-    return server, port
+    return bound.server, bound.port
+
+
+async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
+    """A started EnvHub server on settings.host:settings.port (0 = any free port) serving
+    ``deps`` (bind_envhub, then start_envhub). Every caller's credential is checked by the
+    scheduler's IdentityService at settings.scheduler_address."""
+    return await start_envhub(bind_envhub(settings), settings, deps)

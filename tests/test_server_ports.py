@@ -1,0 +1,73 @@
+"""A port belongs to one server. gRPC turns SO_REUSEPORT on by default, so a second server
+bound to a port one of ours held shared it silently and the kernel split the connections
+between them. A CI run caught it: EnvHub, started on a port the local mesh had picked for it,
+found one of its own built-in env servers already there (drawn as "any free port" just
+before), and a rollout's episode stream that reached the env server failed "INTERNAL:
+Internal error from Core". Now the second bind fails naming the port
+(opentinker/grpc_options.py), and EnvHub holds its port before its built-in env servers take
+theirs (services/envhub/server.py ``bind_envhub``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from opentinker.env_server import serve
+from opentinker.services.common.grpc_server import create_aio_server
+from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
+from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_server_on_a_port_an_env_server_holds_fails_naming_it() -> None:
+    """The collision as it happened: an env server on port 0 draws P, then EnvHub binds P."""
+    handle = serve(BUILTIN_GAMES["letter"], port=0, block=False)
+    try:
+        port = int(handle.address.rpartition(":")[2])
+
+        async def main() -> None:
+            with pytest.raises(
+                OSError,
+                match=f"could not bind a gRPC server to 127.0.0.1:{port}: the port is taken",
+            ):
+                create_aio_server(["x.v1.X"], host="127.0.0.1", port=port)
+            with pytest.raises(OSError, match="could not bind"):
+                bind_envhub(EnvHubSettings(host="127.0.0.1", port=port))
+
+        asyncio.run(main())
+        # And the other way round: an env server on a port an aio server holds.
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            serve(BUILTIN_GAMES["letter"], port=port, block=False)
+    finally:
+        handle.stop(0)
+
+
+def test_envhub_holds_its_port_before_its_built_in_env_servers_take_theirs(
+    identities,  # noqa: ANN001 - the scheduler that checks credentials (conftest)
+) -> None:
+    async def main() -> None:
+        settings = EnvHubSettings(
+            host="127.0.0.1",
+            port=0,
+            builtin_envs=["letter", "bandit", "math", "gomoku"],
+            scheduler_address=identities.scheduler_address,
+        )
+        bound = bind_envhub(settings)
+        # Held from here on: nothing else of ours can bind it, the env servers included.
+        with pytest.raises(OSError, match=f"127.0.0.1:{bound.port}"):
+            create_aio_server(["x.v1.X"], host="127.0.0.1", port=bound.port)
+        deps = EnvHubDeps.create(settings)
+        server, port = await start_envhub(bound, settings, deps)
+        try:
+            assert port == bound.port
+            assert bound.port not in {int(h.address.rpartition(":")[2]) for h in deps.builtins}
+            assert len(deps.builtins) == 4
+        finally:
+            await server.stop(0)
+            await deps.close()
+
+    asyncio.run(main())
