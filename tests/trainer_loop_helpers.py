@@ -175,8 +175,15 @@ async def run_attempt(
 
 
 async def run_loop(
-    m: Mesh, spec: JobSpec, run_dir: Path, **options: object
+    m: Mesh,
+    spec: JobSpec,
+    run_dir: Path,
+    *,
+    rollout_address: str | None = None,
+    slow_open_notice_s: float = 10.0,
 ) -> tuple[Outcome, Policy, dict[str, torch.Tensor]]:
     """run_attempt without a checkpoint folder, as (outcome, policy, initial state)."""
-    attempt = await run_attempt(m, spec, run_dir, **options)  # type: ignore[arg-type]
+    attempt = await run_attempt(
+        m, spec, run_dir, rollout_address=rollout_address, slow_open_notice_s=slow_open_notice_s
+    )
     return attempt.outcome, attempt.policy, attempt.initial
