@@ -120,9 +120,11 @@ bench() {
 
 multilora() {
   # --eager: no LoRA CUDA graphs to capture at start (minutes of a 15-minute lease); both
-  # sides of the comparison run eager alike
+  # sides of the comparison run eager alike. Sized to end in about 2 minutes: a decode step
+  # took about 67 ms whatever the rows (H100, 2026-11-27), and one job per call at k=16 is 16
+  # calls a round (64 tokens x 3 rounds + a warm-up each did not end in 230 s)
   python3 bench/multi_lora.py --engine vllm --eager --model "$MODEL" --ks 1,4,16 --prompts 8 \
-    --new-tokens 64 --rounds 3 2>&1 | tee "$OUT/multi_lora.log" | grep -v "^INFO\|^DEBUG"
+    --new-tokens 32 --rounds 2 2>&1 | tee "$OUT/multi_lora.log" | grep -v "^INFO\|^DEBUG"
   [ "${PIPESTATUS[0]}" = 0 ] || failed multilora "bench/multi_lora.py --engine vllm, see above"
   passed multilora
 }
@@ -130,8 +132,12 @@ multilora() {
 rl() {
   local finetune=${1:-lora}
   python3 bench/gpu_rl.py --finetune "$finetune" --model "$MODEL" 2>&1 | tee "$OUT/rl_$finetune.log"
-  if [ "${PIPESTATUS[0]}" != 0 ]; then
-    local log why
+  local rc=${PIPESTATUS[0]} log why
+  # The job's rollout log comes back whole (vLLM's start is most of the job's first minutes)
+  for log in $(find /tmp/opentinker-gpu-rl-* -path "*/jobs/*/rollout.log" -newer "$OUT/.started"); do
+    cp "$log" "$OUT/rl_${finetune}_rollout.log"
+  done
+  if [ "$rc" != 0 ]; then
     for log in $(find /tmp/opentinker-gpu-rl-* -path "*/logs/*.log" -newer "$OUT/.started"); do
       echo "--- tail $log" && tail -8 "$log"
     done

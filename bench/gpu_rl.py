@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -141,6 +142,19 @@ def startup_timeline(run: Run) -> list[tuple[float, str, str]]:
     return [(at - events[0][0], p, e) for at, p, e in events if at <= firsts[0]]
 
 
+# vLLM's own lines that time a part of its start: "Model loading took 0.9 GiB memory and 1.2
+# seconds", "torch.compile takes 31.0 s in total", "Graph capturing finished in 9 secs", "init
+# engine (profile, create kv cache, warmup model) took 60.2 seconds"
+VLLM_TIMING = re.compile(r"\b(takes|took|finished in|time:) .*\b[0-9.]+ ?(s|secs|seconds)\b")
+
+
+def vllm_startup_lines(run: Run) -> list[str]:
+    """vLLM's lines in the job's rollout log that time a part of its start (none with the
+    transformers engine): where the minutes before the rollout opens went."""
+    rollout_log = run.run_root / "jobs" / run.job.job_id / "attempt-1" / "rollout.log"
+    return [line.strip() for line in _lines(rollout_log) if VLLM_TIMING.search(line)]
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text(errors="replace").splitlines() if path.exists() else []
 
@@ -152,6 +166,10 @@ def report(run: Run, args: argparse.Namespace, out: TextIO) -> None:
     out.write(f"job {run.job_s:.1f} s from submit to its end; start-up, from its logs:\n")
     for at, process, event in startup_timeline(run):
         out.write(f"  {at:7.1f} s  {process:<8}{event}\n")
+    timings = vllm_startup_lines(run)
+    if timings:
+        out.write("vLLM's own start-up lines (rollout.log):\n")
+        out.writelines(f"  {line[:200]}\n" for line in timings)
     measured = run.steps[1:] or run.steps  # the first step includes vLLM's warm-up
     if not measured:
         sys.exit("no step finished: see the rollout and trainer logs above")
