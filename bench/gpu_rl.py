@@ -183,7 +183,14 @@ def report(run: Run, args: argparse.Namespace, out: TextIO) -> None:
         name = key.removeprefix("time_").removesuffix("_s")
         out.write(f"{name:<18}{mean:>10.4f}{mean / step_s:>9.1%}\n")
     out.write(f"{'step total':<18}{step_s:>10.4f}\n")
-    for key in ("tokens_per_s", "probe_max_abs_diff", "probe_shift", "logprob_gap", "grad_norm"):
+    for key in (
+        "tokens_per_s",
+        "probe_max_abs_diff",
+        "probe_shift",
+        "probe_blind_versions",
+        "logprob_gap",
+        "grad_norm",
+    ):
         values = [s.metrics[key] for s in measured if key in s.metrics]
         if values:
             out.write(f"{key}: mean {statistics.fmean(values):.4g}, max {max(values):.4g}\n")

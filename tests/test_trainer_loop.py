@@ -26,7 +26,7 @@ from opentinker.services.common.launch import LaunchConfig, wait_for_file
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.trainer.loop import Outcome
 from opentinker.services.trainer.settings import TrainerSettings
-from opentinker.services.trainer.weight_sync import ProbeShiftWatch
+from opentinker.services.trainer.weight_sync import ProbeShift, ProbeShiftWatch, SyncResult
 from opentinker.spec import to_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -36,7 +36,7 @@ REQUIRED_METRICS = {
     "reward_mean", "reward_std", "loss", "entropy", "clip_fraction", "grad_norm", "tokens_per_s",
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
     "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
-    "episodes_truncated_frac", "padding_share", "probe_shift",
+    "episodes_truncated_frac", "padding_share", "probe_shift", "probe_blind_versions",
 }  # fmt: skip
 
 
@@ -65,11 +65,32 @@ def test_the_probe_warning_needs_an_update_that_had_a_gradient() -> None:
     saw no shift is no news (the demo's first steps); the first update with a gradient that
     the probe cannot see is told, once."""
     watch = ProbeShiftWatch()
-    assert watch.warning(0.0, 1e-3, 1, had_gradient=False) is None
-    told = watch.warning(1e-4, 1e-3, 2, had_gradient=True)
-    assert told is not None and "step 2's update" in told
-    assert watch.warning(0.0, 1e-3, 3, had_gradient=True) is None  # once per job
-    assert ProbeShiftWatch().warning(2e-3, 1e-3, 4, had_gradient=True) is None
+    assert watch.warning(ProbeShift(0.0, 1), 1e-3, 1, had_gradient=False) is None
+    told = watch.warning(ProbeShift(1e-4, 1), 1e-3, 2, had_gradient=True)
+    assert told is not None and "step 2's update" in told and "probe_blind_versions" in told
+    assert watch.warning(ProbeShift(0.0, 1), 1e-3, 3, had_gradient=True) is None  # once per job
+    assert ProbeShiftWatch().warning(ProbeShift(2e-3, 0), 1e-3, 4, had_gradient=True) is None
+
+
+def test_blind_versions_count_back_to_the_newest_version_the_probe_tells_apart() -> None:
+    """Updates that each move the probe 0.02 against a tolerance of 0.05 (as one LoRA step of
+    a 0.5B model in bf16 moved it 0.025 against 0.05 on an H100): each sync cannot tell the
+    last two versions from its own, the third back it can; a larger update, none; never more
+    than the window's versions."""
+
+    def sync(value: float) -> SyncResult:
+        return SyncResult(seconds=0.0, probe_diff=0.0, probe_logprobs=(-1.0, value), tolerance=0.05)
+
+    watch = ProbeShiftWatch(window=4)
+    assert watch.shift(sync(0.0), version=0) is None  # the first sync: nothing to compare
+    seen = [watch.shift(sync(0.02 * v), version=v) for v in range(1, 6)]
+    assert [s.blind_versions for s in seen if s] == [1, 2, 2, 2, 2]
+    assert all(s and s.shift == pytest.approx(0.02) for s in seen)
+    jump = watch.shift(sync(1.0), version=6)
+    assert jump == ProbeShift(pytest.approx(0.9), 0)
+    still = ProbeShiftWatch(window=3)
+    blind = [still.shift(sync(0.0), version=v) for v in range(6)]
+    assert [s.blind_versions for s in blind if s] == [1, 2, 3, 3, 3]  # the window's at most
 
 
 def test_an_update_too_small_for_the_probe_to_see_is_reported_once(
@@ -86,6 +107,8 @@ def test_an_update_too_small_for_the_probe_to_see_is_reported_once(
             assert outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
             steps = m.scheduler.of("step")
             assert len(steps) == 3 and all(s.metrics["probe_shift"] < 1e-3 for s in steps)
+            # no sync could tell its version from any earlier one
+            assert [s.metrics["probe_blind_versions"] for s in steps] == [1.0, 2.0, 3.0]
             told = [log.message for log in m.scheduler.of("log") if "could not tell" in log.message]
             assert len(told) == 1 and "step 1's update" in told[0], told
 
@@ -142,6 +165,7 @@ def test_loop_trains_syncs_reports_and_checkpoints(
                 assert s.metrics["probe_max_abs_diff"] <= 1e-3
                 # each update moved the probe past the tolerance: the sync told versions apart
                 assert s.metrics["probe_shift"] > 1e-3
+                assert s.metrics["probe_blind_versions"] == 0.0
                 assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
                 assert 1.0 <= s.metrics["completion_len_mean"] <= 2.0  # max_new_tokens 2
                 # 8 episodes x 1-2 tokens each; trained tokens are model tokens with signal.

@@ -40,7 +40,7 @@ from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
 from .training import TrainStats, rl_update
 from .validation import Validation
-from .weight_sync import ProbeShiftWatch, SyncResult, verified_sync
+from .weight_sync import ProbeShift, ProbeShiftWatch, SyncResult, verified_sync
 
 log = structlog.get_logger()
 
@@ -220,7 +220,7 @@ class RlLoop:
                 wait_s=time_wait,
             ),
             probe_diff=sync.probe_diff,
-            probe_shift=probe_shift,
+            probe=probe_shift,
             lr=lr,
             off_policy_lag=self.policy_version - 1 - played_by,
         )
@@ -282,12 +282,13 @@ class RlLoop:
             group["lr"] = lr
         return lr
 
-    async def _sync_weights(self, *, had_gradient: bool = False) -> tuple[SyncResult, float]:
+    async def _sync_weights(self, *, had_gradient: bool = False) -> tuple[SyncResult, ProbeShift]:
         """Send the trainable weights as ``policy_version`` and verify the rollout serves them;
         the batches this version plays are requested right behind the weights, so the rollout
         goes from applying them to playing without waiting for the trainer.
 
-        Returns the sync's result and how far the update moved the probe (0 for the first).
+        Returns the sync's result and what the update did to the probe (nothing, for the
+        first).
         had_gradient: whether the update before it had a gradient (else nothing moved, and a
         probe that sees no shift is no news).
         """
@@ -301,7 +302,7 @@ class RlLoop:
         )
         shift = self._probe_shift.shift(result, self.policy_version)
         if shift is None:
-            return result, 0.0
+            return result, ProbeShift(0.0, 0)
         warning = self._probe_shift.warning(
             shift, result.tolerance, self.step, had_gradient=had_gradient
         )

@@ -10,6 +10,7 @@ from opentinker.services.common.env_stats import summarize_episodes, truncated_f
 from .batch import CollectedBatch, Episode
 from .role_metrics import role_reward_means
 from .training import TrainStats
+from .weight_sync import ProbeShift
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def step_metrics(
     times: StepTimes,
     *,
     probe_diff: float,
-    probe_shift: float = 0.0,
+    probe: ProbeShift,
     lr: float = 0.0,
     off_policy_lag: int = 0,
 ) -> dict[str, float]:
@@ -67,8 +68,10 @@ def step_metrics(
         **update_metrics(stats),
         "lr": lr,
         "probe_max_abs_diff": probe_diff,
-        # How far this update moved the probe: the sync tells versions apart above tolerance.
-        "probe_shift": probe_shift,
+        # How far this update moved the probe: the sync tells versions apart above tolerance;
+        # how many versions back it could not (weight_sync.ProbeShift).
+        "probe_shift": probe.shift,
+        "probe_blind_versions": float(probe.blind_versions),
         "tokens_per_s": batch.generated_tokens / times.step_s if times.step_s > 0 else 0.0,
         # Accounted per job and tenant by the scheduler (quotas.py reads these names).
         "tokens_generated": float(batch.generated_tokens),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -48,33 +49,57 @@ class SyncResult:
     tolerance: float = 0.0
 
 
-class ProbeShiftWatch:
-    """How far each update moved the probe: max |Δlogprob| between the trainer's answers for
-    consecutive synced versions. A sync tells the new version from the last one only when
-    that shift exceeds the tolerance (else stale weights would pass the probe too: a tiny
-    learning rate, or bfloat16's wider tolerance); the watch says so once per job."""
+# How many earlier versions' probe answers the trainer keeps, to say how far back a sync could
+# not tell versions apart (probe_blind_versions).
+PROBE_WINDOW = 8
 
-    def __init__(self) -> None:
-        self._last: tuple[float, ...] | None = None
+
+@dataclass(frozen=True)
+class ProbeShift:
+    """What one update did to the probe. shift: max |Δlogprob| between the trainer's answers
+    for this version and the last synced one. blind_versions: how many of the last synced
+    versions, counted back from the newest, all answer within tolerance of this one (up to
+    PROBE_WINDOW): a rollout serving any of them would pass this sync, and one stuck at an old
+    version fails once the updates since add up past the tolerance."""
+
+    shift: float
+    blind_versions: int
+
+
+class ProbeShiftWatch:
+    """How far each update moved the probe, and how many versions back the sync cannot tell
+    apart (a tiny learning rate, or bfloat16's wider tolerance: on an H100 one LoRA step of a
+    0.5B model moved it 0.025 against a tolerance of 0.05); says so once per job."""
+
+    def __init__(self, window: int = PROBE_WINDOW) -> None:
+        self._answers: deque[tuple[float, ...]] = deque(maxlen=window)
         self._warned = False
 
-    def shift(self, result: SyncResult, version: int) -> float | None:
-        """The shift since the last synced version (None for the first sync)."""
-        last, self._last = self._last, result.probe_logprobs
-        return None if last is None else probe_difference(result.probe_logprobs, last, version)
+    def shift(self, result: SyncResult, version: int) -> ProbeShift | None:
+        """The update's ProbeShift (None for the first sync)."""
+        earlier = list(reversed(self._answers))  # newest first
+        self._answers.append(result.probe_logprobs)
+        if not earlier:
+            return None
+        moved = [probe_difference(result.probe_logprobs, answer, version) for answer in earlier]
+        blind = next((k for k, d in enumerate(moved) if d > result.tolerance), len(moved))
+        return ProbeShift(moved[0], blind)
 
     def warning(
-        self, shift: float, tolerance: float, step: int, *, had_gradient: bool
+        self, shift: ProbeShift, tolerance: float, step: int, *, had_gradient: bool
     ) -> str | None:
         """The once-per-job warning when an update that had a gradient (one without, as when
         every reward of a batch was equal, moves nothing to tell) stayed within tolerance."""
-        if self._warned or shift > tolerance or not had_gradient:
+        if self._warned or shift.shift > tolerance or not had_gradient:
             return None
         self._warned = True
         return (
-            f"step {step}'s update moved the weight-sync probe by {shift:.3g} (max |Δlogprob|), "
-            f"within the probe tolerance {tolerance:g}: the sync could not tell the new "
-            f"weights from the last version's. The probe_shift metric shows it for every step"
+            f"step {step}'s update moved the weight-sync probe by {shift.shift:.3g} (max "
+            f"|Δlogprob|), within the probe tolerance {tolerance:g}: a rollout still serving "
+            f"the last version would have passed this sync. One stuck at an old version fails "
+            f"once the updates since add up past the tolerance; the probe_blind_versions "
+            f"metric says for every step how many versions back (of the last "
+            f"{self._answers.maxlen}) its sync could not tell apart"
         )
 
 
