@@ -47,6 +47,18 @@ def test_worker_reserves_the_gpus(compose) -> None:
     assert devices and devices[0].driver == "nvidia" and "gpu" in devices[0].capabilities
 
 
+def test_the_workers_compile_caches_outlive_its_container(compose) -> None:
+    """vLLM's compile cache and Triton's kernels lie on a named volume: a new container's
+    first job does not compile them again (minutes of a GPU job's start)."""
+    worker = compose.services["worker"]
+    mounts = [
+        str(v).split(":")[1] for v in worker.volumes if str(v).split(":")[0] in compose.volumes
+    ]
+    for variable in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR", "HF_HOME"):
+        path = worker.environment[variable]
+        assert any(path.startswith(mount + "/") for mount in mounts), (variable, path, mounts)
+
+
 def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -> None:
     parser = build_parser()
     for name in ("scheduler", "envhub", "worker", "dashboard", "tinker-gateway"):
