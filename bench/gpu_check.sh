@@ -5,11 +5,14 @@
 # was staged on it, so the calls go back to back, most important first:
 #
 #   bash bench/gpu_check.sh stage                   # carry=['.whl/p00'] ... one part a call
-#   bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu
-#                                                   # the last part; a LoRA RL job; multi-LoRA
-#   bash bench/gpu_check.sh bench multilora         # tokens/s vs LLM.generate; k adapters
+#   bash bench/gpu_check.sh stage install bench multilora
+#                                                   # the last part; tokens/s vs LLM.generate
+#                                                   # seeded and not; k adapters on one engine
 #   bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints
-#                                                   # if >= 5 minutes are left
+#                                                   # a full RL job that trains; the GPU tests
+#                                                   # not run there yet
+#   bash bench/gpu_check.sh rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu
+#                                                   # passed on 2026-11-27; if time is left
 #
 # (`tests` alone runs every file; gpu_wheels.sh prints this plan with the carries.)
 #

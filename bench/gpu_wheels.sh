@@ -35,11 +35,12 @@ for dir in .whl/p[0-9]*; do
   echo "  run(command='bash bench/gpu_check.sh stage', carry=['$dir'])"
 done
 # In calls of a few minutes each: a call that loses its machine loses its output. Step times
-# on an H100 (2026-11-26): install 100 s, rl lora 190 s (vLLM compile cache cold), rl full
-# 115 s, bench 142 s, tests vllm_multi_lora_gpu 63 s, weight_transport 38 s, vllm_engine_gpu
-# 92 s. Not run yet or changed since: the RL job's reward (now a training step), the multi-LoRA
-# test's bound, the engine test's unseeded mode, the bench's rows, multilora; the rest passed
-# and reruns last.
-echo "  run(command='bash bench/gpu_check.sh stage install rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu', carry=['$last'], timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh bench multilora', timeout_s=600)"
-echo "  run(command='bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints', timeout_s=600)  # if >= 5 min are left"
+# on an H100: 2026-11-26, install 100 s, rl full 115 s, bench 142 s, weight_transport 38 s;
+# 2026-11-27 (one call of 532 s: stage, install, rl lora 250 s with vLLM's compile cache
+# cold, tests vllm_multi_lora_gpu 88 s and vllm_engine_gpu 74 s, all passed); multilora,
+# resized since it ran past 230 s, about 130 s (estimated). Never run there yet: the bench's
+# seeded/unseeded rows, multilora at k=16, rl full with a gradient, and the gpu tests of
+# rollout_engine, prefix_cache and checkpoints.
+echo "  run(command='bash bench/gpu_check.sh stage install bench multilora', carry=['$last'], timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints', timeout_s=600)"
+echo "  run(command='bash bench/gpu_check.sh rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu', timeout_s=600)  # if >= 5 min are left"
