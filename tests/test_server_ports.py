@@ -5,12 +5,15 @@ found one of its own built-in env servers already there (drawn as "any free port
 before), and a rollout's episode stream that reached the env server failed "INTERNAL:
 Internal error from Core". Now the second bind fails naming the port
 (opentinker/grpc_options.py), and EnvHub holds its port before its built-in env servers take
-theirs (services/envhub/server.py ``bind_envhub``).
+theirs (services/envhub/server.py ``bind_envhub``). Nor does the local mesh pick its services'
+ports in advance any more: each binds port 0 and says which it got.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,8 @@ from opentinker.services.common.grpc_server import create_aio_server
 from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
 from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.launcher import mesh as mesh_module
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +76,27 @@ def test_envhub_holds_its_port_before_its_built_in_env_servers_take_theirs(
             await deps.close()
 
     asyncio.run(main())
+
+
+def test_the_mesh_picks_no_port_for_its_services_in_advance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mesh picked a free port for the scheduler and EnvHub, then started them on it;
+    another process could take it in between (here every pick returns a port held by this
+    test) and the service failed to start. Now each binds port 0 and writes the port it got to
+    its address file; a restart takes the same port again."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(mesh_module, "free_port", lambda host="127.0.0.1": taken)
+        run_root = tmp_path / "mesh"
+        with LocalMesh(MeshSettings(run_root=run_root, warm_spares=0)) as mesh:
+            addresses = [mesh.scheduler_address, mesh.envhub_address]
+            ports = {int(address.rpartition(":")[2]) for address in addresses}
+            assert taken not in ports and len(ports) == 2, addresses
+            assert (run_root / "scheduler.addr").read_text() == mesh.scheduler_address
+            assert (run_root / "envhub.addr").read_text() == mesh.envhub_address
+            mesh.kill("scheduler")
+            mesh.restart("scheduler")  # waits until SERVING at the address it had
+            assert (run_root / "scheduler.addr").read_text() == mesh.scheduler_address

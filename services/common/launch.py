@@ -112,6 +112,13 @@ def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def publish_address(address_file: str, host: str, port: int) -> None:
+    """Write ``host:port`` to ``address_file`` (none: nothing) once a server serves there: how
+    whoever started it on port 0 learns the port (``ServiceProcess.wait_address``)."""
+    if address_file:
+        write_atomic(Path(address_file), f"{host}:{port}")
+
+
 def wait_for_file(path: Path, *, timeout_s: float, alive=lambda: True, poll_s: float = 0.05) -> str:
     """Wait until ``path`` exists and return its text.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from opentinker.services.common.launch import publish_address
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -23,6 +24,7 @@ async def main() -> None:
         builtin_envs=settings.builtin_envs,
         health_check_interval_s=settings.health_check_interval_s,
     )
+    publish_address(settings.address_file, settings.host, port)
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

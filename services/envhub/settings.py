@@ -16,6 +16,11 @@ class EnvHubSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(50052, ge=0, le=65535, description="0 = any free port.")
+    address_file: str = Field(
+        "",
+        description="once serving, write host:port here (a launcher that starts it on port 0 "
+        "learns the port it got; nothing is picked in advance for another process to take)",
+    )
     renew_interval_s: float = Field(2.0, gt=0, description="Told to env servers on register.")
     registration_ttl_s: float = Field(10.0, gt=0, description="Missed renewals drop after this.")
     env_call_timeout_s: float = Field(10.0, gt=0, description="Deadline of every env call.")

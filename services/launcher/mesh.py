@@ -30,7 +30,7 @@ class MeshSettings(BaseModel):
     run_root: Path = Path("runs/local")
     redis_url: str | None = None
     host: str = "127.0.0.1"
-    scheduler_port: int = 0  # 0 = pick a free port
+    scheduler_port: int = 0  # 0 = any free port (the service binds it and says which)
     envhub_port: int = 0
     # The web dashboard's HTTP port: None = no dashboard, 0 = a free port.
     dashboard_port: int | None = None
@@ -82,32 +82,25 @@ class LocalMesh:
             self.redis = self._stack.enter_context(RedisProcess(self.run_root / "redis"))
             self.redis_url = self.redis.url
         log.info("mesh.redis", url=self.redis_url)
-        self.scheduler_address = f"{s.host}:{s.scheduler_port or free_port(s.host)}"
-        self.envhub_address = f"{s.host}:{s.envhub_port or free_port(s.host)}"
-        common = {"OPENTINKER_REDIS_URL": self.redis_url}
-        scheduler = self._start(
+        common = {"OPENTINKER_REDIS_URL": self.redis_url, "OPENTINKER_HOST": s.host}
+        scheduler = self._start_on_port(
             "scheduler",
             "opentinker.services.scheduler",
+            s.scheduler_port,
             {
                 **common,
-                "OPENTINKER_HOST": s.host,
-                "OPENTINKER_PORT": self.scheduler_address.split(":")[1],
                 "OPENTINKER_AUTH_SECRET_FILE": str(self.secrets_dir / "auth.secret"),
                 "OPENTINKER_BOOTSTRAP_DIR": str(self.secrets_dir),
             },
-            address=self.scheduler_address,
         )
-        envhub = self._start(
+        self.scheduler_address = scheduler.address
+        envhub = self._start_on_port(
             "envhub",
             "opentinker.services.envhub",
-            {
-                **common,
-                "OPENTINKER_HOST": s.host,
-                "OPENTINKER_PORT": self.envhub_address.split(":")[1],
-                "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
-            },
-            address=self.envhub_address,
+            s.envhub_port,
+            {**common, "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address},
         )
+        self.envhub_address = envhub.address
         scheduler.wait_serving(timeout_s=s.startup_timeout_s)
         envhub.wait_serving(timeout_s=s.startup_timeout_s)
         self.api_key = ensure_local_user_key(
@@ -169,6 +162,22 @@ class LocalMesh:
                 **(env or {}),
             },
         )
+
+    def _start_on_port(
+        self, name: str, module: str, port: int, env: dict[str, str]
+    ) -> ServiceProcess:
+        """Start a gRPC service on ``port`` (0: any free one, which it binds itself and says
+        in its address file: nothing is picked here for another process to take before the
+        service binds it) and learn its address."""
+        address_file = self.run_root / f"{name}.addr"
+        address_file.unlink(missing_ok=True)  # an earlier run's, in the same run root
+        proc = self._start(
+            name,
+            module,
+            {**env, "OPENTINKER_PORT": str(port), "OPENTINKER_ADDRESS_FILE": str(address_file)},
+        )
+        proc.wait_address(address_file, timeout_s=self.settings.startup_timeout_s)
+        return proc
 
     def _start(
         self, name: str, module: str, env: dict[str, str], address: str = ""

@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from opentinker.services.common.launch import wait_for_file
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that was free a moment ago (the service binds it right after)."""
@@ -64,6 +66,23 @@ class ServiceProcess:
         return ServiceProcess.start(
             self.name, self.module, env=self.env, log_dir=self.log_path.parent, address=self.address
         )
+
+    def wait_address(self, address_file: Path, *, timeout_s: float = 60.0) -> str:
+        """The host:port a service started on port 0 wrote to ``address_file`` once serving
+        (OPENTINKER_ADDRESS_FILE); kept as its address, and its port for a restart."""
+        try:
+            address = wait_for_file(address_file, timeout_s=timeout_s, alive=self.alive)
+        except RuntimeError:
+            self._fail_if_dead()
+            raise
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.name} did not say its address within {timeout_s:.0f} s; see "
+                f"{self.log_path}:\n{log_tail(self.log_path)}"
+            ) from None
+        self.address = address
+        self.env["OPENTINKER_PORT"] = address.rpartition(":")[2]  # a restart takes it again
+        return address
 
     def kill(self) -> None:
         """SIGKILL the process, as a crash would (nothing is flushed or told)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from opentinker.services.common.launch import publish_address
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
@@ -19,6 +20,7 @@ async def main() -> None:
 
     async with running_scheduler(settings) as running:
         log.info("serving", host=settings.host, port=running.port, redis_url=settings.redis_url)
+        publish_address(settings.address_file, settings.host, running.port)
         await stop.wait()
         log.info("shutting_down")
 

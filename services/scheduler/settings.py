@@ -16,6 +16,11 @@ class SchedulerSettings(BaseSettings):
     redis_url: str = Field(..., min_length=1, description="e.g. redis://127.0.0.1:6379/0")
     host: str = "127.0.0.1"
     port: int = Field(50051, ge=0, le=65535, description="0 = any free port")
+    address_file: str = Field(
+        "",
+        description="once serving, write host:port here (a launcher that starts it on port 0 "
+        "learns the port it got; nothing is picked in advance for another process to take)",
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="seconds between heartbeats")
     lease_ttl_s: float = Field(
         10.0, gt=0, description="seconds a lease outlives its worker's last heartbeat"
