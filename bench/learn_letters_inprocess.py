@@ -97,7 +97,7 @@ def sample_group_batch(
     return episodes, generated
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-letters", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=2)
@@ -122,21 +122,31 @@ def main() -> None:
         "--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "opentinker-tiny-qwen2"
     )
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    torch.manual_seed(args.seed)
+
+class Run:
+    """What a training run measured: the mean reward of each step (in [0, 1]), and the curve
+    of (step, mean reward over the last 10 steps, seconds since the start) it reported.
+    Not a dataclass: tests load this file by path, without a sys.modules entry, which
+    dataclasses need."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.seconds = 0.0
+        self.rewards: list[float] = []
+        self.curve: list[tuple[int, float, float]] = []
+
+
+def train(policy: Policy, args: argparse.Namespace) -> Run:
+    """GRPO steps until --steps, --time-limit-s, or the 10-step mean reward reaches --stop-at;
+    prints a line every --report-every steps."""
     rng = random.Random(args.seed)
-    model_dir = ensure_tiny_model(args.model_dir)
-    policy = Policy(
-        ModelSpec(base_model=str(model_dir), finetune=args.finetune), learning_rate=args.lr
-    )
     alphabet = string.ascii_uppercase[: args.num_letters]
-    rewards: list[float] = []
+    run = Run()
     accuracy: list[float] = []  # fraction answering the named letter
-    curve: list[tuple[int, float, float]] = []
     start = time.monotonic()
-    step = 0
-    while step < args.steps and time.monotonic() - start < args.time_limit_s:
+    while run.steps < args.steps and time.monotonic() - start < args.time_limit_s:
         letters = [rng.choice(alphabet) for _ in range(args.prompts)]
         episodes, _ = sample_group_batch(
             policy,
@@ -150,23 +160,29 @@ def main() -> None:
         )
         stats = grpo_update(policy, episodes, clip_epsilon=0.2, temperature=1.0)
         answers = {policy.tokenizer.decode(e.token_ids[e.prompt_length :][:1]) for e in episodes}
-        rewards.append(sum(e.reward for e in episodes) / len(episodes))
+        run.rewards.append(sum(e.reward for e in episodes) / len(episodes))
         accuracy.append(sum(e.reward == 1.0 for e in episodes) / len(episodes))
-        step += 1
-        last10 = sum(rewards[-10:]) / len(rewards[-10:])
-        if step % args.report_every == 0 or step == 1:
-            curve.append((step, round(last10, 3), round(time.monotonic() - start, 1)))
+        run.steps += 1
+        last10 = sum(run.rewards[-10:]) / len(run.rewards[-10:])
+        if run.steps % args.report_every == 0 or run.steps == 1:
+            run.curve.append((run.steps, round(last10, 3), round(time.monotonic() - start, 1)))
             print(
-                f"step {step:5d}  reward(last10) {last10:.3f}  "
+                f"step {run.steps:5d}  reward(last10) {last10:.3f}  "
                 f"accuracy(last10) {sum(accuracy[-10:]) / len(accuracy[-10:]):.3f}  "
                 f"entropy {stats.entropy:.2f}  distinct first tokens {len(answers):3d}  "
                 f"t {time.monotonic() - start:6.1f}s",
                 flush=True,
             )
-        if last10 >= args.stop_at and step >= 10:
+        if last10 >= args.stop_at and run.steps >= 10:
             break
-    elapsed = time.monotonic() - start
-    summary = {
+    run.seconds = time.monotonic() - start
+    return run
+
+
+def summarize(run: Run, policy: Policy, args: argparse.Namespace) -> dict[str, object]:
+    """The JSON summary: the settings that matter, speed, and the reward at start and end."""
+    rewards = run.rewards
+    return {
         "num_letters": args.num_letters,
         "max_new_tokens": args.max_new_tokens,
         "lr": args.lr,
@@ -174,14 +190,24 @@ def main() -> None:
         "finetune": args.finetune,
         "system_prompt": not args.no_system,
         "prompt_tokens": len(letter_prompt(policy.tokenizer, "A", not args.no_system)),
-        "steps": step,
-        "seconds": round(elapsed, 1),
-        "steps_per_s": round(step / elapsed, 2),
+        "steps": run.steps,
+        "seconds": round(run.seconds, 1),
+        "steps_per_s": round(run.steps / run.seconds, 2),
         "reward_first10": round(sum(rewards[:10]) / len(rewards[:10]), 3),
         "reward_last10": round(sum(rewards[-10:]) / len(rewards[-10:]), 3),
         "reached_stop_at": sum(rewards[-10:]) / len(rewards[-10:]) >= args.stop_at,
-        "curve": curve,
+        "curve": run.curve,
     }
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(args.seed)
+    model_dir = ensure_tiny_model(args.model_dir)
+    policy = Policy(
+        ModelSpec(base_model=str(model_dir), finetune=args.finetune), learning_rate=args.lr
+    )
+    summary = summarize(train(policy, args), policy, args)
     print(json.dumps(summary), flush=True)
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2))

@@ -1,7 +1,8 @@
 """The EnvHub test harness: a real EnvHub served in the test's asyncio loop (env servers, in
 threads, are started with asyncio.to_thread, since they register with EnvHub by blocking
 calls), a RunEpisodes stream driven by plain awaits, and a slow or failing game. Used by
-test_envhub.py, test_envhub_faults.py, test_envhub_batch.py and test_vision_envhub.py.
+test_envhub.py, test_envhub_faults.py, test_envhub_lost_servers.py, test_envhub_batch.py and
+test_vision_envhub.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """EnvHub, the real service routing episodes to real env servers: the built-in env, ordering,
-unknown envs, registration over gRPC, load sharing. Faults: test_envhub_faults.py."""
+unknown envs, registration over gRPC, load sharing. Faults: test_envhub_faults.py and
+test_envhub_lost_servers.py."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -101,6 +102,20 @@ def test_a_rollout_addr_without_an_address_is_named(tmp_path: Path) -> None:
         write_atomic(tmp_path / "rollout.addr", good + "\n")
         resolved = RolloutAddress(file=tmp_path / "rollout.addr").resolve(default_timeout_s=1)
         assert asyncio.run(resolved) == good
+
+
+@pytest.mark.unit
+def test_a_rollout_addr_with_a_port_no_server_can_bind_is_named(tmp_path: Path) -> None:
+    """Port 0 or one past 65535 is no rollout's address: the same error as garbage, naming what
+    the file holds, not a gRPC error about an unreachable target later."""
+    for address in ("127.0.0.1:0", "127.0.0.1:65536", "[::1]:99999"):
+        write_atomic(tmp_path / "rollout.addr", address + "\n")
+        named = re.escape(f"holds {address!r}, not the rollout's host:port")
+        with pytest.raises(RolloutError, match=named):
+            asyncio.run(RolloutAddress(file=tmp_path / "rollout.addr").resolve(default_timeout_s=1))
+    write_atomic(tmp_path / "rollout.addr", "127.0.0.1:65535\n")
+    resolved = RolloutAddress(file=tmp_path / "rollout.addr").resolve(default_timeout_s=1)
+    assert asyncio.run(resolved) == "127.0.0.1:65535"
 
 
 def test_the_trainer_is_started_before_the_rollout_is_ready(redis_url: str, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Multi-agent self-play: the two-role gomoku env, and the rollout's coordinator playing many
-games phase by phase with the tiny model (each role's own tokens, masks and rewards)."""
+"""Multi-agent self-play: the rollout's coordinator playing many games phase by phase with the
+tiny model (each role's own tokens, masks and rewards), and the two-role gomoku env through a
+real EnvHub. The two-role gomoku env's own rules: test_gomoku_env.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from agent_loop_helpers import RoleSession, model_turns
 from opentinker.errors import UnavailableError
 from opentinker.game import AbstractGame, Role, StepResult
 from opentinker.rollout.v1 import rollout_pb2
-from opentinker.services.envhub.games.gomoku_selfplay import GomokuSelfPlayGame
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -35,67 +35,6 @@ from opentinker.services.rollout.types import (
 )
 from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.spec import ModelSpec, SamplingParams
-
-
-def play_moves(game: GomokuSelfPlayGame, moves: list[str]) -> list[StepResult]:
-    return [game.step(move) for move in moves]
-
-
-@pytest.mark.unit
-def test_gomoku_selfplay_alternates_roles_and_pays_the_winner() -> None:
-    game = GomokuSelfPlayGame()
-    first = game.reset(seed=3)
-    assert game.first_role() == "black" and "Your move (black, X)" in first
-    # Black builds A1..E1 while white plays A9..D9.
-    results = play_moves(game, ["A1", "A9", "B1", "B9", "C1", "C9", "D1", "D9"])
-    assert [r.next_role for r in results] == ["white", "black"] * 4
-    assert all(not r.done and r.role_rewards == {} for r in results)
-    assert "Black (X) played A1." in results[0].observation
-    assert "Your move (white, O)" in results[0].observation
-    last = game.step("my move: E1")
-    assert last.done and last.role_rewards == {"black": 1.0, "white": 0.0}
-    assert last.info["outcome"] == "black_win" and last.info["winner"] == "black"
-
-
-@pytest.mark.unit
-def test_gomoku_selfplay_invalid_moves_cost_their_role_and_lose_at_the_limit() -> None:
-    game = GomokuSelfPlayGame()
-    game.reset(seed=0, max_invalid_moves="2")
-    game.step("E5")
-    again = game.step("E5")  # white: taken
-    assert not again.done and again.next_role == "white"
-    assert again.role_rewards == {"white": -0.1} and again.reward == -0.1
-    lost = game.step("no move here")
-    assert lost.done and lost.info["winner"] == "black"
-    assert lost.role_rewards == {"black": 1.0, "white": -0.1}
-
-
-@pytest.mark.unit
-def test_gomoku_selfplay_can_play_a_random_cell_for_an_invalid_move() -> None:
-    game = GomokuSelfPlayGame()
-    game.reset(seed=5, invalid_move="random")
-    result = game.step("no idea")
-    assert not result.done and result.next_role == "white"
-    assert result.role_rewards == {"black": -0.1} and game.board.moves == 1
-    assert "a random one was played" in result.observation
-    with pytest.raises(ValueError, match="invalid_move"):
-        game.reset(seed=0, invalid_move="skip")
-
-
-@pytest.mark.unit
-def test_gomoku_selfplay_against_the_heuristic_pays_only_the_agent() -> None:
-    game = GomokuSelfPlayGame()
-    first = game.reset(seed=1, heuristic_plays="alternate")  # odd seed: the heuristic is black
-    assert game.first_role() == "white" and "opened at" in first
-    for _ in range(40):
-        result = game.step(next(game.board.name(c) for c in game.board.empty_cells()))
-        if result.done:
-            break
-        assert result.next_role == "white"
-    assert result.done and set(result.role_rewards) == {"white"}
-    assert result.info["opponent"] == "heuristic" and result.info["heuristic_role"] == "black"
-    with pytest.raises(ValueError, match="heuristic_plays"):
-        game.reset(seed=0, heuristic_plays="red")
 
 
 class Relay(AbstractGame):

@@ -15,10 +15,12 @@ import asyncio
 import socket
 from pathlib import Path
 
+import grpc
 import pytest
 
 from opentinker.env_server import serve
-from opentinker.services.common.grpc_server import create_aio_server
+from opentinker.services.common.grpc_server import aio_channel, create_aio_server
+from opentinker.services.envhub import server as envhub_server
 from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
 from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -41,7 +43,7 @@ def test_a_server_on_a_port_an_env_server_holds_fails_naming_it() -> None:
             ):
                 create_aio_server(["x.v1.X"], host="127.0.0.1", port=port)
             with pytest.raises(OSError, match="could not bind"):
-                bind_envhub(EnvHubSettings(host="127.0.0.1", port=port))
+                await bind_envhub(EnvHubSettings(host="127.0.0.1", port=port))
 
         asyncio.run(main())
         # And the other way round: an env server on a port an aio server holds.
@@ -49,6 +51,33 @@ def test_a_server_on_a_port_an_env_server_holds_fails_naming_it() -> None:
             serve(BUILTIN_GAMES["letter"], port=port, block=False)
     finally:
         handle.stop(0)
+
+
+def test_envhub_that_cannot_bind_closes_its_channel_to_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The channel bind_envhub opens for its credential checks is closed again when the port
+    is taken, not left open for the caller, who never gets it."""
+    opened: list[grpc.aio.Channel] = []
+
+    def recorded(address: str, **options: str) -> grpc.aio.Channel:
+        channel = aio_channel(address, **options)
+        opened.append(channel)
+        return channel
+
+    monkeypatch.setattr(envhub_server, "aio_channel", recorded)
+
+    async def main() -> None:
+        server, port, _ = create_aio_server(["x.v1.X"], host="127.0.0.1", port=0)
+        try:
+            with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+                await bind_envhub(EnvHubSettings(host="127.0.0.1", port=port))
+        finally:
+            await server.stop(0)
+        assert len(opened) == 1
+        assert opened[0].get_state() == grpc.ChannelConnectivity.SHUTDOWN
+
+    asyncio.run(main())
 
 
 def test_envhub_holds_its_port_before_its_built_in_env_servers_take_theirs(
@@ -61,7 +90,7 @@ def test_envhub_holds_its_port_before_its_built_in_env_servers_take_theirs(
             builtin_envs=["letter", "bandit", "math", "gomoku"],
             scheduler_address=identities.scheduler_address,
         )
-        bound = bind_envhub(settings)
+        bound = await bind_envhub(settings)
         # Held from here on: nothing else of ours can bind it, the env servers included.
         with pytest.raises(OSError, match=f"127.0.0.1:{bound.port}"):
             create_aio_server(["x.v1.X"], host="127.0.0.1", port=bound.port)

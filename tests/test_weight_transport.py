@@ -1,6 +1,7 @@
 """Same-host weight updates: shared memory instead of bytes in the gRPC messages (offered at
 OpenRollout, tried by the rollout, gRPC otherwise), no segment left in /dev/shm whoever dies,
-and CUDA IPC on a GPU (shared_weights.py, cuda_ipc.py, weight_transport.py)."""
+and CUDA IPC on a GPU (shared_weights.py, cuda_ipc.py, weight_transport.py). The ring, the
+room check and the offer's refusals without a rollout server: test_shared_weights.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from identity_helpers import user_key
 
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
-from opentinker.services.modeling.shared_weights import SEGMENT_PREFIX, SegmentWriter
+from opentinker.services.modeling.shared_weights import SEGMENT_PREFIX
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.rollout.engine_choice import default_engine_factory
 from opentinker.services.rollout.service import create_server as create_rollout
@@ -66,29 +67,6 @@ class Wire:
 
     def clear(self) -> None:
         self.inline, self.shared, self.inline_bytes = set(), set(), 0
-
-
-def test_the_ring_reuses_released_regions_and_waits_for_the_oldest() -> None:
-    writer = SegmentWriter()
-    try:
-        writer.ensure(1024)
-        assert shm_exists(writer.name)
-        assert writer.reserve(512) == 0
-        writer.sent(1, 0, 512)
-        assert writer.reserve(512) == 512
-        writer.sent(2, 512, 1024)
-        assert writer.reserve(64) is None  # full: wait for the rollout
-        with pytest.raises(ValueError, match="answered chunk 2, expected 1"):
-            writer.taken(2)
-        writer.taken(1)  # the first answer: the name goes, the mapping stays
-        assert not shm_exists(writer.name)
-        assert writer.reserve(256) == 0  # wraps into the released region
-        writer.sent(3, 0, 256)
-        assert writer.reserve(512) is None  # [256, 512) is too small, 512.. still in flight
-        with pytest.raises(ValueError, match="does not fit"):
-            writer.reserve(2048)
-    finally:
-        writer.close()
 
 
 async def _open(rollout: GrpcRolloutSession, model_dir: Path) -> None:
@@ -384,41 +362,3 @@ def test_a_trainer_killed_holding_a_segment_leaves_nothing_in_dev_shm() -> None:
             break
         time.sleep(0.1)
     assert not shm_exists(name)
-
-
-def test_cuda_ipc_is_refused_with_the_reason_when_the_gpu_is_not_visible() -> None:
-    """A rollout that maps the probe but does not see the trainer's GPU takes shared memory
-    only and says why; a handle of a GPU it does not see is refused by name."""
-    from opentinker.services.modeling import cuda_ipc
-    from opentinker.services.modeling.shared_weights import ProbeOffer
-    from opentinker.services.rollout.weight_transports import accept_offer
-
-    probe = ProbeOffer(cuda_device_uuid="GPU-0000-not-here")
-    try:
-        accepted, refused = accept_offer(probe.offer)
-    finally:
-        probe.close()
-    assert accepted == [rollout_pb2.WEIGHT_TRANSPORT_INLINE, SHM]
-    assert "GPU-0000-not-here is not visible here" in refused
-    assert not shm_exists(probe.offer.probe_segment)
-    probe = ProbeOffer(cuda_device_uuid="GPU-0000-not-here")
-    try:  # vLLM over two GPUs: its second worker would open the handles across devices
-        accepted, refused = accept_offer(probe.offer, engine_gpus=2)
-    finally:
-        probe.close()
-    assert accepted == [rollout_pb2.WEIGHT_TRANSPORT_INLINE, SHM]
-    assert "spans 2 GPUs (tensor parallel)" in refused
-    with pytest.raises(ValueError, match="'w' lives on GPU GPU-0000-not-here"):
-        cuda_ipc.open_tensor(rollout_pb2.CudaIpcTensor(name="w", device_uuid="GPU-0000-not-here"))
-    with pytest.raises(ValueError, match="'w' is on cpu, not a CUDA device"):
-        cuda_ipc.describe("w", torch.zeros(2))
-
-
-def test_an_update_larger_than_the_free_dev_shm_is_not_put_there() -> None:
-    """Writing past a full tmpfs would kill the trainer (SIGBUS): the ring checks the room
-    first, and the update then goes inline (StreamTransport.pick)."""
-    from opentinker.services.modeling.shared_weights import shm_room
-
-    writer = SegmentWriter()
-    assert shm_room(4096) and writer.fits(4096)
-    assert not shm_room(1 << 62) and not writer.fits(1 << 62)

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from opentinker.auth import api_key_from_env
 from opentinker.env_servicer import SERVICE_NAME, EnvironmentServicer, spec_of
-from opentinker.envhub.v1 import environment_pb2_grpc
+from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
 from opentinker.episode_table import (
     DEFAULT_MAX_OBSERVATION_CHARS,
@@ -125,6 +125,52 @@ def serve(
     block: serve until SIGINT/SIGTERM (then deregister and return the stopped handle); with
         False, return the running handle at once.
     """
+    table, spec = _episode_table(
+        game_factory,
+        name=name,
+        capacity=capacity,
+        idle_timeout_s=idle_timeout_s,
+        max_observation_chars=max_observation_chars,
+    )
+    server, bound = _start_grpc_server(
+        EnvironmentServicer(table, spec),
+        host=host,
+        port=port,
+        max_workers=max_workers or (capacity or 64) + 8,
+        thread_name_prefix=f"env-{table.env_name}",
+    )
+    address = advertise_address or f"{_advertised_host(host)}:{bound}"
+    log.info("env_server_started", env=table.env_name, address=address, capacity=capacity)
+
+    registration = None
+    if envhub_address:
+        registration = EnvHubRegistration(
+            envhub_address,
+            env_name=table.env_name,
+            address=address,
+            capacity=capacity,
+            api_key=api_key_from_env(api_key),
+            shared=shared,
+        )
+        _start_registration(registration, server)
+    handle = EnvServerHandle(
+        server, port=bound, address=address, table=table, registration=registration
+    )
+    if block:
+        _wait_for_signal(handle)
+    return handle
+
+
+def _episode_table(
+    game_factory: GameFactory,
+    *,
+    name: str | None,
+    capacity: int,
+    idle_timeout_s: float,
+    max_observation_chars: int,
+) -> tuple[EpisodeTable, environment_pb2.EnvironmentSpec]:
+    """The table of episodes and the environment's spec, from one game built to describe it;
+    InvalidArgumentError for a name EnvHub would refuse or a limit out of range."""
     probe = game_factory()
     env_name = name or probe.name
     if not env_name or not ENV_NAME_PATTERN.match(env_name):
@@ -137,7 +183,6 @@ def serve(
         )
     spec = spec_of(probe, env_name)
     close_quietly(probe)
-
     table = EpisodeTable(
         game_factory,
         env_name=env_name,
@@ -145,37 +190,16 @@ def serve(
         idle_timeout_s=idle_timeout_s,
         max_observation_chars=max_observation_chars,
     )
-    server, bound = _start_grpc_server(
-        EnvironmentServicer(table, spec),
-        host=host,
-        port=port,
-        max_workers=max_workers or (capacity or 64) + 8,
-        thread_name_prefix=f"env-{env_name}",
-    )
-    address = advertise_address or f"{_advertised_host(host)}:{bound}"
-    log.info("env_server_started", env=env_name, address=address, capacity=capacity)
+    return table, spec
 
-    registration = None
-    if envhub_address:
-        registration = EnvHubRegistration(
-            envhub_address,
-            env_name=env_name,
-            address=address,
-            capacity=capacity,
-            api_key=api_key_from_env(api_key),
-            shared=shared,
-        )
-        try:
-            registration.start()
-        except Exception:
-            server.stop(0)
-            raise
-    handle = EnvServerHandle(
-        server, port=bound, address=address, table=table, registration=registration
-    )
-    if block:
-        _wait_for_signal(handle)
-    return handle
+
+def _start_registration(registration: EnvHubRegistration, server: grpc.Server) -> None:
+    """Register with EnvHub (and keep renewing); a refusal stops ``server`` and is raised."""
+    try:
+        registration.start()
+    except Exception:
+        server.stop(0)
+        raise
 
 
 def _start_grpc_server(

@@ -14,7 +14,8 @@ from opentinker.services.envhub.settings import EnvHubSettings
 async def main() -> None:
     settings = EnvHubSettings()
     log = configure_logging("envhub", level=settings.log_level)
-    bound = bind_envhub(settings)  # its port first: the built-in env servers take theirs after
+    # its port first: the built-in env servers take theirs after
+    bound = await bind_envhub(settings)
     deps = EnvHubDeps.create(settings)
     server, port = await start_envhub(bound, settings, deps)
     log.info(

@@ -90,19 +90,23 @@ class BoundEnvHub:
     identity_channel: grpc.aio.Channel  # to the scheduler, which checks every credential
 
 
-def bind_envhub(settings: EnvHubSettings) -> BoundEnvHub:
+async def bind_envhub(settings: EnvHubSettings) -> BoundEnvHub:
     """Hold settings.host:settings.port (0 = any free port) before anything else of EnvHub's
     binds: its built-in env servers take ports of their own (port 0), and one could otherwise
     draw a port chosen for EnvHub in advance (the local mesh picks it before starting it).
-    OSError when the port is taken."""
+    OSError when the port is taken, with the channel to the scheduler it opened closed again."""
     identity_channel = aio_channel(settings.scheduler_address)
     auth = AuthInterceptor(
         IdentityServiceAuthenticator(identity_channel, address=settings.scheduler_address),
         ACCESS_RULES,
     )
-    server, port, health_servicer = create_aio_server(
-        [SERVICE_NAME], host=settings.host, port=settings.port, interceptors=[auth]
-    )
+    try:
+        server, port, health_servicer = create_aio_server(
+            [SERVICE_NAME], host=settings.host, port=settings.port, interceptors=[auth]
+        )
+    except BaseException:
+        await identity_channel.close()
+        raise
     return BoundEnvHub(server, port, health_servicer, identity_channel)
 
 
@@ -125,4 +129,4 @@ async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grp
     """A started EnvHub server on settings.host:settings.port (0 = any free port) serving
     ``deps`` (bind_envhub, then start_envhub). Every caller's credential is checked by the
     scheduler's IdentityService at settings.scheduler_address."""
-    return await start_envhub(bind_envhub(settings), settings, deps)
+    return await start_envhub(await bind_envhub(settings), settings, deps)

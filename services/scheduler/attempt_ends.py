@@ -18,7 +18,7 @@ import structlog
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
-from opentinker.services.scheduler.job_store import ACTIVE_STATES, state_name
+from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES, state_name
 from opentinker.services.scheduler.spanning import end_parts, holds_part
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates

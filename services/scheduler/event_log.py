@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.scheduler.job_store import TERMINAL_STATES, JobState
+from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, JobState
 
 _BATCH = 500
 

@@ -2,7 +2,8 @@
 
 A job is a ``common_pb2.Job`` stored serialized. Its ``state`` only moves along the life cycle
 QUEUED → ALLOCATING → RUNNING → SUCCEEDED | FAILED | CANCELLED (plus back to QUEUED when its
-worker is lost); terminal states are final and every other move raises IllegalTransitionError.
+worker is lost); terminal states are final and every other move raises IllegalTransitionError
+(job_lifecycle.py: the states, the allowed moves, the check).
 
 Redis layout (``prefix`` defaults to ``ot:jobs``)::
 
@@ -24,7 +25,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
@@ -32,59 +33,12 @@ from redis.exceptions import WatchError
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2
-from opentinker.services.scheduler.errors import (
-    IllegalTransitionError,
-    JobNotFoundError,
-    StaleAttemptError,
-)
+from opentinker.services.scheduler.errors import JobNotFoundError, StaleAttemptError
+from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, JobState, check_transition
 from opentinker.services.scheduler.redis_text import as_text
-
-# The enum's int values (JOB_STATE_QUEUED, ...), typed as our generated .pyi stubs spell them
-# (protoc's ``class JobState(int)``; ``.ValueType`` is mypy-protobuf's spelling, not ours).
-JobState: TypeAlias = common_pb2.JobState
-
-TERMINAL_STATES: frozenset[JobState] = frozenset(
-    {common_pb2.JOB_STATE_SUCCEEDED, common_pb2.JOB_STATE_FAILED, common_pb2.JOB_STATE_CANCELLED}
-)
-ACTIVE_STATES: frozenset[JobState] = frozenset(
-    {common_pb2.JOB_STATE_ALLOCATING, common_pb2.JOB_STATE_RUNNING}
-)
-
-# Allowed moves; back to QUEUED happens when the worker is lost (the job resumes elsewhere).
-TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    # QUEUED -> FAILED: a job no worker can ever hold (unschedulable).
-    common_pb2.JOB_STATE_QUEUED: frozenset(
-        {
-            common_pb2.JOB_STATE_ALLOCATING,
-            common_pb2.JOB_STATE_CANCELLED,
-            common_pb2.JOB_STATE_FAILED,
-        }
-    ),
-    common_pb2.JOB_STATE_ALLOCATING: frozenset(
-        {
-            common_pb2.JOB_STATE_RUNNING,
-            common_pb2.JOB_STATE_QUEUED,
-            common_pb2.JOB_STATE_FAILED,
-            common_pb2.JOB_STATE_CANCELLED,
-        }
-    ),
-    common_pb2.JOB_STATE_RUNNING: frozenset(
-        {
-            common_pb2.JOB_STATE_SUCCEEDED,
-            common_pb2.JOB_STATE_FAILED,
-            common_pb2.JOB_STATE_CANCELLED,
-            common_pb2.JOB_STATE_QUEUED,
-        }
-    ),
-}
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
-
-
-def state_name(state: JobState) -> str:
-    """``JOB_STATE_RUNNING`` -> ``RUNNING``."""
-    return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
 @dataclass(frozen=True)
@@ -300,7 +254,7 @@ class RedisJobStore:
                     if raw is None:
                         raise JobNotFoundError.for_id(job_id)
                     job = common_pb2.Job.FromString(raw)
-                    _check_transition(job, to, expect_attempt)
+                    check_transition(job, to, expect_attempt)
                     job.state = to
                     job.reason = reason
                     if to != common_pb2.JOB_STATE_RUNNING:  # a session serves only while running
@@ -382,19 +336,4 @@ class RedisJobStore:
             last_step=common_pb2.StepMetrics.FromString(step) if step is not None else None,
             lost_reason=fields.get(b"lost", b"").decode(),
             session_end=fields.get(b"session_end", b"").decode(),
-        )
-
-
-def _check_transition(job: common_pb2.Job, to: JobState, expect_attempt: int | None) -> None:
-    if expect_attempt is not None and job.attempt != expect_attempt:
-        raise StaleAttemptError(
-            f"job {job.job_id!r} is at attempt {job.attempt}, not {expect_attempt}",
-            reason="STALE_ATTEMPT",
-        )
-    if to not in TRANSITIONS.get(job.state, frozenset()):
-        final = " (terminal states are final)" if job.state in TERMINAL_STATES else ""
-        raise IllegalTransitionError(
-            f"job {job.job_id!r} is {state_name(job.state)} and cannot become "
-            f"{state_name(to)}{final}",
-            reason="ILLEGAL_TRANSITION",
         )

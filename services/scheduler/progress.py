@@ -15,7 +15,8 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.event_log import EventLog
-from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
+from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES
+from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.quotas import Quotas
 
 MAX_ROW_BYTES = 16 * 1024  # a result row (ResultRow.json); the job trims its texts to fit

@@ -30,7 +30,8 @@ import structlog
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.errors import JobNotFoundError
-from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobStore
+from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES
+from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
 from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.worker_session import StopCommand, WorkerSession

@@ -36,11 +36,8 @@ from opentinker.services.scheduler.errors import (
     JobNotFoundError,
 )
 from opentinker.services.scheduler.event_log import state_change
-from opentinker.services.scheduler.job_store import (
-    TERMINAL_STATES,
-    JobPage,
-    state_name,
-)
+from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, state_name
+from opentinker.services.scheduler.job_store import JobPage
 from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas

@@ -11,7 +11,8 @@ from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.errors import IllegalTransitionError, StaleAttemptError
 from opentinker.services.scheduler.event_log import EventLog, state_change
 from opentinker.services.scheduler.identity import IdentityStore
-from opentinker.services.scheduler.job_store import ACTIVE_STATES, JobState, JobStore, state_name
+from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES, JobState, state_name
+from opentinker.services.scheduler.job_store import JobStore
 
 log = structlog.get_logger(__name__)
 

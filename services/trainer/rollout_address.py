@@ -26,7 +26,7 @@ log = structlog.get_logger(__name__)
 
 POLL_S = 0.05  # how often the file is looked for; the address is read once, when it appears
 # host:port, [v6]:port, or a gRPC unix: target; what a rollout writes (rollout/__main__.py)
-_ADDRESS = re.compile(r"^(unix:\S+|\S+:\d{1,5})$")
+_ADDRESS = re.compile(r"^(unix:\S+|\S+:(?P<port>\d{1,5}))$")
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,19 @@ class RolloutAddress:
                 )
             await asyncio.sleep(POLL_S)
         address = self.file.read_text().strip()
-        if not _ADDRESS.match(address):
+        if not _is_address(address):
             raise RolloutError(
                 f"{self.file} holds {address[:80]!r}, not the rollout's host:port "
                 "(something other than the rollout wrote it)"
             )
         log.info("rollout_address", address=address, waited_s=round(time.monotonic() - started, 3))
         return address
+
+
+def _is_address(text: str) -> bool:
+    """A gRPC unix: target, or host:port with a port a server can bind (1..65535)."""
+    match = _ADDRESS.match(text)
+    if match is None:
+        return False
+    port = match.group("port")
+    return port is None or 1 <= int(port) <= 65535
