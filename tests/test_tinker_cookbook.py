@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
+import tinker
 from tinker_cookbook.recipes import rl_loop, sl_loop
 from tinker_cookbook.tokenizer_utils import register_tokenizer, unregister_tokenizer
 from tinker_gateway_helpers import QWEN, gateway, mesh, monkeypatch_module
@@ -21,9 +23,12 @@ __all__ = ["gateway", "mesh", "monkeypatch_module"]  # fixtures used here
 
 
 @pytest.fixture(scope="module")
-def offline_cookbook(mesh, letter_model_dir: Path, tmp_path_factory, monkeypatch_module):
+def offline_cookbook(gateway, mesh, letter_model_dir: Path, tmp_path_factory, monkeypatch_module):
     """The key in TINKER_API_KEY, the tiny tokenizer under the recipes' model name, and
-    ``datasets.load_dataset`` of the recipes' hub datasets answered from local files."""
+    ``datasets.load_dataset`` of the recipes' hub datasets answered from local files. The
+    ServiceClients the recipes make are closed at the end, while the gateway still runs: the
+    recipes leave theirs open, and its heartbeat thread logged connection errors for minutes
+    once the gateway had stopped, into later tests and past pytest's end."""
     root = tmp_path_factory.mktemp("datasets")
     files = {
         "HuggingFaceH4/no_robots": _write(root / "no_robots.jsonl", _chats(16)),
@@ -37,8 +42,19 @@ def offline_cookbook(mesh, letter_model_dir: Path, tmp_path_factory, monkeypatch
     monkeypatch_module.setenv("TINKER_API_KEY", f"tml-{mesh.api_key}")
     monkeypatch_module.setattr(datasets, "load_dataset", load_local)
     register_tokenizer(QWEN, lambda: AutoTokenizer.from_pretrained(letter_model_dir))
+    made: list[tinker.ServiceClient] = []
+    make = tinker.ServiceClient.__init__
+
+    def recorded(self: tinker.ServiceClient, *args: Any, **kwargs: Any) -> None:
+        make(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch_module.setattr(tinker.ServiceClient, "__init__", recorded)
     yield
     unregister_tokenizer(QWEN)
+    assert made, "the recipes made no ServiceClient: nothing to close"
+    for client in made:
+        client.close("success").result(timeout=30)
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
