@@ -183,6 +183,10 @@ def report(run: Run, args: argparse.Namespace, out: TextIO) -> None:
         name = key.removeprefix("time_").removesuffix("_s")
         out.write(f"{name:<18}{mean:>10.4f}{mean / step_s:>9.1%}\n")
     out.write(f"{'step total':<18}{step_s:>10.4f}\n")
+    for key in ("time_train_forward_backward_s", "time_train_optimizer_s"):  # parts of train
+        mean = statistics.fmean(s.metrics.get(key, 0.0) for s in measured)
+        name = "  " + key.removeprefix("time_train_").removesuffix("_s")
+        out.write(f"{name:<18}{mean:>10.4f}{mean / step_s:>9.1%}  of train\n")
     for key in (
         "tokens_per_s",
         "probe_max_abs_diff",

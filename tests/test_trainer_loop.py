@@ -37,6 +37,7 @@ REQUIRED_METRICS = {
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
     "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
     "episodes_truncated_frac", "padding_share", "probe_shift", "probe_blind_versions",
+    "time_train_forward_backward_s", "time_train_optimizer_s",
 }  # fmt: skip
 
 
@@ -167,6 +168,12 @@ def test_loop_trains_syncs_reports_and_checkpoints(
                 assert s.metrics["probe_shift"] > 1e-3
                 assert s.metrics["probe_blind_versions"] == 0.0
                 assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
+                # the update's passes (none when no episode had signal) and optimizer steps,
+                # parts of its training time
+                passes = s.metrics["time_train_forward_backward_s"]
+                optimizer = s.metrics["time_train_optimizer_s"]
+                assert optimizer > 0 and passes + optimizer <= s.metrics["time_train_s"]
+                assert (passes > 0) == (s.metrics["tokens_trained"] > 0), s.metrics
                 assert 1.0 <= s.metrics["completion_len_mean"] <= 2.0  # max_new_tokens 2
                 # 8 episodes x 1-2 tokens each; trained tokens are model tokens with signal.
                 assert 8 <= s.metrics["tokens_generated"] <= 16

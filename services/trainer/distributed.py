@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -159,19 +160,29 @@ def data_parallel_update(
     work = prepare(policy, episodes, config, reference=None, critic=None)
     signal_B = (work.advantages_B_T.abs() * work.full.loss_mask_B_T).sum(dim=1) > 0
     limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+    started = time.perf_counter()
     if not bool(signal_B.any()):
         zero_gradient_step(policy, limit)
-        return _no_signal_stats(episodes, optimizer_steps=1)
+        return _no_signal_stats(
+            episodes, optimizer_steps=1, optimizer_s=time.perf_counter() - started
+        )
     minibatch = list(range(len(episodes)))
     tally = _Tally()
     one_pass = dataclasses.replace(config, max_padding=1.0)  # the same forwards on every rank
     backward_minibatch(policy, work, minibatch, rank_rows(minibatch, rank), one_pass, tally=tally)
+    tally.add_seconds("forward_backward", started)
+    started = time.perf_counter()
     grad_norm = policy.optimizer_step(limit)
+    tally.add_seconds("optimizer", started)
     sums = [tally.token_sums.get(n, 0.0) for n in _TOKEN_FIGURES]
     counts = [float(tally.tokens.get(n, 0)) for n in _TOKEN_FIGURES]
     figures = torch.tensor([*sums, *counts, tally.step_sums.get("loss", 0.0)], dtype=torch.float64)
     dist.all_reduce(figures)  # a SUM: each rank's loss is its rows' share of the batch's
-    summed = _Tally(steps=1, step_sums={"loss": float(figures[-1]), "grad_norm": grad_norm})
+    summed = _Tally(
+        steps=1,
+        step_sums={"loss": float(figures[-1]), "grad_norm": grad_norm},
+        seconds=tally.seconds,  # this rank's
+    )
     for i, name in enumerate(_TOKEN_FIGURES):
         summed.token_sums[name] = float(figures[i])
         summed.tokens[name] = int(figures[len(_TOKEN_FIGURES) + i])

@@ -40,6 +40,9 @@ def update_metrics(stats: TrainStats) -> dict[str, float]:
         # RlConfig's max_padding_fraction bounds per micro-batch.
         "padding_share": stats.padding_share,
         "logprob_gap": stats.logprob_gap,
+        # Parts of time_train_s (the rest: advantages, reference / old-policy passes, collate)
+        "time_train_forward_backward_s": stats.forward_backward_s,
+        "time_train_optimizer_s": stats.optimizer_s,
     }
 
 

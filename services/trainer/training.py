@@ -11,6 +11,7 @@ The ratio is taken against the sampling logprobs, so from the second step on the
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,11 @@ class TrainStats:
     explained_variance: float = 0.0
     optimizer_steps: int = 0
     padding_share: float = 0.0  # padding's share of the micro-batches' rows x longest row
+    # Seconds of the update in forward + backward passes and in optimizer steps (the rest:
+    # advantages, the reference's and old policy's passes, collating). Each phase ends in a
+    # float read of its result, which waits for the GPU, so no extra synchronisation is needed.
+    forward_backward_s: float = 0.0
+    optimizer_s: float = 0.0
 
 
 @dataclass
@@ -66,6 +72,11 @@ class _Tally:
     tokens: dict[str, int] = field(default_factory=dict)
     step_sums: dict[str, float] = field(default_factory=dict)
     steps: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase, summed
+
+    def add_seconds(self, name: str, since: float) -> None:
+        """Add the seconds from ``since`` (time.perf_counter) to now to phase ``name``."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - since
 
     def add_tokens(self, name: str, mean: float, tokens: int) -> None:
         self.token_sums[name] = self.token_sums.get(name, 0.0) + mean * tokens
@@ -122,9 +133,12 @@ def rl_update(
     limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
     if not active:  # no forward or backward: every step is on zero gradients
         steps = config.ppo_epochs * math.ceil(len(episodes) / size)
+        started = time.perf_counter()
         for _ in range(steps):
             zero_gradient_step(policy, limit)
-        return _no_signal_stats(episodes, optimizer_steps=steps)
+        return _no_signal_stats(
+            episodes, optimizer_steps=steps, optimizer_s=time.perf_counter() - started
+        )
     tally = _Tally()
     shuffle = torch.Generator().manual_seed(0)
     for epoch in range(config.ppo_epochs):
@@ -135,9 +149,12 @@ def rl_update(
             minibatch = order[start : start + size]
             rows = [i for i in minibatch if i in active]
             if not rows:
+                started = time.perf_counter()
                 tally.add_step(grad_norm=zero_gradient_step(policy, limit))
+                tally.add_seconds("optimizer", started)
                 tally.steps += 1
                 continue
+            started = time.perf_counter()
             backward_minibatch(
                 policy,
                 work,
@@ -148,9 +165,12 @@ def rl_update(
                 tally=tally,
                 first_pass=epoch == 0,
             )
+            tally.add_seconds("forward_backward", started)
+            started = time.perf_counter()
             tally.add_step(grad_norm=policy.optimizer_step(limit))
             if critic is not None:
                 critic.step(config.max_grad_norm)
+            tally.add_seconds("optimizer", started)
             tally.steps += 1
     return _stats(tally, work, len(episodes))
 
@@ -329,6 +349,8 @@ def _stats(tally: _Tally, work: BatchWork, sequences: int) -> TrainStats:
         explained_variance=variance,
         optimizer_steps=tally.steps,
         padding_share=tally.token_mean("padding"),
+        forward_backward_s=tally.seconds.get("forward_backward", 0.0),
+        optimizer_s=tally.seconds.get("optimizer", 0.0),
     )
 
 
@@ -345,7 +367,9 @@ def zero_gradient_step(policy: Policy, max_grad_norm: float) -> float:
     return policy.optimizer_step(max_grad_norm)
 
 
-def _no_signal_stats(episodes: list[Episode], *, optimizer_steps: int) -> TrainStats:
+def _no_signal_stats(
+    episodes: list[Episode], *, optimizer_steps: int, optimizer_s: float = 0.0
+) -> TrainStats:
     nll = [-lp for ep in episodes for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m]
     return TrainStats(
         loss=0.0,
@@ -357,4 +381,5 @@ def _no_signal_stats(episodes: list[Episode], *, optimizer_steps: int) -> TrainS
         sequences=len(episodes),
         trained_tokens=0,
         optimizer_steps=optimizer_steps,
+        optimizer_s=optimizer_s,
     )
