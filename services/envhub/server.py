@@ -93,7 +93,7 @@ class BoundEnvHub:
 async def bind_envhub(settings: EnvHubSettings) -> BoundEnvHub:
     """Hold settings.host:settings.port (0 = any free port) before anything else of EnvHub's
     binds: its built-in env servers take ports of their own (port 0), and one could otherwise
-    draw a port chosen for EnvHub in advance (the local mesh picks it before starting it).
+    draw a port chosen for EnvHub in advance (by whoever starts it with a fixed port).
     OSError when the port is taken, with the channel to the scheduler it opened closed again."""
     identity_channel = aio_channel(settings.scheduler_address)
     auth = AuthInterceptor(
