@@ -25,6 +25,7 @@ from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
 from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.launcher import mesh as mesh_module
+from opentinker.services.launcher import processes
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = pytest.mark.integration
@@ -110,22 +111,26 @@ def test_envhub_holds_its_port_before_its_built_in_env_servers_take_theirs(
 def test_the_mesh_picks_no_port_for_its_services_in_advance(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The mesh picked a free port for the scheduler and EnvHub, then started them on it;
-    another process could take it in between (here every pick returns a port held by this
-    test) and the service failed to start. Now each binds port 0 and writes the port it got to
-    its address file; a restart takes the same port again."""
+    """The mesh picked a free port for the scheduler, EnvHub and the dashboard, then started
+    them on it; another process could take it in between (here every pick returns a port held
+    by this test) and the service failed to start. Now each binds port 0 and writes the port
+    it got to its address file; a restart takes the same port again."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        monkeypatch.setattr(mesh_module, "free_port", lambda host="127.0.0.1": taken)
+        for module in (mesh_module, processes):  # wherever the mesh would look the name up
+            monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": taken, raising=False)
         run_root = tmp_path / "mesh"
-        with LocalMesh(MeshSettings(run_root=run_root, warm_spares=0)) as mesh:
-            addresses = [mesh.scheduler_address, mesh.envhub_address]
+        settings = MeshSettings(run_root=run_root, warm_spares=0, dashboard_port=0)
+        with LocalMesh(settings) as mesh:
+            dashboard = mesh.dashboard_url.removeprefix("http://").rstrip("/")
+            addresses = [mesh.scheduler_address, mesh.envhub_address, dashboard]
             ports = {int(address.rpartition(":")[2]) for address in addresses}
-            assert taken not in ports and len(ports) == 2, addresses
+            assert taken not in ports and len(ports) == 3, addresses
             assert (run_root / "scheduler.addr").read_text() == mesh.scheduler_address
             assert (run_root / "envhub.addr").read_text() == mesh.envhub_address
+            assert (run_root / "dashboard.addr").read_text() == dashboard
             mesh.kill("scheduler")
             mesh.restart("scheduler")  # waits until SERVING at the address it had
             assert (run_root / "scheduler.addr").read_text() == mesh.scheduler_address

@@ -15,6 +15,11 @@ class DashboardSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0 = any free port.")
+    address_file: str = Field(
+        "",
+        description="once listening, write host:port here (a launcher that starts it on "
+        "port 0 learns the port it got)",
+    )
     scheduler_address: str = Field("127.0.0.1:50051", min_length=1)
     envhub_address: str = Field("127.0.0.1:50052", min_length=1)
     ca_file: str | None = Field(None, description="CA of a scheduler/envhub serving TLS.")

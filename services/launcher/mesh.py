@@ -15,7 +15,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.services.launcher.local_user import ensure_local_user_key
-from opentinker.services.launcher.processes import ServiceProcess, free_port
+from opentinker.services.launcher.processes import ServiceProcess
 from opentinker.services.launcher.redis_process import RedisProcess
 from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE, WORKER_TOKEN_FILE
 
@@ -110,7 +110,7 @@ class LocalMesh:
         )
         self.start_worker()
         if s.dashboard_port is not None:
-            self.start_dashboard(s.dashboard_port or free_port(s.host))
+            self.start_dashboard(s.dashboard_port)
         log.info(
             "mesh.up",
             scheduler=self.scheduler_address,
@@ -120,18 +120,28 @@ class LocalMesh:
         )
 
     def start_dashboard(self, port: int) -> ServiceProcess:
-        """Start the web dashboard on ``port`` and wait until it answers."""
+        """Start the web dashboard on ``port`` (0: any free one, which it binds and says in
+        its address file) and wait until it answers."""
+        address_file = self.run_root / "dashboard.addr"
+        address_file.unlink(missing_ok=True)  # an earlier run's, in the same run root
         proc = self._start(
             "dashboard",
             "opentinker.services.dashboard",
             {
                 "OPENTINKER_DASHBOARD_HOST": self.settings.host,
                 "OPENTINKER_DASHBOARD_PORT": str(port),
+                "OPENTINKER_DASHBOARD_ADDRESS_FILE": str(address_file),
                 "OPENTINKER_DASHBOARD_SCHEDULER_ADDRESS": self.scheduler_address,
                 "OPENTINKER_DASHBOARD_ENVHUB_ADDRESS": self.envhub_address,
             },
         )
-        self.dashboard_url = f"http://{self.settings.host}:{port}/"
+        address = proc.wait_address(
+            address_file,
+            timeout_s=self.settings.startup_timeout_s,
+            port_variable="OPENTINKER_DASHBOARD_PORT",
+        )
+        proc.address = ""  # HTTP: no gRPC health check to wait for on a restart
+        self.dashboard_url = f"http://{address}/"
         proc.wait_http(self.dashboard_url + "healthz", timeout_s=self.settings.startup_timeout_s)
         return proc
 

@@ -67,9 +67,12 @@ class ServiceProcess:
             self.name, self.module, env=self.env, log_dir=self.log_path.parent, address=self.address
         )
 
-    def wait_address(self, address_file: Path, *, timeout_s: float = 60.0) -> str:
+    def wait_address(
+        self, address_file: Path, *, timeout_s: float = 60.0, port_variable: str = "OPENTINKER_PORT"
+    ) -> str:
         """The host:port a service started on port 0 wrote to ``address_file`` once serving
-        (OPENTINKER_ADDRESS_FILE); kept as its address, and its port for a restart."""
+        (OPENTINKER_ADDRESS_FILE); kept as its address, and its port (``port_variable``) for
+        a restart."""
         try:
             address = wait_for_file(address_file, timeout_s=timeout_s, alive=self.alive)
         except RuntimeError:
@@ -81,7 +84,7 @@ class ServiceProcess:
                 f"{self.log_path}:\n{log_tail(self.log_path)}"
             ) from None
         self.address = address
-        self.env["OPENTINKER_PORT"] = address.rpartition(":")[2]  # a restart takes it again
+        self.env[port_variable] = address.rpartition(":")[2]  # a restart takes it again
         return address
 
     def kill(self) -> None:
