@@ -25,8 +25,9 @@ from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
 from opentinker.services.envhub.server import EnvHubDeps, bind_envhub, start_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.launcher import mesh as mesh_module
-from opentinker.services.launcher import processes
+from opentinker.services.launcher import processes, redis_process
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.launcher.redis_process import RedisProcess
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +135,27 @@ def test_the_mesh_picks_no_port_for_its_services_in_advance(
             mesh.kill("scheduler")
             mesh.restart("scheduler")  # waits until SERVING at the address it had
             assert (run_root / "scheduler.addr").read_text() == mesh.scheduler_address
+
+
+def test_a_redis_whose_picked_port_another_redis_took_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-server cannot bind port 0 and say which it got, so RedisProcess picks a port
+    first. Another Redis taking it in between answered the readiness PING instead: the start
+    "succeeded" on the other server (another test's data). Now the server that answers must
+    be ours (its pid), and a picked port lost to another Redis is picked again."""
+    with RedisProcess(tmp_path / "first") as first:
+        picks = iter([first.port])
+        real_pick = redis_process.free_port
+        monkeypatch.setattr(
+            redis_process,
+            "free_port",
+            lambda host="127.0.0.1": next(picks, None) or real_pick(host),
+        )
+        with RedisProcess(tmp_path / "second") as second:
+            assert second.port != first.port
+            pid = redis_process._server_pid("127.0.0.1", second.port, timeout_s=1.0)
+            assert pid == second._process.pid  # noqa: SLF001 - the server that answers is ours
+        given = RedisProcess(tmp_path / "third", port=first.port)  # a port given: no retry
+        with pytest.raises(RuntimeError, match="another Redis \\(pid \\d+\\) holds it"):
+            given.start()

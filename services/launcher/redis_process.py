@@ -58,6 +58,9 @@ def find_redis_server() -> str:
     raise ConfigError(f"no redis-server binary found; {INSTALL_HINT}", reason="NO_REDIS_SERVER")
 
 
+PICK_ATTEMPTS = 3  # ports a start picks in turn when another server takes the picked one
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -65,14 +68,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _ping(host: str, port: int, timeout_s: float) -> bool:
-    """True when a Redis at host:port answers PING (plain RESP, no client library needed)."""
+def _server_pid(host: str, port: int, timeout_s: float) -> int | None:
+    """The process id of the Redis answering at host:port (INFO server, plain RESP, no client
+    library needed); None when nothing answers as Redis does."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            sock.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
     except OSError:
-        return False
+        return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("process_id:"):
+            return int(line.split(":", 1)[1])
+    return None
 
 
 class RedisProcess:
@@ -110,15 +123,29 @@ class RedisProcess:
         return self.data_dir / "redis.log"
 
     def start(self) -> RedisProcess:
-        """Start the server and wait until it answers PING; raises TimeoutError/RuntimeError."""
+        """Start the server and wait until it answers; raises TimeoutError/RuntimeError. On a
+        port it picked itself (none given), a start that lost the port to another server
+        between the pick and the bind tries another port (up to PICK_ATTEMPTS)."""
         if self._process is not None:
             return self
-        binary = self.binary or find_redis_server()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not self.port:
-            self.port = free_port(self.host)
+        picked = not self.port
+        for _ in range(PICK_ATTEMPTS if picked else 1):
+            if picked:
+                self.port = free_port(self.host)
+            other = self._launch_and_wait()
+            if other is None:
+                return self
+        raise RuntimeError(
+            f"redis-server could not bind {self.host}:{self.port}: another Redis (pid {other}) "
+            f"holds it; see {self.log_path}"
+        )
+
+    def _launch_and_wait(self) -> int | None:
+        """Launch redis-server on self.port and wait until it answers PING as itself (its own
+        pid: another Redis may hold the port). None once it does; the other server's pid when
+        ours exited and another answers there (the port was taken)."""
         argv = [
-            binary,
+            self.binary or find_redis_server(),
             "--bind", self.host,
             "--port", str(self.port),
             "--dir", str(self.data_dir.resolve()),
@@ -129,29 +156,31 @@ class RedisProcess:
             "--protected-mode", "yes",
             "--logfile", str(self.log_path.resolve()),
         ]  # fmt: skip
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         # SIGTERM when this process dies, even by SIGKILL: Redis flushes its AOF and exits
         # instead of outliving a crashed test run or launcher.
-        self._process = subprocess.Popen(
+        process = subprocess.Popen(
             with_parent_death_signal(argv, signal.SIGTERM),
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self._process = process
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                code = self._process.returncode
-                self._process = None
-                raise RuntimeError(
-                    f"redis-server exited with code {code} at start; see {self.log_path}"
-                )
-            if _ping(self.host, self.port, timeout_s=0.5):
+            answering = _server_pid(self.host, self.port, timeout_s=0.5)
+            if answering == process.pid:
                 log.info(
-                    "redis_started",
-                    url=self.url,
-                    pid=self._process.pid,
-                    data_dir=str(self.data_dir),
+                    "redis_started", url=self.url, pid=process.pid, data_dir=str(self.data_dir)
                 )
-                return self
+                return None
+            if process.poll() is not None:
+                self._process = None
+                if answering is not None:
+                    return answering
+                raise RuntimeError(
+                    f"redis-server exited with code {process.returncode} at start; see "
+                    f"{self.log_path}"
+                )
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(
