@@ -12,7 +12,10 @@ ports in advance any more: each binds port 0 and says which it got.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -159,3 +162,24 @@ def test_a_redis_whose_picked_port_another_redis_took_starts_on_another(
         given = RedisProcess(tmp_path / "third", port=first.port)  # a port given: no retry
         with pytest.raises(RuntimeError, match="another Redis \\(pid \\d+\\) holds it"):
             given.start()
+
+
+def test_a_port_held_by_something_that_talks_without_end_is_not_redis() -> None:
+    """What answers on a picked port is asked for its pid (INFO server); a server that sends
+    without end is read up to a bound and is not taken for Redis, rather than read forever."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+
+        def chatter() -> None:
+            connection, _ = listening.accept()
+            with connection, contextlib.suppress(OSError):
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    connection.sendall(b"x" * 4096)
+
+        thread = threading.Thread(target=chatter, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        assert redis_process._server_pid("127.0.0.1", port, timeout_s=1.0) is None
+        assert time.monotonic() - started < 5
+        thread.join(timeout=15)

@@ -59,6 +59,7 @@ def find_redis_server() -> str:
 
 
 PICK_ATTEMPTS = 3  # ports a start picks in turn when another server takes the picked one
+INFO_REPLY_LIMIT = 64 * 1024  # bytes read of what answers on the port (INFO server)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,7 +76,10 @@ def _server_pid(host: str, port: int, timeout_s: float) -> int | None:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(b"INFO server\r\n")
             reply = b""
-            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+            # Redis's reply is a few KiB; whatever else holds the port may send without end
+            while len(reply) < INFO_REPLY_LIMIT and (
+                b"process_id:" not in reply or not reply.endswith(b"\r\n")
+            ):
                 chunk = sock.recv(4096)
                 if not chunk:
                     break
@@ -83,8 +87,9 @@ def _server_pid(host: str, port: int, timeout_s: float) -> int | None:
     except OSError:
         return None
     for line in reply.decode(errors="replace").splitlines():
-        if line.startswith("process_id:"):
-            return int(line.split(":", 1)[1])
+        key, _, value = line.partition(":")
+        if key == "process_id" and value.strip().isdigit():
+            return int(value)
     return None
 
 
