@@ -140,7 +140,6 @@ class LocalMesh:
             timeout_s=self.settings.startup_timeout_s,
             port_variable="OPENTINKER_DASHBOARD_PORT",
         )
-        proc.address = ""  # HTTP: no gRPC health check to wait for on a restart
         self.dashboard_url = f"http://{address}/"
         proc.wait_http(self.dashboard_url + "healthz", timeout_s=self.settings.startup_timeout_s)
         return proc
@@ -186,7 +185,8 @@ class LocalMesh:
             module,
             {**env, "OPENTINKER_PORT": str(port), "OPENTINKER_ADDRESS_FILE": str(address_file)},
         )
-        proc.wait_address(address_file, timeout_s=self.settings.startup_timeout_s)
+        # the gRPC health check a restart waits for goes to this address
+        proc.address = proc.wait_address(address_file, timeout_s=self.settings.startup_timeout_s)
         return proc
 
     def _start(

@@ -71,8 +71,7 @@ class ServiceProcess:
         self, address_file: Path, *, timeout_s: float = 60.0, port_variable: str = "OPENTINKER_PORT"
     ) -> str:
         """The host:port a service started on port 0 wrote to ``address_file`` once serving
-        (OPENTINKER_ADDRESS_FILE); kept as its address, and its port (``port_variable``) for
-        a restart."""
+        (OPENTINKER_ADDRESS_FILE); its port is kept in ``port_variable`` for a restart."""
         try:
             address = wait_for_file(address_file, timeout_s=timeout_s, alive=self.alive)
         except RuntimeError:
@@ -83,7 +82,6 @@ class ServiceProcess:
                 f"{self.name} did not say its address within {timeout_s:.0f} s; see "
                 f"{self.log_path}:\n{log_tail(self.log_path)}"
             ) from None
-        self.address = address
         self.env[port_variable] = address.rpartition(":")[2]  # a restart takes it again
         return address
 
