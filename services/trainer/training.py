@@ -132,12 +132,8 @@ def rl_update(
     size = config.minibatch_size or len(episodes)
     limit = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
     if not active:  # no forward or backward: every step is on zero gradients
-        steps = config.ppo_epochs * math.ceil(len(episodes) / size)
-        started = time.perf_counter()
-        for _ in range(steps):
-            zero_gradient_step(policy, limit)
-        return _no_signal_stats(
-            episodes, optimizer_steps=steps, optimizer_s=time.perf_counter() - started
+        return _zero_gradient_update(
+            policy, episodes, steps=config.ppo_epochs * math.ceil(len(episodes) / size), limit=limit
         )
     tally = _Tally()
     shuffle = torch.Generator().manual_seed(0)
@@ -365,6 +361,18 @@ def zero_gradient_step(policy: Policy, max_grad_norm: float) -> float:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
     return policy.optimizer_step(max_grad_norm)
+
+
+def _zero_gradient_update(
+    policy: Policy, episodes: list[Episode], *, steps: int, limit: float
+) -> TrainStats:
+    """The update of a batch without signal: ``steps`` optimizer steps on zero gradients."""
+    started = time.perf_counter()
+    for _ in range(steps):
+        zero_gradient_step(policy, limit)
+    return _no_signal_stats(
+        episodes, optimizer_steps=steps, optimizer_s=time.perf_counter() - started
+    )
 
 
 def _no_signal_stats(
