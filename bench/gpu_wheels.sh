@@ -36,8 +36,9 @@ for dir in .whl/p[0-9]*; do
 done
 # In calls of a few minutes each: a call that loses its machine loses its output. Step times
 # on an H100: 2026-11-26, install 100 s, rl full 115 s, bench 142 s, weight_transport 38 s;
-# 2026-11-27 (one call of 532 s: stage, install, rl lora 250 s with vLLM's compile cache
-# cold, tests vllm_multi_lora_gpu 88 s and vllm_engine_gpu 74 s, all passed); multilora,
+# 2026-11-27 (one call of 532 s: stage, install and rl lora together ~355 s, the job 213 s of
+# it with vLLM's compile cache cold; tests vllm_multi_lora_gpu 88 s and vllm_engine_gpu 74 s
+# (the step 175 s); all passed); multilora,
 # resized since it ran past 230 s, about 130 s (estimated). Never run there yet: the bench's
 # seeded/unseeded rows, multilora at k=16, rl full with a gradient, and the gpu tests of
 # rollout_engine, prefix_cache and checkpoints.
