@@ -37,6 +37,12 @@ async def launches(worker, n: int) -> list[str]:  # noqa: ANN001
     return [(await worker.next_command()).launch.job.job_id for _ in range(n)]
 
 
+# Budgets reset at multiples of their period since the epoch: a test with an hour's period
+# that ran across 06:00:00 UTC (a CI run) saw acme's spent budget reset and its queued job
+# leave the queue. A period of 10 years turns next in December 2029.
+PERIOD_S = 10 * 365 * 86400
+
+
 async def still_queued(mesh, jobs, after_s: float = 0.6) -> bool:  # noqa: ANN001
     """After ``after_s`` (several dispatch rounds), are all ``jobs`` still QUEUED? (Reading the
     worker's stream with a timeout would cancel the whole call in grpc.aio.)"""
@@ -118,7 +124,7 @@ def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs
 ) -> None:
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:
-            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=3600)
+            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=PERIOD_S)
             job = await submit(mesh.stub, "metered", num_devices=2)
             async with scripted_worker(mesh.worker_stub, "w1", ["d0", "d1"]) as w:
                 launch = (await w.next_command()).launch
@@ -150,7 +156,7 @@ def test_device_seconds_and_tokens_are_accounted_and_a_spent_budget_refuses_jobs
             assert acme.period.device_seconds >= 1.2 and acme.total.device_seconds >= 1.2
             assert acme.period.device_seconds < 10  # the lease ended with the attempt
             assert (acme.total.tokens_generated, acme.total.tokens_trained) == (200, 120)
-            assert acme.total.steps == 2 and acme.period_s == 3600
+            assert acme.total.steps == 2 and acme.period_s == PERIOD_S
             (row,) = [j for j in acme.jobs if j.job_id == job.job_id]
             assert row.usage.device_seconds == pytest.approx(acme.total.device_seconds)
             with pytest.raises(grpc.aio.AioRpcError) as spent:
@@ -181,7 +187,7 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
 
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:
-            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=3600)
+            await set_quota(mesh, "acme", device_seconds_per_period=1.0, period_s=PERIOD_S)
             globex = stub_with(
                 mesh, await api_key(mesh.running.stores.identity, tenant="globex", user="bob")
             )
