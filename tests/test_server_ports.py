@@ -183,3 +183,17 @@ def test_a_port_held_by_something_that_talks_without_end_is_not_redis() -> None:
         assert redis_process._server_pid("127.0.0.1", port, timeout_s=1.0) is None
         assert time.monotonic() - started < 5
         thread.join(timeout=15)
+
+
+def test_a_mesh_on_an_ipv6_host_says_addresses_a_channel_and_a_browser_can_use(
+    tmp_path: Path,
+) -> None:
+    """Services on host ``::1`` wrote ``::1:PORT`` to their address files (and the dashboard's
+    URL read ``http://::1:PORT/``): a gRPC target and a URL need the address in brackets."""
+    settings = MeshSettings(run_root=tmp_path / "mesh", host="::1", warm_spares=0, dashboard_port=0)
+    with LocalMesh(settings) as mesh:  # waits until each serves at the address it said
+        for address in (mesh.scheduler_address, mesh.envhub_address):
+            assert address.startswith("[::1]:"), address
+            with grpc.insecure_channel(address) as channel:
+                grpc.channel_ready_future(channel).result(timeout=10)
+        assert mesh.dashboard_url.startswith("http://[::1]:"), mesh.dashboard_url

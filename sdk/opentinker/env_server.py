@@ -33,7 +33,7 @@ from opentinker.episode_table import (
     close_quietly,
 )
 from opentinker.errors import InvalidArgumentError
-from opentinker.grpc_options import bind, server_options
+from opentinker.grpc_options import bind, host_port, server_options
 
 __all__ = ["ENV_NAME_PATTERN", "EnvServerHandle", "EpisodeTable", "GameFactory", "serve"]
 
@@ -139,7 +139,7 @@ def serve(
         max_workers=max_workers or (capacity or 64) + 8,
         thread_name_prefix=f"env-{table.env_name}",
     )
-    address = advertise_address or f"{_advertised_host(host)}:{bound}"
+    address = advertise_address or host_port(_advertised_host(host), bound)
     log.info("env_server_started", env=table.env_name, address=address, capacity=capacity)
 
     registration = None
@@ -222,7 +222,7 @@ def _start_grpc_server(
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_name, reflection.SERVICE_NAME], server
     )
-    bound = bind(server, f"{host}:{port}", what="the environment server")
+    bound = bind(server, host_port(host, port), what="the environment server")
     server.start()
     for service in ("", SERVICE_NAME):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -1,5 +1,6 @@
 """gRPC limits and keepalives of every server and channel of ours: the services', the SDK's
-clients and its environment servers alike (this module imports nothing, so the SDK holds it).
+clients and its environment servers alike (this module imports nothing, so the SDK holds it);
+and ``host_port``, how each of them writes an address.
 
 Each side pings a silent peer every ``keepalive_s`` (servers 20 s, channels 10 s) and drops
 the connection when a ping is not answered within half of that; the calls on it then end (a
@@ -59,6 +60,12 @@ def channel_options(keepalive_s: float = CHANNEL_KEEPALIVE_S) -> list[tuple[str,
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         *_keepalive(keepalive_s),
     ]
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as gRPC targets and URLs write it: a bare IPv6 address in brackets
+    (``[::1]:50051``), where ``::1:50051`` would read as an address with no port."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def bind(server: Any, address: str, credentials: Any = None, *, what: str = "a gRPC server") -> int:

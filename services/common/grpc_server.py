@@ -16,7 +16,13 @@ from grpc_reflection.v1alpha import reflection
 from opentinker import errors
 from opentinker.auth import aio_interceptors, with_credential
 from opentinker.errors import REASON_METADATA_KEY
-from opentinker.grpc_options import SERVER_KEEPALIVE_S, bind, channel_options, server_options
+from opentinker.grpc_options import (
+    SERVER_KEEPALIVE_S,
+    bind,
+    channel_options,
+    host_port,
+    server_options,
+)
 from opentinker.services.common.tls import TlsSettings
 from opentinker.tls import channel_credentials, open_channel
 
@@ -60,7 +66,7 @@ def create_aio_server(
         server,
     )
     credentials = (tls or TlsSettings()).server_credentials()
-    bound = bind(server, f"{host}:{port}", credentials)
+    bound = bind(server, host_port(host, port), credentials)
     return server, bound, health_servicer
 
 

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.common.v1 import common_pb2
+from opentinker.grpc_options import host_port
 from opentinker.spec import RlConfig
 
 
@@ -116,7 +117,7 @@ def publish_address(address_file: str, host: str, port: int) -> None:
     """Write ``host:port`` to ``address_file`` (none: nothing) once a server serves there: how
     whoever started it on port 0 learns the port (``ServiceProcess.wait_address``)."""
     if address_file:
-        write_atomic(Path(address_file), f"{host}:{port}")
+        write_atomic(Path(address_file), host_port(host, port))
 
 
 def wait_for_file(path: Path, *, timeout_s: float, alive=lambda: True, poll_s: float = 0.05) -> str:

@@ -18,8 +18,9 @@ def main() -> None:
     app = create_app(settings)
     # Its own socket, so that the port it got (port 0: any free one) is known and said; a
     # connection made before uvicorn accepts waits in the socket's backlog
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET  # "::" as uvicorn does
-    listening = socket.create_server((settings.host, settings.port), family=family)
+    host = settings.host.removeprefix("[").removesuffix("]")  # "[::1]" as in a URL
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # "::" as uvicorn does
+    listening = socket.create_server((host, settings.port), family=family)
     port = listening.getsockname()[1]
     log.info("serving", host=settings.host, port=port,
              scheduler=settings.scheduler_address, envhub=settings.envhub_address)  # fmt: skip

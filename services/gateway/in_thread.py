@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from opentinker.grpc_options import host_port
+
 from .app import create_app
 from .settings import GatewaySettings
 
@@ -34,7 +36,7 @@ def running_gateway(settings: GatewaySettings) -> Iterator[str]:
             raise RuntimeError("the gateway did not start")
         time.sleep(0.05)
     try:
-        yield f"http://{settings.host}:{port}"
+        yield f"http://{host_port(settings.host, port)}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)

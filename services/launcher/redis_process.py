@@ -28,6 +28,7 @@ from types import TracebackType
 import structlog
 
 from opentinker.errors import ConfigError
+from opentinker.grpc_options import host_port
 from opentinker.services.worker.supervisor import with_parent_death_signal
 
 log = structlog.get_logger(__name__)
@@ -121,7 +122,7 @@ class RedisProcess:
     def url(self) -> str:
         if self._process is None:
             raise RuntimeError("RedisProcess.url is known only after start()")
-        return f"redis://{self.host}:{self.port}/0"
+        return f"redis://{host_port(self.host, self.port)}/0"
 
     @property
     def log_path(self) -> Path:

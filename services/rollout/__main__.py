@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from opentinker.grpc_options import host_port
 from opentinker.services.common.cpu_share import follow_job_share
 from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
@@ -106,7 +107,7 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
         attempt=job.attempt if job else 0,
     )
     if launch is not None:
-        write_atomic(launch.run_dir / "rollout.addr", f"{settings.host}:{port}")
+        write_atomic(launch.run_dir / "rollout.addr", host_port(settings.host, port))
     await _until_signalled()
     log.info("rollout_stopping")
     await server.stop(grace=5.0)

@@ -20,6 +20,7 @@ import grpc
 import structlog
 import torch
 
+from opentinker.grpc_options import host_port
 from opentinker.services.common.auth import IdentityServiceAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.launch import write_atomic
@@ -79,6 +80,6 @@ async def start_shared(
         shared=shared,
         authenticator=IdentityServiceAuthenticator(identity, address=options.scheduler_address),
     )
-    write_atomic(options.addr_file, f"{settings.host}:{port}")
+    write_atomic(options.addr_file, host_port(settings.host, port))
     log.info("shared_rollout_serving", base_model=options.base_model, capacity=options.capacity)
     return server, identity

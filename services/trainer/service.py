@@ -12,6 +12,7 @@ import transformers
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.grpc_options import host_port
 from opentinker.services.common.auth import (
     JOBS,
     USERS,
@@ -165,7 +166,7 @@ async def run_job(
         authenticator = OwnCredentialAuthenticator(token, job_id=job.job_id, attempt=job.attempt)
         server, port = await create_server(settings, status, authenticator=authenticator)
         try:
-            write_atomic(Path(launch.run_dir) / "trainer.addr", f"{settings.host}:{port}")
+            write_atomic(Path(launch.run_dir) / "trainer.addr", host_port(settings.host, port))
             job_log.info("trainer_serving", port=port, rollout=str(rollout), kind=spec.kind)
             if spec.kind == "inference":
                 assert rollout is not None

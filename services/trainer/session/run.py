@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from opentinker.errors import OpenTinkerError
+from opentinker.grpc_options import host_port
 from opentinker.services.common.auth import (
     IdentityServiceAuthenticator,
     OwnCredentialAuthenticator,
@@ -155,7 +156,7 @@ async def _serve_until_ended(
     port: int,
     reporter: SchedulerReporter,
 ) -> int:
-    endpoint = f"{settings.host}:{port}"
+    endpoint = host_port(settings.host, port)
     write_atomic(Path(launch.run_dir) / "trainer.addr", endpoint)
     await reporter.report_session(endpoint=endpoint)
     session.log.info("session_serving", endpoint=endpoint)
