@@ -153,6 +153,35 @@ def test_a_batch_larger_than_the_envs_capacity_is_reset_ahead_only_as_far_as_it_
     asyncio.run(scenario())
 
 
+def test_an_evaluation_finds_env_slots_that_the_batch_reset_ahead_held(
+    engine: TransformersEngine,
+) -> None:
+    """An env of capacity 4, batches of 4: once batch 0 is played, batch 1's episodes are
+    reset ahead and hold every slot. A validation asked for then (the trainer validates after
+    a step) plays its episodes; before, each waited capacity_wait_s for a slot and ended
+    ENV_ERROR (RESOURCE_EXHAUSTED). Batch 1 is reset ahead again and played as usual."""
+
+    async def scenario() -> None:
+        async with hub_with_env(capacity=4, capacity_wait_s=1.0) as (address, env):
+            session = await open_two_turn_session(
+                address, engine, env_name="counted", job_id="job-e"
+            )
+            RESETS.clear()
+            await session.collect(0, num_groups=1, group_size=4)
+            await until(lambda: resets() == 8 and len(env.table) == 4, "batch 1 reset ahead")
+            val = await session.evaluate(1, 2, first_episode=0, temperature=0.0)
+            details = [(t.finish_reason.name, t.finish_detail) for t in val.trajectories]
+            assert [t.reward for t in val.trajectories] == [1.0, 1.0], details
+            # batch 1 is reset ahead again (4 more resets after the 2 of the evaluation) ...
+            await until(lambda: resets() == 14 and len(env.table) == 4, "batch 1 reset again")
+            batch = await session.collect(1, num_groups=1, group_size=4)
+            assert [t.reward for t in batch.trajectories] == [1.0] * 4
+            assert resets() == 14, "... and its request found it reset"
+            await session.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_limited_batch_is_tried_whole_again_and_uses_capacity_registered_later(
     engine: TransformersEngine,
 ) -> None:

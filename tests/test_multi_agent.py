@@ -167,6 +167,29 @@ def test_two_roles_play_many_games_each_on_its_own_tokens(engine: TransformersEn
             assert "Over." not in completion  # the last observation is never appended
 
 
+@pytest.mark.integration
+def test_no_role_view_grows_past_max_episode_tokens(engine: TransformersEngine) -> None:
+    """A game whose next observation would take a view past max_episode_tokens ends
+    MAX_TOKENS without it, as a single-agent episode does: every view stays within the budget
+    (the trainer's micro_batch_tokens is sized by it) and ends with its role's own turn."""
+    budget = 72
+    sessions = [RoleSession(Relay(turns=40)) for _ in range(8)]
+    spec = EnvSpec(name="relay", roles=(RoleSpec("left", "L."), RoleSpec("right", "R.")))
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=6),
+        max_turns=40,
+        max_episode_tokens=budget,
+    )
+    requests = [EpisodeRequest(f"g{n}", n, n, s) for n, s in enumerate(sessions)]
+    trajectories, _ = asyncio.run(AgentLoop(engine, config, spec).run(requests, seed=3))  # type: ignore[arg-type]
+    ended = {t.episode_id: t.finish_reason for t in trajectories}
+    assert set(ended.values()) == {FinishReason.MAX_TOKENS}, ended
+    for t in trajectories:
+        assert len(t.token_ids) <= budget, (t.episode_id, t.role, len(t.token_ids))
+        assert t.loss_mask[-1] == 1, (t.episode_id, t.role)
+        assert len(t.loss_mask) == len(t.logprobs) == len(t.token_ids) - t.prompt_length
+
+
 async def collect_selfplay(engine: TransformersEngine, env_options: dict[str, str]) -> list:
     """One batch of the built-in ``gomoku_selfplay`` through a real EnvHub (gRPC), as the
     trainer receives it (the rollout's protobuf trajectories)."""

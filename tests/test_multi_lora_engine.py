@@ -5,6 +5,7 @@ merges concurrent jobs' calls into one engine call."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import peft
@@ -189,3 +190,38 @@ def test_a_vision_language_base_is_refused_naming_why(tmp_path: Path) -> None:
     vl_dir = ensure_tiny_vl_model(tmp_path / "tiny-vl")
     with pytest.raises(ValueError, match="is a vision-language model; a shared engine serves"):
         SharedLoraEngine.load(str(vl_dir), device="cpu")
+
+
+def test_a_job_that_leaves_while_its_call_waits_fails_only_its_own_call(model_dir: Path) -> None:
+    """Job a's stream ends (its trainer died) while its generate call waits in the batcher
+    for company: its adapter is dropped, and job b's next call, which the batcher would merge
+    with a's, still gets its own rows; only a's call fails, naming why. A later job a (a new
+    attempt) is served again."""
+    engine = SharedLoraEngine.load(str(model_dir), device="cpu")
+    shared = SharedAdapters(MixedBatcher(engine, window_s=5.0), capacity=2)
+    spec = spec_of(model_dir)
+    a, b = shared.attach("job-a", spec), shared.attach("job-b", spec)
+    ps = prompts(engine)
+    outcome: dict[str, object] = {}
+
+    def play_a() -> None:
+        try:
+            outcome["a"] = a.generate(ps[:2], SAMPLING, seed=7)
+        except Exception as err:  # noqa: BLE001 - the test reads what a got
+            outcome["a"] = err
+
+    thread = threading.Thread(target=play_a)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not shared.batcher._pending:  # a's call waits for b's to join it
+        assert time.monotonic() < deadline, "a's call never reached the batcher"
+        time.sleep(0.01)
+    shared.detach("job-a")
+    got = b.generate(ps[:3], SAMPLING, seed=7)  # before the fix: ValueError, a's rows with it
+    thread.join(timeout=30)
+    assert isinstance(outcome["a"], Exception), outcome["a"]
+    assert "left this shared engine" in str(outcome["a"])
+    shared.batcher.window_s = 0.0
+    assert [c.token_ids for c in got] == [c.token_ids for c in b.generate(ps[:3], SAMPLING, seed=7)]
+    again = shared.attach("job-a", spec)
+    assert len(again.generate(ps[:1], SAMPLING, seed=7)) == 1

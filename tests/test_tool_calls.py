@@ -116,6 +116,21 @@ def test_calls_a_json_parser_cannot_take_or_other_envs_cannot_read_are_errors() 
     assert "NaN" in parsed.errors[1] and "-Infinity" in parsed.errors[2]
 
 
+def test_a_number_too_large_for_a_float_is_an_error_not_infinity() -> None:
+    """1e400 is JSON, but Python reads it as inf, which the call's arguments_json would carry
+    as Infinity (not JSON): the call is an error naming the number, not a call with inf."""
+    text = (
+        '<tool_call>{"name": "calc", "arguments": {"x": 1e400}}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": "{\\"x\\": [-2E+999]}"}</tool_call>'
+        '<tool_call>{"name": "calc", "arguments": {"x": 1.5e300}}</tool_call>'
+    )
+    parsed = parse_tool_calls(text, {"calc"}, HERMES)
+    assert parsed.calls == (ToolCall("calc", {"x": 1.5e300}),)
+    assert len(parsed.errors) == 2, parsed.errors
+    assert "(1e400 is beyond a float's range)" in parsed.errors[0]
+    assert "(-2E+999 is beyond a float's range)" in parsed.errors[1]
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
     model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))

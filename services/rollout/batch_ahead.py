@@ -6,9 +6,10 @@ template) before the first token is generated: ~9 ms of the demo's ~0.1 s step. 
 no weights, and a batch's episode ids and seeds follow from the job's seed and the batch index,
 so once batch k is played the session resets batch k+1's episodes; the request for k+1 finds
 them ready and only generates and steps. A request of another index or shape, or one on a new
-EnvHub link, closes them and resets its own; the end of the stream closes them too. With
-max_staleness >= 1 the request for k+1 is already queued, and the reset ahead merely starts
-a little earlier.
+EnvHub link, closes them and resets its own; the end of the stream closes them too. An
+evaluation closes them before it plays (they may hold every slot of the env) and resets them
+again once it is done. With max_staleness >= 1 the request for k+1 is already queued, and the
+reset ahead merely starts a little earlier.
 
 Off with ``OPENTINKER_ROLLOUT_RESET_AHEAD=false`` (an env whose Reset is costly). A batch
 larger than its env's capacity is reset ahead only as far as it fits (``BatchAhead``), and
@@ -131,6 +132,15 @@ class BatchAhead:
             next_whole_try_s=round(self.wait_s, 3),
             reason="the env was at capacity; the rest are reset when played",
         )
+
+    async def set_aside(self) -> BatchKey | None:
+        """Close what was reset ahead, once reset, and say which batch it was (None: none):
+        its episodes hold env slots that another request (an evaluation) needs now."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        await self._discard(pending, cancel=False)
+        return pending.key
 
     async def close(self) -> None:
         """Drop what was reset ahead (the stream ends)."""

@@ -6,6 +6,11 @@ while fewer calls wait than there are jobs on the engine (``company()``: a lone 
 waits), then runs every call waiting by then as one ``generate_rows`` call and hands each
 caller its own rows back; calls that arrive while the engine is busy wait and go together in
 the next call. A failing engine call fails every call in it with the same error.
+
+An adapter leaves (``retire``: its job's stream ended, perhaps while its call still waited
+here) before the engine drops it: its waiting calls fail alone and later ones are refused, so
+no engine call mixes rows of an adapter the engine no longer holds with other jobs' rows
+(the engine would fail the whole call, the other jobs' rows with it).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from opentinker.errors import FailedPreconditionError
 
 from .multi_lora import LoraRow, MixedLoraEngine
 from .types import Completion
@@ -56,10 +63,32 @@ class MixedBatcher:
         self._cond = threading.Condition()
         self._pending: list[_Call] = []
         self._busy = False
+        self._running: set[str] = set()  # the adapters of the engine call in progress
+        self._retired: set[str] = set()  # adapters that left: their calls are refused
+
+    def admit(self, adapter: str) -> None:
+        """Serve ``adapter``'s calls (again: a job attached anew under a retired name)."""
+        with self._cond:
+            self._retired.discard(adapter)
+
+    def retire(self, adapter: str) -> None:
+        """Stop serving ``adapter`` before the engine drops it: its waiting calls fail, later
+        ones are refused, and this returns once no engine call in progress holds its rows."""
+        with self._cond:
+            self._retired.add(adapter)
+            leaving = [call for call in self._pending if _names(call, adapter)]
+            self._pending = [call for call in self._pending if not _names(call, adapter)]
+            for call in leaving:
+                call.error = _left(adapter)
+                call.done.set()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: adapter not in self._running)
 
     def submit(self, rows: Sequence[LoraRow]) -> list[Completion]:
         call = _Call(rows)
         with self._cond:
+            if gone := next((row.adapter for row in rows if row.adapter in self._retired), None):
+                raise _left(gone)
             self._pending.append(call)
             self._cond.notify_all()
         while not call.done.is_set():
@@ -73,6 +102,7 @@ class MixedBatcher:
             finally:
                 with self._cond:
                     self._busy = False
+                    self._running = set()
                     self._cond.notify_all()
         if call.error is not None:
             raise call.error
@@ -89,6 +119,7 @@ class MixedBatcher:
                     break
                 self._cond.wait(left)
             calls, self._pending = self._pending, []
+            self._running = {row.adapter for call in calls for row in call.rows}
         if not calls:
             return
         rows = [row for call in calls for row in call.rows]
@@ -106,3 +137,15 @@ class MixedBatcher:
             call.result = completions[start : start + len(call.rows)]
             start += len(call.rows)
             call.done.set()
+
+
+def _names(call: _Call, adapter: str) -> bool:
+    return any(row.adapter == adapter for row in call.rows)
+
+
+def _left(adapter: str) -> FailedPreconditionError:
+    return FailedPreconditionError(
+        f"adapter {adapter!r} left this shared engine (its job's Rollout stream ended); "
+        "its generate call was dropped",
+        code="FAILED_PRECONDITION",
+    )

@@ -269,9 +269,21 @@ class EnvHubClient:
                         )
                     )
                     return
+                if reply is None:  # gRPC logs bytes that do not parse and hands on None
+                    raise ValueError("it does not parse as RunEpisodesResponse")
                 self._dispatch(reply)
         except grpc.aio.AioRpcError as err:
             self._fail_all(stream_error(err, env_name=self.env_name, address=self.address))
+        except Exception as err:  # a reader that died silently left every wait to its deadline
+            self._log.warning("episode_stream_unreadable", error=repr(err))
+            self._fail_all(
+                EnvLinkLostError(
+                    f"EnvHub at {self.address} sent a reply the rollout cannot read on the "
+                    f"episode stream of environment '{self.env_name}': "
+                    f"{type(err).__name__}: {err}",
+                    code="UNAVAILABLE",
+                )
+            )
 
     def _dispatch(self, reply: envhub_pb2.RunEpisodesResponse) -> None:
         kind = reply.WhichOneof("payload")

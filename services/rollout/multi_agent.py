@@ -172,38 +172,40 @@ class MultiAgentLoop:
         self._address(game, reset.next_role, reset.observation, reset.images)
 
     def _address(self, game: Game, role: str, observation: str, images: Sequence[object]) -> None:
-        """Give ``observation`` to ``role`` as its next user turn; that role moves next."""
+        """Give ``observation`` to ``role`` as its next user turn; that role moves next. One
+        that would take the view to max_episode_tokens ends the game (MAX_TOKENS) unshown."""
         try:
             refuse_images(images)  # type: ignore[arg-type]  # multi-agent envs are text-only
         except ValueError as err:
             game.finish(FinishReason.ENV_ERROR, f"bad env reply: {err}")
             return
         view = game.views.setdefault(role, RoleView(role))
-        if view.prompt_length == 0:  # its first observation: its prompt
-            system_prompt = (
-                self._system_prompts.get(role) or game.system_prompt or self.env.system_prompt
-            )
-            if system_prompt:
-                view.messages.append(ChatMessage("system", system_prompt))
-            view.token_ids = list(self.chat.prompt_ids(system_prompt, observation))
-            view.prompt_length = len(view.token_ids)
-            added = view.prompt_length
+        first = view.prompt_length == 0  # its first observation: its prompt
+        system_prompt = (
+            self._system_prompts.get(role) or game.system_prompt or self.env.system_prompt
+        )
+        if first:
+            ids = list(self.chat.prompt_ids(system_prompt, observation))
         else:
             turn = view.token_ids[view.turn_start :]
             closing = (
                 [] if turn and turn[-1] == self.chat.eos_token_id else [self.chat.eos_token_id]
             )
             ids = [*closing, *self.chat.observation_ids(observation)]
-            view.append(ids, [0.0] * len(ids), mask=0)
-            added = len(ids)
-        view.messages.append(ChatMessage("user", observation))
-        if len(view.token_ids) >= self.config.max_episode_tokens:
+        if len(view.token_ids) + len(ids) >= self.config.max_episode_tokens:
             game.finish(
                 FinishReason.MAX_TOKENS,
-                f"{role}'s view reached {len(view.token_ids)} tokens (+{added} of observation); "
-                f"max_episode_tokens is {self.config.max_episode_tokens}",
+                f"{role}'s view has {len(view.token_ids)} tokens; the next observation "
+                f"({len(ids)}) would pass max_episode_tokens={self.config.max_episode_tokens}",
             )
             return
+        if first:
+            if system_prompt:
+                view.messages.append(ChatMessage("system", system_prompt))
+            view.token_ids, view.prompt_length = ids, len(ids)
+        else:
+            view.append(ids, [0.0] * len(ids), mask=0)
+        view.messages.append(ChatMessage("user", observation))
         game.to_move = role
 
     async def _generate(self, games: list[Game], role: str, seed: int, stats: RolloutStats) -> None:

@@ -271,11 +271,15 @@ class RolloutSession:
             eid = f"{config.job_id}-v{batch_index}-e{i}"
             seed = eval_episode_seed(config.seed, i)
             requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
+        # The next training batch, reset ahead, may hold every slot of the env: freed meanwhile.
+        ahead = await self._ahead.set_aside() if self._ahead is not None else None
         trajectories, stats = await loop.run(
             requests, seed=derive_seed(config.seed, "sample", first_episode)
         )
         if envhub.gone is not None:
             raise envhub.gone
+        if self._ahead is not None and ahead is not None:
+            self._ahead.start(ahead, envhub, batch_requests(config, envhub, ahead))
         log.info(
             "evaluation_collected",
             batch_index=batch_index,

@@ -112,6 +112,7 @@ class SharedAdapters:
                 )
             adapter = AdapterEngine(self.batcher, adapter_name_for(job_id))
             self._jobs[job_id] = adapter  # held while loading: the capacity counts it
+        self.batcher.admit(adapter.adapter)
         try:
             self.engine.add_adapter(adapter.adapter, spec)
         except BaseException:
@@ -125,6 +126,9 @@ class SharedAdapters:
         with self._lock:
             adapter = self._jobs.pop(job_id, None)
         if adapter is not None:
+            # Its calls leave the batcher first: one still waiting there, merged with other
+            # jobs' rows after the engine dropped the adapter, would fail theirs too.
+            self.batcher.retire(adapter.adapter)
             self.engine.remove_adapter(adapter.adapter)
 
 

@@ -13,6 +13,7 @@ format gets no parsing (``style_of`` returns None): the env parses the raw text 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -85,9 +86,10 @@ def _hermes_call(body: str, tool_names: Collection[str]) -> tuple[ToolCall | Non
 def _json_of(text: str) -> tuple[Any, str]:
     """The JSON value of ``text``, or why it is none ('' when it is one). Python's json also
     reads NaN and Infinity, which are not JSON (an env in another language could not read the
-    arguments_json they travel as), and raises RecursionError on deep nesting."""
+    arguments_json they travel as), reads a number past a float's range (1e400) as inf, which
+    would travel as Infinity, and raises RecursionError on deep nesting."""
     try:
-        return json.loads(text, parse_constant=_not_json), ""
+        return json.loads(text, parse_constant=_not_json, parse_float=_finite), ""
     except json.JSONDecodeError as err:
         return None, f"{err.msg} at character {err.pos}"
     except ValueError as err:  # _not_json
@@ -98,3 +100,10 @@ def _json_of(text: str) -> tuple[Any, str]:
 
 def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number} is beyond a float's range")
+    return value
