@@ -56,8 +56,18 @@ def period_start(now_unix_s: float, period_s: float) -> float:
 
 class UsageStore(Protocol):
     async def add(
-        self, job_id: str, tenant_id: str, usage: Usage, *, period_s: float = 0.0
-    ) -> None: ...
+        self,
+        job_id: str,
+        tenant_id: str,
+        usage: Usage,
+        *,
+        period_s: float = 0.0,
+        in_period: Usage | None = None,
+    ) -> None:
+        """Add ``usage`` to the job and the tenant's total, and ``in_period`` (None: all of
+        ``usage``) to the tenant's current period: what was used before the period began
+        counts to the totals only."""
+
     async def job(self, job_id: str) -> Usage: ...
     async def tenant(self, tenant_id: str, *, period_s: float = 0.0) -> tuple[Usage, Usage]:
         """(this period's usage, the total)."""
@@ -72,19 +82,28 @@ class RedisUsageStore:
         return ":".join((self._prefix, *parts))
 
     async def add(
-        self, job_id: str, tenant_id: str, usage: Usage, *, period_s: float = 0.0
+        self,
+        job_id: str,
+        tenant_id: str,
+        usage: Usage,
+        *,
+        period_s: float = 0.0,
+        in_period: Usage | None = None,
     ) -> None:
         amounts = usage.amounts()
-        if not amounts:
+        period_amounts = amounts if in_period is None else in_period.amounts()
+        if not amounts and not period_amounts:
             return
         period_s = period_s or DEFAULT_PERIOD_S
         period = self._key(
             "tenant", tenant_id, "period", f"{period_start(time.time(), period_s):.0f}"
         )
         async with self._r.pipeline(transaction=True) as pipe:
-            for key in (self._key("job", job_id), self._key("tenant", tenant_id, "total"), period):
+            for key in (self._key("job", job_id), self._key("tenant", tenant_id, "total")):
                 for name, amount in amounts.items():
                     pipe.hincrbyfloat(key, name, amount)
+            for name, amount in period_amounts.items():
+                pipe.hincrbyfloat(period, name, amount)
             pipe.expire(period, int(2 * period_s) + 60)
             await pipe.execute()
 
