@@ -219,6 +219,36 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
     run(main)
 
 
+def test_a_step_report_sent_again_is_counted_once(redis_url: str) -> None:
+    """The trainer's reporter sends a report again (with its report_id) when the scheduler
+    answered UNAVAILABLE, which it also does when a Redis outage cut the report short after
+    its usage was counted (the event's append failed), or when the answer was lost."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            job = await submit(mesh.stub, "retried")
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0"]) as w:
+                launch = (await w.next_command()).launch
+                await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                trainer = job_stub(mesh, launch)
+                for step, times in ((1, 2), (2, 1)):
+                    metrics = {"tokens_generated": 100.0, "tokens_trained": 60.0, "loss": 0.5}
+                    report = scheduler_pb2.ReportJobProgressRequest(
+                        job_id=job.job_id,
+                        attempt=1,
+                        report_id=f"r{step}",
+                        step=common_pb2.StepMetrics(step=step, metrics=metrics),
+                    )
+                    for _ in range(times):
+                        await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+            used = await mesh.running.stores.usage.job(job.job_id)
+            assert (used.steps, used.tokens_generated, used.tokens_trained) == (2, 200, 120)
+            period, total = await mesh.running.stores.usage.tenant("acme")
+            assert (period.steps, total.steps, total.tokens_generated) == (2, 2, 200)
+
+    run(main)
+
+
 def test_a_lease_released_twice_is_charged_once(redis_url: str) -> None:
     """The ledger charges a lease just before releasing it (so the budget check never sees it
     neither held nor charged); a release that loses the race to another takes its charge back."""
