@@ -24,6 +24,8 @@ from scheduler_helpers import (
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2
+from opentinker.services.scheduler.stores import connect_redis
+from opentinker.services.scheduler.usage import period_start
 
 pytestmark = pytest.mark.integration
 
@@ -217,6 +219,36 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
     run(main)
 
 
+def test_a_step_report_sent_again_is_counted_once(redis_url: str) -> None:
+    """The trainer's reporter sends a report again (with its report_id) when the scheduler
+    answered UNAVAILABLE, which it also does when a Redis outage cut the report short after
+    its usage was counted (the event's append failed), or when the answer was lost."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            job = await submit(mesh.stub, "retried")
+            async with scripted_worker(mesh.worker_stub, "w1", ["d0"]) as w:
+                launch = (await w.next_command()).launch
+                await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                trainer = job_stub(mesh, launch)
+                for step, times in ((1, 2), (2, 1)):
+                    metrics = {"tokens_generated": 100.0, "tokens_trained": 60.0, "loss": 0.5}
+                    report = scheduler_pb2.ReportJobProgressRequest(
+                        job_id=job.job_id,
+                        attempt=1,
+                        report_id=f"r{step}",
+                        step=common_pb2.StepMetrics(step=step, metrics=metrics),
+                    )
+                    for _ in range(times):
+                        await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+            used = await mesh.running.stores.usage.job(job.job_id)
+            assert (used.steps, used.tokens_generated, used.tokens_trained) == (2, 200, 120)
+            period, total = await mesh.running.stores.usage.tenant("acme")
+            assert (period.steps, total.steps, total.tokens_generated) == (2, 2, 200)
+
+    run(main)
+
+
 def test_a_lease_released_twice_is_charged_once(redis_url: str) -> None:
     """The ledger charges a lease just before releasing it (so the budget check never sees it
     neither held nor charged); a release that loses the race to another takes its charge back."""
@@ -238,6 +270,37 @@ def test_a_lease_released_twice_is_charged_once(redis_url: str) -> None:
             assert 1.0 <= charged < 1.8, charged  # 2 devices x ~0.5 s, once
             assert not await stores.ledger.release(lease.lease_id)  # found gone: no charge
             assert (await stores.usage.job(job.job_id)).device_seconds == pytest.approx(charged)
+
+    run(main)
+
+
+def test_a_lease_held_since_before_the_period_began_charges_it_only_the_time_since(
+    redis_url: str,
+) -> None:
+    """A job running over a period's start (midnight, for a day): its lease counts to the new
+    period from the start on, while held (the budget check) and when released; the job and the
+    tenant's total get all of it. The release used to charge the whole lease to the new period."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            stores = mesh.running.stores
+            await set_quota(mesh, "acme", period_s=PERIOD_S)
+            job = await submit(mesh.stub, "overnight", num_devices=2)
+            await stores.ledger.register_worker("w9", ["d0", "d1"])
+            lease = await stores.ledger.acquire("w9", job.job_id, 2)
+            assert lease is not None
+            start = period_start(time.time(), PERIOD_S)
+            # The ledger's record of the lease says it was taken an hour before the start.
+            client = connect_redis(redis_url)
+            await client.hset(f"ot:ledger:lease:{lease.lease_id}", "created", repr(start - 3600))
+            await client.aclose()
+            assert await stores.ledger.release(lease.lease_id)
+            since_start = 2 * (time.time() - start)
+            period, total = await stores.usage.tenant("acme", period_s=PERIOD_S)
+            assert since_start - 20 < period.device_seconds <= since_start  # not the hour before
+            assert total.device_seconds == pytest.approx(period.device_seconds + 2 * 3600)
+            charged = await stores.usage.job(job.job_id)
+            assert charged.device_seconds == pytest.approx(total.device_seconds)
 
     run(main)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from async_guard import run
+from identity_helpers import worker_token
 from scheduler_helpers import (
     ALLOCATING,
     FAILED,
@@ -22,6 +23,7 @@ from scheduler_helpers import (
     scheduler_mesh,
     scripted_worker,
     states,
+    stub_with,
     submit,
     wait_for_state,
     watch_until,
@@ -140,6 +142,45 @@ def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
             assert failed.reason == "env 'letters' is not registered" and failed.attempt == 1
             with pytest.raises(TimeoutError):  # no second launch
                 await w.next_command(timeout_s=0.5)
+
+    run(main)
+
+
+def test_an_exit_from_a_worker_not_running_the_attempt_changes_nothing(redis_url: str) -> None:
+    """w2, on a token bound to w2, reports that w1's attempt exited (failed, killed, done): the
+    job runs on, and w1's own exit still decides it."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            w2_token = await worker_token(mesh.running.stores.identity, worker_id="w2")
+            async with (
+                scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+                scripted_worker(stub_with(mesh, w2_token), "w2", ["w2/cpu:0"]) as w2,
+            ):
+                job = await submit(mesh.stub, "on-w1")
+                launch = (await w1.next_command()).launch
+                await w1.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
+                await wait_for_state(mesh.stub, job.job_id, RUNNING)
+                other = await submit(mesh.stub, "on-w2")
+                assert (await w2.next_command()).launch.job.job_id == other.job_id
+                for code in (1, -9, 0):
+                    exited = scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=code)
+                    await w2.send(exited=exited)
+                # w2's stream is read in order: once its own job runs, the exits were handled
+                await w2.send(launched=scheduler_pb2.JobLaunched(job_id=other.job_id, attempt=1))
+                await wait_for_state(mesh.stub, other.job_id, RUNNING)
+                still = await wait_for_state(mesh.stub, job.job_id, RUNNING)
+                assert (still.attempt, still.worker_id) == (1, "w1")
+                leases = await mesh.running.stores.ledger.leases("w1")
+                assert [lease.job_id for lease in leases] == [job.job_id]
+                await job_stub(mesh, launch).ReportJobProgress(
+                    scheduler_pb2.ReportJobProgressRequest(
+                        job_id=job.job_id, attempt=1, result=scheduler_pb2.JobResult()
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
+                await w1.send(exited=scheduler_pb2.JobExited(job_id=job.job_id, attempt=1))
+                await wait_for_state(mesh.stub, job.job_id, SUCCEEDED)
 
     run(main)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from async_guard import run
 
@@ -34,7 +35,9 @@ class GatedScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ReportJobProgressResponse(stop=stop)
 
 
-async def reports_to(servicer: GatedScheduler, scenario) -> None:
+async def reports_to(
+    servicer: scheduler_pb2_grpc.SchedulerServiceServicer, scenario, *, retry_for_s: float = 0.0
+) -> None:
     server, port, _ = create_aio_server(
         ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
     )
@@ -43,7 +46,12 @@ async def reports_to(servicer: GatedScheduler, scenario) -> None:
     try:
         async with aio_channel(f"127.0.0.1:{port}") as channel:
             reporter = SchedulerReporter(
-                channel, address=f"127.0.0.1:{port}", job_id="j", attempt=1, timeout_s=5
+                channel,
+                address=f"127.0.0.1:{port}",
+                job_id="j",
+                attempt=1,
+                timeout_s=5,
+                retry_for_s=retry_for_s,
             )
             await scenario(BackgroundStepReports(reporter.report_step, max_pending=8))
     finally:
@@ -95,3 +103,32 @@ def test_a_failed_report_raises_at_the_next_boundary() -> None:
                 _ = reports.stop_requested
 
     run(scenario)
+
+
+class TakesThenDrops(scheduler_pb2_grpc.SchedulerServiceServicer):
+    """Takes every report but answers the first UNAVAILABLE, as a scheduler whose Redis went
+    away mid-report does (its usage may be counted already): the reporter sends it again."""
+
+    def __init__(self) -> None:
+        self.requests: list[scheduler_pb2.ReportJobProgressRequest] = []
+
+    async def ReportJobProgress(self, request, context):  # noqa: N802 - gRPC method name
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "Redis went away mid-report")
+        return scheduler_pb2.ReportJobProgressResponse()
+
+
+def test_a_report_sent_again_carries_its_report_id() -> None:
+    """The scheduler counts a report's usage once per report_id (test_quotas.py)."""
+    servicer = TakesThenDrops()
+
+    async def scenario(reports: BackgroundStepReports) -> None:
+        await reports.put(1, 1, {"tokens_generated": 8.0})
+        await reports.put(2, 2, {"tokens_generated": 8.0})
+        assert await reports.flush() is False
+
+    run(lambda: reports_to(servicer, scenario, retry_for_s=5.0))
+    assert [r.step.step for r in servicer.requests] == [1, 1, 2]
+    first, again, second = (r.report_id for r in servicer.requests)
+    assert first and first == again != second

@@ -127,3 +127,28 @@ def test_a_resumed_run_matches_the_uninterrupted_one(
         assert Path(result.checkpoint_uri) == kept[-1]
 
     asyncio.run(scenario())
+
+
+def test_an_attempt_resumed_after_the_target_reward_trains_no_further(
+    identities: Identities, letter_model_dir: Path, tmp_path: Path
+) -> None:
+    """An attempt that reached stop_at_reward saved its final checkpoint and was lost before
+    its result reached the scheduler (killed during the final validation): the next attempt
+    resumes at the target and reports the same result, with no step beyond it."""
+    spec = job_spec(letter_model_dir, steps=12, stop_at_reward=-1.0, prompts_per_step=1)
+
+    async def scenario() -> None:
+        async with mesh(identities, job_id="job-r") as m:
+            first = await run_attempt(m, spec, tmp_path / "a1", tmp_path / "ckpt")
+            assert first.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            assert len(m.scheduler.of("step")) == 10
+        async with mesh(identities, job_id="job-r") as m:
+            again = await run_attempt(m, spec, tmp_path / "a2", tmp_path / "ckpt")
+            assert again.outcome is Outcome.SUCCEEDED, m.scheduler.of("failure")
+            assert m.scheduler.of("step") == []
+            (result,) = m.scheduler.of("result")
+            assert result.final_metrics["steps"] == 10.0
+        kept = checkpoints.complete_checkpoints(tmp_path / "ckpt")
+        assert kept[-1].name == "step-000010" and Path(result.checkpoint_uri) == kept[-1]
+
+    asyncio.run(scenario())

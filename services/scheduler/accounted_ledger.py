@@ -3,7 +3,8 @@
 Wraps any ``LeaseLedger``: a release, wherever in the scheduler it happens (an attempt ended,
 a job was cancelled, a worker was lost, a lease lapsed), accounts the time from the lease's
 start to now, times its devices, to its job and the job's tenant (charged just before the
-release, so held and charged together never miss it).
+release, so held and charged together never miss it); the tenant's current budget period is
+charged only the time since it began.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -23,9 +25,21 @@ from opentinker.services.scheduler.lease_ledger import (
     LeaseEvent,
     LeaseLedger,
 )
-from opentinker.services.scheduler.usage import Usage, UsageStore
+from opentinker.services.scheduler.usage import Usage, UsageStore, period_start
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class _Charge:
+    """A released lease's device-seconds as charged: all of them to the job and the tenant's
+    total, ``in_period_s`` of them to the tenant's current period (of ``period_s``)."""
+
+    job_id: str
+    tenant_id: str
+    period_s: float
+    seconds: float
+    in_period_s: float
 
 
 class AccountedLedger:
@@ -53,16 +67,13 @@ class AccountedLedger:
             released = await self._inner.release(lease_id)
         finally:
             if not released and charge is not None:
-                job_id, tenant_id, seconds, period_s = charge
-                await self._usage.add(
-                    job_id, tenant_id, Usage(device_seconds=-seconds), period_s=period_s
-                )
+                await self._add(charge, sign=-1.0)
         return released
 
-    async def _charge(self, lease: Lease) -> tuple[str, str, float, float] | None:
-        """Charge the lease's device-seconds to its job and tenant: (job, tenant, seconds,
-        period) as charged, or None for a lease of an unknown job."""
-        seconds = max(0.0, time.time() - lease.created_unix_s) * len(lease.device_ids)
+    async def _charge(self, lease: Lease) -> _Charge | None:
+        """Charge the lease's device-seconds to its job and tenant, this period only those
+        since the period began (as the budget check counts a held lease, quotas.py): the
+        charge, or None for a lease of an unknown job."""
         try:
             job = await self._jobs.get(lease.job_id)
         except JobNotFoundError:
@@ -72,10 +83,26 @@ class AccountedLedger:
         if job.tenant_id:
             with contextlib.suppress(IdentityNotFoundError):  # no tenant record: default period
                 period_s = (await self._identity.get_tenant(job.tenant_id)).quota.period_s
-        await self._usage.add(
-            job.job_id, job.tenant_id, Usage(device_seconds=seconds), period_s=period_s
+        now = time.time()
+        since = max(lease.created_unix_s, period_start(now, period_s))
+        charge = _Charge(
+            job.job_id,
+            job.tenant_id,
+            period_s,
+            seconds=max(0.0, now - lease.created_unix_s) * len(lease.device_ids),
+            in_period_s=max(0.0, now - since) * len(lease.device_ids),
         )
-        return job.job_id, job.tenant_id, seconds, period_s
+        await self._add(charge)
+        return charge
+
+    async def _add(self, charge: _Charge, *, sign: float = 1.0) -> None:
+        await self._usage.add(
+            charge.job_id,
+            charge.tenant_id,
+            Usage(device_seconds=sign * charge.seconds),
+            period_s=charge.period_s,
+            in_period=Usage(device_seconds=sign * charge.in_period_s),
+        )
 
     # ---- delegated as is ----------------------------------------------------------------------
 

@@ -59,15 +59,23 @@ class AttemptEnds:
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
     ) -> None:
         """The attempt's processes on ``session``'s worker exited; its lease is released
-        first, whatever happened."""
+        first, whatever happened. The exit of an attempt the worker does not run (not the
+        job's current one, or placed on other workers) changes nothing."""
         lease_id = session.running.pop((job_id, attempt), None)
         if lease_id is not None:  # the processes are gone: free (and account) their devices
             await self._ledger.release(lease_id)  # before anyone can see the job end
         try:
             job = await self._jobs.get(job_id)
-            if job.state not in ACTIVE_STATES or job.attempt != attempt:
+            # Only a worker running (a part of) the attempt may end it: any other (a stray
+            # report, a credential of another worker) leaves the job as it is.
+            current = job.attempt == attempt and holds_part(job, session.worker_id)
+            if job.state not in ACTIVE_STATES or not current:
                 log.info(
-                    "exit_ignored", job_id=job_id, attempt=attempt, state=state_name(job.state)
+                    "exit_ignored",
+                    job_id=job_id,
+                    attempt=attempt,
+                    state=state_name(job.state),
+                    worker_id=session.worker_id,
                 )
                 return
             if job.worker_ids:  # a part of a multi-worker attempt

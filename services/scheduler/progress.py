@@ -20,6 +20,7 @@ from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.quotas import Quotas
 
 MAX_ROW_BYTES = 16 * 1024  # a result row (ResultRow.json); the job trims its texts to fit
+MAX_REPORT_ID = 64  # characters of ReportJobProgressRequest.report_id
 
 
 class ProgressReports:
@@ -28,12 +29,17 @@ class ProgressReports:
         self._events = events
         self._quotas = quotas
 
-    async def step(self, job_id: str, attempt: int, step: common_pb2.StepMetrics) -> bool:
+    async def step(
+        self, job_id: str, attempt: int, step: common_pb2.StepMetrics, *, report_id: str = ""
+    ) -> bool:
+        """``report_id``: the same on a resent report, whose usage is then not counted again
+        (a store outage may have cut the first short after counting it)."""
+        check_report_id(report_id)
         job = await self._current(job_id, attempt)
         if job is None:
             return True
         await self._jobs.record_step(job_id, job.attempt, step)
-        await self._quotas.record_step(job, step)
+        await self._quotas.record_step(job, step, report_id=report_id)
         await self._events.append(job_id, common_pb2.JobEvent(step=step))
         return False
 
@@ -44,15 +50,19 @@ class ProgressReports:
         await self._events.append(job_id, common_pb2.JobEvent(log=line))
         return False
 
-    async def row(self, job_id: str, attempt: int, row: common_pb2.ResultRow) -> bool:
-        """One inference result row, appended to the event stream as is (never trimmed)."""
+    async def row(
+        self, job_id: str, attempt: int, row: common_pb2.ResultRow, *, report_id: str = ""
+    ) -> bool:
+        """One inference result row, appended to the event stream as is (never trimmed); its
+        tokens counted once per ``report_id``."""
+        check_report_id(report_id)
         tokens = check_row(row).get("completion_tokens")
         job = await self._current(job_id, attempt)
         if job is None:
             return True
         await self._events.append(job_id, common_pb2.JobEvent(row=row))
         if isinstance(tokens, int | float) and tokens > 0:
-            await self._quotas.record_generated(job, float(tokens))
+            await self._quotas.record_generated(job, float(tokens), report_id=report_id)
         return False
 
     async def failure(self, job_id: str, attempt: int, reason: str) -> bool:
@@ -86,6 +96,16 @@ class ProgressReports:
         if job.state not in ACTIVE_STATES or (attempt and attempt != job.attempt):
             return None
         return job
+
+
+def check_report_id(report_id: str) -> None:
+    """ConfigError for a report_id longer than MAX_REPORT_ID."""
+    if len(report_id) > MAX_REPORT_ID:
+        raise ConfigError(
+            f"report_id: {len(report_id)} characters, at most {MAX_REPORT_ID}; "
+            "send one short id (a uuid) per report",
+            reason="BAD_REPORT_ID",
+        )
 
 
 def check_row(row: common_pb2.ResultRow) -> dict[str, Any]:

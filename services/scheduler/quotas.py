@@ -117,21 +117,29 @@ class Quotas:
     async def device_limits(self, tenant_ids: Iterable[str]) -> dict[str, int]:
         return {t: (await self.quota(t)).max_devices for t in set(tenant_ids)}
 
-    async def record_step(self, job: common_pb2.Job, step: common_pb2.StepMetrics) -> None:
+    async def record_step(
+        self, job: common_pb2.Job, step: common_pb2.StepMetrics, *, report_id: str = ""
+    ) -> None:
+        """One step and its tokens; a report sent again with its ``report_id`` (a retry)
+        counts once."""
         metrics = step.metrics
         usage = Usage(
             steps=1.0,
             tokens_generated=metrics.get(TOKENS_GENERATED_METRIC, 0.0),
             tokens_trained=metrics.get(TOKENS_TRAINED_METRIC, 0.0),
         )
-        quota = await self.quota(job.tenant_id)
-        await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s)
+        await self._add_reported(job, usage, report_id)
 
-    async def record_generated(self, job: common_pb2.Job, tokens: float) -> None:
+    async def record_generated(
+        self, job: common_pb2.Job, tokens: float, *, report_id: str = ""
+    ) -> None:
         """Tokens generated outside training steps (an inference job's episode)."""
+        await self._add_reported(job, Usage(tokens_generated=tokens), report_id)
+
+    async def _add_reported(self, job: common_pb2.Job, usage: Usage, report_id: str) -> None:
         quota = await self.quota(job.tenant_id)
-        usage = Usage(tokens_generated=tokens)
-        await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s)
+        once = f"report:{report_id}" if report_id else ""
+        await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s, once=once)
 
     async def report(
         self, tenant_id: str, devices_in_use: int, *, max_jobs: int

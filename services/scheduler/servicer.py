@@ -158,7 +158,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         kind = request.WhichOneof("payload")
         try:
             if kind == "step":
-                stop = await s.reports.step(job_id, attempt, request.step)
+                stop = await s.reports.step(
+                    job_id, attempt, request.step, report_id=request.report_id
+                )
             elif kind == "log":
                 stop = await s.reports.log(job_id, attempt, request.log.message)
             elif kind == "failure":
@@ -166,7 +168,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             elif kind == "result":
                 stop = await s.reports.result(job_id, attempt, request.result)
             elif kind == "row":
-                stop = await s.reports.row(job_id, attempt, request.row)
+                stop = await s.reports.row(
+                    job_id, attempt, request.row, report_id=request.report_id
+                )
             elif kind == "session":
                 stop = await s.reports.session(job_id, attempt, request.session)
             else:

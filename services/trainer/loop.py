@@ -149,7 +149,9 @@ class RlLoop:
         )
         await self._resume()
         await self._sync_weights()  # the resumed weights, as the resumed policy version
-        while self.step < self.rl.steps:
+        # A resumed attempt may start at the target already (its final checkpoint was saved,
+        # the result not yet taken): it trains no further.
+        while self.step < self.rl.steps and not self._reached_target():
             stop = await self._one_step()
             if stop:
                 self.log.info("job_cancelled", step=self.step)
@@ -160,13 +162,9 @@ class RlLoop:
                 and self.step < self.rl.steps
             ):
                 await self._save()
-            if self._reached_target():
-                self.log.info(
-                    "stop_at_reward_reached",
-                    step=self.step,
-                    reward=self._window_mean(-REWARD_WINDOW),
-                )
-                break
+        if self.step < self.rl.steps:
+            reward = self._window_mean(-REWARD_WINDOW)
+            self.log.info("stop_at_reward_reached", step=self.step, reward=reward)
         if await self.reports.flush():  # the last step's report answered stop
             self.log.info("job_cancelled", step=self.step)
             return Outcome.CANCELLED

@@ -4,9 +4,10 @@ The job's processes outlive a scheduler restart (the worker keeps them running),
 that finds the scheduler UNAVAILABLE — restarting, or its Redis is — is retried with backoff
 for up to ``retry_for_s`` before the job gives up. Reports are sent one at a time, so steps
 arrive in order and none is skipped; the RL loop sends its step reports from a background task
-(step_reports.py), so training goes on meanwhile. Only
-UNAVAILABLE is retried: the scheduler did not take the report, so a retry cannot count it twice
-(a report lost with its answer on a dropped connection may, rarely, show twice in the events).
+(step_reports.py), so training goes on meanwhile. Only UNAVAILABLE is retried. The scheduler
+may still have taken part of such a report (its Redis went away between the report's writes)
+or all of it (the answer was lost on a dropped connection): every resend carries the report's
+``report_id``, so the usage it carries is counted once; its event may, rarely, show twice.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,6 +89,7 @@ class SchedulerReporter:
     async def _report(self, request: scheduler_pb2.ReportJobProgressRequest) -> bool:
         request.job_id = self._job_id
         request.attempt = self._attempt
+        request.report_id = uuid.uuid4().hex  # the same on every resend: counted once
         give_up_at = time.monotonic() + self._retry_for_s
         delay = min(0.1, self._backoff_max_s)
         while True:

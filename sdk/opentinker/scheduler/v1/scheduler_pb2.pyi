@@ -137,9 +137,10 @@ class JobUsage(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.JobState, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
 
 class ReportJobProgressRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "step", "log", "failure", "result", "row", "session")
+    __slots__ = ("job_id", "attempt", "report_id", "step", "log", "failure", "result", "row", "session")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
@@ -148,13 +149,14 @@ class ReportJobProgressRequest(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
+    report_id: str
     step: _common_pb2.StepMetrics
     log: _common_pb2.LogLine
     failure: JobFailure
     result: JobResult
     row: _common_pb2.ResultRow
     session: SessionReport
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ..., log: _Optional[_Union[_common_pb2.LogLine, _Mapping]] = ..., failure: _Optional[_Union[JobFailure, _Mapping]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., row: _Optional[_Union[_common_pb2.ResultRow, _Mapping]] = ..., session: _Optional[_Union[SessionReport, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., report_id: _Optional[str] = ..., step: _Optional[_Union[_common_pb2.StepMetrics, _Mapping]] = ..., log: _Optional[_Union[_common_pb2.LogLine, _Mapping]] = ..., failure: _Optional[_Union[JobFailure, _Mapping]] = ..., result: _Optional[_Union[JobResult, _Mapping]] = ..., row: _Optional[_Union[_common_pb2.ResultRow, _Mapping]] = ..., session: _Optional[_Union[SessionReport, _Mapping]] = ...) -> None: ...
 
 class ReportJobProgressResponse(_message.Message):
     __slots__ = ("stop",)
