@@ -34,7 +34,12 @@ from .inference import ADAPTER_CONFIG, load_inference_engine
 from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
-from .token_sampling import SampledTokens, check_token_ids, sample_tokens
+from .token_sampling import (
+    SampledTokens,
+    check_context_length,
+    check_token_ids,
+    sample_tokens,
+)
 from .types import EnvSpec, FinishReason, TrajectoryBatch
 from .vllm_engine import VllmEngine
 from .weight_transports import open_cuda_ipc
@@ -329,6 +334,12 @@ class RolloutSession:
         engine = self.require_open("ScoreTokens")
         if len(token_ids) < 2:
             raise InvalidArgumentError("token_ids: at least 2 ids to score (the first has none)")
+        check_context_length(
+            engine,
+            len(token_ids),
+            f"{len(token_ids)} token_ids",
+            "send at most that many (shorten or split the sequence)",
+        )
         check_token_ids(engine, token_ids, "token_ids")
         logprobs = await asyncio.to_thread(engine.logprobs_of, list(token_ids))
         return logprobs, engine.policy_version
