@@ -2,7 +2,8 @@
 threads, are started with asyncio.to_thread, since they register with EnvHub by blocking
 calls), a RunEpisodes stream driven by plain awaits, and a slow or failing game. Used by
 test_envhub.py, test_envhub_faults.py, test_envhub_lost_servers.py, test_envhub_batch.py and
-test_vision_envhub.py.
+test_vision_envhub.py. An EnvHub stopped and started again on its port (RestartableHub):
+test_rollout_envhub_restart.py and test_infer_envhub_restart.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,39 @@ async def envhub(**settings: object) -> AsyncIterator[Hub]:
         finally:
             await server.stop(0)
             await deps.close()
+
+
+class RestartableHub:
+    """A real EnvHub that can be stopped and started again on the same port (its registry and
+    episode routes die with it; builtin_envs are served again at each start)."""
+
+    def __init__(self, builtin_envs: Sequence[str] = ()) -> None:
+        self.port = 0
+        self.builtin_envs = list(builtin_envs)
+        self.deps: EnvHubDeps | None = None
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        settings = EnvHubSettings(
+            port=self.port, builtin_envs=self.builtin_envs, renew_interval_s=0.5
+        )
+        self.deps = EnvHubDeps.create(settings)
+        self._server, self.port = await create_server(settings, self.deps)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        if self.deps is not None:
+            await self.deps.close()
+
+    def instances(self, env_name: str) -> int:
+        """Instances of ``env_name`` registered now."""
+        return 0 if self.deps is None else len(self.deps.registry.instances(env_name))
 
 
 class Episodes:

@@ -1,6 +1,6 @@
 """Rollouts over a real EnvHub for tests: a session of a preloaded engine playing two-turn
 episodes, and a shared multi-LoRA rollout server checking job tokens with the scheduler
-(shared_mesh)."""
+(shared_mesh); and a rollout server with a training session's stream open (session_rollout)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from identity_helpers import user_key
 from identity_service import Identities
 
+from opentinker.rollout.v1 import rollout_pb2_grpc
 from opentinker.services.common.auth import IdentityServiceAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.envhub.server import EnvHubDeps
@@ -27,7 +29,8 @@ from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import TrajectoryBatch
-from opentinker.spec import ModelSpec, SamplingParams
+from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.spec import JobSpec, ModelSpec, SamplingParams, to_proto
 
 
 async def open_two_turn_session(
@@ -105,3 +108,21 @@ async def shared_mesh(
         await envhub.stop(grace=0.5)
         await identity_channel.close()
         await deps.close()
+
+
+@asynccontextmanager
+async def session_rollout(model_dir: Path) -> AsyncIterator[rollout_pb2_grpc.RolloutServiceStub]:
+    """A private rollout server on 127.0.0.1:0 with a training session's stream open (sampling
+    only) on the model at ``model_dir``: a stub for its SampleTokens and ScoreTokens."""
+    key = user_key()
+    server, port = await create_rollout(RolloutSettings(credential=key, device="cpu"))
+    address = f"127.0.0.1:{port}"
+    try:
+        async with aio_channel(address, credential=key) as channel:
+            rollout = GrpcRolloutSession(channel, address=address)
+            spec = ModelSpec(base_model=str(model_dir), finetune="full")
+            model = to_proto(JobSpec(kind="session", model=spec)).model
+            await rollout.open_sampling_only(job_id="j", model=model, seed=0, timeout_s=60)
+            yield rollout_pb2_grpc.RolloutServiceStub(channel)
+    finally:
+        await server.stop(grace=0.5)

@@ -13,13 +13,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from envhub_helpers import RestartableHub
 from rollout_helpers import assert_one_prompt_per_group, open_two_turn_session, tiny_engine
 
 from opentinker.env_server import serve
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.envhub.server import EnvHubDeps
-from opentinker.services.envhub.server import create_server as create_envhub
-from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.rollout.engine import TransformersEngine
 from opentinker.services.rollout.envhub_link import EnvHubUnreachableError
 from opentinker.services.rollout.session import RolloutSession
@@ -69,39 +67,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> TransformersEngine:
     return tiny_engine(tmp_path_factory)
 
 
-class Hub:
-    """A real EnvHub that can be stopped and started again on the same port."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self.deps: EnvHubDeps | None = None
-        self._server = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        settings = EnvHubSettings(port=self.port, builtin_envs=[], renew_interval_s=0.5)
-        self.deps = EnvHubDeps.create(settings)
-        self._server, self.port = await create_envhub(settings, self.deps)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
-        if self.deps is not None:
-            await self.deps.close()
-
-    def instances(self) -> int:
-        return 0 if self.deps is None else len(self.deps.registry.instances(ENV_NAME))
-
-
 @contextlib.asynccontextmanager
-async def hub_and_env() -> AsyncIterator[Hub]:
+async def hub_and_env() -> AsyncIterator[RestartableHub]:
     global GATE
     GATE = Gate()
-    hub = Hub()
+    hub = RestartableHub()
     await hub.start()
     env = await asyncio.to_thread(serve, Gated, envhub_address=hub.address, block=False)
     try:
@@ -160,7 +130,7 @@ def test_a_batch_rides_out_envhub_stopped_and_started_again(engine: Transformers
             assert sorted(GATE.resets[4:]) == sorted(first_resets)
             assert_one_prompt_per_group(batch, 2)
             # The env server registered itself again with the new EnvHub.
-            assert hub.instances() == 1
+            assert hub.instances(ENV_NAME) == 1
             assert paused_s < 30
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
@@ -181,7 +151,7 @@ def test_a_batch_that_starts_while_envhub_is_away_waits_for_it(engine: Transform
                 (FinishReason.ENV_DONE, 0)
             ] * 2
             assert len(GATE.resets) == 2  # nothing was lost: the batch began after EnvHub was back
-            assert hub.instances() == 1
+            assert hub.instances(ENV_NAME) == 1
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
 

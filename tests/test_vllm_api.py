@@ -222,6 +222,9 @@ def test_the_engine_calls_we_make_exist_with_these_keywords(vllm_src: VllmSource
     assert _params(vllm_src.method(engine, "LLMEngine", "add_lora"))[1] == "lora_request"
     assert _params(vllm_src.method(engine, "LLMEngine", "remove_lora"))[1] == "lora_id"
     vllm_src.method(engine, "LLMEngine", "list_loras")
+    # The engines' max_model_len (the token RPCs' limit) is llm.llm_engine.model_config's.
+    assert "self.model_config = vllm_config.model_config" in vllm_src.text(engine)
+    assert "max_model_len" in vllm_src.fields("vllm/config/model.py", "ModelConfig")
     # vllm_worker.py reaches the model through the worker's model_runner.get_model() and
     # calls its load_weights(weights=...) (Qwen2's skips lm_head when tied, as we never send it)
     vllm_src.method("vllm/v1/worker/gpu_model_runner.py", "GPUModelRunner", "get_model")

@@ -10,8 +10,9 @@ import grpc
 import pytest
 import torch
 from identity_helpers import user_key
+from rollout_helpers import session_rollout
 
-from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.modeling.weights import ChangedTensors, WeightStream, pack_weights
@@ -159,28 +160,16 @@ def test_score_tokens_refuses_ids_outside_the_vocabulary_by_name(tmp_path) -> No
     model has no embedding for is the caller's INVALID_ARGUMENT, not an index error."""
 
     async def main() -> None:
-        model_dir = ensure_tiny_model(tmp_path / "tiny-qwen2")
-        key = user_key()
-        server, port = await create_rollout(RolloutSettings(credential=key, device="cpu"))
-        address = f"127.0.0.1:{port}"
-        try:
-            async with aio_channel(address, credential=key) as channel:
-                rollout = GrpcRolloutSession(channel, address=address)
-                spec = ModelSpec(base_model=str(model_dir), finetune="full")
-                model = to_proto(JobSpec(kind="session", model=spec)).model
-                await rollout.open_sampling_only(job_id="j", model=model, seed=0, timeout_s=60)
-                stub = rollout_pb2_grpc.RolloutServiceStub(channel)
-                good = await stub.ScoreTokens(
-                    rollout_pb2.ScoreTokensRequest(token_ids=[1, 2, 3]), timeout=30
+        async with session_rollout(ensure_tiny_model(tmp_path / "tiny-qwen2")) as stub:
+            good = await stub.ScoreTokens(
+                rollout_pb2.ScoreTokensRequest(token_ids=[1, 2, 3]), timeout=30
+            )
+            assert len(good.logprobs) == 2 and all(lp < 0 for lp in good.logprobs)
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await stub.ScoreTokens(
+                    rollout_pb2.ScoreTokensRequest(token_ids=[1, 10**6]), timeout=30
                 )
-                assert len(good.logprobs) == 2 and all(lp < 0 for lp in good.logprobs)
-                with pytest.raises(grpc.aio.AioRpcError) as bad:
-                    await stub.ScoreTokens(
-                        rollout_pb2.ScoreTokensRequest(token_ids=[1, 10**6]), timeout=30
-                    )
-                assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert "token_ids has ids outside the vocabulary" in bad.value.details()
-        finally:
-            await server.stop(grace=0.5)
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "token_ids has ids outside the vocabulary" in bad.value.details()
 
     asyncio.run(main())

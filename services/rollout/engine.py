@@ -23,6 +23,7 @@ from transformers import (
 
 from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_config
 from opentinker.services.modeling.attention import has_full_attention_only
+from opentinker.services.modeling.context_length import context_length
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
@@ -51,6 +52,7 @@ class GenerationEngine(Protocol):
 
     name: str  # "transformers" or "vllm", reported in RolloutOpened
     policy_version: int  # version of the weights now served; 0 right after loading
+    max_model_len: int  # the longest sequence (tokens: prompt and completion) it takes
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase: ...  # read-only: a shared engine's own
@@ -97,6 +99,7 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.policy_version = 0
+        self.max_model_len = context_length(model.config)
         self.max_batch_size = max_batch_size
         self.eos_token_id, self.pad_token_id = eos_and_pad_ids(tokenizer)
         self.device = next(model.parameters()).device

@@ -37,9 +37,10 @@ from .agent_loop import AgentLoop
 from .engine import GenerationEngine, TransformersEngine
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
+from .envhub_link import EnvHubLink
 from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
-from .settings import DEFAULT_MAX_BATCH_SIZE
+from .settings import DEFAULT_ENVHUB_RECONNECT_S, DEFAULT_MAX_BATCH_SIZE
 from .types import Trajectory
 
 log = structlog.get_logger("opentinker.rollout.inference")
@@ -97,6 +98,7 @@ def run_inference(
     greedy: bool = False,
     device: str | None = None,
     env_timeout_s: float = 30.0,
+    envhub_reconnect_s: float = DEFAULT_ENVHUB_RECONNECT_S,
     max_episode_retries: int = 2,
     max_observation_chars: int = 16384,
     progress: ProgressCallback | None = None,
@@ -112,10 +114,13 @@ def run_inference(
     concurrency: episodes played (and generated) together.
     greedy: argmax decoding instead of sampling (``sampling.temperature`` is not used).
     progress: called with (done, total) after every chunk.
+    envhub_reconnect_s: how long EnvHub may stay away mid-run (died, restarting) before the run
+        fails; meanwhile the episodes it took with it start over from Reset once it is back.
 
     Raises ConfigError for bad arguments, NotFoundError when EnvHub has no such env,
-    UnavailableError when EnvHub cannot be reached, OSError/ValueError when the model cannot
-    be loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
+    UnavailableError when EnvHub cannot be reached at the start (or stays away mid-run past
+    envhub_reconnect_s: EnvHubUnreachableError), OSError/ValueError when the model cannot be
+    loaded. Episodes that fail in the env are recorded (finish_reason ENV_ERROR), not raised.
     """
     _check_budgets(episodes, concurrency, max_turns, max_episode_tokens)
     config = LoopConfig(
@@ -136,6 +141,7 @@ def run_inference(
         seed=seed,
         device=device,
         env_timeout_s=env_timeout_s,
+        envhub_reconnect_s=envhub_reconnect_s,
         progress=progress,
     )
     return asyncio.run(run.play(episodes, Path(output), concurrency))
@@ -166,13 +172,80 @@ class _InferenceRun:
     seed: int
     device: str | None
     env_timeout_s: float
+    envhub_reconnect_s: float
     progress: ProgressCallback | None
 
     async def play(self, episodes: int, output: Path, concurrency: int) -> InferenceSummary:
         started = time.monotonic()
         run_id = f"infer-{uuid.uuid4().hex[:8]}"
         bound = log.bind(run_id=run_id, env=self.env_name, model=self.model)
-        envhub = EnvHubClient(
+        # An unknown env or a dead EnvHub fails here, before the model loads.
+        async with self._envhub_client(run_id) as client:
+            assert client.spec is not None, "an opened client has its env's spec"
+            env = env_spec_from_proto(client.spec)
+        engine = await asyncio.to_thread(load_inference_engine, self.model, device=self.device)
+        loop = AgentLoop(engine, self.config, env)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        records: list[dict[str, Any]] = []
+        # The episodes' link rides out an EnvHub restart, as a training rollout's does.
+        link = EnvHubLink(
+            lambda: self._envhub_client(run_id),
+            address=self.envhub_address,
+            env_name=self.env_name,
+            reconnect_s=self.envhub_reconnect_s,
+        )
+        try:
+            await link.open()
+            with output.open("w", encoding="utf-8") as out:
+                for first in range(0, episodes, concurrency):
+                    indices = range(first, min(first + concurrency, episodes))
+                    chunk = await self._play_chunk(loop, link, run_id, indices)
+                    records.extend(chunk)
+                    out.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in chunk)
+                    out.flush()
+                    self._report(bound, records, episodes)
+        finally:
+            await link.close()
+        summary = summarize(records, output, seconds=time.monotonic() - started)
+        bound.info("inference_done", **{k: v for k, v in asdict(summary).items() if k != "output"})
+        return summary
+
+    async def _play_chunk(
+        self, loop: AgentLoop, link: EnvHubLink, run_id: str, indices: range
+    ) -> list[dict[str, Any]]:
+        """The rows of episodes ``indices``, played together; raises the link's error when
+        EnvHub stayed away (its episodes failed for that, not for the env)."""
+        requests = []
+        for i in indices:
+            eid = f"{run_id}-e{i}"
+            env_seed = eval_episode_seed(self.seed, i)
+            requests.append(EpisodeRequest(eid, i, env_seed, link.session(eid), link.session))
+        trajectories, _ = await loop.run(
+            requests, seed=derive_seed(self.seed, "sample", indices.start)
+        )
+        if link.gone is not None:
+            raise link.gone
+        seeds = {r.episode_id: r.seed for r in requests}  # self-play: a row per role
+        return [_record(t, seeds[t.episode_id], loop.engine) for t in trajectories]
+
+    def _report(
+        self,
+        bound: structlog.typing.FilteringBoundLogger,
+        records: list[dict[str, Any]],
+        total: int,
+    ) -> None:
+        rewards = [r["reward"] for r in records]
+        bound.info(
+            "inference_progress",
+            done=len(records),
+            total=total,
+            mean_reward=round(sum(rewards) / len(rewards), 4),
+        )
+        if self.progress is not None:  # games (a self-play game has a row per role)
+            self.progress(len({r["episode_id"] for r in records}), total)
+
+    def _envhub_client(self, run_id: str) -> EnvHubClient:
+        return EnvHubClient(
             self.envhub_address,
             job_id=run_id,
             env_name=self.env_name,
@@ -180,44 +253,6 @@ class _InferenceRun:
             heartbeat_interval_s=5.0,
             credential=self.api_key,
         )
-        async with envhub:  # an unknown env or a dead EnvHub fails before the model loads
-            assert envhub.spec is not None, "an opened client has its env's spec"
-            env = env_spec_from_proto(envhub.spec)
-            engine = await asyncio.to_thread(load_inference_engine, self.model, device=self.device)
-            loop = AgentLoop(engine, self.config, env)
-            output.parent.mkdir(parents=True, exist_ok=True)
-            records: list[dict[str, Any]] = []
-            with output.open("w", encoding="utf-8") as out:
-                for first in range(0, episodes, concurrency):
-                    indices = range(first, min(first + concurrency, episodes))
-                    requests = []
-                    for i in indices:
-                        eid = f"{run_id}-e{i}"
-                        env_seed = eval_episode_seed(self.seed, i)
-                        requests.append(
-                            EpisodeRequest(eid, i, env_seed, envhub.session(eid), envhub.session)
-                        )
-                    trajectories, _ = await loop.run(
-                        requests, seed=derive_seed(self.seed, "sample", first)
-                    )
-                    seeds = {r.episode_id: r.seed for r in requests}  # self-play: a row per role
-                    for t in trajectories:
-                        record = _record(t, seeds[t.episode_id], engine)
-                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                        records.append(record)
-                    out.flush()
-                    rewards = [r["reward"] for r in records]
-                    bound.info(
-                        "inference_progress",
-                        done=len(records),
-                        total=episodes,
-                        mean_reward=round(sum(rewards) / len(rewards), 4),
-                    )
-                    if self.progress is not None:  # games (a self-play game has a row per role)
-                        self.progress(len({r["episode_id"] for r in records}), episodes)
-        summary = summarize(records, output, seconds=time.monotonic() - started)
-        bound.info("inference_done", **{k: v for k, v in asdict(summary).items() if k != "output"})
-        return summary
 
 
 def _record(t: Trajectory, env_seed: int, engine: GenerationEngine) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from transformers import AutoTokenizer, LogitsProcessor, PreTrainedTokenizerBase
 
 from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_config
 from opentinker.services.modeling.attention import has_full_attention_only
+from opentinker.services.modeling.context_length import context_length
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_image_processor
 from opentinker.spec import ModelSpec, SamplingParams
@@ -66,6 +67,7 @@ class MixedLoraEngine(Protocol):
     name: str
     base_model: str
     tokenizer: PreTrainedTokenizerBase
+    max_model_len: int  # the longest sequence (tokens: prompt and completion) it takes
 
     def add_adapter(self, adapter: str, spec: ModelSpec) -> None:
         """Load a fresh adapter (``spec.lora``; ``spec.init_adapter``'s weights if given)."""
@@ -132,6 +134,7 @@ class SharedLoraEngine:
         self.base = model
         self.tokenizer = tokenizer
         self.base_model = base_model
+        self.max_model_len = context_length(model.config)
         self.max_batch_size = max_batch_size
         self.eos_token_id, self.pad_token_id = eos_and_pad_ids(tokenizer)
         # A checkpoint's own sampling defaults (repetition_penalty, ...) would change what is

@@ -297,7 +297,7 @@ class _RolloutStream:
         weights are mixed until the last chunk, and nothing else runs on this stream
         meanwhile); the last chunk sets the version and answers with the probe. A chunk in
         shared memory is copied from the segment and answered (WeightChunkTaken)."""
-        self.session.require_open("a weight chunk")
+        updates = self.session.weight_updates("a weight chunk")
         try:
             tensors = self._weights_stream.add(chunk)
         except (ValueError, RuntimeError) as err:  # torch raises RuntimeError on a bad reshape
@@ -305,12 +305,12 @@ class _RolloutStream:
             return failed(f"malformed weight chunk: {err}", "INVALID_ARGUMENT")
         self._by_reference += len(chunk.shared) + len(chunk.cuda_ipc)
         if chunk.cuda_ipc:
-            await self.session.load_cuda_ipc(list(chunk.cuda_ipc))
+            await updates.load_cuda_ipc(list(chunk.cuda_ipc))
         if not chunk.last:
             try:
                 tensors |= self.incoming.shared(chunk)
                 if tensors:
-                    await self.session.load_weights(tensors)
+                    await updates.load(tensors)
             except OpenTinkerError:
                 self._weights_stream, self._by_reference = WeightStream(), 0
                 raise
@@ -325,7 +325,7 @@ class _RolloutStream:
         count = self._weights_stream.tensors_received + self._by_reference
         self._weights_stream, self._by_reference = WeightStream(), 0
         tensors |= self.incoming.shared(chunk)
-        result = await self.session.apply_weights(
+        result = await updates.apply(
             tensors, chunk.policy_version, chunk.probe_token_ids, tensors_in_update=count
         )
         return rollout_pb2.RolloutResponse(

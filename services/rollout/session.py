@@ -1,4 +1,5 @@
-"""One trainer's rollout session: load the engine, apply weight updates, collect batches.
+"""One trainer's rollout session: load the engine, apply weight updates (engine_updates.py),
+collect batches.
 
 Plain asyncio; knows nothing of the gRPC stream that drives it (see ``service.py``).
 """
@@ -7,26 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
-import torch
 
 from opentinker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     UnavailableError,
 )
-from opentinker.rollout.v1 import rollout_pb2
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .agent_loop import AgentLoop
 from .batch_ahead import BatchAhead, BatchKey, batch_requests
 from .config import RolloutConfig
-from .engine import GenerationEngine, TransformersEngine, WeightUpdateError
+from .engine import GenerationEngine, TransformersEngine
+from .engine_updates import EngineUpdates
 from .env_replies import env_spec_from_proto
 from .envhub_client import EnvHubClient
 from .envhub_link import EnvHubLink
@@ -34,10 +32,13 @@ from .inference import ADAPTER_CONFIG, load_inference_engine
 from .loop_config import EpisodeRequest, LoopConfig
 from .seeds import derive_seed, eval_episode_seed
 from .settings import RolloutSettings
-from .token_sampling import SampledTokens, check_token_ids, sample_tokens
+from .token_sampling import (
+    SampledTokens,
+    check_context_length,
+    check_token_ids,
+    sample_tokens,
+)
 from .types import EnvSpec, FinishReason, TrajectoryBatch
-from .vllm_engine import VllmEngine
-from .weight_transports import open_cuda_ipc
 
 log = structlog.get_logger("opentinker.rollout.session")
 
@@ -46,13 +47,6 @@ EngineFactory = Callable[[ModelSpec], GenerationEngine]
 
 class EnvBatchFailedError(UnavailableError):
     """Too many episodes of a batch ended with ENV_ERROR to train on it."""
-
-
-@dataclass(frozen=True)
-class WeightsResult:
-    policy_version: int
-    probe_logprobs: list[float]
-    apply_seconds: float
 
 
 class RolloutSession:
@@ -64,7 +58,7 @@ class RolloutSession:
         self.config: RolloutConfig | None = None
         self.engine: GenerationEngine | None = None
         self._loop: AgentLoop | None = None
-        self._loading_seconds = 0.0  # applying the chunks of the update in progress
+        self._updates: EngineUpdates | None = None  # the engine's weight updates, once open
         self.roles: tuple[str, ...] = ()  # the env's roles (multi-agent), once open
         self._link: EnvHubLink | None = None  # the job's episode stream, kept across batches
         self._ahead: BatchAhead | None = None  # the next batch's episodes, reset early
@@ -94,6 +88,7 @@ class RolloutSession:
         if role_adapters:
             await asyncio.to_thread(_serve_role_adapters, engine, env.role_names)
         self.config, self.engine = config, engine
+        self._updates = EngineUpdates(engine)
         self.roles = env.role_names
         self._loop = AgentLoop(
             engine,
@@ -126,64 +121,12 @@ class RolloutSession:
         )
         return engine
 
-    async def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Copy part of a weight update into the served weights; the version stays until
-        ``apply_weights`` ends the update."""
-        engine = self.require_open("a weight update")
-        await self._copy_in(engine, tensors, engine.policy_version)
-
-    async def load_cuda_ipc(self, described: Sequence[rollout_pb2.CudaIpcTensor]) -> None:
-        """Copy the trainer's CUDA tensors (IPC handles) into the served weights; the version
-        stays until ``apply_weights``. vLLM (full weights) opens them in its own workers and
-        loads them with its in-place ``load_weights``; other engines, and vLLM's LoRA adapters
-        (copied to the host for the adapter folder), open them here."""
-        engine = self.require_open("a weight update")
-        if not isinstance(engine, VllmEngine) or engine.adapters is not None:
-            tensors = await asyncio.to_thread(open_cuda_ipc, list(described))
-            await self._copy_in(engine, tensors, engine.policy_version)
-            del tensors
-            await asyncio.to_thread(torch.cuda.synchronize)  # copied before the trainer goes on
-            return
-        started = time.monotonic()
-        try:
-            await asyncio.to_thread(engine.apply_cuda_ipc, described)
-        except WeightUpdateError as err:
-            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
-        self._loading_seconds += time.monotonic() - started
-
-    async def apply_weights(
-        self,
-        tensors: Mapping[str, torch.Tensor],
-        policy_version: int,
-        probe_token_ids: Sequence[int],
-        *,
-        tensors_in_update: int | None = None,
-    ) -> WeightsResult:
-        """Load the last part of a weight update (all of it, when not streamed), serve
-        ``policy_version``, then prove it: logprobs of the probe ids. Tensors not named keep
-        their values (the trainer sends only what changed)."""
-        engine = self.require_open("a weight update")
-        await self._copy_in(engine, tensors, policy_version)
-        seconds, self._loading_seconds = self._loading_seconds, 0.0
-        probe = await asyncio.to_thread(engine.logprobs_of, list(probe_token_ids))
-        log.info(
-            "weights_applied",
-            policy_version=policy_version,
-            tensors=tensors_in_update if tensors_in_update is not None else len(tensors),
-            seconds=seconds,
-        )
-        return WeightsResult(policy_version, probe, seconds)
-
-    async def _copy_in(
-        self, engine: GenerationEngine, tensors: Mapping[str, torch.Tensor], version: int
-    ) -> None:
-        started = time.monotonic()
-        try:
-            await asyncio.to_thread(engine.apply_weights, tensors, version)
-        except WeightUpdateError as err:
-            self._loading_seconds = 0.0
-            raise InvalidArgumentError(str(err), code="INVALID_ARGUMENT") from err
-        self._loading_seconds += time.monotonic() - started
+    def weight_updates(self, what: str) -> EngineUpdates:
+        """The open engine's weight updates (engine_updates.py); ``what`` names the message
+        that needs them, for the error when it arrives before OpenRollout."""
+        self.require_open(what)
+        assert self._updates is not None, "an open session has its engine's updates"
+        return self._updates
 
     async def collect(self, batch_index: int, num_groups: int, group_size: int) -> TrajectoryBatch:
         """Play num_groups * group_size episodes; the episodes of a group share a reset seed."""
@@ -329,6 +272,12 @@ class RolloutSession:
         engine = self.require_open("ScoreTokens")
         if len(token_ids) < 2:
             raise InvalidArgumentError("token_ids: at least 2 ids to score (the first has none)")
+        check_context_length(
+            engine,
+            len(token_ids),
+            f"{len(token_ids)} token_ids",
+            "send at most that many (shorten or split the sequence)",
+        )
         check_token_ids(engine, token_ids, "token_ids")
         logprobs = await asyncio.to_thread(engine.logprobs_of, list(token_ids))
         return logprobs, engine.policy_version

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # OPENTINKER_ROLLOUT_MAX_BATCH_SIZE=64 bench/vs_inprocess.py --staleness 0 --max-steps 300
 # against the default).
 DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_ENVHUB_RECONNECT_S = 60.0
 
 
 class RolloutSettings(BaseSettings):
@@ -24,7 +25,7 @@ class RolloutSettings(BaseSettings):
     envhub_address: str = Field("", description="host:port of EnvHub")
     env_timeout_s: float = Field(15.0, gt=0, description="deadline of every wait on EnvHub")
     envhub_reconnect_s: float = Field(
-        60.0,
+        DEFAULT_ENVHUB_RECONNECT_S,
         gt=0,
         description="how long EnvHub may stay away (died, restarting) before a batch fails",
     )

@@ -44,6 +44,7 @@ class AdapterEngine:
         self.adapter = adapter
         self.name = self._engine.name
         self.policy_version = 0
+        self.max_model_len = self._engine.max_model_len
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:

@@ -41,6 +41,18 @@ def check_token_ids(engine: GenerationEngine, ids: Sequence[int], field: str) ->
         )
 
 
+def check_context_length(engine: GenerationEngine, tokens: int, asked: str, fix: str) -> None:
+    """InvalidArgumentError when a call would run ``tokens`` past the engine's context length,
+    as vLLM refuses past max_model_len: checked before any work, since one call of millions of
+    ids would take the memory of every job on the engine. asked: what makes up the count."""
+    if tokens > engine.max_model_len:
+        raise InvalidArgumentError(
+            f"{asked}: more than the model's context length of {engine.max_model_len} tokens; "
+            f"{fix}",
+            code="INVALID_ARGUMENT",
+        )
+
+
 def sample_tokens(
     engine: GenerationEngine,
     prompt: Sequence[int],
@@ -57,6 +69,13 @@ def sample_tokens(
         raise InvalidArgumentError(
             f"num_samples must be 1..{MAX_SAMPLES}, got {num_samples}", code="INVALID_ARGUMENT"
         )
+    new = sampling.max_new_tokens
+    check_context_length(
+        engine,
+        len(prompt) + new,
+        f"{len(prompt)} prompt_tokens + {new} sampling.max_new_tokens = {len(prompt) + new} tokens",
+        "shorten the prompt or lower max_new_tokens",
+    )
     check_token_ids(engine, prompt, "prompt_tokens")
     eos = engine.tokenizer.eos_token_id
     stops = {*stop_token_ids, *([eos] if eos is not None else [])}

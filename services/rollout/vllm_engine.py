@@ -149,6 +149,8 @@ class VllmEngine:
         self.shapes = shapes
         self.adapters = adapters
         self.policy_version = 0
+        # vLLM's own: OPENTINKER_ROLLOUT_VLLM_MAX_MODEL_LEN, or what it derived from the config.
+        self.max_model_len: int = llm.llm_engine.model_config.max_model_len
         self.seed_per_request = seed_per_request
         self.image_processor: object | None = None  # images: the transformers engine only
         self.lora_request: Any = None  # None = the base model

@@ -240,6 +240,7 @@ class VllmMixedLoraEngine:
         self.eos_token_id: int = tokenizer.eos_token_id
         self.table = table
         self.base_model = table.base_model
+        self.max_model_len: int = llm.llm_engine.model_config.max_model_len  # vLLM's, as set
         self._requests: dict[int, Any] = {}  # lora id -> the LoRARequest vLLM was given
         self._lock = threading.RLock()
 

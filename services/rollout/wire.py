@@ -25,6 +25,9 @@ from .types import FinishReason, Trajectory, TrajectoryBatch
 # A TrajectoryBatch larger than this goes to the trainer in parts (TrajectoryBatch.more): gRPC
 # refuses to send a message past MAX_MESSAGE_BYTES, which would end the stream.
 BATCH_PART_BYTES = MAX_MESSAGE_BYTES // 2
+# What a part carries beside its trajectories (the response's seq, the batch's index and
+# figures): well under this. A trajectory that leaves less room cannot travel at all.
+ENVELOPE_BYTES = 1024
 
 _CODES: list[tuple[type[OpenTinkerError], str]] = [
     (InvalidArgumentError, "INVALID_ARGUMENT"),
@@ -99,12 +102,14 @@ def batch_parts(
 ) -> list[rollout_pb2.TrajectoryBatch]:
     """The batch as messages of at most ``max_bytes`` of trajectories each (a larger
     trajectory goes alone), in order: every one but the last has ``more`` set, the figures
-    travel on the last. One message when it fits."""
+    travel on the last. One message when it fits. ResourceExhaustedError naming the episode
+    when a trajectory alone is too large for a message (gRPC would refuse to send it)."""
     whole = batch_to_proto(batch)
     parts = [rollout_pb2.TrajectoryBatch(batch_index=batch.batch_index)]
     size = 0
     for trajectory in whole.trajectories:
         nbytes = trajectory.ByteSize()
+        _check_fits(trajectory, nbytes)
         if size and size + nbytes > max_bytes:
             parts[-1].more = True
             parts.append(rollout_pb2.TrajectoryBatch(batch_index=batch.batch_index))
@@ -114,3 +119,19 @@ def batch_parts(
     del whole.trajectories[:]
     parts[-1].MergeFrom(whole)  # the figures
     return parts
+
+
+def _check_fits(trajectory: rollout_pb2.Trajectory, nbytes: int) -> None:
+    """ResourceExhaustedError naming the episode when its trajectory cannot travel alone."""
+    if nbytes <= MAX_MESSAGE_BYTES - ENVELOPE_BYTES:
+        return
+    info = sum(len(k.encode()) + len(v.encode()) for k, v in trajectory.info.items())
+    images = sum(len(i.data) for i in trajectory.images)
+    raise ResourceExhaustedError(
+        f"episode {trajectory.episode_id}'s trajectory is {nbytes} bytes, more than one message "
+        f"to the trainer carries ({MAX_MESSAGE_BYTES} bytes less {ENVELOPE_BYTES} for the "
+        f"envelope); of it, its env's info is {info} bytes and its images {images} bytes, and "
+        f"its {len(trajectory.token_ids)} tokens the rest: have the env return less (large "
+        "logs belong in its own files), or lower max_episode_tokens",
+        code="RESOURCE_EXHAUSTED",
+    )

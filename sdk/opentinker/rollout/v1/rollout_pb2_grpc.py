@@ -64,7 +64,8 @@ class RolloutServiceServicer:
     def SampleTokens(self, request, context):
         """Raw token sampling for a training session: n completions of one prompt with the engine
         (and the weights) of the open Rollout stream, no environment. Needs the job's token.
-        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT on an empty prompt.
+        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT on an empty prompt or one whose
+        length plus sampling.max_new_tokens passes the model's context length.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,7 +74,8 @@ class RolloutServiceServicer:
     def ScoreTokens(self, request, context):
         """Logprobs of a token sequence under the open stream's engine and weights (a training
         session's prompt logprobs, Tinker's compute_logprobs). Needs the job's token.
-        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT for fewer than 2 tokens.
+        FAILED_PRECONDITION before OpenRollout, INVALID_ARGUMENT for fewer than 2 tokens or more
+        than the model's context length.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
