@@ -219,7 +219,7 @@ def test_a_spent_budget_holds_queued_jobs_and_counts_the_leases_held_now(
     run(main)
 
 
-def test_a_step_report_sent_again_is_counted_once(redis_url: str) -> None:
+def test_a_step_or_session_report_sent_again_is_counted_once(redis_url: str) -> None:
     """The trainer's reporter sends a report again (with its report_id) when the scheduler
     answered UNAVAILABLE, which it also does when a Redis outage cut the report short after
     its usage was counted (the event's append failed), or when the answer was lost."""
@@ -241,10 +241,21 @@ def test_a_step_report_sent_again_is_counted_once(redis_url: str) -> None:
                     )
                     for _ in range(times):
                         await trainer.ReportJobProgress(report, timeout=RPC_TIMEOUT_S)
+                # A session's tokens after its last step come with its end report: once too.
+                tokens = scheduler_pb2.SessionReport(tokens_generated=30, tokens_trained=7)
+                end = scheduler_pb2.ReportJobProgressRequest(
+                    job_id=job.job_id, attempt=1, report_id="end", session=tokens
+                )
+                for _ in range(2):
+                    await trainer.ReportJobProgress(end, timeout=RPC_TIMEOUT_S)
+                end.session.tokens_generated = -1.0
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await trainer.ReportJobProgress(end, timeout=RPC_TIMEOUT_S)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             used = await mesh.running.stores.usage.job(job.job_id)
-            assert (used.steps, used.tokens_generated, used.tokens_trained) == (2, 200, 120)
+            assert (used.steps, used.tokens_generated, used.tokens_trained) == (2, 230, 127)
             period, total = await mesh.running.stores.usage.tenant("acme")
-            assert (period.steps, total.steps, total.tokens_generated) == (2, 2, 200)
+            assert (period.steps, total.steps, total.tokens_generated) == (2, 2, 230)
 
     run(main)
 

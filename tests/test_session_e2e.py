@@ -122,3 +122,21 @@ def _admin_key(mesh: LocalMesh) -> str:
     from opentinker.services.launcher.mesh import ADMIN_KEY_FILE
 
     return (mesh.secrets_dir / ADMIN_KEY_FILE).read_text().strip()
+
+
+def test_what_a_session_samples_and_trains_after_its_last_step_is_counted_at_its_end(
+    client, letter_model_dir: Path
+) -> None:
+    """A session's tokens reached its usage only with a step's report, so a session that
+    sampled and never stepped (or sampled after its last step) was never counted."""
+    session = client.training_session(base_model=str(letter_model_dir))
+    sampled = session.sample([1, 2, 3], num_samples=3, sampling=opentinker.SamplingParams(
+        max_new_tokens=5))  # fmt: skip
+    trained = session.forward_backward([Datum(input_tokens=[1, 2, 3], target_tokens=[2, 3, 4])])
+    session.close()
+    generated = sum(len(s.tokens) for s in sampled.sequences)
+    assert generated > 0 and trained.metrics["tokens"] == 3
+    [tenant] = client.usage(max_jobs=50)
+    [job] = [j for j in tenant.jobs if j.job_id == session.job_id]
+    assert (job.usage.tokens_generated, job.usage.tokens_trained) == (generated, 3)
+    assert job.usage.steps == 0

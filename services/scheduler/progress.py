@@ -9,6 +9,7 @@ tokens to the usage.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from opentinker.common.v1 import common_pb2
@@ -18,6 +19,7 @@ from opentinker.services.scheduler.event_log import EventLog
 from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES
 from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.quotas import Quotas
+from opentinker.services.scheduler.usage import Usage
 
 MAX_ROW_BYTES = 16 * 1024  # a result row (ResultRow.json); the job trims its texts to fit
 MAX_REPORT_ID = 64  # characters of ReportJobProgressRequest.report_id
@@ -79,11 +81,27 @@ class ProgressReports:
         await self._jobs.record_result(job_id, job.attempt, result)
         return False
 
-    async def session(self, job_id: str, attempt: int, report: scheduler_pb2.SessionReport) -> bool:
-        """A session's trainer publishes its endpoint (once serving) and why it ended."""
+    async def session(
+        self,
+        job_id: str,
+        attempt: int,
+        report: scheduler_pb2.SessionReport,
+        *,
+        report_id: str = "",
+    ) -> bool:
+        """A session's trainer publishes its endpoint (once serving) and why it ended, with
+        the tokens it sampled and trained after its last step report (counted once per
+        ``report_id``)."""
+        check_report_id(report_id)
+        check_tokens(report.tokens_generated, report.tokens_trained)
         job = await self._current(job_id, attempt)
         if job is None:
             return True
+        if report.tokens_generated or report.tokens_trained:
+            usage = Usage(
+                tokens_generated=report.tokens_generated, tokens_trained=report.tokens_trained
+            )
+            await self._quotas.record_usage(job, usage, report_id=report_id)
         if report.endpoint:
             await self._jobs.set_endpoint(job_id, job.attempt, report.endpoint)
         if report.ended_reason:
@@ -105,6 +123,14 @@ def check_report_id(report_id: str) -> None:
             f"report_id: {len(report_id)} characters, at most {MAX_REPORT_ID}; "
             "send one short id (a uuid) per report",
             reason="BAD_REPORT_ID",
+        )
+
+
+def check_tokens(*counts: float) -> None:
+    """ConfigError for a token count that is not a finite number >= 0."""
+    if not all(math.isfinite(count) and count >= 0 for count in counts):
+        raise ConfigError(
+            f"session tokens must be finite and >= 0, got {list(counts)}", reason="BAD_TOKENS"
         )
 
 

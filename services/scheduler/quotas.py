@@ -128,15 +128,16 @@ class Quotas:
             tokens_generated=metrics.get(TOKENS_GENERATED_METRIC, 0.0),
             tokens_trained=metrics.get(TOKENS_TRAINED_METRIC, 0.0),
         )
-        await self._add_reported(job, usage, report_id)
+        await self.record_usage(job, usage, report_id=report_id)
 
     async def record_generated(
         self, job: common_pb2.Job, tokens: float, *, report_id: str = ""
     ) -> None:
         """Tokens generated outside training steps (an inference job's episode)."""
-        await self._add_reported(job, Usage(tokens_generated=tokens), report_id)
+        await self.record_usage(job, Usage(tokens_generated=tokens), report_id=report_id)
 
-    async def _add_reported(self, job: common_pb2.Job, usage: Usage, report_id: str) -> None:
+    async def record_usage(self, job: common_pb2.Job, usage: Usage, *, report_id: str) -> None:
+        """``usage`` of ``job``, counted once per ``report_id`` (a retried report)."""
         quota = await self.quota(job.tenant_id)
         once = f"report:{report_id}" if report_id else ""
         await self._usage.add(job.job_id, job.tenant_id, usage, period_s=quota.period_s, once=once)

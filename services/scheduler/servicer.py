@@ -172,7 +172,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     job_id, attempt, request.row, report_id=request.report_id
                 )
             elif kind == "session":
-                stop = await s.reports.session(job_id, attempt, request.session)
+                stop = await s.reports.session(
+                    job_id, attempt, request.session, report_id=request.report_id
+                )
             else:
                 raise ConfigError(
                     "payload: set one of step, log, failure, result, row or session",

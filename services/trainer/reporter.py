@@ -75,9 +75,22 @@ class SchedulerReporter:
         pb = common_pb2.ResultRow(json=json.dumps(row, ensure_ascii=False), index=row["index"])
         return await self._report(scheduler_pb2.ReportJobProgressRequest(row=pb))
 
-    async def report_session(self, *, endpoint: str = "", ended_reason: str = "") -> bool:
-        """A session job: where its TrainerService serves, or why it ended."""
-        report = scheduler_pb2.SessionReport(endpoint=endpoint, ended_reason=ended_reason)
+    async def report_session(
+        self,
+        *,
+        endpoint: str = "",
+        ended_reason: str = "",
+        tokens_generated: float = 0.0,
+        tokens_trained: float = 0.0,
+    ) -> bool:
+        """A session job: where its TrainerService serves, or why it ended and the tokens it
+        sampled and trained after its last step report."""
+        report = scheduler_pb2.SessionReport(
+            endpoint=endpoint,
+            ended_reason=ended_reason,
+            tokens_generated=tokens_generated,
+            tokens_trained=tokens_trained,
+        )
         return await self._report(scheduler_pb2.ReportJobProgressRequest(session=report))
 
     async def report_log(self, message: str) -> bool:

@@ -169,7 +169,12 @@ async def _serve_until_ended(
             await idle
     await asyncio.sleep(0.2)  # let the answer to CloseSession leave before the server stops
     await session.flush_reports()  # the steps' reports go out before the session's end
-    await reporter.report_session(ended_reason=session.end_reason)
+    # What it sampled and trained after its last step (all of it, for a session that only
+    # samples) is counted with its end; the steps' reports counted the rest.
+    generated, trained = session.unreported_tokens()
+    await reporter.report_session(
+        ended_reason=session.end_reason, tokens_generated=generated, tokens_trained=trained
+    )
     final = {"steps": float(session.step), "policy_version": float(session.sampler.policy_version)}
     await reporter.report_result("", final)
     return 0

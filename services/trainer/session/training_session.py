@@ -212,6 +212,10 @@ class TrainingSession:
         with contextlib.suppress(Exception):
             self._check_reports()
 
+    def unreported_tokens(self) -> tuple[float, float]:
+        """Tokens (generated, trained) since the last step report: its end report's."""
+        return self._since_step["tokens_generated"], self._since_step["tokens_trained"]
+
     def _step(self, adam: AdamParams) -> float:
         for group in self.policy.optimizer.param_groups:
             group.update(

@@ -171,12 +171,16 @@ class JobFailure(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class SessionReport(_message.Message):
-    __slots__ = ("endpoint", "ended_reason")
+    __slots__ = ("endpoint", "ended_reason", "tokens_generated", "tokens_trained")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     ENDED_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TRAINED_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     ended_reason: str
-    def __init__(self, endpoint: _Optional[str] = ..., ended_reason: _Optional[str] = ...) -> None: ...
+    tokens_generated: float
+    tokens_trained: float
+    def __init__(self, endpoint: _Optional[str] = ..., ended_reason: _Optional[str] = ..., tokens_generated: _Optional[float] = ..., tokens_trained: _Optional[float] = ...) -> None: ...
 
 class JobResult(_message.Message):
     __slots__ = ("checkpoint_uri", "final_metrics")
