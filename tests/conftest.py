@@ -8,6 +8,7 @@
   start again (the scheduler's Redis-outage tests).
 - ``base_engine`` (module): the random-init tiny Qwen2 in the transformers engine.
 - ``letter_model_dir`` (session): the tiny Qwen2 nudged to answer with some letter A..D.
+- ``structlog_config_restored`` (autouse): each test leaves structlog as it found it.
 - ``identities`` (session): a real scheduler whose IdentityService checks credentials for
   EnvHub servers started by tests, with API keys of two tenants, an admin key and a worker
   token (tests/identity_service.py).
@@ -52,6 +53,20 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def structlog_config_restored() -> Iterator[None]:
+    """structlog's configuration as it was before each test: a CLI a test runs in-process
+    (``opentinker infer --local`` sets WARNING for its process) would otherwise filter the
+    log events later tests look for."""
+    import structlog
+
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session", autouse=True)
