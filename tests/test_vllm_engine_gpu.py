@@ -106,6 +106,12 @@ class TestFullWeights:
         probe = batch[3] + first[3].token_ids
         assert max_diff(engine.logprobs_of(probe), reference.logprobs_of(probe)) < TOL
 
+    def test_the_context_length_is_the_one_the_transformers_engine_reads(self, full_pair) -> None:
+        """SampleTokens/ScoreTokens refuse past ``max_model_len``: vLLM's, read from its
+        engine, must be the model config's, as the transformers engine reads it."""
+        engine, reference = full_pair
+        assert engine.max_model_len == reference.max_model_len > 0
+
     def test_greedy_picks_the_argmax_with_temperature_1_logprobs(self, full_pair) -> None:
         engine, reference = full_pair
         batch = prompts(engine, 4)
