@@ -22,8 +22,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from opentinker.services.launcher.redis_process import RedisProcess
+
+# Services run in the test process log through structlog's default configuration, whose
+# console renderer draws a traceback with rich, every frame's locals included: seconds of CPU
+# on this 2-core machine, inside the event loop that serves the test's calls. A scheduler
+# whose Redis was just killed logs one such traceback, and the test's GetJob, answered
+# UNAVAILABLE once that was drawn, ran past its 5 s deadline (3 of 6 runs). The same
+# renderer, with plain tracebacks (as the services' own configure_logging writes them).
+_DEFAULTS = structlog.get_config()["processors"]
+structlog.configure(
+    processors=[
+        *_DEFAULTS[:-1],
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 
 @pytest.fixture(scope="session")
