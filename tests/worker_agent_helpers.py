@@ -72,6 +72,10 @@ config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
 job = config.job
 write_atomic(config.run_dir / "trainer.pid", str(os.getpid()))
 name = job.spec.name
+if name == "slow-stop":  # outlives a SIGTERM by a second, as a trainer saving its state does
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))
+    (config.run_dir / "trainer.slow").write_text("SIGTERM handled")
 if name == "trainer-dies-early":  # before it needs the rollout, which is not ready yet
     print("ValueError: could not load the policy", file=sys.stderr)
     sys.exit(3)
