@@ -55,6 +55,12 @@ async def _stays_queued(mesh, job_id: str, seconds: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _devices(mesh) -> list[scheduler_pb2.DeviceStatus]:
+    """What ListWorkers (the dashboard's view) says of the devices."""
+    listed = await mesh.stub.ListWorkers(scheduler_pb2.ListWorkersRequest(), timeout=RPC_TIMEOUT_S)
+    return [d for w in listed.workers for d in w.devices]
+
+
 async def _exited(w: ScriptedWorker, job_id: str, attempt: int = 1) -> None:
     exited = scheduler_pb2.JobExited(job_id=job_id, attempt=attempt, exit_code=-15, reason="")
     await w.send(exited=exited)
@@ -74,11 +80,16 @@ def test_a_cancelled_jobs_devices_go_to_the_next_job_only_after_its_exit(redis_u
             await _stays_queued(mesh, second.job_id, 1.5)
             [held] = await mesh.running.stores.ledger.leases("w1")
             assert held.job_id == first and held.drain is not None and held.drain.attempt == 1
+            [device] = await _devices(mesh)
+            assert device.draining and device.job_id == first and device.leased
+            assert device.draining_since_unix_s >= device.leased_since_unix_s > 0
 
             await _exited(w, first)
             launch = (await w.next_command()).launch
             assert launch.job.job_id == second.job_id
             assert launch.device_ids == ["w1/cpu:0"]
+            [device] = await _devices(mesh)
+            assert device.job_id == second.job_id and not device.draining
 
     run(main)
 
