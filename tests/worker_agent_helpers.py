@@ -217,3 +217,12 @@ async def device_freed(mesh: Mesh, timeout_s: float = 5.0) -> bool:
 
 def pids(run_dir: Path) -> list[int]:
     return [int((run_dir / f"{name}.pid").read_text()) for name in ("rollout", "trainer")]
+
+
+async def running_processes(mesh: Mesh, job_id: str, *, ready: str = "trainer.pid") -> list[int]:
+    """The pids of the job's first attempt (rollout, trainer), once it is RUNNING and its run
+    directory has ``ready``."""
+    await wait_for_state(mesh.stub, job_id, common_pb2.JOB_STATE_RUNNING)
+    run_dir = mesh.run_root / job_id / "attempt-1"
+    await wait_until(lambda: (run_dir / ready).exists())
+    return pids(run_dir)
