@@ -67,7 +67,8 @@ class Drains:
 
     async def stop_attempt(self, worker_id: str, job_id: str, attempt: int, reason: str) -> None:
         """Stop the job's ``attempt`` on ``worker_id``: hold the job's leases there (draining),
-        forget its runs, and tell the worker to stop it if it is connected and ran it."""
+        forget its runs, and tell the worker, if connected, to stop it where it ran it or held a
+        lease of the job."""
         leases = [
             lease
             for lease in await self.ledger.leases(worker_id)
@@ -93,14 +94,16 @@ class Drains:
         now = time.time()
         for lease in await self.ledger.draining():
             if lease.drain is not None and now - lease.drain.since_unix_s >= self.timeout_s:
-                await self.end(lease, f"no exit reported within {self.timeout_s:g} s")
+                why = f"no exit reported within {self.timeout_s:g} s"
+                await self.end(lease, why, timed_out=True)
 
-    async def end(self, lease: Lease, why: str) -> None:
-        """Release a draining lease: its devices are free for the next dispatch round."""
+    async def end(self, lease: Lease, why: str, *, timed_out: bool = False) -> None:
+        """Release a draining lease: its devices are free for the next dispatch round. A drain
+        that ``timed_out`` is a warning: the stopped processes may still hold the devices."""
         if not await self.ledger.release(lease.lease_id):
             return  # another path ended it first
         drained_s = time.time() - lease.drain.since_unix_s if lease.drain else 0.0
-        log.info(
+        (log.warning if timed_out else log.info)(
             "lease_drained",
             lease_id=lease.lease_id,
             job_id=lease.job_id,
