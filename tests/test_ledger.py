@@ -153,6 +153,54 @@ def test_revive_holds_a_lapsed_lease_again_unless_its_devices_moved_on(make_ledg
     run(main)
 
 
+def test_a_draining_lease_keeps_its_devices_until_released(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(0.4) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0", "n/cpu:1"])
+            lease = await ledger.acquire("w1", "job-a", 2)
+            assert lease is not None and lease.drain is None
+            assert await ledger.drain(lease.lease_id, 1, "cancelled")
+            assert not await ledger.drain("lease-unknown", 1, "cancelled")
+            [held] = await ledger.draining()
+            assert held.lease_id == lease.lease_id and held.drain is not None
+            assert (held.drain.attempt, held.drain.reason) == (1, "cancelled")
+            # A second drain keeps the first's time and reason.
+            assert await ledger.drain(lease.lease_id, 2, "again")
+            again = await ledger.get(lease.lease_id)
+            assert again is not None and again.drain == held.drain
+            assert await ledger.free_devices("w1") == []
+            assert await ledger.acquire("w1", "job-b", 1) is None
+            await asyncio.sleep(0.3)
+            assert await ledger.renew("w1") == 1  # its worker's heartbeats keep it
+            await asyncio.sleep(0.3)
+            assert await ledger.lapsed() == []
+            assert await ledger.release(lease.lease_id)
+            assert await ledger.draining() == []
+            assert await ledger.free_devices("w1") == ["n/cpu:0", "n/cpu:1"]
+
+    run(main)
+
+
+def test_draining_a_lapsed_lease_holds_again_only_devices_no_lease_took(make_ledger) -> None:
+    async def main() -> None:
+        async with make_ledger(0.3) as ledger:
+            await ledger.register_worker("w1", ["n/cpu:0", "n/cpu:1"])
+            lapsing = await ledger.acquire("w1", "job-a", 1)
+            quiet = await ledger.acquire("w1", "job-b", 1)
+            assert lapsing is not None and quiet is not None
+            await asyncio.sleep(0.5)  # both lapse
+            taker = await ledger.acquire("w1", "job-c", 1)
+            assert taker is not None and taker.device_ids == lapsing.device_ids
+            assert await ledger.drain(lapsing.lease_id, 1, "lease lapsed")
+            assert await ledger.is_live(taker.lease_id)  # its device stays the taker's
+            # Without rehold (a lost worker's): nothing is held again.
+            assert await ledger.drain(quiet.lease_id, 1, "worker lost", rehold=False)
+            assert not await ledger.is_live(quiet.lease_id)
+            assert await ledger.free_devices("w1") == list(quiet.device_ids)
+
+    run(main)
+
+
 def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) -> None:
     from opentinker.services.scheduler.lease_history import double_leases
     from opentinker.services.scheduler.lease_ledger import LeaseEvent, RedisLeaseLedger
@@ -168,12 +216,14 @@ def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) 
         second = await ledger.acquire("w", "job-b", 1)
         assert second is not None
         assert await ledger.revive(second.lease_id, "w", "job-b")
+        assert await ledger.drain(second.lease_id, 1, "cancelled")
         events = await ledger.history()
         assert [(e.kind, e.job_id) for e in events] == [
             ("acquire", "job-a"),
             ("release", "job-a"),
             ("acquire", "job-b"),
             ("revive", "job-b"),
+            ("drain", "job-b"),
         ]
         assert events[0].device_ids == ("w/0", "w/1") and events[0].at_unix_s > 0
         assert double_leases(events) == []

@@ -179,7 +179,11 @@ def test_a_job_spans_two_workers_meets_in_one_gloo_group_and_is_requeued_whole(
             assert "worker wb lost" in requeued.reason and not requeued.worker_ids
             stop = (await a.next_command()).stop
             assert (stop.job_id, stop.attempt) == (big.job_id, 1)
-            # a's devices are free again: the small job gets one (the big one cannot fit now).
+            # a's devices stay held until its part exited (draining.py), then are free again:
+            # the small job gets one (the big one cannot fit now).
+            assert (await get_job(mesh.stub, small.job_id)).state == QUEUED
+            exited = scheduler_pb2.JobExited(job_id=big.job_id, attempt=1, exit_code=-15)
+            await a.send(exited=exited)
             placed = await wait_for_state(mesh.stub, small.job_id, ALLOCATING)
             assert placed.worker_id == "wa"
             assert (await get_job(mesh.stub, big.job_id)).state == QUEUED
@@ -208,7 +212,12 @@ def test_a_failed_part_ends_the_whole_attempt(redis_url: str) -> None:
             stop = (await a.next_command()).stop  # rank 0's part must not keep running
             assert (stop.job_id, stop.attempt) == (job.job_id, 1)
             ledger = mesh.running.stores.ledger
-            assert await ledger.leases("wa") == [] and await ledger.leases("wb") == []
+            [draining] = await ledger.leases("wa")  # held until rank 0's part exited
+            assert draining.drain is not None and await ledger.leases("wb") == []
+            stopped = scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=-15)
+            await a.send(exited=stopped)
+            await asyncio.sleep(0.3)
+            assert await ledger.leases("wa") == []
             await a.disconnect()
             await b.disconnect()
 

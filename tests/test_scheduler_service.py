@@ -233,7 +233,9 @@ def test_failed_exit_uses_the_reported_reason_then_the_workers(redis_url: str) -
     run(main)
 
 
-def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -> None:
+def test_cancelling_a_running_job_stops_it_and_frees_its_lease_once_it_exited(
+    redis_url: str,
+) -> None:
     async def main() -> None:
         async with (
             scheduler_mesh(redis_url) as mesh,
@@ -253,7 +255,11 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
             stop = await w.next_command()
             assert stop.HasField("stop") and stop.stop.job_id == job.job_id
             assert stop.stop.reason == "enough"
-            assert await ledger.free_devices("w1") == ["w1/cpu:0"]
+            assert (await get_job(mesh.stub, job.job_id)).state == CANCELLED
+            # Its processes may still run: the device stays held (draining) until they exit.
+            [draining] = await ledger.leases("w1")
+            assert draining.drain is not None and draining.drain.reason == "enough"
+            assert await ledger.free_devices("w1") == []
             # The cancelled attempt's token is revoked: its reporter learns to stop.
             progress = scheduler_pb2.ReportJobProgressRequest(
                 job_id=job.job_id, attempt=1, step=common_pb2.StepMetrics(step=2)
@@ -261,25 +267,27 @@ def test_cancelling_a_running_job_stops_it_and_frees_its_lease(redis_url: str) -
             with pytest.raises(grpc.aio.AioRpcError) as revoked:
                 await trainer.ReportJobProgress(progress, timeout=RPC_TIMEOUT_S)
             assert revoked.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            # The worker's exit report does not change a cancelled job.
+            # The worker's exit report frees the device and does not change a cancelled job.
             await w.send(
                 exited=scheduler_pb2.JobExited(
                     job_id=job.job_id, attempt=1, exit_code=-15, reason="stopped"
                 )
             )
             await asyncio.sleep(0.3)
+            assert await ledger.free_devices("w1") == ["w1/cpu:0"]
             final = await get_job(mesh.stub, job.job_id)
             assert final.state == CANCELLED and final.reason == "enough"
 
     run(main)
 
 
-def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_freed(
+def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_drained(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CancelJob read the job QUEUED; before it wrote CANCELLED the dispatcher placed the job on
-    a worker that had just connected. The cancel must still stop that attempt and free its
-    lease, not wait for the worker to report a launch it was never told to drop."""
+    a worker that had just connected. The cancel must still stop that attempt and hold its
+    lease only until the worker reports its exit, not wait for the worker to report a launch
+    it was never told to drop."""
     from opentinker.services.scheduler.job_store import RedisJobStore
 
     transition = RedisJobStore.transition
@@ -303,6 +311,9 @@ def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_fr
                 )
                 stop = (await worker.next_command()).stop
                 assert (stop.job_id, stop.reason) == (job.job_id, "enough")
+                exited = scheduler_pb2.JobExited(job_id=job.job_id, attempt=1, exit_code=-15)
+                await worker.send(exited=exited)
+                await asyncio.sleep(0.3)
                 assert await mesh.running.stores.ledger.leases("w1") == []
             finally:
                 await worker.disconnect()
@@ -331,7 +342,11 @@ def test_a_worker_whose_token_is_revoked_is_cut_off_and_its_job_requeued(redis_u
                 assert "revoked" in closing.closing.reason
                 requeued = await wait_for_state(mesh.stub, job.job_id, QUEUED)
                 assert requeued.attempt == 1
-                assert await mesh.running.stores.ledger.leases("w1") == []
+                # Its processes may still run: the lease is kept draining (until it lapses, or
+                # the worker, back, reports their exit), and the worker's devices withdrawn.
+                [lease] = await mesh.running.stores.ledger.leases("w1")
+                assert lease.drain is not None and "lost" in lease.drain.reason
+                assert await mesh.running.stores.ledger.free_devices("w1") == []
 
     run(main)
 

@@ -24,6 +24,7 @@ from worker_agent_helpers import (
     mesh_with_agent,
     pids,
     run,
+    running_processes,
     submit,
     wait_for_state,
     wait_until,
@@ -72,10 +73,7 @@ def test_cancel_stops_both_processes(redis_url: str, tmp_path: Path) -> None:
     async def main() -> None:
         async with mesh_with_agent(redis_url, tmp_path) as mesh:
             job = await submit(mesh.stub, "hang")
-            await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
-            run_dir = mesh.run_root / job.job_id / "attempt-1"
-            await wait_until(lambda: (run_dir / "trainer.pid").exists())
-            processes = pids(run_dir)
+            processes = await running_processes(mesh, job.job_id)
             assert all(alive(pid) for pid in processes)
             if "OMP_NUM_THREADS" not in os.environ:  # the CPU share counts the running job
                 share = mesh.run_root / ".cpu-threads-agent-1"
@@ -91,6 +89,33 @@ def test_cancel_stops_both_processes(redis_url: str, tmp_path: Path) -> None:
             assert await device_freed(mesh)
             # The device is usable again right away.
             good = await submit(mesh.stub, "good")
+            await wait_for_state(mesh.stub, good.job_id, common_pb2.JOB_STATE_SUCCEEDED)
+
+    run(main)
+
+
+def test_the_next_job_starts_only_once_the_cancelled_jobs_processes_exited(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The cancelled trainer takes a second to exit after its SIGTERM (as one saving its state
+    does): the queued job that needs its device is placed only after that, when the agent has
+    reported the exit, never while the old processes still hold the device."""
+
+    async def main() -> None:
+        async with mesh_with_agent(redis_url, tmp_path) as mesh:
+            slow = await submit(mesh.stub, "slow-stop")
+            processes = await running_processes(mesh, slow.job_id, ready="trainer.slow")
+            good = await submit(mesh.stub, "good")
+            await mesh.stub.CancelJob(
+                scheduler_pb2.CancelJobRequest(job_id=slow.job_id, reason="user stop"),
+                timeout=RPC_TIMEOUT_S,
+            )
+            cancelled = await mesh.running.stores.jobs.get(slow.job_id)
+            assert cancelled.state == common_pb2.JOB_STATE_CANCELLED  # at once
+            jobs = mesh.running.stores.jobs
+            while (await jobs.get(good.job_id)).state == common_pb2.JOB_STATE_QUEUED:
+                await asyncio.sleep(0.02)
+            assert not any(alive(pid) for pid in processes), "placed beside the old processes"
             await wait_for_state(mesh.stub, good.job_id, common_pb2.JOB_STATE_SUCCEEDED)
 
     run(main)

@@ -72,6 +72,10 @@ config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
 job = config.job
 write_atomic(config.run_dir / "trainer.pid", str(os.getpid()))
 name = job.spec.name
+if name == "slow-stop":  # outlives a SIGTERM by a second, as a trainer saving its state does
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))
+    (config.run_dir / "trainer.slow").write_text("SIGTERM handled")
 if name == "trainer-dies-early":  # before it needs the rollout, which is not ready yet
     print("ValueError: could not load the policy", file=sys.stderr)
     sys.exit(3)
@@ -213,3 +217,12 @@ async def device_freed(mesh: Mesh, timeout_s: float = 5.0) -> bool:
 
 def pids(run_dir: Path) -> list[int]:
     return [int((run_dir / f"{name}.pid").read_text()) for name in ("rollout", "trainer")]
+
+
+async def running_processes(mesh: Mesh, job_id: str, *, ready: str = "trainer.pid") -> list[int]:
+    """The pids of the job's first attempt (rollout, trainer), once it is RUNNING and its run
+    directory has ``ready``."""
+    await wait_for_state(mesh.stub, job_id, common_pb2.JOB_STATE_RUNNING)
+    run_dir = mesh.run_root / job_id / "attempt-1"
+    await wait_until(lambda: (run_dir / ready).exists())
+    return pids(run_dir)

@@ -5,6 +5,11 @@ a job was cancelled, a worker was lost, a lease lapsed), accounts the time from 
 start to now, times its devices, to its job and the job's tenant (charged just before the
 release, so held and charged together never miss it); the tenant's current budget period is
 charged only the time since it began.
+
+A draining lease (its attempt was told to stop, its processes not yet gone: draining.py) is
+charged until it is released, like any held lease: the stopped attempt's processes still hold
+its devices, so the tenant pays for them and counts them in its quota until they are free. The
+drain is bounded by ``drain_timeout_s``, or by the lease TTL when the worker is lost.
 """
 
 from __future__ import annotations
@@ -152,3 +157,9 @@ class AccountedLedger:
 
     async def history(self) -> list[LeaseEvent]:
         return await self._inner.history()
+
+    async def drain(self, lease_id: str, attempt: int, reason: str, *, rehold: bool = True) -> bool:
+        return await self._inner.drain(lease_id, attempt, reason, rehold=rehold)
+
+    async def draining(self) -> list[Lease]:
+        return await self._inner.draining()

@@ -5,7 +5,8 @@ infrastructure fault, re-queued to resume from its last checkpoint; anything els
 reported a failure, or exited non-zero by itself) is FAILED. ``requeue``: an active job whose
 attempt was lost (its worker closed or went silent, a process was killed) goes back to the
 front of the queue with its attempt count; after ``max_attempts`` lost attempts it fails with
-the history of why. The parts of a multi-worker attempt end together (spanning.py).
+the history of why. The parts of a multi-worker attempt end together (spanning.py). The exit
+of an attempt the scheduler had stopped ends the hold on its devices (draining.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import structlog
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
+from opentinker.services.scheduler.draining import Drains
 from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES, state_name
 from opentinker.services.scheduler.spanning import end_parts, holds_part
 from opentinker.services.scheduler.stores import Stores
@@ -39,6 +41,7 @@ class AttemptEnds:
         stores: Stores,
         states: JobStates,
         sessions: dict[str, WorkerSession],
+        drains: Drains,
         *,
         max_attempts: int,
         wake: Callable[[], None],
@@ -49,6 +52,7 @@ class AttemptEnds:
         self._ledger = stores.ledger
         self._states = states
         self._sessions = sessions
+        self._drains = drains
         self.max_attempts = max_attempts
         self._wake = wake
         # The dispatcher's: a re-queue is written whole (state, queue, tokens, event) before
@@ -59,11 +63,14 @@ class AttemptEnds:
         self, session: WorkerSession, job_id: str, attempt: int, exit_code: int, reason: str
     ) -> None:
         """The attempt's processes on ``session``'s worker exited; its lease is released
-        first, whatever happened. The exit of an attempt the worker does not run (not the
-        job's current one, or placed on other workers) changes nothing."""
+        first, whatever happened (a stopped attempt's drain ends). The exit of an attempt the
+        worker does not run (not the job's current one, or placed on other workers) changes
+        nothing else."""
         lease_id = session.running.pop((job_id, attempt), None)
         if lease_id is not None:  # the processes are gone: free (and account) their devices
             await self._ledger.release(lease_id)  # before anyone can see the job end
+        else:  # stopped by the scheduler (cancelled, re-queued): its devices were held
+            await self._drains.exited(session.worker_id, job_id, attempt)
         try:
             job = await self._jobs.get(job_id)
             # Only a worker running (a part of) the attempt may end it: any other (a stray
@@ -144,5 +151,5 @@ class AttemptEnds:
 
     async def end_parts(self, job: common_pb2.Job, reason: str, except_worker: str) -> None:
         """Stop the attempt's other parts and free their devices."""
-        await end_parts(job, reason, except_worker, self._sessions, self._ledger)
+        await end_parts(job, reason, except_worker, self._sessions, self._drains)
         self._wake()

@@ -2,7 +2,9 @@
 
 One round takes the queue in order, fails jobs no connected worker could ever hold (after a
 grace), and offers devices through the FairPicker (fair_share.py); a job that gets a lease is
-moved to ALLOCATING (one more attempt), given a fresh job token and sent to its worker.
+moved to ALLOCATING (one more attempt), given a fresh job token and sent to its worker. A
+re-queued job whose stopped attempt still holds devices (draining.py) waits until that attempt
+is gone: two attempts of one job never run at once (both would write its checkpoints).
 
 A placement writes several keys (the lease, the job token, the queue, the job), so a Redis
 outage can cut it short. Its commit point is the job's move to ALLOCATING; what was taken before
@@ -69,6 +71,7 @@ class Dispatcher:
         self._lock = placing  # held for a round; re-queues take it too (attempt_ends.py)
         self._cut_short: list[_Placement] = []  # placements a store error interrupted
         self._held_for_budget: set[str] = set()  # queued jobs told they wait for a budget
+        self._waiting_for_drain: set[str] = set()  # queued jobs said to wait for their drain
 
     async def dispatch(self) -> int:
         """One round; returns how many jobs were launched."""
@@ -84,6 +87,7 @@ class Dispatcher:
                 elif not await self._fail_if_unschedulable(job):
                     queued.append(job)
             queued = await self._within_budget(queued)
+            queued = await self._not_draining(queued)
             picker = FairPicker(
                 queued,
                 await self._quotas.devices_in_use(),
@@ -109,6 +113,22 @@ class Dispatcher:
                 await self._events.append(job.job_id, common_pb2.JobEvent(log=line))
         self._held_for_budget &= {j.job_id for j in queued if j.tenant_id in spent}
         return [j for j in queued if j.tenant_id not in spent]
+
+    async def _not_draining(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:
+        """The queued jobs with no stopped attempt still holding devices; the others wait (said
+        once per job in the log)."""
+        draining = {lease.job_id: lease for lease in await self._ledger.draining()}
+        for job in queued:
+            lease = draining.get(job.job_id)
+            if lease is not None and job.job_id not in self._waiting_for_drain:
+                log.info(
+                    "job_waits_for_drain",
+                    job_id=job.job_id,
+                    lease_id=lease.lease_id,
+                    worker_id=lease.worker_id,
+                )
+        self._waiting_for_drain = {j.job_id for j in queued if j.job_id in draining}
+        return [j for j in queued if j.job_id not in draining]
 
     async def _place(self, job: common_pb2.Job) -> bool:
         """Lease devices for ``job`` on the first worker that has them (a LoRA RL job: those

@@ -3,7 +3,8 @@
 Replays the acquire/release events: a device taken while another unreleased lease holds it, or
 a job acquiring a second lease while its first is unreleased, is a double lease (except the
 leases of one multi-worker attempt, taken together as one group). (A lapsed
-lease counts as held until the scheduler releases it: its worker may still be running it.)
+lease counts as held until the scheduler releases it: its worker may still be running it; so
+does a draining one, whose job's next attempt waits for its release: dispatch.py.)
 """
 
 from __future__ import annotations

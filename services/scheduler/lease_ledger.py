@@ -13,9 +13,16 @@ Redis layout (``prefix`` defaults to ``ot:ledger``)::
     <prefix>:device:<device_id>           STRING lease id, PX = lease TTL
     <prefix>:lease:<lease_id>             HASH worker_id, job_id, devices ("\\n"-joined), created
                                           [group ("\\n"-joined lease ids), port: multi-worker]
+                                          [drain_attempt, drain_since, drain_reason: draining]
     <prefix>:worker:<worker_id>:ports     SET rendezvous ports held by its rank-0 group leases
     <prefix>:leases                       SET of every lease id not yet released
-    <prefix>:history                      STREAM acquire/release/revive events (LeaseEvent)
+    <prefix>:draining                     SET of the draining lease ids
+    <prefix>:history                      STREAM acquire/release/revive/drain events (LeaseEvent)
+
+A *draining* lease belongs to an attempt the scheduler told to stop (cancelled, re-queued): its
+job has moved on, but its devices stay held, renewed by its worker's heartbeats as any lease,
+until the scheduler releases it (the worker reported the attempt's processes exited, or the
+drain timed out, or it lapsed: draining.py).
 
 Every change that touches several keys is one Lua script, so concurrent schedulers or
 coroutines can never hand one device to two jobs. The scripts build key names from ``prefix``,
@@ -37,21 +44,33 @@ from .redis_text import as_text
 
 
 @dataclass(frozen=True)
+class Drain:
+    """Why a lease is draining: ``attempt`` of its job was told to stop, at ``since_unix_s``
+    (wall-clock seconds), for ``reason``; its devices stay held until its processes are gone."""
+
+    attempt: int
+    since_unix_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class Lease:
-    """Devices held by one job on one worker. ``created_unix_s`` is wall-clock seconds."""
+    """Devices held by one job on one worker. ``created_unix_s`` is wall-clock seconds;
+    ``drain`` is set once its attempt was told to stop (draining.py)."""
 
     lease_id: str
     worker_id: str
     job_id: str
     device_ids: tuple[str, ...]
     created_unix_s: float
+    drain: Drain | None = None
 
 
 @dataclass(frozen=True)
 class LeaseEvent:
     """One entry of the ledger's history. ``at_unix_s``: when Redis wrote it."""
 
-    kind: str  # "acquire" | "release" | "revive"
+    kind: str  # "acquire" | "release" | "revive" | "drain"
     lease_id: str
     job_id: str
     worker_id: str
@@ -121,7 +140,17 @@ class LeaseLedger(Protocol):
         """Leases (of any worker) whose devices ran out of TTL, not yet released."""
 
     async def history(self) -> list[LeaseEvent]:
-        """Every acquire, release and revive, oldest first (the newest HISTORY_MAX_EVENTS)."""
+        """Every acquire, release, revive and drain, oldest first (the newest
+        HISTORY_MAX_EVENTS)."""
+
+    async def drain(self, lease_id: str, attempt: int, reason: str, *, rehold: bool = True) -> bool:
+        """Keep the lease's devices held for its stopped ``attempt`` until it is released: mark
+        it draining (the first drain's time and reason are kept) and, with ``rehold``, hold
+        again for a TTL those of its devices no lease holds (a lapsed lease's). False when
+        there is no such lease."""
+
+    async def draining(self) -> list[Lease]:
+        """Every draining lease not yet released, of any worker."""
 
     async def revive(self, lease_id: str, worker_id: str, job_id: str) -> bool:
         """Hold the lease's devices again for a TTL, for a worker that reconnected still running
@@ -147,6 +176,7 @@ class RedisLeaseLedger:
         self._lapsed = client.register_script(lease_scripts.LAPSED)
         self._revive = client.register_script(lease_scripts.REVIVE)
         self._acquire_group = client.register_script(lease_scripts.ACQUIRE_GROUP)
+        self._drain = client.register_script(lease_scripts.DRAIN)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -240,12 +270,16 @@ class RedisLeaseLedger:
         if not fields:
             return None
         f = {as_text(k): as_text(v) for k, v in fields.items()}
+        drain = None
+        if "drain_since" in f:
+            drain = Drain(int(f["drain_attempt"]), float(f["drain_since"]), f["drain_reason"])
         return Lease(
             lease_id=lease_id,
             worker_id=f["worker_id"],
             job_id=f["job_id"],
             device_ids=tuple(d for d in f["devices"].split("\n") if d),
             created_unix_s=float(f["created"]),
+            drain=drain,
         )
 
     async def leases(self, worker_id: str) -> list[Lease]:
@@ -267,6 +301,15 @@ class RedisLeaseLedger:
         ttl_ms, max_events = self._ttl_ms, HISTORY_MAX_EVENTS
         args: list[str | int] = [self._prefix, lease_id, worker_id, job_id, ttl_ms, max_events]
         return bool(await self._revive(args=args))
+
+    async def drain(self, lease_id: str, attempt: int, reason: str, *, rehold: bool = True) -> bool:
+        args: list[str | int] = [self._prefix, lease_id, attempt, repr(time.time()), reason]
+        args += [self._ttl_ms, HISTORY_MAX_EVENTS, int(rehold)]
+        return bool(await self._drain(args=args))
+
+    async def draining(self) -> list[Lease]:
+        ids = await self._r.smembers(self._key("draining"))
+        return await self._load(sorted(as_text(i) for i in ids))
 
     async def history(self) -> list[LeaseEvent]:
         # redis-py types the reply, an entry's id and its fields as optional (XAUTOCLAIM's

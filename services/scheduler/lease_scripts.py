@@ -66,6 +66,7 @@ local prefix, lease_id = ARGV[1], ARGV[2]
 local worker_id = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'worker_id')
 if not worker_id then
   redis.call('SREM', prefix .. ':leases', lease_id)
+  redis.call('SREM', prefix .. ':draining', lease_id)
   return 0
 end
 redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[3], '*', 'event', 'release',
@@ -81,6 +82,7 @@ if port then redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':ports', p
 redis.call('DEL', prefix .. ':lease:' .. lease_id)
 redis.call('SREM', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
 redis.call('SREM', prefix .. ':leases', lease_id)
+redis.call('SREM', prefix .. ':draining', lease_id)
 return 1
 """
 )
@@ -125,6 +127,33 @@ for _, d in ipairs(devices) do
 end
 redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[6], '*', 'event', 'revive',
            'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id)
+return 1
+"""
+)
+
+
+# Hold a lease for its stopped attempt (draining.py). ARGV: prefix, lease_id, attempt, now,
+# reason, ttl_ms, history max, rehold ("1"/"0"). With rehold, a device no lease holds (the lease
+# lapsed) is held again; one another lease took stays that lease's. A second drain keeps the
+# first's time and reason.
+DRAIN = (
+    LIVE_FN
+    + """
+local prefix, lease_id, ttl_ms = ARGV[1], ARGV[2], ARGV[6]
+local key = prefix .. ':lease:' .. lease_id
+local devices = lease_devices(prefix, lease_id)
+if not devices then return 0 end
+for _, d in ipairs(devices) do
+  if ARGV[8] == '1' and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
+    redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+  end
+end
+if redis.call('HEXISTS', key, 'drain_since') == 1 then return 1 end
+redis.call('HSET', key, 'drain_attempt', ARGV[3], 'drain_since', ARGV[4], 'drain_reason', ARGV[5])
+redis.call('SADD', prefix .. ':draining', lease_id)
+redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[7], '*', 'event', 'drain',
+           'lease_id', lease_id, 'job_id', redis.call('HGET', key, 'job_id'),
+           'worker_id', redis.call('HGET', key, 'worker_id'))
 return 1
 """
 )

@@ -52,6 +52,9 @@ class Overview:
                 memory_bytes=offer.memory_bytes,
                 leased=lease is not None,
             )
+            if lease is not None and lease.drain is not None:
+                device.draining = True
+                device.draining_since_unix_s = lease.drain.since_unix_s
             if lease is not None and await self._visible(lease.job_id, tenant):
                 device.lease_id, device.job_id = lease.lease_id, lease.job_id
                 device.leased_since_unix_s = lease.created_unix_s

@@ -9,11 +9,16 @@ a scheduler restart, a Redis restart) and re-announces them when it registers ag
   devices no other lease took meanwhile (the lease is revived: held again for a TTL);
 - stop a stray: an announced attempt that is not adopted and still runs;
 - re-queue an orphan: a lease of this worker that it no longer announces (its launch was lost,
-  or the attempt ended and was forgotten), unless its job was adopted under another lease.
+  or the attempt ended and was forgotten), unless its job was adopted under another lease;
+- a draining lease (its attempt was told to stop, draining.py) stays held while the worker
+  announces the attempt still running (which is told to stop again); announced exited, or not
+  announced, its processes are gone: it is released, its job left as it is.
 
 ``WorkerRecovery`` applies the decisions, and owns the other ways leases come back: a worker
 that closes or goes silent (reclaim), and leases that lapsed (re-queue; right after a start or
-a Redis outage only once ``reconnect_grace_s`` has given absent workers time to come back).
+a Redis outage only once ``reconnect_grace_s`` has given absent workers time to come back). A
+lost attempt whose processes may still run keeps its devices held (draining) while its job is
+re-queued at once; a draining lease that lapses is released.
 Nothing here knows gRPC.
 """
 
@@ -29,6 +34,7 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
+from opentinker.services.scheduler.draining import Drains
 from opentinker.services.scheduler.errors import JobNotFoundError
 from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES
 from opentinker.services.scheduler.job_store import JobStore
@@ -61,6 +67,7 @@ class Reconciliation:
     now_running: list[tuple[str, int]] = field(default_factory=list)  # ALLOCATING, launched
     strays: list[HeldAttempt] = field(default_factory=list)  # still running: stop them
     orphans: list[Lease] = field(default_factory=list)  # release; re-queue unless adopted
+    drained: list[Lease] = field(default_factory=list)  # draining, processes gone: release
 
     @property
     def adopted_jobs(self) -> set[str]:
@@ -76,6 +83,9 @@ async def reconcile(
     out = Reconciliation()
     for lease in await ledger.leases(worker_id):
         h = announced.pop(lease.lease_id, None)
+        if lease.drain is not None:
+            await _still_draining(ledger, lease, h, out)
+            continue
         job = (
             await _owned(jobs, worker_id, h) if h is not None and h.job_id == lease.job_id else None
         )
@@ -90,6 +100,20 @@ async def reconcile(
     # Announced under a lease the ledger no longer knows: released (job re-queued, cancelled).
     out.strays.extend(h for h in announced.values() if not h.exited)
     return out
+
+
+async def _still_draining(
+    ledger: LeaseLedger, lease: Lease, h: HeldAttempt | None, out: Reconciliation
+) -> None:
+    """A draining lease stays held while its attempt still runs there (stopped again)."""
+    assert lease.drain is not None
+    running = h is not None and not h.exited and h.attempt == lease.drain.attempt
+    if h is not None and running and await ledger.revive(lease.lease_id, lease.worker_id, h.job_id):
+        out.strays.append(h)
+    else:
+        out.drained.append(lease)
+        if h is not None and not h.exited:
+            out.strays.append(h)
 
 
 async def _owned(jobs: JobStore, worker_id: str, h: HeldAttempt) -> common_pb2.Job | None:
@@ -113,6 +137,7 @@ class WorkerRecovery:
         jobs: JobStore,
         ledger: LeaseLedger,
         sessions: Mapping[str, WorkerSession],
+        drains: Drains,
         *,
         requeue: Requeue,
         mark_running: MarkRunning,
@@ -121,6 +146,7 @@ class WorkerRecovery:
         self._jobs = jobs
         self._ledger = ledger
         self._sessions = sessions
+        self._drains = drains
         self._requeue = requeue
         self._mark_running = mark_running
         self.reconnect_grace_s = reconnect_grace_s
@@ -150,6 +176,8 @@ class WorkerRecovery:
 
     async def _settle(self, session: WorkerSession, found: Reconciliation) -> None:
         worker_id = session.worker_id
+        for lease in found.drained:
+            await self._drains.end(lease, "its worker no longer runs the attempt")
         for lease in found.orphans:  # released before re-queued: never two leases of a job
             await self._ledger.release(lease.lease_id)
             if lease.job_id not in found.adopted_jobs:
@@ -175,10 +203,20 @@ class WorkerRecovery:
             log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
 
     async def reclaim(self, worker_id: str) -> None:
-        """The worker closed or went silent: re-queue the jobs of all its leases now."""
+        """The worker closed or went silent: re-queue the jobs of all its leases now. Its
+        processes may still run: what the leases still hold stays held (draining) until the
+        worker, back within a lease TTL, says they exited; else the holds lapse, nothing
+        renewing them (a silent worker's have lapsed already: they are not held again)."""
         async with self._lock:
             for lease in await self._ledger.leases(worker_id):
-                await self._ledger.release(lease.lease_id)
+                if lease.drain is not None:
+                    continue
+                try:
+                    attempt = (await self._jobs.get(lease.job_id)).attempt
+                except JobNotFoundError:
+                    await self._ledger.release(lease.lease_id)
+                    continue
+                await self._drains.hold(lease, attempt, f"worker {worker_id} lost", rehold=False)
                 await self._requeue(lease.job_id, worker_id)
 
     async def requeue_lapsed(self) -> None:
@@ -192,21 +230,37 @@ class WorkerRecovery:
                 await self._requeue_lapsed(lease)
 
     async def _requeue_lapsed(self, lease: Lease) -> None:
-        await self._ledger.release(lease.lease_id)
-        await self._requeue(lease.job_id, lease.worker_id)
+        """Re-queue the job of a lapsed lease. Its worker, if connected, still runs the attempt:
+        the devices are held for it (draining) and the worker told to stop it. A lapsed drain
+        ends: its worker is lost."""
+        if lease.drain is not None:
+            await self._drains.end(lease, "lapsed: its worker no longer renews it")
+            return
+        reason = "lease lapsed; job re-queued"
         session = self._sessions.get(lease.worker_id)
+        runs = []
+        if session is not None:  # forgotten before the re-queue may place the job again
+            runs = [k for k, i in session.running.items() if i == lease.lease_id]
+            for key in runs:
+                del session.running[key]
+        if runs:
+            await self._drains.hold(lease, runs[0][1], reason)
+        else:
+            await self._ledger.release(lease.lease_id)
+        await self._requeue(lease.job_id, lease.worker_id)
         if session is not None:
-            for key, lease_id in list(session.running.items()):
-                if lease_id == lease.lease_id:
-                    del session.running[key]
-                    reason = "lease lapsed; job re-queued"
-                    session.send(StopCommand(lease.job_id, reason, attempt=key[1]))
+            for _, attempt in runs:
+                session.send(StopCommand(lease.job_id, reason, attempt=attempt))
 
     async def after_outage(self) -> None:
         """Redis is back after failed rounds, and leases may have lapsed meanwhile: hold the
-        known leases of connected workers again, and give absent workers the grace."""
+        known leases of connected workers again (draining ones too), and give absent workers
+        the grace."""
         self.open_grace()
         for session in list(self._sessions.values()):
             for (job_id, _), lease_id in list(session.running.items()):
                 await self._ledger.revive(lease_id, session.worker_id, job_id)
+        for lease in await self._ledger.draining():
+            if lease.worker_id in self._sessions:
+                await self._ledger.revive(lease.lease_id, lease.worker_id, lease.job_id)
         log.info("scheduler_recovered", grace_s=self.reconnect_grace_s)

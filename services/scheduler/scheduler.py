@@ -12,8 +12,10 @@ lost attempts the job fails with the history of why. A worker whose stream merel
 keeps its jobs running: its leases stay until they lapse, and when it reconnects in time it
 re-announces its attempts and the scheduler adopts those it still owns (recovery.py). After a
 start or a Redis outage the scheduler waits ``reconnect_grace_s`` for workers to come back
-before it re-queues their lapsed leases. Devices go to tenants fairly and within their quotas
-(fair_share.py, quotas.py). Every state change is appended to the job's event log.
+before it re-queues their lapsed leases. An attempt the scheduler stops (cancelled, re-queued)
+changes its job's state at once, but keeps its devices held until its processes exited
+(draining.py). Devices go to tenants fairly and within their quotas (fair_share.py,
+quotas.py). Every state change is appended to the job's event log.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from opentinker.services.common.auth import Principal
 from opentinker.services.common.waiting import wait_event
 from opentinker.services.scheduler.attempt_ends import AttemptEnds
 from opentinker.services.scheduler.dispatch import Dispatcher
+from opentinker.services.scheduler.draining import Drains
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
     JobNotFoundError,
@@ -43,7 +46,7 @@ from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
 from opentinker.services.scheduler.revocation import while_not_revoked
-from opentinker.services.scheduler.spanning import holds_part, release_job_leases
+from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
@@ -76,6 +79,7 @@ class Scheduler:
         max_attempts: int = 3,
         unschedulable_after_s: float = 300.0,
         reconnect_grace_s: float = 0.0,
+        drain_timeout_s: float = 60.0,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -90,10 +94,14 @@ class Scheduler:
         self._sessions: dict[str, WorkerSession] = {}
         placing = asyncio.Lock()  # a dispatch round, a re-queue or a submit: one at a time
         self._placing = placing
+        self._drains = Drains(
+            stores.ledger, self._sessions, timeout_s=drain_timeout_s, wake=self.wake
+        )
         self._ends = AttemptEnds(
             stores,
             self._states,
             self._sessions,
+            self._drains,
             max_attempts=max_attempts,
             wake=self.wake,
             placing=placing,
@@ -110,6 +118,7 @@ class Scheduler:
             self._jobs,
             self._ledger,
             self._sessions,
+            self._drains,
             requeue=self._ends.requeue,
             mark_running=self._mark_running,
             reconnect_grace_s=reconnect_grace_s,
@@ -150,6 +159,7 @@ class Scheduler:
                     await self._recovery.after_outage()
                 await self._drop_silent_workers()
                 await self._recovery.requeue_lapsed()
+                await self._drains.expire()
                 await self.dispatch()
                 failures = 0
             except Exception as err:  # Redis briefly away, etc.: log and try again next tick
@@ -193,8 +203,9 @@ class Scheduler:
         )
 
     async def cancel(self, job_id: str, reason: str = "", *, tenant: str | None) -> common_pb2.Job:
-        """QUEUED: cancelled at once. ALLOCATING/RUNNING: its worker is told to stop and its
-        lease released. A finished job raises IllegalTransitionError."""
+        """QUEUED: cancelled at once. ALLOCATING/RUNNING: cancelled at once, and its worker told
+        to stop it; its devices stay held until the worker reports its exit (draining.py). A
+        finished job raises IllegalTransitionError."""
         reason = reason or "cancelled by request"
         job = await self.get(job_id, tenant=tenant)
         if job.state in TERMINAL_STATES:
@@ -210,10 +221,7 @@ class Scheduler:
         # Where it runs now, not where it ran when read: it may have been placed meanwhile.
         placed = cancelled.worker_ids or ([cancelled.worker_id] if cancelled.worker_id else [])
         for worker_id in placed:
-            session = self._sessions.get(worker_id)
-            if session is not None:
-                session.send(StopCommand(job_id, reason))
-            await self._release_job_leases(worker_id, job_id)
+            await self._drains.stop_attempt(worker_id, job_id, cancelled.attempt, reason)
         log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
         return cancelled
 
@@ -383,7 +391,3 @@ class Scheduler:
                 reason = f"no heartbeat for {silent_s:.1f} s"
                 await self.disconnect_worker(session, reason, reclaim=True)
                 session.send(CloseCommand(reason))
-
-    async def _release_job_leases(self, worker_id: str, job_id: str) -> None:
-        await release_job_leases(worker_id, job_id, self._sessions, self._ledger)
-        self.wake()

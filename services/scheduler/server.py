@@ -120,6 +120,7 @@ async def running_scheduler(
             max_attempts=settings.max_attempts,
             unschedulable_after_s=settings.unschedulable_after_s,
             reconnect_grace_s=settings.reconnect_grace_s,
+            drain_timeout_s=settings.drain_timeout_s,
         )
         await scheduler.start()
         server, port = await create_server(settings, scheduler, stores.identity)

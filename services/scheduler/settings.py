@@ -39,6 +39,14 @@ class SchedulerSettings(BaseSettings):
         description="after a start or a Redis outage, seconds absent workers have to reconnect "
         "and re-announce their running jobs before their lapsed leases are re-queued",
     )
+    drain_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="an attempt the scheduler stopped (cancelled, re-queued) keeps its devices "
+        "until its worker reports its processes exited, or this many seconds at most (a worker "
+        "that never reports); more than the worker's stop grace (SIGTERM to SIGKILL, trainer "
+        "and rollout in turn)",
+    )
     event_max_progress: int = Field(
         10_000,
         ge=1,

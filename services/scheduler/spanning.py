@@ -12,8 +12,9 @@ Ranks are numbered node by node: rank 0's worker (the first part) hosts the rend
 for the attempt). Every worker of the attempt gets one LaunchJob naming its rank range.
 
 Faults: the attempt is one unit. When any of its workers is lost (closed, silent, its lease
-lapsed) or any part exits killed or failed, every part's lease is released and the other
-workers are told to stop, then the job is re-queued (or failed) as a whole (scheduler.py).
+lapsed) or any part exits killed or failed, the other workers are told to stop, their leases
+held until their parts exit (draining.py), then the job is re-queued (or failed) as a whole
+(scheduler.py).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.scheduler.lease_ledger import GroupLease, LeaseLedger
+from opentinker.services.scheduler.draining import Drains
+from opentinker.services.scheduler.lease_ledger import GroupLease
 from opentinker.services.scheduler.worker_session import (
     LaunchCommand,
     Rendezvous,
-    StopCommand,
     WorkerSession,
 )
 
@@ -75,25 +76,16 @@ async def end_parts(
     reason: str,
     except_worker: str,
     sessions: Mapping[str, WorkerSession],
-    ledger: LeaseLedger,
+    drains: Drains,
 ) -> None:
-    """Stop every other part of a multi-worker attempt and release all its leases."""
+    """Stop every other part of a multi-worker attempt, their leases held until they exit;
+    release ``except_worker``'s (its part exited, or it is lost) unless already draining."""
     for worker_id in job.worker_ids:
-        session = sessions.get(worker_id)
-        running = session is not None and (job.job_id, job.attempt) in session.running
-        if session is not None and running and worker_id != except_worker:
-            session.send(StopCommand(job.job_id, reason, attempt=job.attempt))
-        await release_job_leases(worker_id, job.job_id, sessions, ledger)
-
-
-async def release_job_leases(
-    worker_id: str, job_id: str, sessions: Mapping[str, WorkerSession], ledger: LeaseLedger
-) -> None:
-    """Release every lease ``job_id`` holds on ``worker_id`` and forget its runs there."""
-    for lease in await ledger.leases(worker_id):
-        if lease.job_id == job_id:
-            await ledger.release(lease.lease_id)
-    session = sessions.get(worker_id)
-    if session is not None:
-        for key in [k for k in session.running if k[0] == job_id]:
-            del session.running[key]
+        if worker_id != except_worker:
+            await drains.stop_attempt(worker_id, job.job_id, job.attempt, reason)
+            continue
+        for lease in await drains.ledger.leases(worker_id):
+            if lease.job_id == job.job_id and lease.drain is None:
+                await drains.ledger.release(lease.lease_id)
+        if (session := sessions.get(worker_id)) is not None:
+            session.forget(job.job_id)

@@ -88,5 +88,12 @@ class WorkerSession:
         if not self.lost or isinstance(command, CloseCommand):
             self.outbox.put_nowait(command)
 
+    def forget(self, job_id: str) -> list[tuple[str, int]]:
+        """Drop every run of ``job_id`` from ``running``; the (job_id, attempt) keys dropped."""
+        keys = [key for key in self.running if key[0] == job_id]
+        for key in keys:
+            del self.running[key]
+        return keys
+
     def end_stream(self) -> None:
         self.outbox.put_nowait(None)

@@ -384,7 +384,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., last_seen_s_ago: _Optional[float] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
-    __slots__ = ("device_id", "kind", "memory_bytes", "leased", "lease_id", "job_id", "leased_since_unix_s")
+    __slots__ = ("device_id", "kind", "memory_bytes", "leased", "lease_id", "job_id", "leased_since_unix_s", "draining", "draining_since_unix_s")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -392,6 +392,8 @@ class DeviceStatus(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASED_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     kind: str
     memory_bytes: int
@@ -399,7 +401,9 @@ class DeviceStatus(_message.Message):
     lease_id: str
     job_id: str
     leased_since_unix_s: float
-    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., leased: _Optional[bool] = ..., lease_id: _Optional[str] = ..., job_id: _Optional[str] = ..., leased_since_unix_s: _Optional[float] = ...) -> None: ...
+    draining: bool
+    draining_since_unix_s: float
+    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., leased: _Optional[bool] = ..., lease_id: _Optional[str] = ..., job_id: _Optional[str] = ..., leased_since_unix_s: _Optional[float] = ..., draining: _Optional[bool] = ..., draining_since_unix_s: _Optional[float] = ...) -> None: ...
 
 class GetJobsProgressRequest(_message.Message):
     __slots__ = ("job_ids",)
