@@ -271,3 +271,23 @@ def test_a_stop_string_ends_a_sample_with_the_token_that_completes_it(
         assert cut.tokens == tokens[:end] and end <= 3
         assert cut.stop_reason == "stop" and len(cut.logprobs) == end
         assert cut.logprobs == pytest.approx(free.sequences[0].logprobs[:end])
+
+
+def test_prompt_logprobs_last_n_past_the_prompt_is_refused_naming_it(gateway, mesh) -> None:
+    """Tinker's server takes prompt_logprobs_last_n from 1 to len(prompt) - 1 and refuses
+    others. One past the prompt was cut from the end instead: 2 logprobs for a 3-token prompt,
+    each misaligned with the token it scores, and no error."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        params = types.SamplingParams(max_tokens=2, seed=3)
+        scored = sampler.sample(
+            prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=2
+        ).result()
+        assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == 3
+        assert scored.prompt_logprobs[0] is None and None not in scored.prompt_logprobs[1:]
+        with pytest.raises(tinker.BadRequestError, match="prompt_logprobs_last_n: 5"):
+            sampler.sample(
+                prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=5
+            ).result()

@@ -225,6 +225,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
     )
     prompt = wire.prompt_tokens(body["prompt"])
+    wire.check_prompt_logprobs_last_n(last_n, scored=with_prompt, prompt_len=len(prompt))
     stop_ids, stop_strings = parse_stop(params.get("stop"))
     if stop_strings:
         base = gw.settings.base_models.get(model.base_model, model.base_model)

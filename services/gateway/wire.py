@@ -161,6 +161,22 @@ def prompt_logprobs(scored: Sequence[float], last_n: int | None) -> list[float]:
     return values
 
 
+def check_prompt_logprobs_last_n(last_n: int | None, *, scored: bool, prompt_len: int) -> None:
+    """Tinker's rule: ``prompt_logprobs_last_n`` asks for prompt logprobs and is 1 to
+    ``len(prompt) - 1`` (the first token has none); InvalidArgumentError otherwise."""
+    if last_n is None:
+        return
+    if not scored:
+        raise InvalidArgumentError(
+            "prompt_logprobs_last_n: applies to prompt logprobs; set prompt_logprobs too"
+        )
+    if not 1 <= last_n <= prompt_len - 1:
+        raise InvalidArgumentError(
+            f"prompt_logprobs_last_n: {last_n} is outside 1..{prompt_len - 1} for a prompt "
+            f"of {prompt_len} tokens (the first token has no logprob)"
+        )
+
+
 def sample_response(output: SampleOutput, *, prompt_logprobs: list[float] | None = None) -> bytes:
     proto = tinker_pb.SampleResponse()
     if prompt_logprobs is not None:
