@@ -291,3 +291,16 @@ def test_prompt_logprobs_last_n_past_the_prompt_is_refused_naming_it(gateway, me
             sampler.sample(
                 prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=5
             ).result()
+
+
+def test_a_top_k_the_engine_cannot_apply_is_refused_naming_it(gateway, mesh) -> None:
+    """The engine samples with temperature and top_p only. A top_k was dropped without a word,
+    so a user asking for top_k=5 got draws from the whole vocabulary."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        unlimited = types.SamplingParams(max_tokens=2, seed=3, top_k=-1)  # the SDK's default
+        assert len(sampler.sample(prompt, 1, unlimited).result().sequences) == 1
+        with pytest.raises(tinker.BadRequestError, match="sampling_params.top_k: 5"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, top_k=5)).result()

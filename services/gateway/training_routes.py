@@ -219,6 +219,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
     last_n = body.get("prompt_logprobs_last_n")
     num_samples = int(body.get("num_samples", 1))
     params = body.get("sampling_params") or {}
+    wire.check_top_k(params.get("top_k"))
     sampling = SamplingParams(
         temperature=params.get("temperature", 1.0),
         top_p=params.get("top_p", 1.0),

@@ -161,6 +161,16 @@ def prompt_logprobs(scored: Sequence[float], last_n: int | None) -> list[float]:
     return values
 
 
+def check_top_k(top_k: Any) -> None:
+    """The engine samples with temperature and top_p only: a top_k that would limit the draw
+    is refused rather than ignored (-1, Tinker's default, and 0 mean no limit)."""
+    if top_k not in (None, -1, 0):
+        raise InvalidArgumentError(
+            f"sampling_params.top_k: {top_k!r} is not served here (only temperature and top_p "
+            "shape sampling); leave it -1, or narrow the draw with top_p"
+        )
+
+
 def check_prompt_logprobs_last_n(last_n: int | None, *, scored: bool, prompt_len: int) -> None:
     """Tinker's rule: ``prompt_logprobs_last_n`` asks for prompt logprobs and is 1 to
     ``len(prompt) - 1`` (the first token has none); InvalidArgumentError otherwise."""
