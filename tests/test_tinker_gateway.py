@@ -304,3 +304,29 @@ def test_a_top_k_the_engine_cannot_apply_is_refused_naming_it(gateway, mesh) -> 
         assert len(sampler.sample(prompt, 1, unlimited).result().sequences) == 1
         with pytest.raises(tinker.BadRequestError, match="sampling_params.top_k: 5"):
             sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, top_k=5)).result()
+
+
+def test_an_optim_step_refused_for_its_params_leaves_the_training_client_usable(
+    mesh, letter_model_dir
+) -> None:
+    """The SDK numbers a training client's calls (seq_id) and the gateway runs them in that
+    order. An optim_step refused for its params (here an optimizer the trainer lacks) was
+    answered 400 before its turn was taken, so its seq never passed: every later call of the
+    client waited order_wait_s for it and failed. A load_state of a path that is not a saved
+    state likewise."""
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+        order_wait_s=10.0,
+    )
+    with running_gateway(settings) as url, service_client(url, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        with pytest.raises(tinker.TinkerError, match="optimizer_params"):
+            trainer.optim_step(types.DimuonParams(learning_rate=1e-3)).result()
+        with pytest.raises(tinker.TinkerError, match="is not a saved state"):  # a load likewise
+            trainer.load_state(f"tinker://{trainer.model_id}/sampler_weights/x").result()
+        out = trainer.forward_backward([sft_datum([5, 9, 13, 17])], "cross_entropy").result()
+        assert len(out.loss_fn_outputs) == 1
+        trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
