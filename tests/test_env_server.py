@@ -304,3 +304,39 @@ def test_importing_the_env_authoring_api_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class SlowResetGame(TestGame):
+    __test__ = False
+
+    def reset(self, *, seed: int = 0, greeting: str = "hello") -> str:
+        time.sleep(0.5)
+        return super().reset(seed=seed, greeting=greeting)
+
+
+def test_capacity_holds_for_resets_that_arrive_together() -> None:
+    """The capacity was checked before the game was built and reset, and the episode added
+    after: resets arriving together all passed the check, and a server of capacity 1 ran
+    several games at once (the very games its capacity is there to bound)."""
+    handle = start(SlowResetGame, capacity=1)
+    codes: list[grpc.StatusCode] = []
+    try:
+        with grpc.insecure_channel(handle.address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+
+            def try_reset(episode_id: str) -> None:
+                try:
+                    reset(stub, episode_id)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+
+            threads = [threading.Thread(target=try_reset, args=(f"e{i}",)) for i in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=10)
+        assert sorted(c.name for c in codes) == ["OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]
+        assert len(handle.table) == 1
+    finally:
+        handle.stop(grace_s=0)
