@@ -293,9 +293,20 @@ def test_the_spec_lists_a_games_tools_and_none_by_default(stub) -> None:
     assert spec.tools[1].parameters_json_schema == '{"type": "object"}'
 
 
-def test_invalid_name_is_refused() -> None:
+def test_invalid_name_is_refused_and_the_game_built_to_describe_it_closed() -> None:
+    """The server builds one game to read its spec; refused for its name or limits, it left
+    that game open (a sandbox or a container the game holds, never freed)."""
+    closed, built = len(TestGame.closed), []
+
+    def factory() -> TestGame:
+        built.append(TestGame())
+        return built[-1]
+
     with pytest.raises(ValueError, match="name"):
-        serve(TestGame, name="bad name!", block=False)
+        serve(factory, name="bad name!", block=False)
+    with pytest.raises(ValueError, match="capacity"):
+        serve(factory, capacity=-1, block=False)
+    assert built and len(TestGame.closed) - closed == len(built)
 
 
 def test_importing_the_env_authoring_api_never_imports_torch() -> None:
