@@ -330,3 +330,17 @@ def test_an_optim_step_refused_for_its_params_leaves_the_training_client_usable(
         out = trainer.forward_backward([sft_datum([5, 9, 13, 17])], "cross_entropy").result()
         assert len(out.loss_fn_outputs) == 1
         trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+
+def test_seed_zero_reproduces_its_samples_as_any_other_seed(gateway, mesh) -> None:
+    """Tinker's seed makes a sample reproducible, 0 included. The trainer reads seed 0 as "none
+    given" (derived from the call), and the gateway passed a user's 0 as is: two samples with
+    seed=0 differed."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        for seed in (0, 7):
+            params = types.SamplingParams(max_tokens=8, seed=seed, temperature=1.0)
+            draws = [sampler.sample(prompt, 2, params).result().sequences for _ in range(2)]
+            assert [s.tokens for s in draws[0]] == [s.tokens for s in draws[1]], seed

@@ -263,7 +263,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         num_samples=num_samples,
         sampling=sampling,
         stop_token_ids=stop_ids,
-        seed=int(params.get("seed") or 0),
+        seed=wire.session_seed(params.get("seed")),
         include_prompt_logprobs=with_prompt,
     )
     ids: list[str] = []

@@ -161,6 +161,17 @@ def prompt_logprobs(scored: Sequence[float], last_n: int | None) -> list[float]:
     return values
 
 
+def session_seed(seed: int | None) -> int:
+    """The trainer's sample seed of a Tinker seed. The trainer reads 0 as none given (a seed
+    derived from the call), so every given seed, 0 included, maps to one of 1..2**64-1: the
+    same seed gives the same draws, as in Tinker."""
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgumentError(f"sampling_params.seed: an integer expected, not {seed!r}")
+    return seed % (2**64 - 1) + 1
+
+
 def check_top_k(top_k: Any) -> None:
     """The engine samples with temperature and top_p only: a top_k that would limit the draw
     is refused rather than ignored (-1, Tinker's default, and 0 mean no limit)."""
