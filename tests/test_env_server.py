@@ -293,9 +293,20 @@ def test_the_spec_lists_a_games_tools_and_none_by_default(stub) -> None:
     assert spec.tools[1].parameters_json_schema == '{"type": "object"}'
 
 
-def test_invalid_name_is_refused() -> None:
+def test_invalid_name_is_refused_and_the_game_built_to_describe_it_closed() -> None:
+    """The server builds one game to read its spec; refused for its name or limits, it left
+    that game open (a sandbox or a container the game holds, never freed)."""
+    closed, built = len(TestGame.closed), []
+
+    def factory() -> TestGame:
+        built.append(TestGame())
+        return built[-1]
+
     with pytest.raises(ValueError, match="name"):
-        serve(TestGame, name="bad name!", block=False)
+        serve(factory, name="bad name!", block=False)
+    with pytest.raises(ValueError, match="capacity"):
+        serve(factory, capacity=-1, block=False)
+    assert built and len(TestGame.closed) - closed == len(built)
 
 
 def test_importing_the_env_authoring_api_never_imports_torch() -> None:
@@ -304,3 +315,39 @@ def test_importing_the_env_authoring_api_never_imports_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class SlowResetGame(TestGame):
+    __test__ = False
+
+    def reset(self, *, seed: int = 0, greeting: str = "hello") -> str:
+        time.sleep(0.5)
+        return super().reset(seed=seed, greeting=greeting)
+
+
+def test_capacity_holds_for_resets_that_arrive_together() -> None:
+    """The capacity was checked before the game was built and reset, and the episode added
+    after: resets arriving together all passed the check, and a server of capacity 1 ran
+    several games at once (the very games its capacity is there to bound)."""
+    handle = start(SlowResetGame, capacity=1)
+    codes: list[grpc.StatusCode] = []
+    try:
+        with grpc.insecure_channel(handle.address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+
+            def try_reset(episode_id: str) -> None:
+                try:
+                    reset(stub, episode_id)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+
+            threads = [threading.Thread(target=try_reset, args=(f"e{i}",)) for i in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=10)
+        assert sorted(c.name for c in codes) == ["OK", "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"]
+        assert len(handle.table) == 1
+    finally:
+        handle.stop(grace_s=0)

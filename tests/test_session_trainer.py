@@ -14,12 +14,14 @@ import torch
 from async_guard import run
 from identity_helpers import user_key
 
+from opentinker import training_session as sdk
 from opentinker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
+from opentinker.jobs import JobInfo
 from opentinker.services.common.auth import OwnCredentialAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.launcher.redis_process import free_port
@@ -359,3 +361,35 @@ def test_adam_params_that_would_corrupt_the_weights_are_refused(adam, message) -
     with pytest.raises(InvalidArgumentError, match=message) as info:
         adam.check()
     assert info.value.reason == "BAD_ADAM_PARAMS"
+
+
+def test_a_call_refused_by_the_sdk_before_sending_leaves_the_session_usable(
+    letter_model_dir, tmp_path
+) -> None:
+    """A call the SDK itself refuses (a misspelt loss, an unknown loss option) is never sent,
+    so it must not use up a seq: it did, and every later call of the session waited for that
+    seq, which never came, and failed (OUT_OF_ORDER after order_wait_s)."""
+    token = "otj_0123456789ab_" + "x" * 24
+
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path) as session:
+            settings = TrainerSettings(host="127.0.0.1", port=0)
+            own = OwnCredentialAuthenticator(token, job_id="job-a", attempt=1)
+            server, port = await create_session_server(settings, session, own)
+            endpoint = f"127.0.0.1:{port}"
+            job = JobInfo("job-a", "s", "RUNNING", "", 1, "w", "", 0.0, 0.0, {}, endpoint)
+            client = sdk.TrainingSession(job, api_key=token, timeout=20, on_close=lambda: None)
+            data = [sdk.Datum.from_sequence([5, 9, 17, 33, 2])]
+            try:
+                with pytest.raises(ValueError, match="loss_fn must be one of"):
+                    await asyncio.to_thread(client.forward_backward, data, "crossentropy")  # type: ignore[arg-type]
+                with pytest.raises(ValueError, match="unknown loss option"):
+                    await asyncio.to_thread(client.forward_backward, data, clip=0.2)
+                out = await asyncio.to_thread(client.forward_backward, data, "cross_entropy")
+                assert len(out.logprobs[0]) == 4
+            finally:
+                client._worker.shutdown(wait=False)
+                client._conn.close()
+                await server.stop(grace=0.5)
+
+    run(main, 120)

@@ -271,3 +271,76 @@ def test_a_stop_string_ends_a_sample_with_the_token_that_completes_it(
         assert cut.tokens == tokens[:end] and end <= 3
         assert cut.stop_reason == "stop" and len(cut.logprobs) == end
         assert cut.logprobs == pytest.approx(free.sequences[0].logprobs[:end])
+
+
+def test_prompt_logprobs_last_n_past_the_prompt_is_refused_naming_it(gateway, mesh) -> None:
+    """Tinker's server takes prompt_logprobs_last_n from 1 to len(prompt) - 1 and refuses
+    others. One past the prompt was cut from the end instead: 2 logprobs for a 3-token prompt,
+    each misaligned with the token it scores, and no error."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        params = types.SamplingParams(max_tokens=2, seed=3)
+        scored = sampler.sample(
+            prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=2
+        ).result()
+        assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == 3
+        assert scored.prompt_logprobs[0] is None and None not in scored.prompt_logprobs[1:]
+        with pytest.raises(tinker.BadRequestError, match="prompt_logprobs_last_n: 5"):
+            sampler.sample(
+                prompt, 1, params, include_prompt_logprobs=True, prompt_logprobs_last_n=5
+            ).result()
+
+
+def test_a_top_k_the_engine_cannot_apply_is_refused_naming_it(gateway, mesh) -> None:
+    """The engine samples with temperature and top_p only. A top_k was dropped without a word,
+    so a user asking for top_k=5 got draws from the whole vocabulary."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        unlimited = types.SamplingParams(max_tokens=2, seed=3, top_k=-1)  # the SDK's default
+        assert len(sampler.sample(prompt, 1, unlimited).result().sequences) == 1
+        with pytest.raises(tinker.BadRequestError, match="sampling_params.top_k: 5"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, top_k=5)).result()
+
+
+def test_an_optim_step_refused_for_its_params_leaves_the_training_client_usable(
+    mesh, letter_model_dir
+) -> None:
+    """The SDK numbers a training client's calls (seq_id) and the gateway runs them in that
+    order. An optim_step refused for its params (here an optimizer the trainer lacks) was
+    answered 400 before its turn was taken, so its seq never passed: every later call of the
+    client waited order_wait_s for it and failed. A load_state of a path that is not a saved
+    state likewise."""
+    settings = GatewaySettings(
+        scheduler_address=mesh.scheduler_address,
+        port=0,
+        base_models={BASE: str(letter_model_dir)},
+        long_poll_s=2.0,
+        order_wait_s=10.0,
+    )
+    with running_gateway(settings) as url, service_client(url, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        with pytest.raises(tinker.TinkerError, match="optimizer_params"):
+            trainer.optim_step(types.DimuonParams(learning_rate=1e-3)).result()
+        with pytest.raises(tinker.TinkerError, match="is not a saved state"):  # a load likewise
+            trainer.load_state(f"tinker://{trainer.model_id}/sampler_weights/x").result()
+        out = trainer.forward_backward([sft_datum([5, 9, 13, 17])], "cross_entropy").result()
+        assert len(out.loss_fn_outputs) == 1
+        trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+
+def test_seed_zero_reproduces_its_samples_as_any_other_seed(gateway, mesh) -> None:
+    """Tinker's seed makes a sample reproducible, 0 included. The trainer reads seed 0 as "none
+    given" (derived from the call), and the gateway passed a user's 0 as is: two samples with
+    seed=0 differed."""
+    with service_client(gateway, mesh.api_key) as service:
+        trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        prompt = types.ModelInput.from_ints([5, 9, 13])
+        for seed in (0, 7):
+            params = types.SamplingParams(max_tokens=8, seed=seed, temperature=1.0)
+            draws = [sampler.sample(prompt, 2, params).result().sequences for _ in range(2)]
+            assert [s.tokens for s in draws[0]] == [s.tokens for s in draws[1]], seed

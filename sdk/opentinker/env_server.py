@@ -171,18 +171,20 @@ def _episode_table(
 ) -> tuple[EpisodeTable, environment_pb2.EnvironmentSpec]:
     """The table of episodes and the environment's spec, from one game built to describe it;
     InvalidArgumentError for a name EnvHub would refuse or a limit out of range."""
-    probe = game_factory()
-    env_name = name or probe.name
-    if not env_name or not ENV_NAME_PATTERN.match(env_name):
-        raise InvalidArgumentError(
-            f"environment name {env_name!r} is invalid: pass name= (letters, digits, _ . -)"
-        )
     if capacity < 0 or idle_timeout_s <= 0 or max_observation_chars < 0:
         raise InvalidArgumentError(
             "capacity and max_observation_chars must be >= 0 and idle_timeout_s > 0"
         )
-    spec = spec_of(probe, env_name)
-    close_quietly(probe)
+    probe = game_factory()
+    try:
+        env_name = name or probe.name
+        if not env_name or not ENV_NAME_PATTERN.match(env_name):
+            raise InvalidArgumentError(
+                f"environment name {env_name!r} is invalid: pass name= (letters, digits, _ . -)"
+            )
+        spec = spec_of(probe, env_name)
+    finally:
+        close_quietly(probe)
     table = EpisodeTable(
         game_factory,
         env_name=env_name,

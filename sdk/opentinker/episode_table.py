@@ -75,6 +75,7 @@ class EpisodeTable:
         self.idle_timeout_s = idle_timeout_s
         self.max_observation_chars = max_observation_chars
         self._episodes: dict[str, _Episode] = {}
+        self._starting = 0  # resets building their game: each holds a slot of the capacity
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -92,13 +93,30 @@ class EpisodeTable:
                 reason="BAD_OPTIONS",
             )
         self.close(episode_id)  # a repeated Reset replaces the episode
-        with self._lock:
-            if 0 < self._capacity <= len(self._episodes):
+        with self._lock:  # a slot is held from here, so resets arriving together count
+            if 0 < self._capacity <= len(self._episodes) + self._starting:
                 raise ResourceExhaustedError(
                     f"environment '{self.env_name}' already runs {self._capacity} episodes "
                     "(its capacity); close finished episodes or start another instance",
                     reason="AT_CAPACITY",
                 )
+            self._starting += 1
+        try:
+            game, system_prompt, first_message = self._start_game(seed, options)
+        except BaseException:
+            with self._lock:
+                self._starting -= 1
+            raise
+        with self._lock:
+            self._starting -= 1
+            replaced = self._episodes.get(episode_id)
+            self._episodes[episode_id] = _Episode(game=game, last_used_s=time.monotonic())
+        if replaced is not None:  # a concurrent Reset of the same id got there first
+            close_quietly(replaced.game)
+        return system_prompt, first_message
+
+    def _start_game(self, seed: int, options: dict[str, str]) -> tuple[AbstractGame, str, str]:
+        """A new game, reset and checked: (game, system prompt, first user message)."""
         game = self._call("build a game", self._factory)
         try:
             observation = game.reset(seed=seed, **options)
@@ -130,12 +148,7 @@ class EpisodeTable:
         except Exception:
             close_quietly(game)
             raise
-        with self._lock:
-            replaced = self._episodes.get(episode_id)
-            self._episodes[episode_id] = _Episode(game=game, last_used_s=time.monotonic())
-        if replaced is not None:  # a concurrent Reset of the same id got there first
-            close_quietly(replaced.game)
-        return system_prompt, first_message
+        return game, system_prompt, first_message
 
     def initial_images(self, episode_id: str) -> tuple[Image, ...]:
         """The images of a just-reset episode's first user message (its game's hook)."""

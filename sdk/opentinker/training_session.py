@@ -160,11 +160,13 @@ class TrainingSession:
         self.close()
 
     def _submit(self, method: Any, make: Callable[[trainer_pb2.SessionCall], Any], out) -> Future:
-        """Queue one call with the next seq; ``out`` turns the reply into the result."""
+        """Queue one call with the next seq; ``out`` turns the reply into the result. A request
+        the SDK refuses to build (bad loss, bad data) raises here and takes no seq: a seq never
+        sent would hold up every later call of the session on the trainer."""
         with self._lock:
+            request = make(trainer_pb2.SessionCall(session_id=self.job_id, seq=self._seq + 1))
             self._seq += 1
-            call = trainer_pb2.SessionCall(session_id=self.job_id, seq=self._seq)
-            return self._worker.submit(lambda: out(self._conn.call(method, make(call), None)))
+            return self._worker.submit(lambda: out(self._conn.call(method, request, None)))
 
     # ---- forward / forward_backward ----
 

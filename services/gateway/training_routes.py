@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, cast
 
-from opentinker.errors import InvalidArgumentError, NotFoundError
+from opentinker.errors import InvalidArgumentError, NotFoundError, OpenTinkerError
 from opentinker.session_config import SessionConfig
 from opentinker.spec import SamplingParams
 from opentinker.training_session import AdamParams, LossName
@@ -40,6 +40,15 @@ async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Fu
     finally:
         await model.gate.advance()
     return await asyncio.wrap_future(future)
+
+
+async def pass_turn(model: TrainingModel, seq: int | None) -> None:
+    """Let a call refused for its input pass its turn ``seq`` (when it has one): the SDK has
+    numbered it, and every later call of the model would wait for it and fail."""
+    done: Future = Future()
+    done.set_result(None)
+    with contextlib.suppress(OpenTinkerError):  # no seq, or one used already
+        await ordered(model, seq, lambda: done)
 
 
 async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -120,20 +129,25 @@ async def forward_backward(gw: Gateway, caller: Caller, body: bytes) -> dict:
 
 
 async def optim_step(gw: Gateway, caller: Caller, body: dict) -> dict:
-    params = body.get("adam_params")
-    if params is None:
-        raise InvalidArgumentError("optimizer_params: only AdamW (adam_params) is served")
-    try:
-        adam = AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
-    except (TypeError, ValueError) as err:  # an unknown or non-numeric setting
-        raise InvalidArgumentError(f"adam_params: {params!r} ({err})") from err
     model = await gw.models.get(body["model_id"], caller)
 
+    def submit() -> Future:  # params checked in the call's turn: refused, it still passes it
+        return model.session.optim_step_async(adam_params(body.get("adam_params")))
+
     async def work() -> Result:
-        out = await ordered(model, body.get("seq_id"), lambda: model.session.optim_step_async(adam))
+        out = await ordered(model, body.get("seq_id"), submit)
         return Result({"metrics": {"grad_norm:mean": out.grad_norm, "step:max": float(out.step)}})
 
     return start_future(gw, caller, work(), model)
+
+
+def adam_params(params: dict | None) -> AdamParams:
+    if params is None:
+        raise InvalidArgumentError("optimizer_params: only AdamW (adam_params) is served")
+    try:
+        return AdamParams(**{k: float(v) for k, v in params.items() if k != "type"})
+    except (TypeError, ValueError) as err:  # an unknown or non-numeric setting
+        raise InvalidArgumentError(f"adam_params: {params!r} ({err})") from err
 
 
 async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
@@ -153,23 +167,36 @@ async def save_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
 async def load_weights(gw: Gateway, caller: Caller, body: dict) -> dict:
     """Into a model (model_id + seq_id), or into a new one (session_id + model_seq_id: a
     training client created from a saved state, model id ``<session>:train:<n>``)."""
-    path = TinkerPath.parse(body["path"])
-    if path.kind != STATE_KIND:
-        raise InvalidArgumentError(
-            f"path: {body['path']!r} is not a saved state (tinker://<run>/weights/<name>)"
-        )
-    await asyncio.to_thread(check_saved_state, gw, caller, path)
     if body.get("model_id"):
         model = await gw.models.get(body["model_id"], caller)
-        work = _load_into(model, body.get("seq_id"), path)
+        work = _load_into(gw, caller, model, body.get("seq_id"), body["path"])
         return start_future(gw, caller, work, model)
+    path = await asyncio.to_thread(saved_state_path, gw, caller, body["path"])
     gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
     work = _load_new(gw, caller, model_id, body.get("base_model"), path)
     return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
 
 
-async def _load_into(model: TrainingModel, seq: int | None, path: TinkerPath) -> Result:
+def saved_state_path(gw: Gateway, caller: Caller, raw: str) -> TinkerPath:
+    """The caller's saved state that ``raw`` names (InvalidArgument / NotFound otherwise)."""
+    path = TinkerPath.parse(raw)
+    if path.kind != STATE_KIND:
+        raise InvalidArgumentError(
+            f"path: {raw!r} is not a saved state (tinker://<run>/weights/<name>)"
+        )
+    check_saved_state(gw, caller, path)
+    return path
+
+
+async def _load_into(
+    gw: Gateway, caller: Caller, model: TrainingModel, seq: int | None, raw_path: str
+) -> Result:
+    try:
+        path = await asyncio.to_thread(saved_state_path, gw, caller, raw_path)
+    except OpenTinkerError:  # refused, the call still passes its turn
+        await pass_turn(model, seq)
+        raise
     await ordered(model, seq, lambda: model.session.load_state_async(path.trainer_state))
     return Result({"path": str(path), "model_id": model.model_id, "type": "load_weights"})
 
@@ -219,12 +246,14 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
     last_n = body.get("prompt_logprobs_last_n")
     num_samples = int(body.get("num_samples", 1))
     params = body.get("sampling_params") or {}
+    wire.check_top_k(params.get("top_k"))
     sampling = SamplingParams(
         temperature=params.get("temperature", 1.0),
         top_p=params.get("top_p", 1.0),
         **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
     )
     prompt = wire.prompt_tokens(body["prompt"])
+    wire.check_prompt_logprobs_last_n(last_n, scored=with_prompt, prompt_len=len(prompt))
     stop_ids, stop_strings = parse_stop(params.get("stop"))
     if stop_strings:
         base = gw.settings.base_models.get(model.base_model, model.base_model)
@@ -234,7 +263,7 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         num_samples=num_samples,
         sampling=sampling,
         stop_token_ids=stop_ids,
-        seed=int(params.get("seed") or 0),
+        seed=wire.session_seed(params.get("seed")),
         include_prompt_logprobs=with_prompt,
     )
     ids: list[str] = []

@@ -161,6 +161,43 @@ def prompt_logprobs(scored: Sequence[float], last_n: int | None) -> list[float]:
     return values
 
 
+def session_seed(seed: int | None) -> int:
+    """The trainer's sample seed of a Tinker seed. The trainer reads 0 as none given (a seed
+    derived from the call), so every given seed, 0 included, maps to one of 1..2**64-1: the
+    same seed gives the same draws, as in Tinker."""
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgumentError(f"sampling_params.seed: an integer expected, not {seed!r}")
+    return seed % (2**64 - 1) + 1
+
+
+def check_top_k(top_k: Any) -> None:
+    """The engine samples with temperature and top_p only: a top_k that would limit the draw
+    is refused rather than ignored (-1, Tinker's default, and 0 mean no limit)."""
+    if top_k not in (None, -1, 0):
+        raise InvalidArgumentError(
+            f"sampling_params.top_k: {top_k!r} is not served here (only temperature and top_p "
+            "shape sampling); leave it -1, or narrow the draw with top_p"
+        )
+
+
+def check_prompt_logprobs_last_n(last_n: int | None, *, scored: bool, prompt_len: int) -> None:
+    """Tinker's rule: ``prompt_logprobs_last_n`` asks for prompt logprobs and is 1 to
+    ``len(prompt) - 1`` (the first token has none); InvalidArgumentError otherwise."""
+    if last_n is None:
+        return
+    if not scored:
+        raise InvalidArgumentError(
+            "prompt_logprobs_last_n: applies to prompt logprobs; set prompt_logprobs too"
+        )
+    if not 1 <= last_n <= prompt_len - 1:
+        raise InvalidArgumentError(
+            f"prompt_logprobs_last_n: {last_n} is outside 1..{prompt_len - 1} for a prompt "
+            f"of {prompt_len} tokens (the first token has no logprob)"
+        )
+
+
 def sample_response(output: SampleOutput, *, prompt_logprobs: list[float] | None = None) -> bytes:
     proto = tinker_pb.SampleResponse()
     if prompt_logprobs is not None:
