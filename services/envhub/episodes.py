@@ -2,10 +2,12 @@
 
 An episode is placed on the least-loaded instance with room when it is reset and stays there.
 Calls of one episode run in the order they arrived; different episodes run concurrently.
-Every call has a deadline; any failure (dead instance, deadline, an error from the game, a
-malformed reply: a non-finite reward, an observation longer than ``max_observation_chars``)
-ends the episode with an ``EnvironmentError_`` whose ``code`` is a gRPC
-status name and whose message names the environment and the instance.
+Each stream's episode ids reach the env servers under a prefix of its own (``EpisodeRouter``
+``_on_env``): env servers key their games by id, and two streams (two tenants on a shared env)
+may name episodes alike. Every call has a deadline; any failure (dead instance, deadline, an
+error from the game, a malformed reply: a non-finite reward, an observation longer than
+``max_observation_chars``) ends the episode with an ``EnvironmentError_`` whose ``code`` is a
+gRPC status name and whose message names the environment and the instance.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -108,6 +111,13 @@ class EpisodeRouter:
         self._episodes: dict[str, _Episode] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._log = log.bind(env=env_name, job_id=job_id)
+        # The prefix of this stream's episode ids on the env servers: a game is keyed by its
+        # id there, and another stream (another tenant's, on a shared env) may use the same.
+        self._stream = uuid.uuid4().hex[:16]
+
+    def _on_env(self, episode_id: str) -> str:
+        """``episode_id`` as the env servers see it: unique to this stream."""
+        return f"{self._stream}/{episode_id}"
 
     async def open(self) -> environment_pb2.EnvironmentSpec:
         """The env's spec, from the first instance that answers (NotFound / Unavailable).
@@ -166,7 +176,10 @@ class EpisodeRouter:
             stub = self._channels.stub(instance.address)
             # Its own task, shielded: a Reset cut short by the stream's end still runs to its
             # end, so that the episode it opens on the env is closed after it (_close_after).
-            call = asyncio.ensure_future(stub.Reset(request, timeout=self._timeout_s))
+            routed = environment_pb2.ResetRequest()
+            routed.CopyFrom(request)
+            routed.episode_id = self._on_env(request.episode_id)
+            call = asyncio.ensure_future(stub.Reset(routed, timeout=self._timeout_s))
             try:
                 reply = await self._call(episode, request.episode_id, "Reset", asyncio.shield(call))
             except asyncio.CancelledError:
@@ -193,7 +206,10 @@ class EpisodeRouter:
             episode = self._live(request.episode_id)
             instance = episode.instance
             assert instance is not None  # _live checked it
-            call = self._channels.stub(instance.address).Step(request, timeout=self._timeout_s)
+            routed = environment_pb2.StepRequest()
+            routed.CopyFrom(request)
+            routed.episode_id = self._on_env(request.episode_id)
+            call = self._channels.stub(instance.address).Step(routed, timeout=self._timeout_s)
             reply = await self._call(episode, request.episode_id, "Step", call)
             if not math.isfinite(reply.reward):
                 await self._fail_and_close(episode, request.episode_id)
@@ -353,7 +369,7 @@ class EpisodeRouter:
     async def _close_on(self, instance: Instance, episode_id: str) -> None:
         try:
             await self._channels.stub(instance.address).CloseEpisode(
-                environment_pb2.CloseEpisodeRequest(episode_id=episode_id),
+                environment_pb2.CloseEpisodeRequest(episode_id=self._on_env(episode_id)),
                 timeout=min(self._timeout_s, 2.0),
             )
         except grpc.aio.AioRpcError as err:
