@@ -197,3 +197,60 @@ def test_a_requeued_job_waits_for_its_stopped_attempt_even_with_devices_free_els
                 assert placed.attempt == 2
 
     run(main)
+
+
+async def _close(w: ScriptedWorker, *, jobs_stopped: bool | None) -> None:
+    """The worker's last message; ``None``: an older worker's, without ``jobs_stopped``."""
+    closing = scheduler_pb2.WorkerClosing(reason="shutting down")
+    if jobs_stopped is not None:
+        closing.jobs_stopped = jobs_stopped
+    await w.send(closing=closing)
+    w.heartbeating = False
+
+
+def test_a_worker_closing_with_its_jobs_stopped_frees_their_devices_at_once(
+    redis_url: str,
+) -> None:
+    """A worker that stopped its jobs before closing (jobs_stopped): its running job is
+    re-queued and placed on w2 at once, not after the lease TTL (10 s), and the drain of a job
+    cancelled before (whose exit it never reported) ends too."""
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=10.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0", "w1/cpu:1"]) as w1,
+        ):
+            cancelled = await _running(mesh, w1, "cancelled")
+            job_id = await _running(mesh, w1, "job")
+            await _cancel(mesh, cancelled)
+            assert (await w1.next_command()).stop.job_id == cancelled
+            async with scripted_worker(mesh.worker_stub, "w2", ["w2/cpu:0"]) as w2:
+                await _close(w1, jobs_stopped=True)
+                launch = (await w2.next_command(timeout_s=3.0)).launch
+                assert (launch.job.job_id, launch.job.attempt) == (job_id, 2)
+                assert await mesh.running.stores.ledger.leases("w1") == []
+
+    run(main)
+
+
+def test_a_worker_closing_without_jobs_stopped_still_drains(redis_url: str) -> None:
+    """An older worker closes first and stops its jobs after (no jobs_stopped): its processes
+    may still run, so its job, re-queued at once, waits for the drain (the lease lapsing) and
+    is not placed on the free w2 meanwhile."""
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=3.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1,
+        ):
+            job_id = await _running(mesh, w1, "job")
+            async with scripted_worker(mesh.worker_stub, "w2", ["w2/cpu:0"]):
+                await _close(w1, jobs_stopped=None)
+                assert (await wait_for_state(mesh.stub, job_id, QUEUED)).attempt == 1
+                await _stays_queued(mesh, job_id, 1.5)
+                [lease] = await mesh.running.stores.ledger.leases("w1")
+                assert lease.job_id == job_id and lease.drain is not None
+                placed = await wait_for_state(mesh.stub, job_id, ALLOCATING)  # once it lapsed
+                assert placed.attempt == 2
+
+    run(main)

@@ -202,12 +202,17 @@ class WorkerRecovery:
         except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
             log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
 
-    async def reclaim(self, worker_id: str) -> None:
+    async def reclaim(self, worker_id: str, *, jobs_stopped: bool = False) -> None:
         """The worker closed or went silent: re-queue the jobs of all its leases now. Its
         processes may still run: what the leases still hold stays held (draining) until the
         worker, back within a lease TTL, says they exited; else the holds lapse, nothing
-        renewing them (a silent worker's have lapsed already: they are not held again)."""
+        renewing them (a silent worker's have lapsed already: they are not held again).
+        ``jobs_stopped``: the worker closed saying every process it ran has exited, so nothing
+        is held: its leases, draining ones too, are released at once."""
         async with self._lock:
+            if jobs_stopped:
+                await self._release_stopped(worker_id)
+                return
             for lease in await self._ledger.leases(worker_id):
                 if lease.drain is not None:
                     continue
@@ -218,6 +223,19 @@ class WorkerRecovery:
                     continue
                 await self._drains.hold(lease, attempt, f"worker {worker_id} lost", rehold=False)
                 await self._requeue(lease.job_id, worker_id)
+
+    async def _release_stopped(self, worker_id: str) -> None:
+        """Release the leases of a worker whose processes all exited; re-queue their jobs
+        (released first: never two leases of a job)."""
+        released = []
+        for lease in await self._ledger.leases(worker_id):
+            if lease.drain is not None:  # a stopped attempt whose JobExited was never sent
+                await self._drains.end(lease, f"worker {worker_id} closed, its processes gone")
+                continue
+            if await self._ledger.release(lease.lease_id):
+                released.append(lease.lease_id)
+            await self._requeue(lease.job_id, worker_id)
+        log.info("worker_closed_jobs_stopped", worker_id=worker_id, released=released)
 
     async def requeue_lapsed(self) -> None:
         """Re-queue the jobs of lapsed leases; during the grace, not those of workers that have

@@ -349,13 +349,18 @@ class Scheduler:
         await self._ends.exited(session, job_id, attempt, exit_code, reason)
 
     async def disconnect_worker(
-        self, session: WorkerSession, reason: str, *, reclaim: bool = False
+        self,
+        session: WorkerSession,
+        reason: str,
+        *,
+        reclaim: bool = False,
+        jobs_stopped: bool = False,
     ) -> None:
         """The session ended. With ``reclaim`` (the worker closes, or went silent) its jobs are
-        re-queued and its devices freed now; without (the stream dropped, the scheduler shuts
-        down) its jobs keep running: their leases stay until they lapse, or until the worker
-        reconnects and re-announces them. Safe to call more than once, and a no-op for a
-        session already replaced."""
+        re-queued now, their devices held (draining) until they lapse, or, ``jobs_stopped`` (it
+        closed saying its processes exited), freed now; without (the stream dropped, the
+        scheduler shuts down) its jobs keep running: their leases stay until they lapse, or
+        until it reconnects and re-announces them. Idempotent; a no-op once replaced."""
         if session.lost:
             return
         session.lost = True
@@ -366,7 +371,7 @@ class Scheduler:
         del self._sessions[worker_id]
         await self._ledger.unregister_worker(worker_id)
         if reclaim:
-            await self._recovery.reclaim(worker_id)
+            await self._recovery.reclaim(worker_id, jobs_stopped=jobs_stopped)
         log.warning("worker_lost", worker_id=worker_id, reason=reason, reclaimed=reclaim)
         self.wake()
 

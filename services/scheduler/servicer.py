@@ -303,8 +303,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                         m = message.exited
                         await s.job_exited(session, m.job_id, m.attempt, m.exit_code, m.reason)
                     elif kind == "closing":
+                        closing = message.closing  # jobs_stopped: nothing to drain
                         await s.disconnect_worker(
-                            session, f"worker closing: {message.closing.reason}", reclaim=True
+                            session,
+                            f"worker closing: {closing.reason}",
+                            reclaim=True,
+                            jobs_stopped=closing.jobs_stopped,
                         )
                         break
                 except OpenTinkerError as err:  # one bad message does not end the session

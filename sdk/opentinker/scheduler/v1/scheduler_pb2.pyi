@@ -276,10 +276,12 @@ class JobExited(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WorkerClosing(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "jobs_stopped")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    JOBS_STOPPED_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    jobs_stopped: bool
+    def __init__(self, reason: _Optional[str] = ..., jobs_stopped: _Optional[bool] = ...) -> None: ...
 
 class ConnectWorkerResponse(_message.Message):
     __slots__ = ("seq", "registered", "heartbeat", "launch", "stop", "closing")
