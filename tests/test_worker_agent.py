@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from identity_helpers import api_key
+from identity_helpers import api_key, worker_token
+from scheduler_helpers import scripted_worker
 from worker_agent_helpers import (
     RPC_TIMEOUT_S,
     STAND_IN_ROLLOUT,
@@ -137,6 +139,62 @@ def test_agent_shutdown_kills_its_processes_and_the_job_is_requeued(
             requeued = await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_QUEUED)
             assert requeued.reason == "worker agent-1 lost; re-queued"
             assert requeued.attempt == 1
+
+    run(main)
+
+
+def test_a_gracefully_stopped_agent_frees_its_jobs_devices_once_their_processes_exited(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The agent, told to stop (SIGTERM), stops its jobs first (the slow-stop trainer takes a
+    second) and only then says it closes, with its processes gone: the re-queued job goes to
+    another worker right away, not once the lease lapses (the TTL, 10 s here), and never while
+    the old processes are alive."""
+
+    async def main() -> None:
+        async with mesh_with_agent(redis_url, tmp_path, lease_ttl_s=10.0) as mesh:
+            job = await submit(mesh.stub, "slow-stop")
+            processes = await running_processes(mesh, job.job_id, ready="trainer.slow")
+            token = await worker_token(mesh.running.stores.identity)
+            channel = aio_channel(mesh.running.address, credential=token)
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            async with scripted_worker(stub, "w2", ["w2/cpu:0"]) as w2:
+                stopped = time.monotonic()
+                mesh.stop_agent.set()
+                launch = (await w2.next_command(timeout_s=6.0)).launch
+                placed_s = time.monotonic() - stopped
+                assert not any(alive(pid) for pid in processes), "placed beside the old processes"
+                assert (launch.job.job_id, launch.job.attempt) == (job.job_id, 2)
+                assert placed_s < 5.0, f"placed {placed_s:.1f} s after the stop"
+                assert await mesh.running.stores.ledger.leases("agent-1") == []
+                await asyncio.wait_for(mesh.agent_task, 15)
+            await channel.close()
+
+    run(main)
+
+
+def test_a_launch_that_reaches_a_stopping_agent_is_never_started(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The scheduler places a job on the agent's free device while the agent stops its jobs
+    before closing: the launch is not started, and the closing re-queues the job, its lease
+    released."""
+
+    async def main() -> None:
+        devices = ("cpu:0", "cpu:1")
+        async with mesh_with_agent(redis_url, tmp_path, lease_ttl_s=10.0, devices=devices) as mesh:
+            slow = await submit(mesh.stub, "slow-stop")
+            await running_processes(mesh, slow.job_id, ready="trainer.slow")
+            mesh.stop_agent.set()
+            await asyncio.sleep(0.2)  # the agent is stopping the slow trainer (1 s)
+            late = await submit(mesh.stub, "hang")
+            await asyncio.wait_for(mesh.agent_task, 15)
+            requeued = await mesh.running.stores.jobs.get(late.job_id)
+            assert requeued.attempt == 1, "never placed on the agent"
+            assert requeued.state == common_pb2.JOB_STATE_QUEUED
+            assert requeued.reason == "worker agent-1 lost; re-queued"
+            assert not (mesh.run_root / late.job_id).exists(), "the late launch was started"
+            assert await mesh.running.stores.ledger.all_leases() == []
 
     run(main)
 

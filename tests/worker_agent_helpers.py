@@ -128,14 +128,19 @@ class Mesh:
 
 @asynccontextmanager
 async def mesh_with_agent(
-    redis_url: str, tmp_path: Path, *, rollout_start_timeout_s: float = 30
+    redis_url: str,
+    tmp_path: Path,
+    *,
+    rollout_start_timeout_s: float = 30,
+    lease_ttl_s: float = 1.5,
+    devices: tuple[str, ...] = ("cpu:0",),
 ) -> AsyncIterator[Mesh]:
     rollout_script = tmp_path / "stand_in_rollout.py"
     trainer_script = tmp_path / "stand_in_trainer.py"
     rollout_script.write_text(STAND_IN_ROLLOUT)
     trainer_script.write_text(STAND_IN_TRAINER)
     scheduler_settings = SchedulerSettings(
-        redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=1.5
+        redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=lease_ttl_s
     )
     async with running_scheduler(scheduler_settings, stop_grace_s=0.5) as running:
         identity = running.stores.identity
@@ -145,7 +150,7 @@ async def mesh_with_agent(
             worker_id="agent-1",
             hostname="testhost",
             run_root=tmp_path / "runs",
-            devices=["cpu:0"],
+            devices=list(devices),
             rollout_command=[sys.executable, str(rollout_script)],
             trainer_command=[sys.executable, str(trainer_script)],
             rollout_start_timeout_s=rollout_start_timeout_s,

@@ -5,8 +5,8 @@ launch/stop jobs as told, report JobLaunched/JobExited → on a dropped stream r
 exponential backoff, keeping its jobs running (held.py). The scheduler adopts what it still owns
 and says stop for the rest. Jobs are stopped only when the scheduler says so, when the agent
 stops, or when no scheduler could be reached for ``orphan_grace_s`` (by then it has re-queued
-them). ``run(stop)`` returns after ``stop`` is set, the scheduler told that the worker is
-closing, and every job stopped.
+them). ``run(stop)`` returns after ``stop`` is set, every job stopped, and then the scheduler
+told that the worker is closing with its processes gone (so it frees their devices at once).
 """
 
 from __future__ import annotations
@@ -138,6 +138,9 @@ class WorkerAgent:
     def launch(self, launch: scheduler_pb2.LaunchJob) -> None:
         job = launch.job
         key = (job.job_id, job.attempt)
+        if self._stopping:  # the `closing` that follows re-queues the job
+            self.log.warning("launch_refused_while_stopping", job_id=job.job_id)
+            return
         if key in self.held.runs:
             self.log.warning("duplicate_launch", job_id=job.job_id, attempt=job.attempt)
             return
@@ -222,6 +225,22 @@ class WorkerAgent:
         for held in runs:
             held.run.stop(reason)
         await asyncio.gather(*(held.task for held in runs), return_exceptions=True)
+
+    async def stop_before_closing(self) -> bool:
+        """Stop every job, their exits unreported (the scheduler re-queues the jobs, it does
+        not fail them); True when no job process is left. No launch starts from now on."""
+        self._stopping = True
+        runs = list(self.held.runs.values())
+        started = time.monotonic()
+        await self.stop_jobs(runs, "worker agent shutting down")
+        stopped = not self.held.runs
+        self.log.info(
+            "jobs_stopped_before_closing",
+            jobs=[f"{h.run.job.job_id}#{h.run.job.attempt}" for h in runs],
+            stopped_s=round(time.monotonic() - started, 3),
+            all_exited=stopped,
+        )
+        return stopped
 
 
 class _Connection:
@@ -337,11 +356,16 @@ class _Connection:
             raise SchedulerLost(f"the scheduler closed the session: {message.closing.reason}")
 
     async def _close_gracefully(self, pending_read: asyncio.Task[object]) -> None:
-        """Tell the scheduler first, so it re-queues our jobs rather than failing them."""
+        """Stop our jobs, then say `closing` (so the scheduler re-queues them rather than
+        failing them) and that their processes exited (so it frees their devices at once, with
+        no drain). Heartbeats go on while they stop; messages are not read: a launch that comes
+        meanwhile is never started, and the re-queue covers its job."""
+        stopped = await self.agent.stop_before_closing()
         with contextlib.suppress(Exception):
-            await self.send(
-                closing=scheduler_pb2.WorkerClosing(reason="worker agent shutting down")
+            closing = scheduler_pb2.WorkerClosing(
+                reason="worker agent shutting down", jobs_stopped=stopped
             )
+            await self.send(closing=closing)
             await asyncio.wait_for(
                 self.call.done_writing(), timeout=self.settings.connect_timeout_s
             )
