@@ -11,7 +11,8 @@ Kubernetes keeps a terminating pod's resources until its containers are gone.
 
 The hold ends (the lease is released, and a dispatch round runs) when
 - the worker reports the attempt's exit (JobExited; or, registering again, announces it exited
-  or no longer announces it: recovery.py);
+  or no longer announces it: recovery.py), or closes saying every process it ran has exited
+  (``WorkerClosing.jobs_stopped``: a clean shutdown stops the jobs first; recovery.py);
 - ``timeout_s`` (the ``drain_timeout_s`` setting) passed since the stop with no report: a worker
   that heartbeats but never reports cannot hold devices for ever;
 - the lease lapses: its worker is lost and nothing renews it (the lapsed-lease sweep).
