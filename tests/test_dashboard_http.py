@@ -231,3 +231,38 @@ def test_a_step_with_a_nan_metric_reaches_the_page_as_json(scheduler, redis_url)
     event = _strict_json(data[0])
     assert isinstance(event, dict) and event["step"] == 1
     assert event["metrics"] == {"loss": None, "ratio": None, "reward_mean": 0.5}
+
+
+def test_open_event_streams_leave_the_pages_answering(identities) -> None:
+    """Each open job page holds its event stream for ``stream_hold_s``, blocked in a thread
+    until the next event; as many as the thread pool has threads (40) must not leave every
+    other page of every tenant waiting for one."""
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    spec = JobSpec(name="watched", rl=RlConfig(env_name="letter", steps=3))
+    with opentinker.Client(identities.scheduler_address, api_key=identities.user_key) as client:
+        job_id = client.submit(spec).job_id  # QUEUED: no event after the first
+    settings = DashboardSettings(scheduler_address=identities.scheduler_address,
+                                 envhub_address="127.0.0.1:1", stream_hold_s=8.0)  # fmt: skip
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        web.post("/login", data={"api_key": identities.user_key})
+        viewers = [
+            threading.Thread(target=web.get, args=(f"/jobs/{job_id}/events?after=1",))
+            for _ in range(40)
+        ]
+        for viewer in viewers:
+            viewer.start()
+        time.sleep(2.0)  # every stream open and waiting
+        started = time.monotonic()
+        page = web.get("/")
+        elapsed = time.monotonic() - started
+        for viewer in viewers:
+            viewer.join(timeout=30)
+    assert page.status_code == 200 and job_id in page.text
+    assert elapsed < 3.0, f"the jobs page waited {elapsed:.1f} s behind the open streams"
