@@ -3,6 +3,7 @@ Docker engine runs here): persistent Redis, the services, a worker holding the G
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import compose_spec
@@ -120,3 +121,30 @@ def test_the_worker_reads_the_token_the_scheduler_writes_and_ports_stay_local(co
     assert compose.services["envhub"].environment["OPENTINKER_SCHEDULER_ADDRESS"]
     for name in ("scheduler", "envhub", "tinker-gateway"):
         assert all(str(p).startswith("127.0.0.1:") for p in compose.services[name].ports), name
+
+
+def _owned_folders(dockerfile: str) -> tuple[str, set[str]]:
+    """The image's USER and the folders its RUN lines make with mkdir and chown to that user."""
+    user = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.MULTILINE)[-1]
+    run = dockerfile.replace("\\\n", " ")
+    made = {p for args in re.findall(r"mkdir\s+-p\s+([^&;\n]+)", run) for p in args.split()}
+    owned = {
+        p for args in re.findall(rf"chown\s+(?:-R\s+)?{user}\S*\s+([^&;\n]+)", run)
+        for p in args.split()
+    }  # fmt: skip
+    return user, made & owned
+
+
+def test_the_services_can_write_their_named_volumes(compose) -> None:
+    """A new named volume takes the owner of its mount point in the image, root where the image
+    has no such folder: the image's services run as a user of their own, so each folder they
+    mount a writable volume on must exist in the image, owned by that user (else the scheduler
+    cannot write its bootstrap credentials and restarts for ever)."""
+    user, owned = _owned_folders((ROOT / "deploy" / "Dockerfile").read_text())
+    for name, service in compose.services.items():
+        if service.build is None:  # another image (redis): its own user and folders
+            continue
+        for volume in service.volumes or ():
+            source, target, *mode = str(volume).split(":")
+            if source in compose.volumes and mode != ["ro"]:
+                assert target in owned, f"{name}: {target} is not made and owned by {user}"

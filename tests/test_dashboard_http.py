@@ -4,6 +4,8 @@ event stream that sends only events after the one the browser names."""
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,85 @@ def test_sign_ins_left_idle_are_closed_without_being_visited_again(identities) -
             left.client.whoami()  # its channel was closed with it
     finally:
         sign_ins.close()
+
+
+def _strict_json(text: str) -> object:
+    """``text`` as a browser's JSON.parse reads it: NaN and Infinity are not JSON there."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON (JSON.parse throws on it)")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_step_with_a_nan_metric_reaches_the_page_as_json(scheduler, redis_url) -> None:
+    """A diverged step (loss NaN, a ratio inf) is what the charts must show, not a message
+    the page's JSON.parse throws on (and so drops): non-finite numbers are sent as null."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+    from starlette.testclient import TestClient
+
+    from opentinker.common.v1 import common_pb2
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+    from opentinker.services.scheduler.event_log import RedisEventLog
+
+    address, admin_key = scheduler
+    key = make_keys(address, admin_key)["alice"]
+    with opentinker.Client(address, api_key=key) as client:
+        job_id = client.submit(JobSpec(name="diverged", rl=RlConfig(env_name="letter"))).job_id
+
+    async def report_step() -> None:  # as the scheduler stores a job's reported step
+        r = aioredis.Redis.from_url(redis_url)
+        step = common_pb2.StepMetrics(step=1, metrics={"loss": math.nan, "ratio": math.inf,
+                                                       "reward_mean": 0.5})  # fmt: skip
+        await RedisEventLog(r).append(job_id, common_pb2.JobEvent(step=step))
+        await r.aclose()
+
+    asyncio.run(report_step())
+    settings = DashboardSettings(scheduler_address=address, envhub_address="127.0.0.1:1",
+                                 stream_hold_s=1.0)  # fmt: skip
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        web.post("/login", data={"api_key": key})
+        stream = web.get(f"/jobs/{job_id}/events?after=1").text
+    data = [line[len("data: ") :] for line in stream.splitlines() if line.startswith("data: ")]
+    assert len(data) == 1, stream
+    event = _strict_json(data[0])
+    assert isinstance(event, dict) and event["step"] == 1
+    assert event["metrics"] == {"loss": None, "ratio": None, "reward_mean": 0.5}
+
+
+def test_open_event_streams_leave_the_pages_answering(identities) -> None:
+    """Each open job page holds its event stream for ``stream_hold_s``, blocked in a thread
+    until the next event; as many as the thread pool has threads (40) must not leave every
+    other page of every tenant waiting for one."""
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    spec = JobSpec(name="watched", rl=RlConfig(env_name="letter", steps=3))
+    with opentinker.Client(identities.scheduler_address, api_key=identities.user_key) as client:
+        job_id = client.submit(spec).job_id  # QUEUED: no event after the first
+    settings = DashboardSettings(scheduler_address=identities.scheduler_address,
+                                 envhub_address="127.0.0.1:1", stream_hold_s=8.0)  # fmt: skip
+    with TestClient(create_app(settings), follow_redirects=False) as web:
+        web.post("/login", data={"api_key": identities.user_key})
+        viewers = [
+            threading.Thread(target=web.get, args=(f"/jobs/{job_id}/events?after=1",))
+            for _ in range(40)
+        ]
+        for viewer in viewers:
+            viewer.start()
+        time.sleep(2.0)  # every stream open and waiting
+        started = time.monotonic()
+        page = web.get("/")
+        elapsed = time.monotonic() - started
+        for viewer in viewers:
+            viewer.join(timeout=30)
+    assert page.status_code == 200 and job_id in page.text
+    assert elapsed < 3.0, f"the jobs page waited {elapsed:.1f} s behind the open streams"

@@ -195,3 +195,19 @@ def test_a_poll_after_a_gateway_restart_is_told_its_request_was_lost_410(
         assert "send the request again" in lost.json()["error"]
         never = post(second, "retrieve_future", key, {"request_id": "req-made-up"})
         assert never.status_code == 404 and "no request" in never.json()["error"], never.text
+
+
+# uvicorn ends its thread with SystemExit when it cannot bind: expected here.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_gateway_on_a_taken_port_says_which_and_the_fix(identities, tmp_path: Path) -> None:
+    """`opentinker up` serves the gateway on 8000 by default, a port many tools take."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        settings = GatewaySettings(
+            scheduler_address=identities.scheduler_address, port=port, checkpoint_root=tmp_path
+        )
+        expected = rf"127\.0\.0\.1:{port}.*--gateway-port"
+        with pytest.raises(RuntimeError, match=expected), running_gateway(settings):
+            pass

@@ -14,9 +14,10 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import structlog
 from starlette.applications import Starlette
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -78,6 +79,10 @@ class Pages:
         self, settings: DashboardSettings, sign_ins: SignIns, templates: Jinja2Templates
     ) -> None:
         self.settings, self.sign_ins, self.templates = settings, sign_ins, templates
+        # The event streams' threads, apart from the pool every page's calls take theirs from:
+        # a stream holds its thread while it waits for the next event, and as many open job
+        # pages as that pool has threads (40) left every page of every tenant waiting.
+        self._streams: anyio.CapacityLimiter | None = None  # made on the event loop
 
     def _render(
         self, request: Request, name: str, signed: SignedIn | None, *, status: int = 200,
@@ -169,8 +174,10 @@ class Pages:
         except NotFoundError as err:
             return PlainTextResponse(err.message, status_code=404)
         lines = self._event_lines(signed, job_id, from_seq=int(last) + 1)
+        if self._streams is None:
+            self._streams = anyio.CapacityLimiter(self.settings.max_event_streams)
         return StreamingResponse(
-            _stream(lines),
+            _stream(lines, self._streams),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -226,6 +233,7 @@ class Pages:
         return self._render(request, "environments.html", signed, instances=instances)
 
 
-async def _stream(lines: Iterator[str]) -> AsyncIterator[str]:
-    async for line in iterate_in_threadpool(lines):
+async def _stream(lines: Iterator[str], limiter: anyio.CapacityLimiter) -> AsyncIterator[str]:
+    """``lines``, each read in a thread of ``limiter`` (it blocks until the next event)."""
+    while (line := await anyio.to_thread.run_sync(next, lines, None, limiter=limiter)) is not None:
         yield line

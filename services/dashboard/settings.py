@@ -30,5 +30,11 @@ class DashboardSettings(BaseSettings):
         description="Seconds one event-stream response stays open; the browser then resumes "
         "from the last event it has (Last-Event-ID), so no history is sent twice.",
     )
+    max_event_streams: int = Field(
+        200,
+        ge=1,
+        description="Job pages streaming events at once (a thread each while it waits for the "
+        "next event); more wait for one to end. Other pages never wait for them.",
+    )
     session_idle_s: float = Field(12 * 3600.0, gt=0, description="Sign-ins expire after this.")
     log_level: str = "INFO"

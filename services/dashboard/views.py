@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,5 +72,17 @@ def environments(
 
 
 def event_json(event: JobEvent) -> dict[str, Any]:
-    """An event as the job page's script reads it (the SDK's JobEvent fields)."""
-    return dataclasses.asdict(event)
+    """An event as the job page's script reads it (the SDK's JobEvent fields), a non-finite
+    number (a diverged step's NaN loss) as None: the browser's JSON.parse throws on the NaN
+    and Infinity that ``json.dumps`` writes, and the page would drop the whole event."""
+    return _finite_or_none(dataclasses.asdict(event))
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(item) for item in value]
+    return value

@@ -33,7 +33,14 @@ def running_gateway(settings: GatewaySettings) -> Iterator[str]:
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the gateway did not start")
+            server.should_exit = True  # a slow start: not left serving behind the error
+            thread.join(timeout=30)
+            raise RuntimeError(
+                f"the Tinker gateway could not serve on {host_port(settings.host, port)} "
+                "(uvicorn's error above says why; most often another program holds the port): "
+                "free it or choose another (`opentinker up --gateway-port`, "
+                "OPENTINKER_GATEWAY_PORT)"
+            )
         time.sleep(0.05)
     try:
         yield f"http://{host_port(settings.host, port)}"

@@ -7,10 +7,13 @@ with the final 10-step mean reward at or above the threshold it prints.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
@@ -134,9 +137,13 @@ def run_demo(
         def show(event: JobEvent) -> None:
             print_event(console, event, every=10)
 
-        with Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+        request_id = uuid.uuid4().hex  # names the job to the watchdog before fit returns
+        with (
+            Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
+            _cancelled_if_a_service_exits(mesh, client, spec, request_id),
+        ):
             try:
-                job = client.fit(spec, on_event=show)
+                job = client.fit(spec, on_event=show, request_id=request_id)
             except OpenTinkerError as err:
                 console.print(f"[red]demo failed:[/] {err.message}")
                 console.print(f"logs: {mesh.log_dir} and {run_root / 'jobs'}")
@@ -154,3 +161,30 @@ def run_demo(
         return 0
     console.print(f"[red]FAIL[/]: reward {reward:.3f} < threshold {threshold}")
     return 1
+
+
+@contextlib.contextmanager
+def _cancelled_if_a_service_exits(
+    mesh: LocalMesh, client: Client, spec: JobSpec, request_id: str
+) -> Iterator[None]:
+    """While inside: once a service of ``mesh`` has exited, cancel the job ``request_id``
+    submits, naming the service and its log, so that ``fit`` ends; without a worker the job
+    would wait QUEUED, and the demo with it, for ever."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            if dead := mesh.dead_processes():
+                reason = f"{dead[0].name} exited; see {dead[0].log_path}"
+                with contextlib.suppress(OpenTinkerError):  # the scheduler's own exit: fit says
+                    job = client.submit(spec, request_id=request_id)  # the same job, by its id
+                    client.cancel(job.job_id, reason=reason)
+                return
+
+    watchdog = threading.Thread(target=watch, name="demo-watchdog", daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watchdog.join(timeout=10)

@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from opentinker.services.common.launch import wait_for_file
+from opentinker.services.worker.supervisor import with_parent_death_signal
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -51,8 +52,10 @@ class ServiceProcess:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
+        # SIGTERM when this process dies, even by SIGKILL or SIGHUP (a closed terminal), which
+        # run no clean-up: the service shuts down as on `stop` instead of keeping its port.
         process = subprocess.Popen(
-            [sys.executable, "-m", module],
+            with_parent_death_signal([sys.executable, "-m", module], signal.SIGTERM),
             env={**os.environ, **env},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -53,7 +53,7 @@
       timeChart.data.datasets[i].data.push(ev.metrics[name] ?? 0);
     });
     document.getElementById("job-step").textContent = ev.step;
-    if ("reward_mean" in ev.metrics) {
+    if (ev.metrics.reward_mean != null) {  // null: not a finite number (NaN)
       document.getElementById("job-reward").textContent = ev.metrics.reward_mean.toFixed(3);
     }
   }
