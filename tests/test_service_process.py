@@ -72,3 +72,30 @@ def test_a_service_stops_when_its_launcher_is_killed(redis_url: str, tmp_path: P
         launcher.kill()
         if service_pid and _running(service_pid):
             os.kill(service_pid, signal.SIGKILL)
+
+
+def test_a_service_that_does_not_stop_leaves_the_rest_of_the_mesh_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LocalMesh.stop went no further than a service whose stop raised (a process stuck in the
+    kernel outlives SIGKILL's wait; none can be made here, so that one stop is made to raise):
+    every service after it and Redis kept running."""
+    from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+
+    mesh = LocalMesh(MeshSettings(run_root=tmp_path / "mesh", warm_spares=0)).__enter__()
+    stuck = next(p for p in mesh.processes if p.name == "envhub")
+    others = [p for p in mesh.processes if p is not stuck]
+    redis_pid = mesh.redis.pid if mesh.redis is not None else None
+
+    def refuses(**_: object) -> None:
+        raise subprocess.TimeoutExpired("envhub", 5)
+
+    monkeypatch.setattr(stuck, "stop", refuses)
+    try:
+        with pytest.raises(RuntimeError, match=r"but for: envhub"):
+            mesh.stop()
+        assert others and not any(p.alive() for p in others)
+        assert redis_pid and not _running(redis_pid)
+    finally:
+        os.killpg(stuck.process.pid, signal.SIGKILL)
+        stuck.process.wait(timeout=10)

@@ -229,7 +229,17 @@ class LocalMesh:
         return [p for p in self.processes if not p.alive()]
 
     def stop(self) -> None:
+        """Stop every service (the newest first), then Redis. One that does not stop (a
+        process stuck in the kernel outlives even SIGKILL's wait) is logged, the rest are
+        stopped all the same, and a RuntimeError names it at the end."""
+        stuck = []
         for proc in reversed(self.processes):
-            proc.stop()
+            try:
+                proc.stop()
+            except Exception as err:  # noqa: BLE001 - every other service still stops
+                log.warning("service_did_not_stop", service=proc.name, error=repr(err))
+                stuck.append(f"{proc.name} (pid {proc.process.pid}: {err!r})")
         self.processes.clear()
         self._stack.close()
+        if stuck:
+            raise RuntimeError(f"the mesh stopped but for: {', '.join(stuck)}")

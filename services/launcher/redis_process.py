@@ -125,6 +125,11 @@ class RedisProcess:
         return f"redis://{host_port(self.host, self.port)}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The server's pid while started (None before start() and after stop() or kill())."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"
 
@@ -209,7 +214,7 @@ class RedisProcess:
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would; ``start()`` brings it back on the same port and
-        data directory (the append-only file loses at most the last second)."""
+        data directory (the append-only file holds every acknowledged write)."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.kill()
