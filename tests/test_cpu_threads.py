@@ -11,6 +11,7 @@ import torch
 from google.protobuf import json_format
 
 from opentinker.common.v1 import common_pb2
+from opentinker.services.common.cores import cgroup_cpu_quota, usable_cores
 from opentinker.services.common.cpu_share import (
     SHARE_FILE_ENV,
     ThreadShareFile,
@@ -20,6 +21,7 @@ from opentinker.services.common.cpu_share import (
 )
 from opentinker.services.common.launch import SMALL_MODEL_BYTES, LaunchConfig, is_small_model
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.worker import devices
 from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SftConfig, to_proto
 
@@ -32,7 +34,7 @@ def test_the_cores_are_divided_among_the_jobs_running_now(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(devices, "usable_cores", lambda: 16)
     share = cpu_share_of(cpus(4), tmp_path / "share", reserved=0)
     assert share is not None
     assert [share.threads_for(jobs) for jobs in (0, 1, 2, 4, 32)] == [16, 16, 8, 4, 1]
@@ -44,10 +46,10 @@ def test_the_cores_are_divided_among_the_jobs_running_now(
     every_core = [share.threads_for(jobs, reserve=False) for jobs in (1, 2, 4, 32)]
     assert every_core == [16, 8, 4, 1]
     assert share.publish(2) == 7 and share.path.read_text() == "7 8\n"
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # never below one thread
+    monkeypatch.setattr(devices, "usable_cores", lambda: 1)  # never below one thread
     share = cpu_share_of(cpus(1), tmp_path / "share")
     assert share is not None and share.threads_for(1) == 1
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(devices, "usable_cores", lambda: 16)
     share = cpu_share_of(cpus(4), tmp_path / "share", reserved=0)
     assert share is not None
     # Before a process first reads the share it starts with the cores divided among the slots.
@@ -222,3 +224,24 @@ def test_a_job_whose_rollout_plays_ahead_splits_its_share_between_rollout_and_tr
         assert asyncio.run(threads(2)) == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_cores_a_job_shares_are_those_a_cgroup_quota_leaves(tmp_path: Path) -> None:
+    """The worker divided os.cpu_count() among its jobs: in a container limited to 4 CPUs of a
+    64-core host each job took 64 threads, throttled by the quota. The share now starts from
+    the CPU affinity capped by the cgroup's quota (v2 cpu.max, v1 cfs quota/period)."""
+    affinity = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("50000 100000\n")  # half a CPU: one core
+    assert cgroup_cpu_quota(v2) == 0.5 and usable_cores(v2) == 1
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(v2) is None and usable_cores(v2) == affinity
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("150000\n")
+    assert cgroup_cpu_quota(v1.parent) == 1.5 and usable_cores(v1.parent) == min(affinity, 2)
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert usable_cores(v1.parent) == affinity
+    assert usable_cores(tmp_path / "none") == affinity

@@ -8,12 +8,12 @@ one worker agent, each its own process. The worker starts a trainer and a rollou
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from opentinker.services.common.cores import usable_cores
 from opentinker.services.launcher.local_user import ensure_local_user_key
 from opentinker.services.launcher.processes import ServiceProcess
 from opentinker.services.launcher.redis_process import RedisProcess
@@ -39,7 +39,7 @@ class MeshSettings(BaseModel):
     # scheduler), so one job per core keeps the cores busy with no job starved below a core on
     # average; more slots than cores only adds contention and memory (each job holds two copies
     # of its model). A 2-core machine gets 2.
-    cpu_slots: int = Field(default_factory=lambda: min(4, max(1, os.cpu_count() or 1)), ge=1)
+    cpu_slots: int = Field(default_factory=lambda: min(4, usable_cores()), ge=1)
     # Warm spare process pairs per recently used base model on the worker (0 = cold starts).
     warm_spares: int = Field(1, ge=0)
     # LoRA RL jobs of one base model share one rollout engine on the worker, up to this many

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import structlog
 
+from opentinker.services.common.cores import usable_cores
 from opentinker.services.common.cpu_share import SHARE_FILE_ENV, ThreadShareFile
 from opentinker.services.worker.settings import WorkerSettings
 
@@ -68,7 +69,7 @@ def cpu_share_of(devices: list[Device], path: Path, *, reserved: int = 1) -> Thr
     or the operator set OMP_NUM_THREADS."""
     if not any(d.kind == "cpu" for d in devices) or "OMP_NUM_THREADS" in os.environ:
         return None
-    return ThreadShareFile(path.resolve(), cores=os.cpu_count() or 1, reserved=reserved)
+    return ThreadShareFile(path.resolve(), cores=usable_cores(), reserved=reserved)
 
 
 def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:
