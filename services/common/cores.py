@@ -30,8 +30,8 @@ def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+        quota_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
