@@ -4,6 +4,7 @@ Who may touch a Tinker session, and how malformed requests are answered."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,3 +212,26 @@ def test_a_gateway_on_a_taken_port_says_which_and_the_fix(identities, tmp_path: 
         expected = rf"127\.0\.0\.1:{port}.*--gateway-port"
         with pytest.raises(RuntimeError, match=expected), running_gateway(settings):
             pass
+
+
+def test_a_key_check_that_cannot_reach_the_scheduler_keeps_no_channel_open() -> None:
+    """The key check made a client (a gRPC channel) for a key it had not seen, and closed it
+    only when the key was refused: while the scheduler was away every request left one open."""
+    import asyncio
+
+    from opentinker.errors import UnavailableError
+    from opentinker.services.gateway.tenancy import Tenancy
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"  # nothing listens there
+    tenancy = Tenancy(address, cache_s=60, timeout=2.0)
+    made = []
+    make = tenancy._client
+    tenancy._client = lambda key: made.append(make(key)) or made[-1]  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError):
+        asyncio.run(tenancy.caller("tml-otk_never_seen"))
+    [client] = made
+    with pytest.raises(ValueError, match="closed channel"):
+        client.whoami(timeout=1)
+    tenancy.close()

@@ -49,6 +49,10 @@ class Tenancy:
             self._callers.pop(key, None)
             client.close()
             raise
+        except Exception:  # the scheduler away, say: a client made for this check goes too
+            if known is None:
+                client.close()
+            raise
         caller = Caller(key, principal.tenant_id, client, time.monotonic())
         self._callers[key] = caller
         return caller
