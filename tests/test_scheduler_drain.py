@@ -15,6 +15,7 @@ from async_guard import run
 from scheduler_helpers import (
     ALLOCATING,
     CANCELLED,
+    FAILED,
     QUEUED,
     RPC_TIMEOUT_S,
     RUNNING,
@@ -252,5 +253,40 @@ def test_a_worker_closing_without_jobs_stopped_still_drains(redis_url: str) -> N
                 assert lease.job_id == job_id and lease.drain is not None
                 placed = await wait_for_state(mesh.stub, job_id, ALLOCATING)  # once it lapsed
                 assert placed.attempt == 2
+
+    run(main)
+
+
+def test_an_exit_reported_while_a_lapsed_lease_is_being_held_ends_the_hold(
+    redis_url: str,
+) -> None:
+    """The lapsed-lease sweep forgot the worker's run of the attempt before it marked the lease
+    draining: an exit reported in between found neither the run nor a drain to end, so the
+    lease then drained for an attempt already gone, until drain_timeout_s (60 s). Here the
+    exit is reported just as the hold is about to be written."""
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url, lease_ttl_s=5.0) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
+        ):
+            job_id = await _running(mesh, w, "job")
+            drains = mesh.running.scheduler._drains
+            hold = drains.hold
+
+            async def exit_first(*args, **kwargs) -> None:  # the exit wins the race
+                failed = scheduler_pb2.JobExited(job_id=job_id, attempt=1, exit_code=1)
+                await w.send(exited=failed)
+                await wait_for_state(mesh.stub, job_id, FAILED)
+                await hold(*args, **kwargs)
+
+            drains.hold = exit_first
+            client = aioredis.Redis.from_url(redis_url)
+            await client.delete("ot:ledger:device:w1/cpu:0")  # as if its TTL ran out
+            await client.aclose()
+            deadline = time.monotonic() + 3.0
+            while leases := await mesh.running.stores.ledger.leases("w1"):
+                assert time.monotonic() < deadline, f"still held for the exited attempt: {leases}"
+                await asyncio.sleep(0.1)
 
     run(main)

@@ -257,14 +257,15 @@ class WorkerRecovery:
         reason = "lease lapsed; job re-queued"
         session = self._sessions.get(lease.worker_id)
         runs = []
-        if session is not None:  # forgotten before the re-queue may place the job again
+        if session is not None:
             runs = [k for k, i in session.running.items() if i == lease.lease_id]
-            for key in runs:
-                del session.running[key]
-        if runs:
+        if runs:  # held before its runs are forgotten: an exit meanwhile still releases it
             await self._drains.hold(lease, runs[0][1], reason)
         else:
             await self._ledger.release(lease.lease_id)
+        if session is not None:  # forgotten before the re-queue may place the job again
+            for key in runs:
+                session.running.pop(key, None)
         await self._requeue(lease.job_id, lease.worker_id)
         if session is not None:
             for _, attempt in runs:
