@@ -148,3 +148,25 @@ def test_the_services_can_write_their_named_volumes(compose) -> None:
             source, target, *mode = str(volume).split(":")
             if source in compose.volumes and mode != ["ro"]:
                 assert target in owned, f"{name}: {target} is not made and owned by {user}"
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration ('1m30s', '45s') in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_the_worker_has_time_to_stop_its_jobs_before_docker_kills_it(compose) -> None:
+    """On SIGTERM the agent stops its jobs (trainer, then rollout, each up to stop_grace_s)
+    and only then says it closes (its send and the scheduler's answer, up to connect_timeout_s
+    each); Docker SIGKILLs it after stop_grace_period (10 s unless set), before that `closing`."""
+    from opentinker.services.worker.settings import WorkerSettings
+
+    fields = WorkerSettings.model_fields
+    stop_grace_s = fields["stop_grace_s"].default
+    connect_timeout_s = fields["connect_timeout_s"].default
+    period = compose.services["worker"].stop_grace_period
+    assert period is not None, "worker: no stop_grace_period (Docker's 10 s)"
+    assert _seconds(period) >= 2 * stop_grace_s + 2 * connect_timeout_s, period
