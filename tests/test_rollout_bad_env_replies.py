@@ -33,6 +33,11 @@ pytestmark = pytest.mark.integration
 LIMIT = 16384  # RolloutSettings.max_observation_chars' default
 
 
+def caller_id(episode_id: str) -> str:
+    """The rollout's episode id: EnvHub sends it under its stream's prefix ("<stream>/<id>")."""
+    return episode_id.rpartition("/")[2]
+
+
 class RawEnv(environment_pb2_grpc.EnvironmentServiceServicer):
     """An env with no SDK and no checks; misbehaves as its episode id's prefix says."""
 
@@ -42,12 +47,12 @@ class RawEnv(environment_pb2_grpc.EnvironmentServiceServicer):
         )
 
     async def Reset(self, request, context):  # noqa: N802
-        if request.episode_id.startswith("missing"):
+        if caller_id(request.episode_id).startswith("missing"):
             return environment_pb2.ResetResponse()  # neither system prompt nor observation
         return environment_pb2.ResetResponse(system_prompt="Say anything.", observation="Go.")
 
     async def Step(self, request, context):  # noqa: N802
-        kind = request.episode_id.split("-")[0]
+        kind = caller_id(request.episode_id).split("-")[0]
         if kind == "raise":
             raise RuntimeError("the raw env fell over")
         reward = {"nan": math.nan, "inf": math.inf}.get(kind, 1.0)
