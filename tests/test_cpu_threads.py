@@ -235,6 +235,9 @@ def test_the_cores_a_job_shares_are_those_a_cgroup_quota_leaves(tmp_path: Path) 
     v2.mkdir()
     (v2 / "cpu.max").write_text("50000 100000\n")  # half a CPU: one core
     assert cgroup_cpu_quota(v2) == 0.5 and usable_cores(v2) == 1
+    for garbled in ("100000 0\n", "0 100000\n", "half\n", ""):  # no quota, and no crash
+        (v2 / "cpu.max").write_text(garbled)
+        assert usable_cores(v2) == affinity, garbled
     (v2 / "cpu.max").write_text("max 100000\n")
     assert cgroup_cpu_quota(v2) is None and usable_cores(v2) == affinity
     v1 = tmp_path / "v1" / "cpu"

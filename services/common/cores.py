@@ -26,8 +26,11 @@ def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT) -> float | None:
     """CPUs the cgroup's quota allows (1.5 = one and a half), None without a quota."""
     try:
         limit, period = (cgroup_root / "cpu.max").read_text().split()[:2]
-        return None if limit == "max" else int(limit) / int(period)
-    except (OSError, ValueError):
+        if limit == "max":
+            return None
+        quota, length = int(limit), int(period)
+        return quota / length if quota > 0 and length > 0 else None
+    except (OSError, ValueError):  # no such file, or not two numbers: no quota read there
         pass
     try:
         quota_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
