@@ -337,3 +337,35 @@ def test_jobs_are_stopped_once_no_scheduler_was_reachable_for_the_orphan_grace(
                 assert again.attempt == 2
 
     run(main)
+
+
+def test_a_job_waits_for_the_processes_an_orphaned_attempt_left_on_its_device(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The agent stopped an attempt itself (no scheduler for the orphan grace), which the
+    scheduler never hears of: back, it re-queues the job and places it on the same device at
+    once. The new attempt starts only once the old one's processes (3 s to stop) are gone."""
+
+    async def main() -> None:
+        scheduler_settings, settings = restartable(
+            tmp_path, redis_url, devices=["cpu:0"], orphan_grace_s=0.5, stop_grace_s=6
+        )
+        async with running_agent(settings) as agent:
+            async with serving(scheduler_settings, agent) as (_, stub):
+                job = await submit(stub, "slower-stop")
+                await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+                first = settings.run_root / job.job_id / "attempt-1"
+                await wait_until(lambda: (first / "trainer.slow").exists())
+            await wait_until(lambda: (first / "trainer.stopping").exists(), timeout_s=8)
+            async with serving(scheduler_settings, agent) as (_, stub):
+                again = await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+                assert again.attempt == 2
+                second = settings.run_root / job.job_id / "attempt-2"
+                await wait_until(lambda: (second / "rollout.pid").exists(), timeout_s=10)
+                started = (second / "rollout.pid").stat().st_mtime
+                stopped = first / "trainer.stopped"
+                assert stopped.exists(), "attempt 2 started while attempt 1 was still stopping"
+                assert started >= float(stopped.read_text()), "attempt 2 started beside attempt 1"
+                assert not any(alive(pid) for pid in pids(first))
+
+    run(main)

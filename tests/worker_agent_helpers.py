@@ -72,9 +72,15 @@ config = LaunchConfig.read(Path(sys.argv[sys.argv.index("--launch") + 1]))
 job = config.job
 write_atomic(config.run_dir / "trainer.pid", str(os.getpid()))
 name = job.spec.name
-if name == "slow-stop":  # outlives a SIGTERM by a second, as a trainer saving its state does
+if name in ("slow-stop", "slower-stop"):  # outlives a SIGTERM, as a trainer saving its state
     import signal
-    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))
+    def on_sigterm(*_):  # says when its stop began and when it ended
+        (config.run_dir / "trainer.stopping").write_text(str(time.time()))
+        time.sleep(1.0 if name == "slow-stop" else 3.0)
+        (config.run_dir / "trainer.stopped").write_text(str(time.time()))
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     (config.run_dir / "trainer.slow").write_text("SIGTERM handled")
 if name == "trainer-dies-early":  # before it needs the rollout, which is not ready yet
     print("ValueError: could not load the policy", file=sys.stderr)

@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,7 +25,13 @@ from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.worker.devices import Device, cpu_share_of, cpu_thread_env
+from opentinker.services.worker.device_handover import holders_of, run_when_free
+from opentinker.services.worker.devices import (
+    Device,
+    cpu_share_of,
+    cpu_share_path,
+    cpu_thread_env,
+)
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.rendezvous import rendezvous_env
@@ -56,7 +60,7 @@ class WorkerAgent:
         # Job processes' share of the CPU: (cores - reserved) // jobs running now, re-published
         # on each launch and exit (cpu_share.py).
         self._cpu_share = cpu_share_of(
-            devices, _share_path(settings), reserved=settings.cpu_cores_reserved
+            devices, cpu_share_path(settings), reserved=settings.cpu_cores_reserved
         )
         self._thread_env = cpu_thread_env(devices, self._cpu_share)
         self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
@@ -155,7 +159,8 @@ class WorkerAgent:
             extra_env={**self._thread_env, **rendezvous_env(launch)},
             shared=self.shared_rollouts,
         )
-        task = asyncio.create_task(self._run_and_report(key, run))
+        holders = holders_of(run.device_ids, self.held.runs)  # an earlier attempt stopping
+        task = asyncio.create_task(self._run_and_report(key, run, holders))
         self.held.runs[key] = HeldRun(run, task)
         self._share_cpu()
 
@@ -181,9 +186,11 @@ class WorkerAgent:
                 launched = scheduler_pb2.JobLaunched(job_id=key[0], attempt=key[1])
                 await connection.send(launched=launched)
 
-    async def _run_and_report(self, key: tuple[str, int], run: JobRun) -> None:
+    async def _run_and_report(
+        self, key: tuple[str, int], run: JobRun, holders: list[HeldRun]
+    ) -> None:
         try:
-            outcome = await run.run()
+            outcome = await run_when_free(run, holders)
         except Exception as err:  # a launch problem (bad command, disk full) fails the attempt
             run.log.exception("job_run_failed")
             outcome = Exit(-1, f"worker could not run the job: {err!r}")
@@ -384,12 +391,6 @@ class _Connection:
         self.call.cancel()
         with contextlib.suppress(Exception):  # bounded: a stuck channel must not hold us
             await asyncio.wait_for(self.channel.close(), self.settings.connect_timeout_s)
-
-
-def _share_path(settings: WorkerSettings) -> Path:
-    """One share file per worker (several may run on one machine, e.g. in tests)."""
-    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.worker_id)
-    return settings.run_root / f".cpu-threads-{safe_id}"
 
 
 def _describe(err: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,12 @@ def cpu_share_of(devices: list[Device], path: Path, *, reserved: int = 1) -> Thr
     if not any(d.kind == "cpu" for d in devices) or "OMP_NUM_THREADS" in os.environ:
         return None
     return ThreadShareFile(path.resolve(), cores=usable_cores(), reserved=reserved)
+
+
+def cpu_share_path(settings: WorkerSettings) -> Path:
+    """One share file per worker (several may run on one machine, e.g. in tests)."""
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.worker_id)
+    return settings.run_root / f".cpu-threads-{safe_id}"
 
 
 def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:

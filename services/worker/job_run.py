@@ -92,6 +92,13 @@ class JobRun:
             self._stop_reason = reason
         self._stopped.set()
 
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason
+
+    async def until_stopped(self) -> None:
+        await self._stopped.wait()
+
     async def run(self) -> Exit:
         try:
             return await self._run()
