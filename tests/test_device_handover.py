@@ -8,13 +8,16 @@ does with a stop that comes meanwhile and with runs on other devices.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from pathlib import Path
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.worker.device_handover import holders_of, run_when_free
+from opentinker.services.worker.device_handover import holders_of, run_when_free, until_free
 from opentinker.services.worker.held import HeldRun
 from opentinker.services.worker.job_run import JobRun
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.shared_rollouts import SharedRollouts
 
 
 def _run(tmp_path: Path, job_id: str, devices: list[str]) -> JobRun:
@@ -34,13 +37,21 @@ def _run(tmp_path: Path, job_id: str, devices: list[str]) -> JobRun:
 def test_only_runs_on_a_shared_device_are_waited_for(tmp_path: Path) -> None:
     async def main() -> None:
         forever = asyncio.create_task(asyncio.sleep(3600))
+        ended = asyncio.create_task(asyncio.sleep(0))
         runs = {
             ("a", 1): HeldRun(_run(tmp_path, "a", ["h/cuda:0", "h/cuda:1"]), forever),
             ("b", 1): HeldRun(_run(tmp_path, "b", ["h/cuda:2"]), forever),
+            ("c", 1): HeldRun(_run(tmp_path, "c", ["h/cuda:3"]), ended),
         }
-        assert [h.run.job.job_id for h in holders_of(["h/cuda:1"], runs)] == ["a"]
-        assert [h.run.job.job_id for h in holders_of(["h/cuda:2", "h/cuda:3"], runs)] == ["b"]
-        assert holders_of(["h/cuda:3"], runs) == []
+        await ended
+
+        def holders(devices: list[str]) -> list[str]:
+            return sorted(holders_of(_run(tmp_path, "new", devices), runs, None))
+
+        assert holders(["h/cuda:1"]) == ["a/1"]
+        assert holders(["h/cuda:0", "h/cuda:2"]) == ["a/1", "b/1"]
+        assert holders(["h/cuda:3"]) == []  # its run has ended
+        assert holders(["h/cuda:4"]) == []
         forever.cancel()
 
     asyncio.run(main())
@@ -51,9 +62,8 @@ def test_a_stop_while_waiting_ends_the_attempt_unstarted_and_leaves_the_holder_r
 ) -> None:
     async def main() -> None:
         holder_task = asyncio.create_task(asyncio.sleep(3600))
-        holder = HeldRun(_run(tmp_path, "old", ["h/cuda:0"]), holder_task)
         new = _run(tmp_path, "new", ["h/cuda:0"])
-        waiting = asyncio.create_task(run_when_free(new, [holder]))
+        waiting = asyncio.create_task(run_when_free(new, {"old/1": holder_task}))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # the old run still holds the device
         new.stop("cancelled by the user")
@@ -62,5 +72,70 @@ def test_a_stop_while_waiting_ends_the_attempt_unstarted_and_leaves_the_holder_r
         assert not (new.run_dir / "launch.json").exists()  # nothing was started
         assert not holder_task.done()  # waiting never cancels the holder
         holder_task.cancel()
+
+    asyncio.run(main())
+
+
+STAND_IN_SHARED_ROLLOUT = """
+import sys, time
+from pathlib import Path
+from opentinker.services.common.launch import write_atomic
+write_atomic(Path(sys.argv[sys.argv.index("--addr-file") + 1]), "127.0.0.1:1")
+time.sleep(3600)
+"""
+
+
+def _job(
+    job_id: str, finetune: common_pb2.FinetuneMode, base_model: str = "base-a"
+) -> common_pb2.Job:
+    job = common_pb2.Job(job_id=job_id, attempt=1)
+    job.spec.kind = common_pb2.JOB_KIND_RL
+    job.spec.model.base_model = base_model
+    job.spec.model.finetune = finetune
+    return job
+
+
+def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
+    tmp_path: Path,
+) -> None:
+    """Job a (LoRA) started the shared rollout on cuda:0 and ended; b, on cuda:1, still uses
+    it. A full fine-tuning job placed on cuda:0 waits until the rollout stops (b leaves); a
+    LoRA job of the same base there would join it and does not wait; on CPU nothing waits."""
+    script = tmp_path / "shared_rollout.py"
+    script.write_text(STAND_IN_SHARED_ROLLOUT)
+    settings = WorkerSettings(
+        run_root=tmp_path,
+        worker_id="w",
+        devices=["cuda:0", "cuda:1"],
+        rollout_command=[sys.executable, str(script)],
+        shared_lora_capacity=4,
+        stop_grace_s=1,
+    )
+
+    async def main() -> None:
+        shared = SharedRollouts(settings, env=dict(os.environ))
+        lora = common_pb2.FINETUNE_MODE_LORA
+        assert await shared.join("a", "base-a", device_ids=["h/cuda:0"]) is not None
+        assert await shared.join("b", "base-a", device_ids=["h/cuda:1"]) is not None
+        await shared.leave("a", "base-a")  # the rollout lives on for b, on a's GPU
+        full = _run(tmp_path, "c", ["h/cuda:0"])
+        full.job.CopyFrom(_job("c", common_pb2.FINETUNE_MODE_FULL))
+        holders = holders_of(full, {}, shared)
+        assert sorted(holders) == ["shared rollout of base-a"]
+        assert holders_of(_run(tmp_path, "d", ["h/cuda:2"]), {}, shared) == {}
+        joiner = _run(tmp_path, "e", ["h/cuda:0"])
+        joiner.job.CopyFrom(_job("e", lora))
+        assert holders_of(joiner, {}, shared) == {}  # it joins the rollout instead
+        other_base = _run(tmp_path, "f", ["h/cuda:0"])
+        other_base.job.CopyFrom(_job("f", lora, base_model="base-b"))
+        assert sorted(holders_of(other_base, {}, shared)) == ["shared rollout of base-a"]
+
+        waiting = asyncio.create_task(until_free(full, list(holders.values())))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await shared.leave("b", "base-a")  # the last job out stops the rollout
+        assert await asyncio.wait_for(waiting, 5) is True
+        assert holders_of(full, {}, shared) == {}
+        await shared.close()
 
     asyncio.run(main())

@@ -25,7 +25,7 @@ from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.worker.device_handover import holders_of, run_when_free
+from opentinker.services.worker.device_handover import Holders, holders_of, run_when_free
 from opentinker.services.worker.devices import (
     Device,
     cpu_share_of,
@@ -159,7 +159,7 @@ class WorkerAgent:
             extra_env={**self._thread_env, **rendezvous_env(launch)},
             shared=self.shared_rollouts,
         )
-        holders = holders_of(run.device_ids, self.held.runs)  # an earlier attempt stopping
+        holders = holders_of(run, self.held.runs, self.shared_rollouts)  # e.g. still stopping
         task = asyncio.create_task(self._run_and_report(key, run, holders))
         self.held.runs[key] = HeldRun(run, task)
         self._share_cpu()
@@ -186,9 +186,7 @@ class WorkerAgent:
                 launched = scheduler_pb2.JobLaunched(job_id=key[0], attempt=key[1])
                 await connection.send(launched=launched)
 
-    async def _run_and_report(
-        self, key: tuple[str, int], run: JobRun, holders: list[HeldRun]
-    ) -> None:
+    async def _run_and_report(self, key: tuple[str, int], run: JobRun, holders: Holders) -> None:
         try:
             outcome = await run_when_free(run, holders)
         except Exception as err:  # a launch problem (bad command, disk full) fails the attempt

@@ -11,7 +11,9 @@ On a GPU node the shared rollout is started on the GPUs of the job that starts i
 when vllm is installed); the jobs that join it may hold other GPUs of the node (their trainers
 reach it over gRPC). Its LoRA slots are sized for ``shared_lora_max_rank``: a job of a larger
 rank gets a private rollout, and so does a job whose lease is of another kind (CPU or GPU)
-than the engine's. Each job's trainer still talks to it with the job's own
+than the engine's. The shared rollout outlives the job that started it while others use it,
+and the ledger frees that job's GPUs when it ends: a job placed there that would not join it
+waits until it stops (``hosting``, device_handover.py). Each job's trainer still talks to it with the job's own
 token, and the rollout lets a token reach only its own job's adapter and trajectories.
 
 The scheduler is not involved: it leases devices as before, and sharing happens among the jobs
@@ -61,7 +63,15 @@ class _Engine:
     process: ManagedProcess
     address: str
     kind: str  # "cpu" or "cuda": the devices it runs on
+    device_ids: list[str]  # those of the job that started it
     jobs: set[str] = field(default_factory=set)
+    gone: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )  # done once its process has ended
+
+    def ended(self) -> None:
+        if not self.gone.done():
+            self.gone.set_result(None)
 
 
 class SharedRollouts:
@@ -78,6 +88,25 @@ class SharedRollouts:
         """The jobs on the shared engine of ``base_model`` (for people and tests)."""
         engine = self._engines.get(base_model)
         return sorted(engine.jobs) if engine else []
+
+    def hosting(
+        self, job: common_pb2.Job, device_ids: list[str]
+    ) -> dict[str, asyncio.Future[None]]:
+        """The shared GPU rollouts on any of ``device_ids`` that ``job`` would not join (it is
+        not a LoRA job of their base model), each with a future done once it has stopped: it
+        holds its GPUs' memory until then (device_handover.py). CPU ones hold no memory that
+        a job would miss."""
+        wanted = set(device_ids)
+        return {
+            f"shared rollout of {engine.base_model}": engine.gone
+            for engine in self._engines.values()
+            if engine.kind == "cuda"
+            and engine.process.running
+            and wanted & set(engine.device_ids)
+            and not (
+                shares_engine(job, device_ids) and job.spec.model.base_model == engine.base_model
+            )
+        }
 
     async def join(
         self, job_id: str, base_model: str, *, device_ids: list[str], rank: int = 0
@@ -99,6 +128,7 @@ class SharedRollouts:
                     "shared_rollout_died", base_model=base_model, log=str(engine.process.log_path)
                 )
                 del self._engines[base_model]
+                engine.ended()
                 engine = None
             if engine is None:
                 engine = await self._start(base_model, kind, device_ids)
@@ -128,6 +158,7 @@ class SharedRollouts:
                 return
             del self._engines[base_model]
         await engine.process.terminate(self.settings.stop_grace_s)
+        engine.ended()
         log.info("shared_rollout_stopped", base_model=base_model)
 
     async def close(self) -> None:
@@ -135,6 +166,7 @@ class SharedRollouts:
             engines, self._engines = list(self._engines.values()), {}
         for engine in engines:
             await engine.process.terminate(self.settings.stop_grace_s)
+            engine.ended()
 
     async def _start(self, base_model: str, kind: str, device_ids: list[str]) -> _Engine | None:
         digest = hashlib.sha256(base_model.encode()).hexdigest()[:12]
@@ -178,4 +210,4 @@ class SharedRollouts:
             gone.set()
             exited.cancel()
         log.info("shared_rollout_started", base_model=base_model, address=address, pid=process.pid)
-        return _Engine(base_model, process, address, kind)
+        return _Engine(base_model, process, address, kind, list(device_ids))
