@@ -100,7 +100,8 @@ def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
 ) -> None:
     """Job a (LoRA) started the shared rollout on cuda:0 and ended; b, on cuda:1, still uses
     it. A full fine-tuning job placed on cuda:0 waits until the rollout stops (b leaves); a
-    LoRA job of the same base there would join it and does not wait; on CPU nothing waits."""
+    LoRA job of the same base there would join it and does not wait. While a job waits, the
+    rollout takes no new jobs, so the wait ends with the jobs it has."""
     script = tmp_path / "shared_rollout.py"
     script.write_text(STAND_IN_SHARED_ROLLOUT)
     settings = WorkerSettings(
@@ -133,9 +134,14 @@ def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
         waiting = asyncio.create_task(until_free(full, list(holders.values())))
         await asyncio.sleep(0.1)
         assert not waiting.done()
+        # Closed to new jobs meanwhile (a private rollout for them): the wait ends with b.
+        assert await shared.join("g", "base-a", device_ids=["h/cuda:3"]) is None
+        assert shared.serving("base-a") == ["b"]
         await shared.leave("b", "base-a")  # the last job out stops the rollout
         assert await asyncio.wait_for(waiting, 5) is True
         assert holders_of(full, {}, shared) == {}
+        assert await shared.join("g", "base-a", device_ids=["h/cuda:3"]) is not None  # anew
+        assert shared.serving("base-a") == ["g"]
         await shared.close()
 
     asyncio.run(main())

@@ -12,7 +12,8 @@ The next dispatch round may place a job there; on a GPU, a CUDA out-of-memory, o
 ``gpu_memory_utilization`` against memory not yet freed. The worker knows what its processes
 hold, so it starts an attempt only once every earlier run on any of its devices has ended, and
 any shared GPU rollout there has stopped, unless the attempt may join that rollout itself (a
-LoRA job of its base). A stop that comes meanwhile ends the attempt unstarted.
+LoRA job of its base; that rollout then takes no new jobs, so the wait ends with the jobs it
+has). A stop that comes meanwhile ends the attempt unstarted.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def holders_of(
         if wanted & set(held.run.device_ids)
     }
     if shared is not None:
-        holders.update(shared.hosting(run.job, run.device_ids))
+        holders.update(shared.make_way(run.job, run.device_ids))
     return {name: done for name, done in holders.items() if not done.done()}
 
 

@@ -13,7 +13,8 @@ reach it over gRPC). Its LoRA slots are sized for ``shared_lora_max_rank``: a jo
 rank gets a private rollout, and so does a job whose lease is of another kind (CPU or GPU)
 than the engine's. The shared rollout outlives the job that started it while others use it,
 and the ledger frees that job's GPUs when it ends: a job placed there that would not join it
-waits until it stops (``hosting``, device_handover.py). Each job's trainer still talks to it with the job's own
+waits until it stops, and it takes no new jobs meanwhile (``make_way``, device_handover.py).
+Each job's trainer still talks to it with the job's own
 token, and the rollout lets a token reach only its own job's adapter and trajectories.
 
 The scheduler is not involved: it leases devices as before, and sharing happens among the jobs
@@ -65,6 +66,7 @@ class _Engine:
     kind: str  # "cpu" or "cuda": the devices it runs on
     device_ids: list[str]  # those of the job that started it
     jobs: set[str] = field(default_factory=set)
+    closed: bool = False  # to new jobs: a job waits for its GPUs (make_way)
     gone: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )  # done once its process has ended
@@ -89,16 +91,18 @@ class SharedRollouts:
         engine = self._engines.get(base_model)
         return sorted(engine.jobs) if engine else []
 
-    def hosting(
+    def make_way(
         self, job: common_pb2.Job, device_ids: list[str]
     ) -> dict[str, asyncio.Future[None]]:
         """The shared GPU rollouts on any of ``device_ids`` that ``job`` would not join (it is
         not a LoRA job of their base model), each with a future done once it has stopped: it
-        holds its GPUs' memory until then (device_handover.py). CPU ones hold no memory that
-        a job would miss."""
+        holds its GPUs' memory until then (device_handover.py). Each is closed to new jobs
+        (they get private rollouts), so that it ends with the jobs it has and the wait is
+        bounded; a new shared rollout starts after it. CPU ones hold no memory a job would
+        miss."""
         wanted = set(device_ids)
-        return {
-            f"shared rollout of {engine.base_model}": engine.gone
+        in_the_way = [
+            engine
             for engine in self._engines.values()
             if engine.kind == "cuda"
             and engine.process.running
@@ -106,7 +110,13 @@ class SharedRollouts:
             and not (
                 shares_engine(job, device_ids) and job.spec.model.base_model == engine.base_model
             )
-        }
+        ]
+        for engine in in_the_way:
+            if not engine.closed:
+                engine.closed = True
+                log.info("shared_rollout_closed_to_new_jobs", base_model=engine.base_model,
+                         jobs=sorted(engine.jobs), for_job=job.job_id)  # fmt: skip
+        return {f"shared rollout of {engine.base_model}": engine.gone for engine in in_the_way}
 
     async def join(
         self, job_id: str, base_model: str, *, device_ids: list[str], rank: int = 0
@@ -137,6 +147,9 @@ class SharedRollouts:
                 self._engines[base_model] = engine
             if engine.kind != kind:
                 log.info("shared_rollout_other_devices", base_model=base_model, kind=engine.kind)
+                return None
+            if engine.closed:
+                log.info("shared_rollout_closed", base_model=base_model, jobs=len(engine.jobs))
                 return None
             if len(engine.jobs) >= self.capacity:
                 log.info("shared_rollout_full", base_model=base_model, jobs=len(engine.jobs))
