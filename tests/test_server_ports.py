@@ -197,3 +197,13 @@ def test_a_mesh_on_an_ipv6_host_says_addresses_a_channel_and_a_browser_can_use(
             with grpc.insecure_channel(address) as channel:
                 grpc.channel_ready_future(channel).result(timeout=10)
         assert mesh.dashboard_url.startswith("http://[::1]:"), mesh.dashboard_url
+
+
+def test_the_mesh_gives_its_redis_the_startup_timeout(tmp_path: Path) -> None:
+    """MeshSettings.startup_timeout_s reaches the embedded Redis too (it had a fixed 10 s: a
+    Redis loading a large append-only file on a restarted run root failed the mesh's start)."""
+    with (
+        pytest.raises(TimeoutError, match=r"did not answer PING within 0\.001 s"),
+        LocalMesh(MeshSettings(run_root=tmp_path, startup_timeout_s=0.001)),
+    ):
+        pass

@@ -79,7 +79,8 @@ class LocalMesh:
     def start(self) -> None:
         s = self.settings
         if not self.redis_url:
-            self.redis = self._stack.enter_context(RedisProcess(self.run_root / "redis"))
+            redis = RedisProcess(self.run_root / "redis", start_timeout_s=s.startup_timeout_s)
+            self.redis = self._stack.enter_context(redis)
             self.redis_url = self.redis.url
         log.info("mesh.redis", url=self.redis_url)
         common = {"OPENTINKER_REDIS_URL": self.redis_url, "OPENTINKER_HOST": s.host}

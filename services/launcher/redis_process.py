@@ -196,7 +196,7 @@ class RedisProcess:
         self.stop()
         raise TimeoutError(
             f"redis-server on {self.host}:{self.port} did not answer PING within "
-            f"{self.start_timeout_s:.0f} s; see {self.log_path}"
+            f"{self.start_timeout_s:g} s; see {self.log_path}"
         )
 
     def stop(self) -> None:
