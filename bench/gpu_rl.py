@@ -107,13 +107,13 @@ def run_job(args: argparse.Namespace) -> Run:
         LocalMesh(MeshSettings(run_root=root / "mesh", warm_spares=0)) as mesh,
         opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key) as client,
     ):
-        # Room for a batch played and the next one reset ahead: at serve's default (64) the
-        # fourth lease's 128-episode steps played in two waves, waiting for slots
+        # No cap on live episodes (a batch played and the next reset ahead): at serve's default
+        # (64) the fourth lease's 128-episode steps played in two waves, waiting for slots
         env = serve(
             VisibleText,
             envhub_address=mesh.envhub_address,
             api_key=mesh.api_key,
-            capacity=2 * args.prompts * args.samples,
+            capacity=0,
             block=False,
         )
         submitted = time.monotonic()
