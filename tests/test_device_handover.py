@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.worker.device_handover import holders_of, run_when_free, until_free
 from opentinker.services.worker.held import HeldRun
 from opentinker.services.worker.job_run import JobRun
@@ -63,9 +64,21 @@ def test_a_stop_while_waiting_ends_the_attempt_unstarted_and_leaves_the_holder_r
     async def main() -> None:
         holder_task = asyncio.create_task(asyncio.sleep(3600))
         new = _run(tmp_path, "new", ["h/cuda:0"])
-        waiting = asyncio.create_task(run_when_free(new, {"old/1": holder_task}))
+        said: list[object] = []
+
+        async def say(**payload: object) -> None:
+            said.append(payload["waiting"])
+
+        waiting = asyncio.create_task(run_when_free(new, {"old/1": holder_task}, say=say))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # the old run still holds the device
+        assert said == [
+            scheduler_pb2.JobWaiting(
+                job_id="new",
+                attempt=1,
+                reason="waiting for its devices (h/cuda:0), still held here by old/1",
+            )
+        ]
         new.stop("cancelled by the user")
         outcome = await asyncio.wait_for(waiting, 5)
         assert (outcome.exit_code, outcome.reason) == (-1, "stopped: cancelled by the user")

@@ -367,5 +367,19 @@ def test_a_job_waits_for_the_processes_an_orphaned_attempt_left_on_its_device(
                 assert stopped.exists(), "attempt 2 started while attempt 1 was still stopping"
                 assert started >= float(stopped.read_text()), "attempt 2 started beside attempt 1"
                 assert not any(alive(pid) for pid in pids(first))
+                # The wait was said in the job's events (JobWaiting), naming what held the device.
+                await stub.CancelJob(
+                    scheduler_pb2.CancelJobRequest(job_id=job.job_id), timeout=RPC_TIMEOUT_S
+                )
+                request = scheduler_pb2.WatchJobRequest(job_id=job.job_id)
+                lines = [
+                    r.event.log.message
+                    async for r in stub.WatchJob(request, timeout=RPC_TIMEOUT_S)
+                    if r.event.HasField("log")
+                ]
+                waits = [line for line in lines if line.startswith("waiting for its devices")]
+                assert waits == [
+                    f"waiting for its devices (testhost/cpu:0), still held here by {job.job_id}/1"
+                ], lines
 
     run(main)

@@ -27,6 +27,7 @@ from opentinker.services.common.auth import (
 from opentinker.services.common.grpc_server import abort, abort_with
 from opentinker.services.scheduler.recovery import HeldAttempt
 from opentinker.services.scheduler.scheduler import Scheduler
+from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
     DeviceOffer,
@@ -302,6 +303,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     elif kind == "exited":
                         m = message.exited
                         await s.job_exited(session, m.job_id, m.attempt, m.exit_code, m.reason)
+                    elif kind == "waiting":
+                        await self._job_waiting(session, message.waiting)
                     elif kind == "closing":
                         closing = message.closing  # jobs_stopped: nothing to drain
                         await s.disconnect_worker(
@@ -322,6 +325,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             # re-announces what it holds and re-sends its exits.
             log.info("worker_stream_broken", worker_id=session.worker_id, error=repr(err))
         session.end_stream()
+
+    async def _job_waiting(self, session: WorkerSession, waiting: scheduler_pb2.JobWaiting) -> None:
+        """A launch waits for devices that processes here still hold: said in the job's events
+        when its current attempt is this worker's (a worker writes into no other job's)."""
+        job = await self._scheduler.get(waiting.job_id, tenant=None)
+        if job.attempt == waiting.attempt and holds_part(job, session.worker_id):
+            log.info("job_waits_for_devices", job_id=job.job_id, worker_id=session.worker_id,
+                     reason=waiting.reason)  # fmt: skip
+            await self._scheduler.reports.log(job.job_id, job.attempt, waiting.reason[:1000])
 
 
 class _Envelopes:

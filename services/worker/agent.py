@@ -31,6 +31,7 @@ from opentinker.services.worker.devices import (
     cpu_share_of,
     cpu_share_path,
     cpu_thread_env,
+    publish_cpu_share,
 )
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
@@ -165,30 +166,27 @@ class WorkerAgent:
         self._share_cpu()
 
     def _share_cpu(self) -> None:
-        if self._cpu_share is None:
-            return
-        try:
-            threads = self._cpu_share.publish(len(self.held.runs))
-        except OSError as err:  # the jobs keep the threads they have; nothing else depends on it
-            self.log.warning(
-                "cpu_share_not_written", path=str(self._cpu_share.path), error=str(err)
-            )
-            return
-        self.log.info("cpu_share", running_jobs=len(self.held.runs), threads_per_process=threads)
+        if self._cpu_share is not None:
+            publish_cpu_share(self._cpu_share, len(self.held.runs), self.log)
 
     async def _launched(self, key: tuple[str, int]) -> None:
         held = self.held.runs.get(key)
         if held is not None:
             held.launched = True
+        # Unsent (no stream now), the next registration announces it as launched
+        await self.send_if_connected(
+            launched=scheduler_pb2.JobLaunched(job_id=key[0], attempt=key[1])
+        )
+
+    async def send_if_connected(self, **payload: Any) -> None:
         connection = self._connection
-        if connection is not None:  # else the next registration announces it as launched
+        if connection is not None:
             with contextlib.suppress(Exception):
-                launched = scheduler_pb2.JobLaunched(job_id=key[0], attempt=key[1])
-                await connection.send(launched=launched)
+                await connection.send(**payload)
 
     async def _run_and_report(self, key: tuple[str, int], run: JobRun, holders: Holders) -> None:
         try:
-            outcome = await run_when_free(run, holders)
+            outcome = await run_when_free(run, holders, say=self.send_if_connected)
         except Exception as err:  # a launch problem (bad command, disk full) fails the attempt
             run.log.exception("job_run_failed")
             outcome = Exit(-1, f"worker could not run the job: {err!r}")

@@ -19,10 +19,11 @@ has). A stop that comes meanwhile ends the attempt unstarted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
+from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.worker.held import AttemptKey, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
 from opentinker.services.worker.shared_rollouts import SharedRollouts
@@ -30,6 +31,7 @@ from opentinker.services.worker.shared_rollouts import SharedRollouts
 log = structlog.get_logger(__name__)
 
 Holders = dict[str, "asyncio.Future[None]"]  # what holds the devices -> done when it is gone
+Say = Callable[..., Awaitable[None]]  # the worker's stream: say(waiting=JobWaiting(...))
 
 
 def holders_of(
@@ -47,11 +49,18 @@ def holders_of(
     return {name: done for name, done in holders.items() if not done.done()}
 
 
-async def run_when_free(run: JobRun, holders: Holders) -> Exit:
-    """``run.run()`` once every holder is gone; its stop meanwhile ends it unstarted."""
+async def run_when_free(run: JobRun, holders: Holders, *, say: Say) -> Exit:
+    """``run.run()`` once every holder is gone; its stop meanwhile ends it unstarted. ``say``
+    sends the scheduler a message (here JobWaiting, for the job's events)."""
     if holders:
         run.log.warning(
             "launch_waits_for_devices", devices=list(run.device_ids), held_by=sorted(holders)
+        )
+        devices, held_by = ", ".join(run.device_ids), ", ".join(sorted(holders))
+        why = f"waiting for its devices ({devices}), still held here by {held_by}"
+        job = run.job
+        await say(
+            waiting=scheduler_pb2.JobWaiting(job_id=job.job_id, attempt=job.attempt, reason=why)
         )
         if not await until_free(run, list(holders.values())):
             return Exit(-1, f"stopped: {run.stop_reason}")

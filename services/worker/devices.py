@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -77,6 +78,16 @@ def cpu_share_path(settings: WorkerSettings) -> Path:
     """One share file per worker (several may run on one machine, e.g. in tests)."""
     safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", settings.worker_id)
     return settings.run_root / f".cpu-threads-{safe_id}"
+
+
+def publish_cpu_share(share: ThreadShareFile, running_jobs: int, logger: Any) -> None:
+    """Publish the threads per process for ``running_jobs`` (at each launch and exit)."""
+    try:
+        threads = share.publish(running_jobs)
+    except OSError as err:  # the jobs keep the threads they have; nothing else depends on it
+        logger.warning("cpu_share_not_written", path=str(share.path), error=str(err))
+        return
+    logger.info("cpu_share", running_jobs=running_jobs, threads_per_process=threads)
 
 
 def cpu_thread_env(devices: list[Device], share: ThreadShareFile | None) -> dict[str, str]:

@@ -208,20 +208,22 @@ class Device(_message.Message):
     def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ConnectWorkerRequest(_message.Message):
-    __slots__ = ("seq", "register", "heartbeat", "launched", "exited", "closing")
+    __slots__ = ("seq", "register", "heartbeat", "launched", "exited", "closing", "waiting")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LAUNCHED_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
     CLOSING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     seq: int
     register: RegisterWorker
     heartbeat: _common_pb2.Heartbeat
     launched: JobLaunched
     exited: JobExited
     closing: WorkerClosing
-    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[RegisterWorker, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launched: _Optional[_Union[JobLaunched, _Mapping]] = ..., exited: _Optional[_Union[JobExited, _Mapping]] = ..., closing: _Optional[_Union[WorkerClosing, _Mapping]] = ...) -> None: ...
+    waiting: JobWaiting
+    def __init__(self, seq: _Optional[int] = ..., register: _Optional[_Union[RegisterWorker, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., launched: _Optional[_Union[JobLaunched, _Mapping]] = ..., exited: _Optional[_Union[JobExited, _Mapping]] = ..., closing: _Optional[_Union[WorkerClosing, _Mapping]] = ..., waiting: _Optional[_Union[JobWaiting, _Mapping]] = ...) -> None: ...
 
 class RegisterWorker(_message.Message):
     __slots__ = ("worker_id", "hostname", "devices", "held", "rendezvous_host", "rendezvous_port_base", "rendezvous_port_count")
@@ -274,6 +276,16 @@ class JobExited(_message.Message):
     exit_code: int
     reason: str
     def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class JobWaiting(_message.Message):
+    __slots__ = ("job_id", "attempt", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WorkerClosing(_message.Message):
     __slots__ = ("reason", "jobs_stopped")
