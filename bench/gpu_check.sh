@@ -8,7 +8,7 @@
 #   bash bench/gpu_check.sh stage install bench multilora
 #                                                   # the last part; tokens/s vs LLM.generate
 #                                                   # seeded and not; k adapters on one engine
-#   GPU_CHECK_STEP_LIMIT_S=200 bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints
+#   GPU_CHECK_STEP_LIMIT_S=200 bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints,memory_metrics
 #                                                   # a full RL job that trains; GPU tests
 #   bash bench/gpu_check.sh rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu
 #                                                   # if time is left
@@ -91,7 +91,7 @@ PY
 
 GPU_TEST_FILES="tests/test_vllm_engine_gpu.py tests/test_vllm_multi_lora_gpu.py
   tests/test_rollout_engine.py tests/test_prefix_cache.py tests/test_weight_transport.py
-  tests/test_checkpoints.py"  # every file holding a `gpu` test (tests/test_benches.py checks)
+  tests/test_checkpoints.py tests/test_memory_metrics.py"  # every file holding a `gpu` test (tests/test_benches.py checks)
 
 tests() {
   # One pytest per file, each with its own log in $OUT, so the files that ran keep their

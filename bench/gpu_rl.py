@@ -200,6 +200,9 @@ def report(run: Run, args: argparse.Namespace, out: TextIO) -> None:
         "probe_blind_versions",
         "logprob_gap",
         "grad_norm",
+        "memory_allocated_peak_gib",  # the trainer's, on the GPU (memory_resident_gib on CPU)
+        "memory_reserved_peak_gib",
+        "memory_resident_gib",
     ):
         values = [s.metrics[key] for s in measured if key in s.metrics]
         if values:

@@ -120,6 +120,7 @@ def test_full_sft_lowers_val_loss_and_its_checkpoint_answers_the_format(
     assert [s.step for s in steps] == list(range(1, len(steps) + 1))
     for key in ("train/loss", "tokens_per_s", "grad_norm", "tokens_trained", "epoch"):
         assert key in steps[-1].metrics, key
+    assert 0.05 < steps[-1].metrics["memory_resident_gib"] < 64  # the trainer's, torch in it
     assert result.final_metrics["steps"] == len(steps)
 
     # The checkpoint is a Hugging Face model: from_pretrained, then greedy replies in format.

@@ -37,7 +37,7 @@ REQUIRED_METRICS = {
     "completion_len_mean", "env_errors", "time_generate_s", "time_env_s", "time_train_s",
     "time_weight_sync_s", "time_step_s", "time_mesh_s", "tokens_generated", "tokens_trained",
     "episodes_truncated_frac", "padding_share", "probe_shift", "probe_blind_versions",
-    "time_train_forward_backward_s", "time_train_optimizer_s",
+    "time_train_forward_backward_s", "time_train_optimizer_s", "memory_resident_gib",
 }  # fmt: skip
 
 
@@ -168,6 +168,7 @@ def test_loop_trains_syncs_reports_and_checkpoints(
                 assert s.metrics["probe_shift"] > 1e-3
                 assert s.metrics["probe_blind_versions"] == 0.0
                 assert s.metrics["time_step_s"] >= s.metrics["time_train_s"] > 0
+                assert 0.05 < s.metrics["memory_resident_gib"] < 64  # this process, torch in it
                 # the update's passes (none when no episode had signal) and optimizer steps,
                 # parts of its training time
                 passes = s.metrics["time_train_forward_backward_s"]

@@ -27,6 +27,7 @@ from .batch_work import UpdateConfig
 from .critic import Critic
 from .errors import CheckpointError
 from .job_types import Outcome, ProgressReporter, RolloutSession, TrainerStatus
+from .memory_metrics import memory_metrics
 from .pipeline import BatchPipeline, usable_episodes
 from .policy import Policy
 from .ranks import LeaderPolicy
@@ -222,6 +223,7 @@ class RlLoop:
             lr=lr,
             off_policy_lag=self.policy_version - 1 - played_by,
         )
+        metrics.update(memory_metrics(self.policy.device))
         metrics.update(await self._validate())
         if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
             self.log.warning("episodes_truncated", step=self.step, message=warning)

@@ -23,6 +23,7 @@ from opentinker.spec import JobSpec, SftConfig
 from .. import checkpoints
 from ..errors import CheckpointError
 from ..job_types import Outcome, ProgressReporter, TrainerStatus
+from ..memory_metrics import memory_metrics
 from ..policy import Policy
 from ..reporter import report_failure_logged
 from ..settings import TrainerSettings
@@ -201,6 +202,7 @@ class SftLoop:
             "batch_examples": float(batch.num_examples),
             "epoch": float(epoch),
             "time_train_s": seconds,
+            **memory_metrics(self.policy.device),
         }
         every = self.sft.eval_every
         if every and self.step % every == 0 or self.step == schedule.total_steps:
