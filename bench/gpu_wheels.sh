@@ -40,7 +40,8 @@ done
 # it with vLLM's compile cache cold; tests vllm_multi_lora_gpu 88 s and vllm_engine_gpu 74 s
 # (the step 175 s); all passed); the fourth lease, 2026-11-27: install 103 s, bench 216 s,
 # multilora (k = 1, 4, 16) 184 s, rl full 103 s, the four other test files 119 s; all passed.
-# The third call gets what the second leaves (~320 s): each step cut at 200 s so both run.
+# The third call gets what the second leaves (~320 s): each step is cut at 200 s, so that a
+# hang in one leaves the other its time (rl full took 103 s with vLLM's compile cache warm).
 echo "  run(command='bash bench/gpu_check.sh stage install bench multilora', carry=['$last'], timeout_s=600)"
 echo "  run(command='GPU_CHECK_STEP_LIMIT_S=200 bash bench/gpu_check.sh rl full tests weight_transport,rollout_engine,prefix_cache,checkpoints,memory_metrics', timeout_s=310)"
 echo "  run(command='bash bench/gpu_check.sh rl lora tests vllm_multi_lora_gpu,vllm_engine_gpu', timeout_s=600)  # in a later lease, or if time is left"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
-from opentinker.services.worker.device_handover import holders_of, run_when_free, until_free
+from opentinker.services.worker.device_handover import holders_of, run_when_free
 from opentinker.services.worker.held import HeldRun
 from opentinker.services.worker.job_run import JobRun
 from opentinker.services.worker.settings import WorkerSettings
@@ -90,9 +92,11 @@ def test_a_stop_while_waiting_ends_the_attempt_unstarted_and_leaves_the_holder_r
 
 
 STAND_IN_SHARED_ROLLOUT = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from opentinker.services.common.launch import write_atomic
+# A second to stop, as a rollout releasing its GPU does
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))
 write_atomic(Path(sys.argv[sys.argv.index("--addr-file") + 1]), "127.0.0.1:1")
 time.sleep(3600)
 """
@@ -112,9 +116,10 @@ def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
     tmp_path: Path,
 ) -> None:
     """Job a (LoRA) started the shared rollout on cuda:0 and ended; b, on cuda:1, still uses
-    it. A full fine-tuning job placed on cuda:0 waits until the rollout stops (b leaves); a
-    LoRA job of the same base there would join it and does not wait. While a job waits, the
-    rollout takes no new jobs, so the wait ends with the jobs it has."""
+    it. A LoRA job of its base placed on cuda:0 joins it and does not wait; a full fine-tuning
+    job there waits until the rollout's process has exited (b left, then its 1 s stop). While
+    a job waits the rollout takes no new jobs, so the wait ends with the jobs it has, and a
+    LoRA job it would now refuse waits too."""
     script = tmp_path / "shared_rollout.py"
     script.write_text(STAND_IN_SHARED_ROLLOUT)
     settings = WorkerSettings(
@@ -123,34 +128,40 @@ def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
         devices=["cuda:0", "cuda:1"],
         rollout_command=[sys.executable, str(script)],
         shared_lora_capacity=4,
-        stop_grace_s=1,
+        stop_grace_s=5,
     )
+
+    def job_run(job_id: str, finetune: common_pb2.FinetuneMode, base: str = "base-a") -> JobRun:
+        run = _run(tmp_path, job_id, ["h/cuda:0"])
+        run.job.CopyFrom(_job(job_id, finetune, base_model=base))
+        return run
 
     async def main() -> None:
         shared = SharedRollouts(settings, env=dict(os.environ))
-        lora = common_pb2.FINETUNE_MODE_LORA
+        lora, full_ft = common_pb2.FINETUNE_MODE_LORA, common_pb2.FINETUNE_MODE_FULL
         assert await shared.join("a", "base-a", device_ids=["h/cuda:0"]) is not None
         assert await shared.join("b", "base-a", device_ids=["h/cuda:1"]) is not None
         await shared.leave("a", "base-a")  # the rollout lives on for b, on a's GPU
-        full = _run(tmp_path, "c", ["h/cuda:0"])
-        full.job.CopyFrom(_job("c", common_pb2.FINETUNE_MODE_FULL))
-        holders = holders_of(full, {}, shared)
-        assert sorted(holders) == ["shared rollout of base-a"]
-        assert holders_of(_run(tmp_path, "d", ["h/cuda:2"]), {}, shared) == {}
-        joiner = _run(tmp_path, "e", ["h/cuda:0"])
-        joiner.job.CopyFrom(_job("e", lora))
-        assert holders_of(joiner, {}, shared) == {}  # it joins the rollout instead
-        other_base = _run(tmp_path, "f", ["h/cuda:0"])
-        other_base.job.CopyFrom(_job("f", lora, base_model="base-b"))
-        assert sorted(holders_of(other_base, {}, shared)) == ["shared rollout of base-a"]
+        assert holders_of(job_run("e", lora), {}, shared) == {}  # it would join the rollout
+        assert holders_of(_run(tmp_path, "d", ["h/cuda:2"]), {}, shared) == {}  # another GPU
+        rollout = ["shared rollout of base-a"]
+        assert sorted(holders_of(job_run("f", lora, base="base-b"), {}, shared)) == rollout
 
-        waiting = asyncio.create_task(until_free(full, list(holders.values())))
+        full = job_run("c", full_ft)
+        holders = holders_of(full, {}, shared)
+        assert sorted(holders) == rollout
+        waiting = asyncio.create_task(full.until_done(list(holders.values())))
         await asyncio.sleep(0.1)
         assert not waiting.done()
-        # Closed to new jobs meanwhile (a private rollout for them): the wait ends with b.
+        # Closed meanwhile: a new job gets a private rollout, and one on cuda:0 waits as well.
         assert await shared.join("g", "base-a", device_ids=["h/cuda:3"]) is None
         assert shared.serving("base-a") == ["b"]
-        await shared.leave("b", "base-a")  # the last job out stops the rollout
+        assert sorted(holders_of(job_run("e", lora), {}, shared)) == rollout
+        leaving = asyncio.create_task(shared.leave("b", "base-a"))  # the last job out
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # the rollout is still stopping (its 1 s)
+        assert sorted(holders_of(job_run("h", full_ft), {}, shared)) == rollout
+        await leaving
         assert await asyncio.wait_for(waiting, 5) is True
         assert holders_of(full, {}, shared) == {}
         assert await shared.join("g", "base-a", device_ids=["h/cuda:3"]) is not None  # anew
@@ -158,3 +169,35 @@ def test_a_gpu_job_waits_for_the_shared_rollout_its_starter_left_on_the_device(
         await shared.close()
 
     asyncio.run(main())
+
+
+def test_a_shared_rollout_that_dies_frees_the_jobs_waiting_for_its_gpu(tmp_path: Path) -> None:
+    script = tmp_path / "shared_rollout.py"
+    script.write_text(STAND_IN_SHARED_ROLLOUT)
+    settings = WorkerSettings(
+        run_root=tmp_path,
+        worker_id="w",
+        devices=["cuda:0"],
+        rollout_command=[sys.executable, str(script)],
+        shared_lora_capacity=4,
+    )
+
+    async def main() -> None:
+        shared = SharedRollouts(settings, env=dict(os.environ))
+        assert await shared.join("a", "base-a", device_ids=["h/cuda:0"]) is not None
+        full = _run(tmp_path, "c", ["h/cuda:0"])
+        full.job.CopyFrom(_job("c", common_pb2.FINETUNE_MODE_FULL))
+        holders = holders_of(full, {}, shared)
+        assert len(holders) == 1
+        (pid,) = {int(p) for p in _pids_of(script)}
+        os.kill(pid, signal.SIGKILL)  # no job leaves: the process is simply gone
+        assert await asyncio.wait_for(full.until_done(list(holders.values())), 5) is True
+        await shared.leave("a", "base-a")
+        await shared.close()
+
+    asyncio.run(main())
+
+
+def _pids_of(script: Path) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
+    return found.stdout.split()

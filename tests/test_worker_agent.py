@@ -344,11 +344,11 @@ def test_a_job_waits_for_the_processes_an_orphaned_attempt_left_on_its_device(
 ) -> None:
     """The agent stopped an attempt itself (no scheduler for the orphan grace), which the
     scheduler never hears of: back, it re-queues the job and places it on the same device at
-    once. The new attempt starts only once the old one's processes (3 s to stop) are gone."""
+    once. The new attempt starts only once the old one's processes (6 s to stop) are gone."""
 
     async def main() -> None:
         scheduler_settings, settings = restartable(
-            tmp_path, redis_url, devices=["cpu:0"], orphan_grace_s=0.5, stop_grace_s=6
+            tmp_path, redis_url, devices=["cpu:0"], orphan_grace_s=0.5, stop_grace_s=10
         )
         async with running_agent(settings) as agent:
             async with serving(scheduler_settings, agent) as (_, stub):
@@ -361,7 +361,7 @@ def test_a_job_waits_for_the_processes_an_orphaned_attempt_left_on_its_device(
                 again = await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
                 assert again.attempt == 2
                 second = settings.run_root / job.job_id / "attempt-2"
-                await wait_until(lambda: (second / "rollout.pid").exists(), timeout_s=10)
+                await wait_until(lambda: (second / "rollout.pid").exists(), timeout_s=15)
                 started = (second / "rollout.pid").stat().st_mtime
                 stopped = first / "trainer.stopped"
                 assert stopped.exists(), "attempt 2 started while attempt 1 was still stopping"

@@ -76,7 +76,7 @@ if name in ("slow-stop", "slower-stop"):  # outlives a SIGTERM, as a trainer sav
     import signal
     def on_sigterm(*_):  # says when its stop began and when it ended
         (config.run_dir / "trainer.stopping").write_text(str(time.time()))
-        time.sleep(1.0 if name == "slow-stop" else 3.0)
+        time.sleep(1.0 if name == "slow-stop" else 6.0)
         (config.run_dir / "trainer.stopped").write_text(str(time.time()))
         sys.exit(0)
 

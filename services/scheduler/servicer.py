@@ -329,11 +329,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _job_waiting(self, session: WorkerSession, waiting: scheduler_pb2.JobWaiting) -> None:
         """A launch waits for devices that processes here still hold: said in the job's events
         when its current attempt is this worker's (a worker writes into no other job's)."""
-        job = await self._scheduler.get(waiting.job_id, tenant=None)
-        if job.attempt == waiting.attempt and holds_part(job, session.worker_id):
-            log.info("job_waits_for_devices", job_id=job.job_id, worker_id=session.worker_id,
-                     reason=waiting.reason)  # fmt: skip
-            await self._scheduler.reports.log(job.job_id, job.attempt, waiting.reason[:1000])
+        try:
+            job = await self._scheduler.get(waiting.job_id, tenant=None)
+            if job.attempt == waiting.attempt and holds_part(job, session.worker_id):
+                log.info("job_waits_for_devices", job_id=job.job_id, worker_id=session.worker_id,
+                         reason=waiting.reason)  # fmt: skip
+                await self._scheduler.reports.log(job.job_id, job.attempt, waiting.reason[:1000])
+        except Exception as err:  # informative only: a store error must not end the stream
+            log.warning("job_waiting_not_recorded", job_id=waiting.job_id, error=repr(err))
 
 
 class _Envelopes:

@@ -223,8 +223,8 @@ class RlLoop:
             lr=lr,
             off_policy_lag=self.policy_version - 1 - played_by,
         )
-        metrics.update(memory_metrics(self.policy.device))
         metrics.update(await self._validate())
+        metrics.update(memory_metrics(self.policy.device))  # validation's peak counted here
         if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
             self.log.warning("episodes_truncated", step=self.step, message=warning)
             await self.reporter.report_log(warning)

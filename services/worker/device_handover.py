@@ -59,24 +59,13 @@ async def run_when_free(run: JobRun, holders: Holders, *, say: Say) -> Exit:
         devices, held_by = ", ".join(run.device_ids), ", ".join(sorted(holders))
         why = f"waiting for its devices ({devices}), still held here by {held_by}"
         job = run.job
-        await say(
-            waiting=scheduler_pb2.JobWaiting(job_id=job.job_id, attempt=job.attempt, reason=why)
-        )
-        if not await until_free(run, list(holders.values())):
+        if run.stop_reason is None:  # lost with the stream when there is none (informative)
+            await say(
+                waiting=scheduler_pb2.JobWaiting(job_id=job.job_id, attempt=job.attempt, reason=why)
+            )
+        if not await run.until_done(list(holders.values())):
             return Exit(-1, f"stopped: {run.stop_reason}")
         run.log.info("devices_freed")
     if run.stop_reason is not None:
         return Exit(-1, f"stopped: {run.stop_reason}")
     return await run.run()
-
-
-async def until_free(run: JobRun, holders: list[asyncio.Future[None]]) -> bool:
-    """True once every holder is done; False if ``run`` is stopped first."""
-    stopped = asyncio.ensure_future(run.until_stopped())
-    try:
-        while not stopped.done() and (pending := [h for h in holders if not h.done()]):
-            # asyncio.wait never cancels what it waits for: the holders run on
-            await asyncio.wait([*pending, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    return run.stop_reason is None

@@ -16,9 +16,10 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -96,8 +97,17 @@ class JobRun:
     def stop_reason(self) -> str | None:
         return self._stop_reason
 
-    async def until_stopped(self) -> None:
-        await self._stopped.wait()
+    async def until_done(self, holders: Sequence[asyncio.Future[Any]]) -> bool:
+        """True once every holder is done; False if this run is stopped first (the holders
+        run on: asyncio.wait cancels nothing)."""
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+        try:
+            while not stopped.done() and (pending := [h for h in holders if not h.done()]):
+                awaited: list[asyncio.Future[Any]] = [*pending, stopped]
+                await asyncio.wait(awaited, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        return self._stop_reason is None
 
     async def run(self) -> Exit:
         try:
@@ -152,6 +162,10 @@ class JobRun:
                     return await self._train_on(shared_address, launch_path, env, handover)
                 finally:
                     await self._shared.leave(self.job.job_id, base_model)
+            # Not beside a shared GPU rollout it was refused by (device_handover.py)
+            in_the_way = self._shared.make_way(self.job, self.device_ids)
+            if not await self.until_done(list(in_the_way.values())):
+                return Exit(-1, f"stopped: {self._stop_reason}")
         return await self._train_with_private_rollout(launch_path, env, handover)
 
     @property

@@ -12,8 +12,9 @@ when vllm is installed); the jobs that join it may hold other GPUs of the node (
 reach it over gRPC). Its LoRA slots are sized for ``shared_lora_max_rank``: a job of a larger
 rank gets a private rollout, and so does a job whose lease is of another kind (CPU or GPU)
 than the engine's. The shared rollout outlives the job that started it while others use it,
-and the ledger frees that job's GPUs when it ends: a job placed there that would not join it
-waits until it stops, and it takes no new jobs meanwhile (``make_way``, device_handover.py).
+and the ledger frees that job's GPUs when it ends: a job placed there that will not join it
+waits until its process has exited, and it takes no new jobs meanwhile (``make_way``,
+device_handover.py).
 Each job's trainer still talks to it with the job's own
 token, and the rollout lets a token reach only its own job's adapter and trajectories.
 
@@ -58,7 +59,7 @@ def shares_engine(job: common_pb2.Job, device_ids: list[str]) -> bool:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # each one itself (a set of them)
 class _Engine:
     base_model: str
     process: ManagedProcess
@@ -69,7 +70,8 @@ class _Engine:
     closed: bool = False  # to new jobs: a job waits for its GPUs (make_way)
     gone: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
-    )  # done once its process has ended
+    )  # done once its process has exited (set by `watch`)
+    watch: asyncio.Task[int] | None = None
 
     def ended(self) -> None:
         if not self.gone.done():
@@ -83,7 +85,8 @@ class SharedRollouts:
         self.settings = settings
         self.capacity = settings.shared_lora_capacity
         self._env = env
-        self._engines: dict[str, _Engine] = {}
+        self._engines: dict[str, _Engine] = {}  # the current one of each base model
+        self._live: set[_Engine] = set()  # every one whose process has not exited (stopping too)
         self._lock = asyncio.Lock()
 
     def serving(self, base_model: str) -> list[str]:
@@ -94,22 +97,19 @@ class SharedRollouts:
     def make_way(
         self, job: common_pb2.Job, device_ids: list[str]
     ) -> dict[str, asyncio.Future[None]]:
-        """The shared GPU rollouts on any of ``device_ids`` that ``job`` would not join (it is
-        not a LoRA job of their base model), each with a future done once it has stopped: it
-        holds its GPUs' memory until then (device_handover.py). Each is closed to new jobs
-        (they get private rollouts), so that it ends with the jobs it has and the wait is
-        bounded; a new shared rollout starts after it. CPU ones hold no memory a job would
-        miss."""
+        """The shared GPU rollouts on any of ``device_ids`` that ``job`` will not join (not a
+        LoRA job of their base model, or one they would refuse: closed, full, its rank too
+        large; or one stopping), each with a future done once its process has exited: it holds
+        its GPUs' memory until then (device_handover.py). Each is closed to new jobs (they
+        get private rollouts), so that it ends with the jobs it has and the wait is bounded; a
+        new shared rollout starts after it. CPU ones hold no memory a job would miss."""
         wanted = set(device_ids)
         in_the_way = [
             engine
-            for engine in self._engines.values()
+            for engine in self._live
             if engine.kind == "cuda"
-            and engine.process.running
             and wanted & set(engine.device_ids)
-            and not (
-                shares_engine(job, device_ids) and job.spec.model.base_model == engine.base_model
-            )
+            and not self._takes(engine, job, device_ids)
         ]
         for engine in in_the_way:
             if not engine.closed:
@@ -117,6 +117,19 @@ class SharedRollouts:
                 log.info("shared_rollout_closed_to_new_jobs", base_model=engine.base_model,
                          jobs=sorted(engine.jobs), for_job=job.job_id)  # fmt: skip
         return {f"shared rollout of {engine.base_model}": engine.gone for engine in in_the_way}
+
+    def _takes(self, engine: _Engine, job: common_pb2.Job, device_ids: list[str]) -> bool:
+        """Would ``join`` give ``job`` this engine now?"""
+        model = job.spec.model
+        return (
+            self._engines.get(engine.base_model) is engine
+            and engine.process.running
+            and not engine.closed
+            and len(engine.jobs) < self.capacity
+            and shares_engine(job, device_ids)
+            and model.base_model == engine.base_model
+            and model.lora.rank <= self.settings.shared_lora_max_rank
+        )
 
     async def join(
         self, job_id: str, base_model: str, *, device_ids: list[str], rank: int = 0
@@ -138,7 +151,7 @@ class SharedRollouts:
                     "shared_rollout_died", base_model=base_model, log=str(engine.process.log_path)
                 )
                 del self._engines[base_model]
-                engine.ended()
+                await engine.process.terminate(0)  # what it left (its process group)
                 engine = None
             if engine is None:
                 engine = await self._start(base_model, kind, device_ids)
@@ -170,8 +183,7 @@ class SharedRollouts:
             if engine.jobs:
                 return
             del self._engines[base_model]
-        await engine.process.terminate(self.settings.stop_grace_s)
-        engine.ended()
+        await engine.process.terminate(self.settings.stop_grace_s)  # still in _live meanwhile
         log.info("shared_rollout_stopped", base_model=base_model)
 
     async def close(self) -> None:
@@ -179,7 +191,6 @@ class SharedRollouts:
             engines, self._engines = list(self._engines.values()), {}
         for engine in engines:
             await engine.process.terminate(self.settings.stop_grace_s)
-            engine.ended()
 
     async def _start(self, base_model: str, kind: str, device_ids: list[str]) -> _Engine | None:
         digest = hashlib.sha256(base_model.encode()).hexdigest()[:12]
@@ -223,4 +234,9 @@ class SharedRollouts:
             gone.set()
             exited.cancel()
         log.info("shared_rollout_started", base_model=base_model, address=address, pid=process.pid)
-        return _Engine(base_model, process, address, kind, list(device_ids))
+        engine = _Engine(base_model, process, address, kind, list(device_ids))
+        self._live.add(engine)
+        engine.gone.add_done_callback(lambda _: self._live.discard(engine))
+        engine.watch = asyncio.create_task(process.wait())
+        engine.watch.add_done_callback(lambda _: engine.ended())
+        return engine
