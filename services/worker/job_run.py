@@ -163,7 +163,8 @@ class JobRun:
                 finally:
                     await self._shared.leave(self.job.job_id, base_model)
             # Not beside a shared GPU rollout it was refused by (device_handover.py)
-            in_the_way = self._shared.make_way(self.job, self.device_ids)
+            if in_the_way := self._shared.make_way(self.job, self.device_ids):
+                self.log.warning("private_rollout_waits_for_devices", held_by=sorted(in_the_way))
             if not await self.until_done(list(in_the_way.values())):
                 return Exit(-1, f"stopped: {self._stop_reason}")
         return await self._train_with_private_rollout(launch_path, env, handover)
