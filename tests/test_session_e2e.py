@@ -35,8 +35,11 @@ def example(name: str):
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
-        yield running
+    with pytest.MonkeyPatch.context() as env:
+        # Sessions report their usage every 0.5 s (30 s by default), for the tests to see it
+        env.setenv("OPENTINKER_TRAINER_SESSION_USAGE_REPORT_S", "0.5")
+        with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
+            yield running
 
 
 @pytest.fixture()
@@ -140,3 +143,27 @@ def test_what_a_session_samples_and_trains_after_its_last_step_is_counted_at_its
     [job] = [j for j in tenant.jobs if j.job_id == session.job_id]
     assert (job.usage.tokens_generated, job.usage.tokens_trained) == (generated, 3)
     assert job.usage.steps == 0
+
+
+def test_a_session_that_only_samples_is_counted_as_it_goes_and_once(
+    client, letter_model_dir: Path
+) -> None:
+    """Its tokens reached the usage only with its end, so a trainer that died first lost all
+    of them: now they are reported every session_usage_report_s, never twice."""
+    session = client.training_session(base_model=str(letter_model_dir))
+    params = opentinker.SamplingParams(max_new_tokens=4)
+
+    def counted() -> float:
+        [tenant] = client.usage(max_jobs=50)
+        return next(j.usage.tokens_generated for j in tenant.jobs if j.job_id == session.job_id)
+
+    first = session.sample([1, 2, 3], num_samples=2, sampling=params)
+    generated = sum(len(s.tokens) for s in first.sequences)
+    deadline = time.monotonic() + 15
+    while counted() < generated and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert counted() == generated  # while the session still runs
+    second = session.sample([4, 5, 6], num_samples=3, sampling=params)
+    generated += sum(len(s.tokens) for s in second.sequences)
+    session.close()
+    assert counted() == generated  # the rest at its end; nothing counted twice

@@ -50,6 +50,13 @@ class TrainerSettings(BaseSettings):
         "/dev/shm), gRPC inline bytes otherwise; grpc = always inline",
     )
     collect_timeout_s: float = Field(600.0, gt=0)
+    session_usage_report_s: float = Field(
+        30.0,
+        gt=0,
+        description="a training session reports the tokens it sampled and trained since its "
+        "last report this often (when there are some), so a trainer that dies loses at most "
+        "that much of its usage; its steps and its end report the rest",
+    )
     close_timeout_s: float = Field(10.0, gt=0)
     report_timeout_s: float = Field(10.0, gt=0)
     report_retry_s: float = Field(

@@ -161,23 +161,50 @@ async def _serve_until_ended(
     await reporter.report_session(endpoint=endpoint)
     session.log.info("session_serving", endpoint=endpoint)
     idle = asyncio.create_task(session.watch_idle())
+    usage = asyncio.create_task(_report_usage(session, reporter, settings.session_usage_report_s))
     try:
         await session.ended.wait()
     finally:
         idle.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await idle
+        await usage  # it ends with the session, after the report it may be sending
     await asyncio.sleep(0.2)  # let the answer to CloseSession leave before the server stops
     await session.flush_reports()  # the steps' reports go out before the session's end
-    # What it sampled and trained after its last step (all of it, for a session that only
-    # samples) is counted with its end; the steps' reports counted the rest.
-    generated, trained = session.unreported_tokens()
+    # What it sampled and trained since its last report (a step's, the periodic one's) is
+    # counted with its end.
+    generated, trained = session.take_unreported_tokens()
     await reporter.report_session(
         ended_reason=session.end_reason, tokens_generated=generated, tokens_trained=trained
     )
     final = {"steps": float(session.step), "policy_version": float(session.sampler.policy_version)}
     await reporter.report_result("", final)
     return 0
+
+
+async def _report_usage(
+    session: TrainingSession, reporter: SchedulerReporter, every_s: float
+) -> None:
+    """Every ``every_s`` until the session ends, the tokens it sampled and trained since its
+    last report (SessionReport without an end): a session that only samples, and one between
+    steps, reported them only at its end, all lost if its trainer died first. Never
+    cancelled mid-report, so a report that reached the scheduler is never counted twice."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(session.ended.wait(), every_s)
+        if session.ended.is_set():
+            return
+        generated, trained = session.take_unreported_tokens()
+        if not (generated or trained):
+            continue
+        try:
+            stop = await reporter.report_session(tokens_generated=generated, tokens_trained=trained)
+        except Exception as err:  # the scheduler away: the next report carries them
+            session.untake_tokens(generated, trained)
+            session.log.warning("session_usage_not_reported", error=str(err))
+            continue
+        if stop:  # the job was cancelled or superseded: no later call is served
+            session.end("stopped by the scheduler")
 
 
 async def _fail(reporter: SchedulerReporter, reason: str, job_log) -> int:

@@ -212,9 +212,18 @@ class TrainingSession:
         with contextlib.suppress(Exception):
             self._check_reports()
 
-    def unreported_tokens(self) -> tuple[float, float]:
-        """Tokens (generated, trained) since the last step report: its end report's."""
-        return self._since_step["tokens_generated"], self._since_step["tokens_trained"]
+    def take_unreported_tokens(self) -> tuple[float, float]:
+        """Tokens (generated, trained) since the last report that carried them (a step's, the
+        periodic usage report's), for the next one: taken, they count from 0 again."""
+        since = self._since_step
+        taken = since["tokens_generated"], since["tokens_trained"]
+        since["tokens_generated"] = since["tokens_trained"] = 0.0
+        return taken
+
+    def untake_tokens(self, generated: float, trained: float) -> None:
+        """A report of taken tokens that did not reach the scheduler: the next one carries them."""
+        self._since_step["tokens_generated"] += generated
+        self._since_step["tokens_trained"] += trained
 
     def _step(self, adam: AdamParams) -> float:
         for group in self.policy.optimizer.param_groups:
