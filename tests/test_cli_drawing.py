@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from opentinker.console import jobs_table
+from opentinker.console import format_event, jobs_table
 from opentinker.jobs import JobEvent, JobInfo
 from opentinker.live_view import TailView, eta_seconds, sparkline
 from opentinker.plot import plot_curves
@@ -89,3 +89,15 @@ def test_plot_writes_a_png_of_the_curves(tmp_path: Path) -> None:
     path = plot_curves(steps, tmp_path / "curves.png", title="job-1")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_a_step_line_shows_the_trainers_gpu_memory_peak_when_there_is_one() -> None:
+
+    def line(metrics: dict[str, float]) -> str:
+        event = JobEvent(seq=1, time_unix_s=0.0, kind="step", step=3, policy_version=3)
+        event.metrics.update(metrics)
+        return format_event(event)
+
+    on_gpu = line({"reward_mean": 0.5, "memory_allocated_peak_gib": 12.34})
+    assert on_gpu.endswith("reward 0.500  gpu mem 12.3 GiB"), on_gpu
+    assert "mem" not in line({"reward_mean": 0.5, "memory_resident_gib": 0.4})  # on CPU: not

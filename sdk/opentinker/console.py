@@ -33,6 +33,7 @@ STEP_COLUMNS = [
     ("time_train_s", "train {:.2f}s"),
     ("time_weight_sync_s", "sync {:.2f}s"),
     ("time_mesh_s", "mesh {:.2f}s"),
+    ("memory_allocated_peak_gib", "gpu mem {:.1f} GiB"),  # the trainer's peak, on a GPU
 ]
 
 
