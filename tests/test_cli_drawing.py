@@ -92,7 +92,6 @@ def test_plot_writes_a_png_of_the_curves(tmp_path: Path) -> None:
 
 
 def test_a_step_line_shows_the_trainers_gpu_memory_peak_when_there_is_one() -> None:
-
     def line(metrics: dict[str, float]) -> str:
         event = JobEvent(seq=1, time_unix_s=0.0, kind="step", step=3, policy_version=3)
         event.metrics.update(metrics)
