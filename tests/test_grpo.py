@@ -146,3 +146,16 @@ def test_collate_rejects_a_trajectory_whose_fields_disagree() -> None:
     bad = Episode(0, 0, [5, 6, 7], 1, [-0.1], [1], 0.0, False)  # 2 completion tokens, 1 entry
     with pytest.raises(ValueError, match="malformed trajectory"):
         collate([bad], pad_id=0)
+
+
+@pytest.mark.parametrize("reward,n", [(0.9, 3), (0.3, 6), (0.1, 7)])
+def test_equal_rewards_whose_float32_mean_is_not_exact_still_get_zero_advantage(
+    reward: float, n: int
+) -> None:
+    """In float32 the mean of three 0.9s is not 0.9: the std came out ~5e-8, not 0, and every
+    member got a same-signed advantage (+0.056 for three 0.9s), which trained the group up."""
+    adv = group_advantages(torch.full((1, n), reward))
+    assert torch.equal(adv, torch.zeros(1, n))
+    # A real difference, however small against the rewards, still counts.
+    close = group_advantages(torch.tensor([[0.9, 0.9, 0.9 + 1e-4]]))
+    assert close[0, 2] > 1.0 and close[0, 0] < 0

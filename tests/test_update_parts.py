@@ -125,3 +125,15 @@ def test_turn_rewards_sit_on_each_turns_last_model_token() -> None:
     assert torch.allclose(
         turn_rewards_per_token([ep], mask), torch.tensor([[0.0, 0.0, 0.3, 0.0, 1.0]])
     )
+
+
+def test_a_multi_turn_group_with_equal_episode_returns_is_not_scaled_by_rounding() -> None:
+    """Three episodes whose turns add up to 0.9 each: the group's std must be 0, so its
+    per-turn scale 1 (the turns' own differences as they are). In float32 it came out 6e-8,
+    and the per-turn advantages ~1e6 (-8.5e5 on a turn-1 token)."""
+    turns = [(0.9, 0.0), (0.0, 0.9), (0.45, 0.45)]
+    episodes = [_episode(0, sum(t), 2, turn_rewards=t, turn_ends=(1, 2)) for t in turns]
+    adv = token_advantages(episodes, 3, loss="grpo", gamma=1.0)
+    # turn 0 -> 0 + (G_0 - G_0) = 0; turn 1 -> 0 + (G_1 - G_0) = the turn-1 reward - 0.9
+    expected = torch.tensor([[0.0, 0.0, -0.9], [0.0, 0.0, 0.0], [0.0, 0.0, -0.45]])
+    assert torch.allclose(adv, expected, atol=1e-6), adv

@@ -26,7 +26,7 @@ import torch
 
 from .batch import Episode, row_positions
 from .estimators.gae import gae_advantages
-from .estimators.grpo import ADVANTAGE_EPS, group_advantages
+from .estimators.grpo import ADVANTAGE_EPS, flat_groups, group_advantages
 from .estimators.reinforce import batch_baseline_advantages
 from .estimators.rloo import rloo_advantages
 from .estimators.turn_returns import discounted_returns, token_returns
@@ -57,8 +57,9 @@ def baseline_advantages(
         rewards_1_N = returns_B[members].unsqueeze(0)
         if loss == "grpo":
             advantages_B[members] = group_advantages(rewards_1_N)[0]
-            std = float(rewards_1_N.std(unbiased=False))
-            scales_B[members] = 1.0 / (std + ADVANTAGE_EPS) if std > 0 else 1.0
+            if not bool(flat_groups(rewards_1_N.double())):  # else no signal: scale 1
+                std = float(rewards_1_N.double().std(unbiased=False))
+                scales_B[members] = 1.0 / (std + ADVANTAGE_EPS)
         elif loss == "rloo":
             advantages_B[members] = rloo_advantages(rewards_1_N)[0]
         else:
