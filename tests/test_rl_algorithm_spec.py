@@ -64,6 +64,7 @@ def test_every_algorithm_field_round_trips_through_the_wire() -> None:
         ({"loss": "ppo"}, "critic_learning_rate: loss 'ppo' trains a value head"),
         ({"loss": "rloo", "critic_learning_rate": 0.1}, "critic_learning_rate: only 'ppo'"),
         ({"kl_in_reward": True}, "kl_in_reward: needs kl_coef > 0"),
+        ({"kl_coef": 0.1, "kl_estimator": "k1"}, "kl_estimator: k1 in the loss has a gradient"),
         ({"steps": 5, "warmup_steps": 6}, "warmup_steps"),
         ({"prompts_per_step": 2, "samples_per_prompt": 4, "minibatch_size": 9}, "minibatch_size"),
         ({"micro_batch_tokens": 100}, "micro_batch_tokens: 100 cannot hold one episode"),

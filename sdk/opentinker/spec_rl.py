@@ -134,6 +134,11 @@ class RlConfig(_Strict):
             problems.append(f"critic_learning_rate: only 'ppo' has a critic, not {self.loss!r}")
         if self.kl_in_reward and self.kl_coef <= 0:
             problems.append("kl_in_reward: needs kl_coef > 0")
+        if self.kl_estimator == "k1" and self.kl_coef > 0 and not self.kl_in_reward:
+            problems.append(
+                "kl_estimator: k1 in the loss has a gradient of zero expectation (grad log pi), "
+                "so it does not pull toward the reference; use k3, or kl_in_reward=true"
+            )
         if self.warmup_steps > self.steps:
             problems.append(f"warmup_steps: {self.warmup_steps} is more than steps {self.steps}")
         batch = self.prompts_per_step * self.samples_per_prompt
