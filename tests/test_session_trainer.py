@@ -35,6 +35,7 @@ from opentinker.services.trainer.session.data import Datum, collate_data
 from opentinker.services.trainer.session.objective import LossSpec
 from opentinker.services.trainer.session.ordering import CallOrder
 from opentinker.services.trainer.session.sampler import SessionSampler
+from opentinker.services.trainer.session.servicer import adam_from_proto
 from opentinker.services.trainer.session.training_session import (
     AdamParams,
     StepReport,
@@ -361,6 +362,18 @@ def test_adam_params_that_would_corrupt_the_weights_are_refused(adam, message) -
     with pytest.raises(InvalidArgumentError, match=message) as info:
         adam.check()
     assert info.value.reason == "BAD_ADAM_PARAMS"
+
+
+def test_adam_settings_of_zero_on_the_wire_are_kept_and_unset_ones_default() -> None:
+    """beta1 = 0 (no momentum) is a valid AdamW setting: the servicer read ``a.beta1 or 0.9``,
+    so a 0 sent by a client (Tinker's adam_params through the gateway too) became 0.9."""
+    wire = sdk.AdamParams(learning_rate=1e-3, beta1=0.0, beta2=0.0).__dict__  # as the SDK sends
+    sent = trainer_pb2.AdamParams(**wire)
+    assert (adam_from_proto(sent).beta1, adam_from_proto(sent).beta2) == (0.0, 0.0)
+    unset = adam_from_proto(trainer_pb2.AdamParams(learning_rate=1e-3))
+    assert (unset.beta1, unset.beta2, unset.eps) == (0.9, 0.95, 1e-8)
+    with pytest.raises(InvalidArgumentError, match="adam.eps must be finite and > 0, got 0"):
+        adam_from_proto(trainer_pb2.AdamParams(learning_rate=1e-3, eps=0.0)).check()
 
 
 def test_a_call_refused_by_the_sdk_before_sending_leaves_the_session_usable(

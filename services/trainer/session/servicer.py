@@ -108,16 +108,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def OptimStep(self, request, context):  # noqa: N802
         async def body():
-            a = request.adam
-            adam = AdamParams(
-                learning_rate=a.learning_rate,
-                beta1=a.beta1 or 0.9,
-                beta2=a.beta2 or 0.95,
-                eps=a.eps or 1e-8,
-                weight_decay=a.weight_decay,
-                grad_clip_norm=a.grad_clip_norm,
-            )
-            step, grad_norm = await _to_the_end(self._s.optim_step(adam))
+            step, grad_norm = await _to_the_end(self._s.optim_step(adam_from_proto(request.adam)))
             return trainer_pb2.OptimStepResponse(
                 step=step, grad_norm=grad_norm, metrics={"grad_norm": grad_norm}
             )
@@ -251,4 +242,17 @@ def _loss(pb: trainer_pb2.LossConfig) -> LossSpec:
         clip_low=pb.clip_low_threshold or DEFAULT_CLIP_LOW,
         clip_high=pb.clip_high_threshold or DEFAULT_CLIP_HIGH,
         kl_coeff=pb.kl_coeff,
+    )
+
+
+def adam_from_proto(a: trainer_pb2.AdamParams) -> AdamParams:
+    """The call's AdamW settings: beta1, beta2 and eps as given when set (0 too), else the
+    defaults 0.9 / 0.95 / 1e-8 (``a.beta1 or 0.9`` turned a beta1 of 0 into 0.9)."""
+    return AdamParams(
+        learning_rate=a.learning_rate,
+        beta1=a.beta1 if a.HasField("beta1") else 0.9,
+        beta2=a.beta2 if a.HasField("beta2") else 0.95,
+        eps=a.eps if a.HasField("eps") else 1e-8,
+        weight_decay=a.weight_decay,
+        grad_clip_norm=a.grad_clip_norm,
     )
