@@ -101,6 +101,27 @@ def grads(session: TrainingSession) -> list[torch.Tensor]:
     return [p.grad.clone() for p in session.policy.trainable_parameters()]
 
 
+def test_clip_fraction_counts_the_positions_with_an_advantage(letter_model_dir, tmp_path) -> None:
+    """On-policy (sampling logprobs as the policy's own), nothing is clipped: the prompt's
+    positions (advantage 0, sampling logprob 0; their ratio exp(logp) far below 0.8) counted
+    as clipped, 0.5 for half a datum of prompt."""
+
+    async def main() -> None:
+        async with session_on(letter_model_dir, tmp_path, finetune="full") as session:
+            ids = [1, 2, 3, 4, 5, 6]
+            probe = Datum(ids[:-1], ids[1:], weights=[1.0] * 5)
+            own = (await session.forward([probe], CE)).logprobs[0]
+            prompt = 2  # the first two targets are the prompt's
+            sampled = [0.0] * prompt + own[prompt:]
+            advantages = [0.0] * prompt + [1.0] * (5 - prompt)
+            datum = Datum(ids[:-1], ids[1:], sampling_logprobs=sampled, advantages=advantages)
+            for loss in ("ppo", "cispo"):
+                out = await session.forward([datum], LossSpec(loss))  # type: ignore[arg-type]
+                assert out.metrics["clip_fraction"] == 0.0, (loss, out.metrics)
+
+    asyncio.run(main())
+
+
 def test_gradients_of_two_calls_equal_one_call_on_both(letter_model_dir, tmp_path) -> None:
     async def main() -> None:
         async with session_on(letter_model_dir, tmp_path, finetune="full") as split:
@@ -334,6 +355,12 @@ def test_calls_run_in_seq_order_and_a_repeated_seq_is_refused() -> None:
             r"data\[1\]: advantages\[1\] is nan",
         ),
         ([Datum([1, 2], [2, 3], weights=[INF, 1.0])], "cross_entropy", r"weights\[0\] is inf"),
+        # Weights left out (all 1): its KL term fitted the prompt's tokens too
+        (
+            [Datum([1, 2], [2, 3], sampling_logprobs=[0.0, -1.0], advantages=[0.0, 1.0])],
+            "stable_reinforce",
+            r"data\[0\]: loss 'stable_reinforce' needs weights",
+        ),
         (
             [Datum([1, 2], [2, 3], sampling_logprobs=[NAN, -1.0], advantages=[1.0, 1.0])],
             "ppo",

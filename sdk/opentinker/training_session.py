@@ -50,7 +50,7 @@ class Datum:
 
     input_tokens: list[int]
     target_tokens: list[int]
-    weights: list[float] | None = None  # cross_entropy, stable_reinforce (None = all 1)
+    weights: list[float] | None = None  # cross_entropy (None = all 1); stable_reinforce (needed)
     sampling_logprobs: list[float] | None = None  # importance_sampling / ppo
     advantages: list[float] | None = None  # importance_sampling / ppo
     sequence_ratio_mask: list[float] | None = None  # gspo: positions of the sequence ratio

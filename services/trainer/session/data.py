@@ -127,3 +127,7 @@ def _check(i: int, d: Datum, loss: LossName, vocab_size: int) -> None:
                 raise bad(f"loss {loss!r} needs {name} ({n} entries)")
     if loss == "gspo" and not d.sequence_ratio_mask:
         raise bad(f"loss 'gspo' needs sequence_ratio_mask ({n} entries, 1 on sampled tokens)")
+    if loss == "stable_reinforce" and not d.weights:
+        # Its KL term covers every weighted position: weights left out (all 1) fitted the
+        # prompt's tokens too (their sampling logprobs are 0), as SFT on the prompt would.
+        raise bad(f"loss 'stable_reinforce' needs weights ({n} entries, 1 on sampled tokens)")

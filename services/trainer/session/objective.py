@@ -72,11 +72,14 @@ def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
         metrics["clip_fraction"] = gs.clip_fraction
     else:
         clipped_loss = ppo_token_loss if spec.name == "ppo" else cispo_loss
+        # Positions with an advantage: the prompt's (advantage 0, sampling logprob 0) add
+        # nothing to the loss, but their ratio exp(logp) counted as clipped in clip_fraction
+        trained_B_T = data.mask_B_T * (data.advantages_B_T != 0)
         loss, stats = clipped_loss(
             logprobs_B_T,
             data.sampling_logprobs_B_T,
             data.advantages_B_T,
-            data.mask_B_T,
+            trained_B_T,
             clip_low=spec.clip_low,
             clip_high=spec.clip_high,
         )
