@@ -64,6 +64,16 @@ def test_mask_is_one_only_on_assistant_reply_and_its_end_token(tokenizer) -> Non
     assert tokenizer.decode(trained) == "Yo<|im_end|>"
 
 
+def test_the_reply_ends_at_its_end_of_turn_token_when_the_eos_is_another(model_dir) -> None:
+    """A base model's eos (Qwen2.5's <|endoftext|>) is not the template's <|im_end|>: the
+    trained span ran to the message's end, the "\n" after <|im_end|> included."""
+    base = AutoTokenizer.from_pretrained(model_dir, eos_token="<|endoftext|>")
+    assert base.eos_token_id != base.convert_tokens_to_ids("<|im_end|>")
+    example = render(base, chat(("user", "Hi"), ("assistant", "Yo")), max_length=1000)
+    trained = [t for t, w in zip(example.token_ids, example.weights, strict=True) if w]
+    assert base.decode(trained) == "Yo<|im_end|>"
+
+
 def test_message_weights_multiply_and_zero_excludes(tokenizer) -> None:
     conversation = chat(
         ("user", "a"), ("assistant", "b", 0.5), ("user", "c"), ("assistant", "d", 0.0)

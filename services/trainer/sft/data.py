@@ -168,11 +168,28 @@ def _trained_span(
     header = _template_ids(tokenizer, conversation.messages[:index], generation_prompt=True)
     first = max(start, len(header))
     end = len(ids)
-    eos = tokenizer.eos_token_id
+    ends_turn = end_of_turn_ids(tokenizer)
     last = end
-    if eos is not None and eos in ids[first:end]:
-        last = first + max(k for k, t in enumerate(ids[first:end]) if t == eos) + 1
+    if any(t in ends_turn for t in ids[first:end]):
+        last = first + max(k for k, t in enumerate(ids[first:end]) if t in ends_turn) + 1
     return (first, last)
+
+
+# Chat templates' end-of-turn tokens (ChatML, Llama 3, Gemma, Phi-3)
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The eos and every known end-of-turn token the vocabulary has. A base model's eos
+    (Qwen2.5's ``<|endoftext|>``) is not its chat template's ``<|im_end|>``: with the eos
+    alone the trained span ran past ``<|im_end|>`` to the message's end (its ``\n``)."""
+    eos = tokenizer.eos_token_id
+    found: set[int] = set() if eos is None else {int(eos)}
+    for token in END_OF_TURN_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == token:
+            found.add(token_id)
+    return found
 
 
 def _template_ids(
