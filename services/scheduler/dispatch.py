@@ -139,9 +139,19 @@ class Dispatcher:
             return await self._place_across(job, sessions)
         for session in by_lora_affinity(sessions, job):
             lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
-            if lease is not None:
-                return await self._launch(session, job, lease.lease_id, lease.device_ids)
+            if lease is None:
+                continue
+            if self._stale(session):  # the worker reconnected meanwhile: its new stream's
+                await self._ledger.release(lease.lease_id)  # devices, not this one's
+                continue
+            return await self._launch(session, job, lease.lease_id, lease.device_ids)
         return False
+
+    def _stale(self, session: WorkerSession) -> bool:
+        """A session replaced or lost since the round listed it: a launch sent on it is dropped,
+        while the worker's new stream renews every lease of the worker, so a lease taken for it
+        would be held, never launched, the job ALLOCATING for good."""
+        return session.lost or self._sessions.get(session.worker_id) is not session
 
     async def _place_across(self, job: common_pb2.Job, sessions: list[WorkerSession]) -> bool:
         """Lease the job's devices on several workers at once (all or none) and launch its
@@ -156,6 +166,10 @@ class Dispatcher:
         if group is None:  # taken meanwhile: the next round tries again
             return False
         members = [s for s, _ in parts]
+        if any(self._stale(s) for s in members):  # as in _place
+            for lease in group.leases:
+                await self._ledger.release(lease.lease_id)
+            return False
         workers = [s.worker_id for s in members]
         reason = f"leases {[g.lease_id for g in group.leases]} on workers {workers}"
         lease_ids = [lease.lease_id for lease in group.leases]

@@ -1,0 +1,61 @@
+"""Dispatch rounds against a worker whose stream changes under them: the real Scheduler on a
+real Redis, driven directly (its methods, as the gRPC servicer calls them), so that a
+reconnect can be placed exactly between two of a round's awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from scheduler_helpers import ALLOCATING, QUEUED, spec
+
+from opentinker.services.common.auth import Principal
+from opentinker.services.scheduler.scheduler import Scheduler
+from opentinker.services.scheduler.stores import connect_redis, redis_stores
+from opentinker.services.scheduler.worker_session import DeviceOffer, LaunchCommand
+
+pytestmark = pytest.mark.integration
+
+OWNER = Principal(kind="user", key_prefix="k", tenant_id="acme", user_id="u", role="member")
+
+
+def test_a_worker_that_reconnects_during_a_round_gets_its_job_launched_on_its_new_stream(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round listed the worker's session, then awaited the lease while the worker's stream
+    dropped and it registered again. The lease was taken and the launch sent on the old
+    stream (dropped), while the new stream renewed the lease at every heartbeat: the job
+    stayed ALLOCATING for good with its device held. Now the lease is given back and the
+    next round launches the job on the new stream."""
+
+    async def main() -> None:
+        client = connect_redis(redis_url)
+        await client.flushdb()
+        stores = redis_stores(client, lease_ttl_s=1.0, server_secret=b"t" * 32)
+        scheduler = Scheduler(stores, heartbeat_interval_s=0.2, lease_ttl_s=1.0)
+        devices = [DeviceOffer("w1/cuda:0", "cuda")]
+        old = await scheduler.connect_worker("w1", "h1", devices)
+        job = await scheduler.submit(spec("raced"), owner=OWNER)
+        ledger = stores.ledger
+        acquire = ledger.acquire
+        new = []
+
+        async def acquire_while_the_worker_reconnects(worker_id: str, job_id: str, n: int):
+            if not new:
+                await scheduler.disconnect_worker(old, "stream dropped")
+                new.append(await scheduler.connect_worker("w1", "h1", devices))
+            return await acquire(worker_id, job_id, n)
+
+        monkeypatch.setattr(ledger, "acquire", acquire_while_the_worker_reconnects)
+        assert await scheduler.dispatch() == 0  # the lease taken for the old stream: given back
+        assert (await stores.jobs.get(job.job_id)).state == QUEUED
+        assert await ledger.leases("w1") == []
+        assert await scheduler.dispatch() == 1  # the next round, on the new stream
+        placed = await stores.jobs.get(job.job_id)
+        assert placed.state == ALLOCATING
+        command = new[0].outbox.get_nowait()
+        assert isinstance(command, LaunchCommand) and command.job.job_id == job.job_id
+        await client.aclose()
+
+    asyncio.run(main())
