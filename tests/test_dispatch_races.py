@@ -13,7 +13,7 @@ from scheduler_helpers import ALLOCATING, QUEUED, spec
 from opentinker.services.common.auth import Principal
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.stores import connect_redis, redis_stores
-from opentinker.services.scheduler.worker_session import DeviceOffer, LaunchCommand
+from opentinker.services.scheduler.worker_session import DeviceOffer, LaunchCommand, StopCommand
 
 pytestmark = pytest.mark.integration
 
@@ -57,5 +57,44 @@ def test_a_worker_that_reconnects_during_a_round_gets_its_job_launched_on_its_ne
         command = new[0].outbox.get_nowait()
         assert isinstance(command, LaunchCommand) and command.job.job_id == job.job_id
         await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_active_job_whose_lease_is_gone_is_stopped_and_re_queued(redis_url: str) -> None:
+    """A scheduler that died between releasing a lease and re-queueing its job (every path
+    writes the ledger first), or a placement whose commit reply was lost (its undo released
+    the lease of a committed placement), left the job RUNNING or ALLOCATING with no lease:
+    nothing ever looked at it again. Now the sweep stops its attempt and re-queues it, once
+    two sweeps have seen it so (an exit releases its lease just before the job ends)."""
+
+    async def main() -> None:
+        client = connect_redis(redis_url)
+        await client.flushdb()
+        stores = redis_stores(client, lease_ttl_s=0.5, server_secret=b"t" * 32)
+        scheduler = Scheduler(stores, heartbeat_interval_s=0.1, lease_ttl_s=0.5)
+        session = await scheduler.connect_worker("w1", "h1", [DeviceOffer("w1/cuda:0", "cuda")])
+        job = await scheduler.submit(spec("lost"), owner=OWNER)
+        assert await scheduler.dispatch() == 1
+        first = session.outbox.get_nowait()
+        assert isinstance(first, LaunchCommand)
+        await stores.ledger.release(first.lease_id)  # the crash window: lease gone, job active
+        await scheduler.start()
+        try:
+            again = None
+            for _ in range(100):  # the worker heartbeats; sweeps every 1 s (2 lease TTLs)
+                scheduler.worker_seen(session)
+                await asyncio.sleep(0.1)
+                again = await stores.jobs.get(job.job_id)
+                if again.attempt == 2:
+                    break
+            assert again is not None and again.attempt == 2 and again.state == ALLOCATING
+            sent = [session.outbox.get_nowait() for _ in range(session.outbox.qsize())]
+            stops = [c for c in sent if isinstance(c, StopCommand)]
+            assert [(s.job_id, s.attempt) for s in stops] == [(job.job_id, 1)], sent
+            assert any(isinstance(c, LaunchCommand) and c.job.attempt == 2 for c in sent)
+        finally:
+            await scheduler.close()
+            await client.aclose()
 
     asyncio.run(main())

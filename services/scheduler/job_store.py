@@ -34,7 +34,12 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.errors import JobNotFoundError, StaleAttemptError
-from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, JobState, check_transition
+from opentinker.services.scheduler.job_lifecycle import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    JobState,
+    check_transition,
+)
 from opentinker.services.scheduler.redis_text import as_text
 
 DEFAULT_PAGE_SIZE = 50
@@ -109,6 +114,10 @@ class JobStore(Protocol):
         IllegalTransitionError for a move the life cycle forbids."""
 
     async def record_failure(self, job_id: str, attempt: int, reason: str) -> None: ...
+
+    async def active_ids(self) -> list[str]:
+        """The jobs ALLOCATING or RUNNING (kept with every transition; unleased.py)."""
+        ...
 
     async def record_lost(self, job_id: str, attempt: int, reason: str) -> None:
         """Note why the attempt was lost (kept as the job's history of attempts)."""
@@ -272,6 +281,10 @@ class RedisJobStore:
                         job.final_metrics.update(result.final_metrics)
                     pipe.multi()
                     pipe.set(key, job.SerializeToString())
+                    if to in ACTIVE_STATES:
+                        pipe.sadd(self._key("active"), job_id)
+                    else:
+                        pipe.srem(self._key("active"), job_id)
                     if queue_front:
                         pipe.lrem(self._queue_key, 0, job_id)
                         pipe.lpush(self._queue_key, job_id)
@@ -279,6 +292,9 @@ class RedisJobStore:
                     return job
                 except WatchError:
                     continue  # someone else wrote the job between our read and write: retry
+
+    async def active_ids(self) -> list[str]:
+        return sorted(as_text(i) for i in await self._r.smembers(self._key("active")))
 
     async def record_failure(self, job_id: str, attempt: int, reason: str) -> None:
         await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "failure", reason)

@@ -40,11 +40,12 @@ from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES
 from opentinker.services.scheduler.job_store import JobStore
 from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
 from opentinker.services.scheduler.spanning import holds_part
+from opentinker.services.scheduler.unleased import UnleasedSweep
 from opentinker.services.scheduler.worker_session import StopCommand, WorkerSession
 
 log = structlog.get_logger(__name__)
 
-Requeue = Callable[[str, str], Awaitable[None]]  # (job_id, worker_id)
+Requeue = Callable[..., Awaitable[None]]  # (job_id, worker_id[, why])
 MarkRunning = Callable[[str, int, str], Awaitable[object]]  # (job_id, attempt, reason)
 
 
@@ -142,6 +143,7 @@ class WorkerRecovery:
         requeue: Requeue,
         mark_running: MarkRunning,
         reconnect_grace_s: float,
+        unleased_after_s: float = 60.0,
     ) -> None:
         self._jobs = jobs
         self._ledger = ledger
@@ -153,6 +155,9 @@ class WorkerRecovery:
         self._grace_until = 0.0  # monotonic; until then lapsed leases of absent workers wait
         self._seen: set[str] = set()  # workers connected since the grace opened
         self._lock = asyncio.Lock()  # reconcile vs. the lapsed-lease sweep vs. reclaim
+        self._unleased = UnleasedSweep(
+            jobs, ledger, grace_s=unleased_after_s, stop=drains.stop_attempt, requeue=requeue
+        )
 
     def open_grace(self) -> None:
         """From now, absent workers have ``reconnect_grace_s`` to re-announce their jobs."""
@@ -239,13 +244,16 @@ class WorkerRecovery:
 
     async def requeue_lapsed(self) -> None:
         """Re-queue the jobs of lapsed leases; during the grace, not those of workers that have
-        not connected since the scheduler started or Redis came back."""
+        not connected since the scheduler started or Redis came back. After the grace, also
+        the active jobs that no lease holds (unleased.py)."""
         async with self._lock:
             waiting = time.monotonic() < self._grace_until
             for lease in await self._ledger.lapsed():
                 if waiting and lease.worker_id not in self._seen:
                     continue  # not back since the restart/outage: it may still re-announce it
                 await self._requeue_lapsed(lease)
+            if not waiting:
+                await self._unleased.sweep()
 
     async def _requeue_lapsed(self, lease: Lease) -> None:
         """Re-queue the job of a lapsed lease. Its worker, if connected, still runs the attempt:

@@ -122,6 +122,7 @@ class Scheduler:
             requeue=self._ends.requeue,
             mark_running=self._mark_running,
             reconnect_grace_s=reconnect_grace_s,
+            unleased_after_s=2 * lease_ttl_s,
         )
         self.overview = Overview(self._sessions, self._ledger, self._jobs)  # read-only views
         self._wake = asyncio.Event()
