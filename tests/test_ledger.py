@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import pytest
 import redis.asyncio as aioredis
 
+from opentinker.services.scheduler import lease_scripts
 from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
 
 pytestmark = pytest.mark.integration
@@ -240,3 +241,28 @@ def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) 
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_an_acquire_run_again_with_its_lease_id_gives_the_same_devices(redis_url: str) -> None:
+    """The Redis client retries a command on a connection error, also when the error came
+    after the script ran (the reply was lost): the second run found the device held by its
+    own first run and refused, so the job stayed queued while that lease, its worker renewing
+    it, held the device for good. Now the second run answers as the first did."""
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.flushdb()
+            ledger = RedisLeaseLedger(client, lease_ttl_s=5.0, prefix="t:ledger")
+            await ledger.register_worker("w1", ["w1/cuda:0"])
+            script = client.register_script(lease_scripts.ACQUIRE)
+            args = ["t:ledger", "w1", "job-a", 1, "lease-retried", 5000, "1.0", 100]
+            first, again = await script(args=args), await script(args=args)
+            assert first == again == [b"w1/cuda:0"]
+            [lease] = await ledger.leases("w1")
+            assert lease.lease_id == "lease-retried" and lease.device_ids == ("w1/cuda:0",)
+            assert await ledger.acquire("w1", "job-b", 1) is None  # one lease holds it
+        finally:
+            await client.aclose()
+
+    run(main)

@@ -5,6 +5,14 @@ lease_ledger.py's docstring."""
 ACQUIRE = """
 local prefix, worker_id, job_id = ARGV[1], ARGV[2], ARGV[3]
 local n, lease_id, ttl_ms, now = tonumber(ARGV[4]), ARGV[5], ARGV[6], ARGV[7]
+-- Run again with the same lease id (the client retried after the reply of a run that took
+-- the devices was lost): the same answer, not a refusal that leaves that lease held for good
+local taken = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'devices')
+if taken then
+  local out = {}
+  for d in string.gmatch(taken, '[^\\n]+') do table.insert(out, d) end
+  return out
+end
 local devices = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
 local free = {}
 for _, d in ipairs(devices) do
