@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import random
 
@@ -109,6 +110,40 @@ def test_multi_turn_masks_and_ids_come_from_the_model_and_the_template(
         assert engine.tokenizer.decode(completion).count("<|im_start|>user\n") == 2
     # Random bytes from a byte-level model rarely survive decode -> encode; the ids stayed exact.
     assert drift > 0
+
+
+# A template that renders an assistant message differently when it is the last one, as
+# Qwen3's hybrid-thinking template does (an empty think block only there)
+QWEN3_LIKE_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' and loop.last and not add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_observation_turns_with_a_template_that_renders_the_last_assistant_apart(
+    engine: RecordingEngine,
+) -> None:
+    """Such a template failed the check that earlier turns render alike, so every multi-turn
+    episode of a Qwen3 model ended ENV_ERROR ("bad reply to step 1"), the env blamed. The
+    observation's ids come from one rendering now: those of ChatML's."""
+    thinking = copy.deepcopy(engine.tokenizer)
+    thinking.chat_template = QWEN3_LIKE_TEMPLATE
+    closed = thinking.apply_chat_template(
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}], tokenize=False
+    )
+    assert "<think>" in closed  # the last assistant message is rendered apart
+    ids = ChatFormat(thinking).observation_ids("Now 2, go on.")
+    assert ids == ChatFormat(engine.tokenizer).observation_ids("Now 2, go on.")
+    assert (
+        thinking.decode(ids)
+        == "\n<|im_start|>user\nNow 2, go on.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_turn_budget_ends_with_max_turns(engine: RecordingEngine) -> None:

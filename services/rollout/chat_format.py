@@ -54,10 +54,8 @@ class ChatFormat:
                 "the chat template does not close an assistant turn with the eos token "
                 f"{tokenizer.eos_token!r}; multi-turn rollouts need it to"
             )
-        last_eos = len(closed) - 1 - closed[::-1].index(self.eos_token_id)
-        # What the template puts after an assistant's eos (ChatML: a newline).
-        self._after_eos = closed[last_eos + 1 :]
-        self._probe_ids = closed
+        # The assistant's eos is the last of the probe's: the n-th in any longer rendering
+        self._eos_before_observation = closed.count(self.eos_token_id)
 
     def prompt_ids(self, system_prompt: str, observation: str) -> list[int]:
         """The first prompt: system (if any) and user message, then the assistant header.
@@ -81,14 +79,18 @@ class ChatFormat:
         return with_tools != self._render(probe, add_generation_prompt=True)
 
     def observation_ids(self, observation: str) -> list[int]:
-        """Ids that follow an assistant turn's eos: the turn's end, a user turn, a new header."""
+        """Ids that follow an assistant turn's eos: the turn's end, a user turn, a new header.
+
+        Taken from one rendering, after the assistant's eos: a template may render an
+        assistant message differently when it is the last one (Qwen3's hybrid-thinking
+        template adds an empty ``<think></think>`` only there), which is not in the
+        transcript, whose assistant turns are the model's own tokens."""
         messages = [*self._probe_conversation(), {"role": "user", "content": observation}]
         full = self._render(messages, add_generation_prompt=True)
-        if full[: len(self._probe_ids)] != self._probe_ids:
-            raise ValueError(
-                "the chat template renders earlier turns differently once a turn is added"
-            )
-        return [*self._after_eos, *full[len(self._probe_ids) :]]
+        at = [i for i, t in enumerate(full) if t == self.eos_token_id]
+        if len(at) < self._eos_before_observation:
+            raise ValueError("the chat template closes fewer turns with eos once a turn is added")
+        return full[at[self._eos_before_observation - 1] + 1 :]
 
     @staticmethod
     def _probe_conversation() -> list[dict[str, str]]:
