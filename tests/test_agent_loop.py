@@ -386,11 +386,13 @@ def test_restarts_are_bounded_and_only_for_a_dead_instance(engine: RecordingEngi
 
 
 def test_bad_env_replies_end_only_their_episode_with_a_reason(engine: RecordingEngine) -> None:
-    nan, inf, huge, empty, fine, big_prompt = play_requests(
+    nan, inf, beyond, huge, empty, fine, big_prompt = play_requests(
         engine,
         [
             EpisodeRequest("nan", 0, 1, GameSession(Reporting(2, StepResult("", math.nan, True)))),
             EpisodeRequest("inf", 1, 1, GameSession(Reporting(1, StepResult("", -math.inf, True)))),
+            # Finite, but inf as the float32 the trainer gets it in: its advantages were NaN
+            EpisodeRequest("1e39", 6, 1, GameSession(Reporting(1, StepResult("", 1e39, True)))),
             EpisodeRequest("huge", 2, 1, GameSession(Reporting(1, StepResult("x" * 101, 1, True)))),
             EpisodeRequest("empty", 3, 1, GameSession(Reporting(1, intro="-"))),
             EpisodeRequest("fine", 4, 1, GameSession(Reporting(2))),
@@ -399,10 +401,12 @@ def test_bad_env_replies_end_only_their_episode_with_a_reason(engine: RecordingE
         max_observation_chars=100,
     )
     assert all(
-        t.finish_reason is FinishReason.ENV_ERROR for t in (nan, inf, huge, empty, big_prompt)
+        t.finish_reason is FinishReason.ENV_ERROR
+        for t in (nan, inf, beyond, huge, empty, big_prompt)
     )
     assert "non-finite reward (nan)" in nan.finish_detail and nan.num_turns == 2
     assert "non-finite reward (-inf)" in inf.finish_detail
+    assert "reward 1e+39 is beyond ±1e+30" in beyond.finish_detail
     assert (
         "101 characters" in huge.finish_detail and "max_observation_chars=100" in huge.finish_detail
     )

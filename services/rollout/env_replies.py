@@ -89,10 +89,16 @@ def reset_problem(reset: ResetResult, max_observation_chars: int) -> str:
     return _size_problem("reset observation", reset.observation, max_observation_chars)
 
 
+MAX_REWARD = 1e30  # under float32's 3.4e38: turn rewards reach the trainer as float32, and a
+# larger one arrived as inf, its advantages NaN
+
+
 def step_problem(outcome: StepOutcome, max_observation_chars: int) -> str:
     """Why a Step reply cannot be used ('' when it can): a non-finite reward, a huge observation."""
     if not math.isfinite(outcome.reward):
         return f"the step reply has a non-finite reward ({outcome.reward})"
+    if abs(outcome.reward) > MAX_REWARD:  # the trainer gets turn rewards as float32
+        return f"the step reply's reward {outcome.reward:g} is beyond ±{MAX_REWARD:g}"
     return _size_problem("step observation", outcome.observation, max_observation_chars)
 
 
