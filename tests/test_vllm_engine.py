@@ -198,6 +198,11 @@ def test_malformed_outputs_fail_naming_the_field() -> None:
     two.outputs.append(two.outputs[0])
     with pytest.raises(VllmOutputError, match="2 outputs"):
         completions_from_outputs([two], eos_token_id=EOS)
+    # Not finite: the trainer's ratio exp(new - old) would be inf (-inf passed before)
+    for bad in (float("-inf"), float("nan")):
+        unusable = sample_output([7, 8], [-1.0, bad], "length")
+        with pytest.raises(VllmOutputError, match=r"logprobs\[1\]: the logprob of token 8 is"):
+            completions_from_outputs([unusable], eos_token_id=EOS)
 
 
 def test_prompt_logprobs_skip_the_first_token_and_read_each_prompt_token() -> None:

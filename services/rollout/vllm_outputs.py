@@ -108,6 +108,6 @@ def _logprob_of(entry: Mapping[int, LogprobLike] | None, token: int, where: str)
     if entry is None or token not in entry:
         raise VllmOutputError(f"{where} holds no logprob for token {token}")
     value = float(entry[token].logprob)
-    if math.isnan(value):
-        raise VllmOutputError(f"{where}: the logprob of token {token} is NaN")
+    if not math.isfinite(value):  # -inf too: the trainer's ratio exp(new - old) would be inf
+        raise VllmOutputError(f"{where}: the logprob of token {token} is {value}")
     return value
