@@ -42,6 +42,7 @@ from opentinker.services.rollout.types import (
     Completion,
     EnvSpec,
     ResetResult,
+    RoleSpec,
     StepOutcome,
     ToolSpec,
     Trajectory,
@@ -219,6 +220,38 @@ def test_an_env_with_tools_gets_the_raw_text_and_the_parsed_calls(
     assert first_calls == ToolCalls(calls=(ToolCall("calc", {"expr": "2+2"}),))
     assert second_calls is not None and second_calls.calls == ()
     assert len(second_calls.errors) == 1 and second_calls.errors[0].startswith("call 1: not JSON")
+
+
+class TwoRoleCalcSession(CalcSession):
+    """The calculator played by two roles in turn (left, then right), two steps in all."""
+
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
+        return ResetResult("Be exact.", "What is 2+2?", next_role="left")
+
+    async def step(self, action: str, tool_calls: ToolCalls | None = None) -> StepOutcome:
+        self.steps.append((action, tool_calls))
+        done = len(self.steps) == 2
+        rewards = {"left": 1.0, "right": 0.0} if done else {}
+        return StepOutcome("4", 0.0, done=done, next_role="right", role_rewards=rewards)
+
+
+def test_self_play_roles_with_tools_give_the_env_the_parsed_calls(
+    engine: TransformersEngine,
+) -> None:
+    """The self-play loop stepped with the raw text alone, while every role's prompt showed
+    the env's tools: an env with tools never got a call from a multi-agent game."""
+    reply = '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>'
+    config = LoopConfig(
+        sampling=SamplingParams(max_new_tokens=64), max_turns=None, max_episode_tokens=4096
+    )
+    roles = (RoleSpec("left", "You are LEFT."), RoleSpec("right", "You are RIGHT."))
+    spec = EnvSpec(name="calc2", tools=(CALC,), max_turns=2, roles=roles)
+    loop = AgentLoop(ScriptedEngine(engine, [reply, reply]), config, spec)  # type: ignore[arg-type]
+    session = TwoRoleCalcSession()
+    asyncio.run(loop.run([EpisodeRequest("g0", 0, 1, session)], seed=0))  # type: ignore[arg-type]
+    assert [calls for _, calls in session.steps] == [
+        ToolCalls(calls=(ToolCall("calc", {"expr": "2+2"}),))
+    ] * 2
 
 
 def test_a_turn_nested_past_the_parsers_limit_is_a_call_error_not_a_failed_batch(

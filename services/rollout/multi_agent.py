@@ -43,6 +43,7 @@ from .env_replies import reset_problem, restart_after, role_problem, step_proble
 from .loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session, turn_budgets
 from .multimodal import refuse_images
 from .seeds import derive_seed
+from .tool_calls import parse_tool_calls
 from .types import (
     ChatMessage,
     Completion,
@@ -231,12 +232,22 @@ class MultiAgentLoop:
             game.num_turns += 1
             stats.generated_tokens += len(ids)
 
+    async def _step(self, game: Game, action: str) -> StepOutcome:
+        """Step with the turn's raw text; an env with tools also gets the parsed calls (as
+        the one-agent loop gives them; the prompts show every role the tools)."""
+        if not self.env.tools:
+            return await game.session.step(action)
+        names = frozenset(t.name for t in self.env.tools)
+        return await game.session.step(
+            action, parse_tool_calls(action, names, self.chat.tool_call_style)
+        )
+
     async def _interact(self, game: Game, role: str) -> None:
         view = game.views[role]
         action = self._decode(view.token_ids[view.turn_start :], skip_special_tokens=True)
         view.messages.append(ChatMessage("assistant", action))
         try:
-            outcome = await game.session.step(action)
+            outcome = await self._step(game, action)
         except (OpenTinkerError, TimeoutError) as err:
             what = f"step {game.num_turns} ({role}) failed: {err}"
             await self._fail(game, what, err, stepping=True)
