@@ -266,3 +266,27 @@ def test_an_acquire_run_again_with_its_lease_id_gives_the_same_devices(redis_url
             await client.aclose()
 
     run(main)
+
+
+def test_a_release_run_again_by_the_same_call_answers_as_it_did(redis_url: str) -> None:
+    """The client's retry of a RELEASE whose reply was lost found the lease gone and said
+    False: the accounted ledger then took the charge back, the lease billed 0 s. The same
+    call (its call id) now gets its own answer again; another caller still gets False."""
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.flushdb()
+            ledger = RedisLeaseLedger(client, lease_ttl_s=5.0, prefix="t:ledger")
+            await ledger.register_worker("w1", ["w1/cuda:0"])
+            lease = await ledger.acquire("w1", "job-a", 1)
+            assert lease is not None
+            script = client.register_script(lease_scripts.RELEASE)
+            args = ["t:ledger", lease.lease_id, 100, "call-1"]
+            assert (await script(args=args), await script(args=args)) == (1, 1)
+            assert await ledger.release(lease.lease_id) is False  # another call: already gone
+            assert await ledger.leases("w1") == []
+        finally:
+            await client.aclose()
+
+    run(main)

@@ -285,6 +285,35 @@ def test_a_lease_released_twice_is_charged_once(redis_url: str) -> None:
     run(main)
 
 
+def test_a_charge_the_redis_client_ran_twice_counts_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Redis client retries a command on a connection error, also after it ran and its
+    reply was lost: a lease's charge (device-seconds) then counted twice. Each charge now
+    carries its own key, so the second run adds nothing."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            stores = mesh.running.stores
+            job = await submit(mesh.stub, "charged", num_devices=1)
+            await stores.ledger.register_worker("w9", ["d0"])
+            lease = await stores.ledger.acquire("w9", job.job_id, 1)
+            assert lease is not None
+            await asyncio.sleep(0.5)
+            add = stores.usage.add
+
+            async def run_twice(*args, **kwargs) -> None:  # as a retry after a lost reply
+                await add(*args, **kwargs)
+                await add(*args, **kwargs)
+
+            monkeypatch.setattr(stores.usage, "add", run_twice)
+            assert await stores.ledger.release(lease.lease_id)
+            charged = (await stores.usage.job(job.job_id)).device_seconds
+            assert 0.5 <= charged < 0.9, charged  # 1 device x ~0.5 s, once
+
+    run(main)
+
+
 def test_a_lease_held_since_before_the_period_began_charges_it_only_the_time_since(
     redis_url: str,
 ) -> None:

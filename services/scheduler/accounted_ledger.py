@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -45,6 +46,7 @@ class _Charge:
     period_s: float
     seconds: float
     in_period_s: float
+    charge_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # one per release call
 
 
 class AccountedLedger:
@@ -101,12 +103,14 @@ class AccountedLedger:
         return charge
 
     async def _add(self, charge: _Charge, *, sign: float = 1.0) -> None:
+        # Keyed by the charge and its sign: the client's retry after a lost reply adds nothing
         await self._usage.add(
             charge.job_id,
             charge.tenant_id,
             Usage(device_seconds=sign * charge.seconds),
             period_s=charge.period_s,
             in_period=Usage(device_seconds=sign * charge.in_period_s),
+            once=f"lease-charge:{charge.charge_id}:{'+' if sign > 0 else '-'}",
         )
 
     # ---- delegated as is ----------------------------------------------------------------------

@@ -263,7 +263,10 @@ class RedisLeaseLedger:
         return int(await self._renew(args=[self._prefix, worker_id, self._ttl_ms]))
 
     async def release(self, lease_id: str) -> bool:
-        return bool(await self._release(args=[self._prefix, lease_id, HISTORY_MAX_EVENTS]))
+        # A call id: the client's retry of this call after a lost reply answers as it did
+        call_id = uuid.uuid4().hex
+        args: list[str | int] = [self._prefix, lease_id, HISTORY_MAX_EVENTS, call_id]
+        return bool(await self._release(args=args))
 
     async def get(self, lease_id: str) -> Lease | None:
         fields = await self._r.hgetall(self._key("lease", lease_id))

@@ -70,13 +70,17 @@ return renewed
 RELEASE = (
     LIVE_FN
     + """
-local prefix, lease_id = ARGV[1], ARGV[2]
+local prefix, lease_id, call_id = ARGV[1], ARGV[2], ARGV[4]
+local released = prefix .. ':released:' .. lease_id
 local worker_id = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'worker_id')
 if not worker_id then
   redis.call('SREM', prefix .. ':leases', lease_id)
   redis.call('SREM', prefix .. ':draining', lease_id)
+  -- Run again by the same call (the client retried after the reply was lost): its answer
+  if call_id and call_id ~= '' and redis.call('GET', released) == call_id then return 1 end
   return 0
 end
+if call_id and call_id ~= '' then redis.call('SET', released, call_id, 'PX', 600000) end
 redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[3], '*', 'event', 'release',
            'lease_id', lease_id, 'worker_id', worker_id,
            'job_id', redis.call('HGET', prefix .. ':lease:' .. lease_id, 'job_id'))
