@@ -243,6 +243,19 @@ def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) 
     asyncio.run(main())
 
 
+@asynccontextmanager
+async def one_device_ledger(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, LeaseLedger]]:
+    """A fresh ledger (prefix t:ledger) whose worker w1 offers one device, and its client."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+        ledger = RedisLeaseLedger(client, lease_ttl_s=5.0, prefix="t:ledger")
+        await ledger.register_worker("w1", ["w1/cuda:0"])
+        yield client, ledger
+    finally:
+        await client.aclose()
+
+
 def test_an_acquire_run_again_with_its_lease_id_gives_the_same_devices(redis_url: str) -> None:
     """The Redis client retries a command on a connection error, also when the error came
     after the script ran (the reply was lost): the second run found the device held by its
@@ -250,11 +263,7 @@ def test_an_acquire_run_again_with_its_lease_id_gives_the_same_devices(redis_url
     it, held the device for good. Now the second run answers as the first did."""
 
     async def main() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            await client.flushdb()
-            ledger = RedisLeaseLedger(client, lease_ttl_s=5.0, prefix="t:ledger")
-            await ledger.register_worker("w1", ["w1/cuda:0"])
+        async with one_device_ledger(redis_url) as (client, ledger):
             script = client.register_script(lease_scripts.ACQUIRE)
             args = ["t:ledger", "w1", "job-a", 1, "lease-retried", 5000, "1.0", 100]
             first, again = await script(args=args), await script(args=args)
@@ -262,8 +271,6 @@ def test_an_acquire_run_again_with_its_lease_id_gives_the_same_devices(redis_url
             [lease] = await ledger.leases("w1")
             assert lease.lease_id == "lease-retried" and lease.device_ids == ("w1/cuda:0",)
             assert await ledger.acquire("w1", "job-b", 1) is None  # one lease holds it
-        finally:
-            await client.aclose()
 
     run(main)
 
@@ -274,11 +281,7 @@ def test_a_release_run_again_by_the_same_call_answers_as_it_did(redis_url: str) 
     call (its call id) now gets its own answer again; another caller still gets False."""
 
     async def main() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            await client.flushdb()
-            ledger = RedisLeaseLedger(client, lease_ttl_s=5.0, prefix="t:ledger")
-            await ledger.register_worker("w1", ["w1/cuda:0"])
+        async with one_device_ledger(redis_url) as (client, ledger):
             lease = await ledger.acquire("w1", "job-a", 1)
             assert lease is not None
             script = client.register_script(lease_scripts.RELEASE)
@@ -286,7 +289,5 @@ def test_a_release_run_again_by_the_same_call_answers_as_it_did(redis_url: str) 
             assert (await script(args=args), await script(args=args)) == (1, 1)
             assert await ledger.release(lease.lease_id) is False  # another call: already gone
             assert await ledger.leases("w1") == []
-        finally:
-            await client.aclose()
 
     run(main)
