@@ -291,3 +291,23 @@ def test_a_release_run_again_by_the_same_call_answers_as_it_did(redis_url: str) 
             assert await ledger.leases("w1") == []
 
     run(main)
+
+
+def test_a_group_acquire_run_again_with_its_lease_ids_gives_the_same_answer(
+    redis_url: str,
+) -> None:
+    """As a retried ACQUIRE: the second run of a spanning job's group acquire found the
+    devices held by its own first run and refused, leaving those leases held for good."""
+
+    async def main() -> None:
+        async with one_device_ledger(redis_url) as (client, ledger):
+            await ledger.register_worker("w2", ["w2/cuda:0"])
+            script = client.register_script(lease_scripts.ACQUIRE_GROUP)
+            args = ["t:ledger", "job-s", 5000, "1.0", 100, 29500, 4]
+            args += ["w1", 1, "lease-g1", "w2", 1, "lease-g2"]
+            first, again = await script(args=args), await script(args=args)
+            assert first == again == [b"29500", b"w1/cuda:0", b"w2/cuda:0"]
+            held = [lease.lease_id for w in ("w1", "w2") for lease in await ledger.leases(w)]
+            assert held == ["lease-g1", "lease-g2"]
+
+    run(main)

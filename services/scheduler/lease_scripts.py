@@ -177,6 +177,15 @@ return 1
 ACQUIRE_GROUP = """
 local prefix, job_id, ttl_ms, now, maxlen = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local port_base, port_count = tonumber(ARGV[6]), tonumber(ARGV[7])
+-- Run again with the same lease ids (a retry after a lost reply): the same answer
+local first = prefix .. ':lease:' .. ARGV[10]
+if redis.call('EXISTS', first) == 1 then
+  local again = {redis.call('HGET', first, 'port')}
+  for i = 8, #ARGV, 3 do
+    table.insert(again, redis.call('HGET', prefix .. ':lease:' .. ARGV[i + 2], 'devices'))
+  end
+  return again
+end
 local parts, ids = {}, {}
 for i = 8, #ARGV, 3 do
   local worker_id, n, lease_id = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
