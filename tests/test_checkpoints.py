@@ -167,6 +167,23 @@ def test_only_the_newest_checkpoints_are_kept(tiny_model_dir: Path, tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003", "step-000004"]
 
 
+def test_past_step_999999_the_newest_checkpoint_is_still_the_latest(tmp_path: Path) -> None:
+    """Names were sorted as text: step-1000000 (7 digits) came before step-999998, so the
+    newest was taken for the oldest, and pruning deleted the one just written."""
+    for step in (999_996, 999_998, 1_000_000):
+        folder = tmp_path / checkpoints.step_name(step)
+        folder.mkdir()
+        (folder / checkpoints.MANIFEST).write_text(json.dumps({"step": step, "files": {}}))
+    (tmp_path / "step-notes").mkdir()  # not a checkpoint's name: ignored
+    latest = checkpoints.latest(tmp_path)
+    assert latest is not None and latest.name == "step-1000000"
+    checkpoints.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "step-notes") == [
+        "step-1000000",
+        "step-999998",
+    ]
+
+
 def test_an_inconsistent_trainer_state_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     policy = trained(lora(tiny_model_dir), steps=1)
     state = state_at(3).model_copy(update={"data_cursor": 5})

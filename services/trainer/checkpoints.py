@@ -151,8 +151,16 @@ def complete_checkpoints(folder: Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
-    return sorted((p for p in found if is_complete(p)), key=lambda p: p.name)
+    found = [p for p in folder.iterdir() if p.is_dir() and _step_of(p.name) is not None]
+    # By step number, not name: past step 999,999 the name has 7 digits and sorted first,
+    # so the newest checkpoint was taken for the oldest (and pruned).
+    return sorted((p for p in found if is_complete(p)), key=lambda p: _step_of(p.name) or 0)
+
+
+def _step_of(name: str) -> int | None:
+    """The step of a checkpoint folder's name (``step-000012``), or None for another name."""
+    digits = name.removeprefix(_PREFIX)
+    return int(digits) if name.startswith(_PREFIX) and digits.isdigit() else None
 
 
 def latest(folder: Path) -> Path | None:
