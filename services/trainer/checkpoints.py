@@ -71,7 +71,9 @@ class TrainerState(BaseModel):
     rewards: list[float] = []
     # Next rollout batch_index. The rollout derives every env seed and sampling seed from
     # (job seed, batch_index) alone, so this is the whole data position; the loop collects
-    # batch_index = step, and load() checks that the two agree. SFT: the index of the next
+    # batch_index = step, and load() checks that the two agree. (Not the policy a batch ahead
+    # was played by: with max_staleness >= 1 a resumed job's next batch is played by the
+    # resumed version, one fresher than uninterrupted.) SFT: the index of the next
     # batch in the seeded sequence of batches (also = step).
     data_cursor: int = Field(ge=0)
     # Figures a resumed loop needs beyond these (SFT: the validation loss before training).
