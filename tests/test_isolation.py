@@ -261,3 +261,40 @@ def test_authenticate_answers_only_about_the_credential_it_is_given(
     out, err = capfd.readouterr()
     secret = key.split("_", 2)[2]
     assert secret not in out + err, "a key's secret reached a log line"
+
+
+def test_a_job_spec_may_name_only_its_own_tenants_jobs_in_its_paths(redis_url: str) -> None:
+    """base_model, inference.adapter_dir and the SFT datasets are read as they are on the
+    workers, and a job's outputs lie under a folder named by its id: tenant B could sample
+    from tenant A's saved adapter by naming it, skipping the tenant checks LoadState and the
+    gateway make. A path naming another tenant's job is refused as one that does not exist."""
+
+    async def main() -> None:
+        settings = SchedulerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.2)
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            ids = running.stores.identity
+            mine = await api_key(ids, tenant="acme", user="erin")
+            theirs = await api_key(ids, tenant="globex", user="frank")
+            async with (
+                aio_channel(running.address, credential=mine) as acme,
+                aio_channel(running.address, credential=theirs) as globex,
+            ):
+                acme_stub = scheduler_pb2_grpc.SchedulerServiceStub(acme)
+                globex_stub = scheduler_pb2_grpc.SchedulerServiceStub(globex)
+
+                async def submit(stub, base_model: str) -> common_pb2.Job:  # noqa: ANN001
+                    spec = to_proto(JobSpec(rl=RlConfig(env_name="letter", steps=1)))
+                    spec.model.base_model = base_model
+                    request = scheduler_pb2.SubmitJobRequest(spec=spec)
+                    return (await stub.SubmitJob(request, timeout=5)).job
+
+                a_job = await submit(acme_stub, "Qwen/Qwen2.5-1.5B")
+                saved = f"/srv/checkpoints/{a_job.job_id}/states/s1"
+                assert (await submit(acme_stub, saved)).job_id  # the owner's tenant may
+                for path in (saved, "/srv/checkpoints/job-0123456789ab/final"):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await submit(globex_stub, path)
+                    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert "not one of your tenant's jobs" in (refused.value.details() or "")
+
+    run(main)

@@ -47,6 +47,7 @@ from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
 from opentinker.services.scheduler.revocation import while_not_revoked
 from opentinker.services.scheduler.spanning import holds_part
+from opentinker.services.scheduler.spec_paths import check_submission
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
 from opentinker.services.scheduler.worker_session import (
@@ -55,7 +56,6 @@ from opentinker.services.scheduler.worker_session import (
     StopCommand,
     WorkerSession,
 )
-from opentinker.spec import from_proto
 
 log = structlog.get_logger(__name__)
 
@@ -175,7 +175,7 @@ class Scheduler:
     ) -> common_pb2.Job:
         """Validate (ConfigError naming the field) and queue a job of ``owner``'s tenant;
         idempotent on (tenant, request_id)."""
-        from_proto(spec)
+        await check_submission(spec, owner.tenant_id, self._jobs)
         await self._quotas.check_submit(spec, owner.tenant_id)
         async with self._placing:  # queued as it is stored: no round places it before its event
             job, created = await self._jobs.create(
