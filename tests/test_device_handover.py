@@ -14,8 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
+from opentinker.services.worker import device_handover
 from opentinker.services.worker.device_handover import holders_of, run_when_free
 from opentinker.services.worker.held import HeldRun
 from opentinker.services.worker.job_run import JobRun
@@ -201,3 +204,27 @@ def test_a_shared_rollout_that_dies_frees_the_jobs_waiting_for_its_gpu(tmp_path:
 def _pids_of(script: Path) -> list[str]:
     found = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True)
     return found.stdout.split()
+
+
+def test_a_stream_stuck_in_its_write_does_not_hold_up_the_wait_or_a_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JobWaiting goes out on the worker's stream; a write that never returns held the
+    wait before it began, and with it a stop meant to end the attempt unstarted."""
+    monkeypatch.setattr(device_handover, "SAY_TIMEOUT_S", 0.1, raising=False)
+
+    async def main() -> None:
+        holder_task = asyncio.create_task(asyncio.sleep(3600))
+        new = _run(tmp_path, "new", ["h/cuda:0"])
+
+        async def stuck(**payload: object) -> None:
+            await asyncio.Event().wait()
+
+        waiting = asyncio.create_task(run_when_free(new, {"old/1": holder_task}, say=stuck))
+        await asyncio.sleep(0.05)
+        new.stop("cancelled by the user")
+        outcome = await asyncio.wait_for(waiting, 2)
+        assert outcome.reason == "stopped: cancelled by the user"
+        holder_task.cancel()
+
+    asyncio.run(main())

@@ -19,6 +19,7 @@ has). A stop that comes meanwhile ends the attempt unstarted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
@@ -31,6 +32,7 @@ from opentinker.services.worker.shared_rollouts import SharedRollouts
 log = structlog.get_logger(__name__)
 
 Holders = dict[str, "asyncio.Future[None]"]  # what holds the devices -> done when it is gone
+SAY_TIMEOUT_S = 5.0
 Say = Callable[..., Awaitable[None]]  # the worker's stream: say(waiting=JobWaiting(...))
 
 
@@ -60,9 +62,10 @@ async def run_when_free(run: JobRun, holders: Holders, *, say: Say) -> Exit:
         why = f"waiting for its devices ({devices}), still held here by {held_by}"
         job = run.job
         if run.stop_reason is None:  # lost with the stream when there is none (informative)
-            await say(
-                waiting=scheduler_pb2.JobWaiting(job_id=job.job_id, attempt=job.attempt, reason=why)
-            )
+            waiting = scheduler_pb2.JobWaiting(job_id=job.job_id, attempt=job.attempt, reason=why)
+            # Bounded: a stream stuck in its write must not hold the wait (nor a stop) up
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(say(waiting=waiting), SAY_TIMEOUT_S)
         if not await run.until_done(list(holders.values())):
             return Exit(-1, f"stopped: {run.stop_reason}")
         run.log.info("devices_freed")
