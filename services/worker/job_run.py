@@ -36,6 +36,7 @@ from opentinker.services.worker.ranks import (
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_engine
 from opentinker.services.worker.spares import SparePool
+from opentinker.services.worker.spec_paths import refused_path
 from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
 
 log = structlog.get_logger(__name__)
@@ -118,6 +119,9 @@ class JobRun:
 
     async def _run(self) -> Exit:
         launch_path = self.run_dir / "launch.json"
+        if refused := self._refused_path():
+            self.log.warning("job_path_refused", reason=refused)
+            return Exit(1, refused)
         LaunchConfig.for_job(
             self.job,
             lease_id=self.lease_id,
@@ -168,6 +172,13 @@ class JobRun:
             if not await self.until_done(list(in_the_way.values())):
                 return Exit(-1, f"stopped: {self._stop_reason}")
         return await self._train_with_private_rollout(launch_path, env, handover)
+
+    def _refused_path(self) -> str | None:
+        """Why a path of the spec may not be read here (worker/spec_paths.py), or None."""
+        roots = [self.settings.run_root, self.settings.checkpoint_dir(self.job.job_id).parent]
+        return refused_path(
+            self.job.spec, job_id=self.job.job_id, cwd=self.run_dir.resolve(), roots=roots
+        )
 
     @property
     def _ranked(self) -> bool:

@@ -1,3 +1,4 @@
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -122,6 +123,8 @@ OLD_LOGPROBS_TRAINER: OldLogprobs
 ROLE_ADAPTERS_UNSPECIFIED: RoleAdapters
 ROLE_ADAPTERS_PER_ROLE: RoleAdapters
 ROLE_ADAPTERS_SHARED: RoleAdapters
+WORKER_PATH_FIELD_NUMBER: _ClassVar[int]
+worker_path: _descriptor.FieldDescriptor
 
 class LoraConfig(_message.Message):
     __slots__ = ("rank", "alpha", "dropout", "target_modules")
