@@ -26,6 +26,9 @@ FAST = SandboxLimits(wall_time_s=3.0, cpu_time_s=2, output_bytes=4096)
 needs_namespaces = pytest.mark.skipif(
     not isolation().namespaces, reason="unshare cannot create namespaces on this machine"
 )
+needs_own_root = pytest.mark.skipif(
+    not isolation().own_root, reason="no bubblewrap (bwrap) that can make a root here"
+)
 needs_nobody = pytest.mark.skipif(
     not isolation().drop_to_nobody, reason="not root, or no setpriv: runs as the caller"
 )
@@ -123,7 +126,41 @@ def test_files_outside_the_folder_cannot_be_read(tmp_path: Path, guard: bool) ->
     secret.chmod(0o600)
     result = run_python(f"print(open({str(secret)!r}).read())", limits=FAST, guard=guard)
     assert "the-secret-value" not in result.output
-    assert "PermissionError" in result.output
+    # Refused by the guard or by the sandbox's user; not even there in a root of its own
+    assert "PermissionError" in result.output or "FileNotFoundError" in result.output
+
+
+@pytest.mark.parametrize("guard", [True, pytest.param(False, marks=needs_own_root)])
+def test_the_services_folders_cannot_be_listed(tmp_path: Path, guard: bool) -> None:
+    """Code run through code_math listed the jobs root and the checkpoint root: every
+    tenant's job ids (then usable in a spec's paths). Its own folder is all it sees."""
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "job-0123456789ab").mkdir(parents=True)
+    code = f"import os\nprint(os.listdir('.'))\nprint(os.listdir({str(checkpoints)!r}))\n"
+    result = run_python(code, limits=FAST, guard=guard)
+    assert result.output.startswith("['cell.py']\n"), result.output
+    assert "job-0123456789ab" not in result.output
+    assert "PermissionError" in result.output or "FileNotFoundError" in result.output
+
+
+@needs_own_root
+def test_a_root_of_its_own_holds_only_the_system_python_and_its_folder() -> None:
+    code = "import os, sys\nprint(sorted(os.listdir('/')))\nprint(os.listdir('/tmp'))\n"
+    result = run_python(code, limits=FAST, guard=False)
+    top, tmp = (eval(line) for line in result.output.splitlines())  # noqa: S307 - our output
+    assert set(top) <= {
+        "bin",
+        "sbin",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "usr",
+        "dev",
+        "proc",
+        *(Path(p).parts[1] for p in (sys.prefix, sys.base_prefix, "/tmp")),
+    }
+    assert len(tmp) == 1 and tmp[0].startswith("opentinker-sandbox-")  # no other run's
 
 
 def test_files_outside_the_folder_cannot_be_written_and_inside_can(tmp_path: Path) -> None:

@@ -1,9 +1,13 @@
 """Run untrusted Python (the model's code) with limits that it cannot lift.
 
 Layers, from the outside in:
-- its own process group (a new session) and, where the OS allows (``unshare``), new PID and
-  network namespaces: no network at all, and when the sandbox's first process dies the kernel
-  kills every process left in it, so a fork bomb or a ``setsid`` child cannot outlive the run;
+- its own process group (a new session) and, where the OS allows (``bwrap``, else
+  ``unshare``), new PID and network namespaces: no network at all, and when the sandbox's first
+  process dies the kernel kills every process left in it, so a fork bomb or a ``setsid`` child
+  cannot outlive the run;
+- where bubblewrap can make one (``sandbox_root.py``), a root of its own: the system's
+  libraries, Python's installation and the run's folder, nothing else (no service folder, no
+  other run, no checkout, so no job id of any tenant to list);
 - a wall-clock timeout that kills the whole group (and so the namespace);
 - resource limits on CPU seconds, address space, file size, open files, processes, core
   dumps, set by ``prlimit`` before the sandbox starts (never by a ``preexec_fn``: forking with
@@ -16,7 +20,8 @@ Layers, from the outside in:
 - inside Python, ``sandbox_guard`` refuses processes, sockets, ctypes and files outside the
   folder with a clear error.
 ``isolation()`` says which OS layers this machine allows; where one is missing (no
-``unshare`` or no privilege for namespaces) the rest still apply, best effort.
+``bwrap``, no ``unshare`` or no privilege for namespaces) the rest still apply, best effort,
+and the start-up log says which are missing.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from opentinker.services.envhub.games.sandbox_root import bwrap_prefix
 
 GUARD = Path(__file__).with_name("sandbox_guard.py")
 NOBODY = 65534
@@ -86,11 +93,13 @@ class SandboxResult:
 @dataclass(frozen=True)
 class Isolation:
     """The OS layers this machine allows: namespaces via ``unshare``, dropping to nobody,
-    limits set by the ``prlimit`` command."""
+    limits set by the ``prlimit`` command, a root of its own via ``bwrap`` (own_root: the
+    namespaces come with it, and ``unshare`` is then not used)."""
 
     namespaces: bool
     drop_to_nobody: bool
     prlimit: bool = False
+    own_root: bool = False
 
 
 @functools.cache
@@ -103,14 +112,34 @@ def isolation() -> Isolation:
     prlimit = shutil.which("prlimit") is not None and _works(
         [*_prlimit_prefix(SandboxLimits()), "true"]
     )
-    found = Isolation(namespaces=namespaces, drop_to_nobody=drop, prlimit=prlimit)
+    own_root = shutil.which("bwrap") is not None and _bwrap_works(drop)
+    found = Isolation(
+        namespaces=namespaces or own_root, drop_to_nobody=drop, prlimit=prlimit, own_root=own_root
+    )
     log.info(
         "sandbox_isolation",
         namespaces=found.namespaces,
         drop_to_nobody=found.drop_to_nobody,
         prlimit=found.prlimit,
+        own_root=found.own_root,
     )
+    if not own_root:
+        log.warning(
+            "sandbox_sees_the_host_filesystem",
+            fix="install bubblewrap (apt-get install bubblewrap): without it sandboxed code "
+            "can list the host's folders (e.g. the run and checkpoint roots)",
+        )
     return found
+
+
+def _bwrap_works(drop: bool) -> bool:
+    """Python starts in a root of its own (as the sandbox's user when ``drop``)."""
+    with tempfile.TemporaryDirectory(prefix="opentinker-sandbox-probe-") as folder:
+        if drop:
+            os.chown(folder, NOBODY, NOBODY)
+        user = _setpriv_prefix() if drop else []
+        prefix = bwrap_prefix(folder, as_root=os.geteuid() == 0)
+        return _works([*prefix, *user, sys.executable, "-I", "-c", "import os; os.listdir('.')"])
 
 
 def run_python(
@@ -133,7 +162,9 @@ def run_python(
         command.append(str(cell))
         if where.drop_to_nobody:
             command = [*_setpriv_prefix(), *command]
-        if where.namespaces:
+        if where.own_root:
+            command = [*bwrap_prefix(folder, as_root=os.geteuid() == 0), *command]
+        elif where.namespaces:
             command = [*_unshare_prefix(), *command]
         if where.prlimit:  # outermost: every process of the sandbox inherits the limits
             command = [*_prlimit_prefix(limits), *command]

@@ -4,10 +4,10 @@ source is passed as text, so the sandbox user needs no read access to the checko
 A Python audit hook refuses what model code has no business doing: starting processes
 (fork, exec, spawn, subprocess, os.system), opening sockets, native code through ctypes
 (beyond the libraries numpy and sympy load at import), walking the garbage collector (to find
-and disarm this hook), and opening files outside the sandbox folder (reads are also allowed
-inside Python's own installation). It is a
-tripwire that gives the model a clear error; the boundary is the OS layer around it (see
-``sandbox.py``: its own user, namespaces, resource limits). Standard library only.
+and disarm this hook), and opening or listing files outside the sandbox folder (reads are also
+allowed inside Python's own installation). It is a tripwire that gives the model a clear
+error; the boundary is the OS layer around it (see ``sandbox.py``: its own user, namespaces,
+a root of its own, resource limits). Standard library only.
 """
 
 import os
@@ -60,6 +60,14 @@ def _install(cell_dir: str) -> None:
             if name is None or os.path.realpath(os.fsdecode(name)).startswith(readable):
                 return
             raise PermissionError(f"sandbox: loading native library {name!r} is not allowed")
+        if event in ("os.listdir", "os.scandir"):  # (the OS layer hides the rest too)
+            where = args[0] if args[0] is not None else "."
+            if isinstance(where, int):
+                return
+            folder = os.path.realpath(os.fsdecode(where))
+            if not ((folder + os.sep).startswith(writable) or folder.startswith(readable)):
+                raise PermissionError(f"sandbox: listing {folder} is not allowed")
+            return
         if event != "open" or isinstance(args[0], int):
             return
         path = os.path.realpath(os.fsdecode(args[0]))
