@@ -57,3 +57,15 @@ def test_a_job_past_its_tenants_device_quota_waits_but_smaller_ones_go() -> None
 def test_a_job_that_does_not_fit_the_free_devices_is_passed_over() -> None:
     queue = [job("wide", "acme", devices=4), job("narrow", "acme", devices=1)]
     assert drain(FairPicker(queue, {}, {}), free_devices=2) == ["narrow"]
+
+
+def test_once_a_one_worker_job_finds_no_room_none_as_large_is_offered_that_round() -> None:
+    """A round must not outlast its look at what each tenant holds: trying every queued job
+    on a full pool took long enough for a device freed meanwhile to go by that stale look."""
+    queue = [job(f"a{i}", "acme") for i in range(50)] + [job("wide", "acme", devices=4)]
+    picker = FairPicker(queue, {"acme": 2}, {}, largest_worker=2)
+    offered = []
+    while (candidate := picker.next()) is not None:
+        offered.append(candidate.job_id)
+        picker.done(candidate, placed=False)
+    assert offered == ["a0", "wide"]  # the wide one spans workers: it may still fit there

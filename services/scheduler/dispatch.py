@@ -88,15 +88,20 @@ class Dispatcher:
                     queued.append(job)
             queued = await self._within_budget(queued)
             queued = await self._not_draining(queued)
+            if not self._sessions:  # nowhere to place: a worker that joins wakes a new round
+                return 0
             picker = FairPicker(
                 queued,
                 await self._quotas.devices_in_use(),
                 await self._quotas.device_limits(j.tenant_id for j in queued),
+                largest_worker=max((len(s.devices) for s in self._sessions.values()), default=0),
             )
             while (job := picker.next()) is not None:
                 placed = await self._place(job)
                 picker.done(job, placed=placed)
                 launched += placed
+                # What each tenant holds now: a lease released meanwhile counts (fair_share.py)
+                picker.in_use = await self._quotas.devices_in_use()
         return launched
 
     async def _within_budget(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:

@@ -5,6 +5,13 @@ candidate was queued earlier), so a tenant that floods the queue cannot starve a
 free device goes to whoever holds least. Within a tenant: higher ``priority`` first, then queue
 order. A job that would take its tenant past ``max_devices`` is not offered (it waits; it is
 refused at submit if it could never fit).
+
+A round ranks tenants by what they hold when it looks, so it must not outlast that look:
+once a job that fits on one worker finds no room, no job as large is offered for the rest of
+the round (none would fit either), and the dispatcher reads the devices held again before each
+offer. A round over a long queue used to try every queued job, long enough that a device freed
+meanwhile went to whoever was next by the round's first look: a tenant already holding one
+took the device of the tenant that had just dropped to none.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ class FairPicker:
     """Offers queued jobs one at a time; tell it whether each was placed (``done``).
 
     jobs: queued jobs in queue order. in_use: devices each tenant's jobs hold now.
-    max_devices: each tenant's limit (0 or missing = none).
+    max_devices: each tenant's limit (0 or missing = none). largest_worker: the most devices
+    one worker has (a job needing more spans workers); 0 = unknown.
     """
 
     def __init__(
@@ -37,9 +45,13 @@ class FairPicker:
         jobs: Sequence[common_pb2.Job],
         in_use: Mapping[str, int],
         max_devices: Mapping[str, int],
+        *,
+        largest_worker: int = 0,
     ) -> None:
         self.in_use = dict(in_use)
         self._limits = dict(max_devices)
+        self._largest_worker = largest_worker
+        self._no_room_from: int | None = None  # one-worker jobs this large found no room
         self._by_tenant: dict[str, list[_Entry]] = {}
         for position, job in enumerate(jobs):
             self._by_tenant.setdefault(job.tenant_id, []).append(_Entry(job, position))
@@ -50,12 +62,17 @@ class FairPicker:
         limit = self._limits.get(job.tenant_id, 0)
         return not limit or self.in_use.get(job.tenant_id, 0) + devices_needed(job) <= limit
 
+    def _offerable(self, job: common_pb2.Job) -> bool:
+        needed = devices_needed(job)
+        no_room = self._no_room_from is not None and self._no_room_from <= needed
+        return self.fits_quota(job) and not (no_room and needed <= self._largest_worker)
+
     def next(self) -> common_pb2.Job | None:
         """The job to try now, or None when no tenant has one within its quota."""
         best: tuple[int, int] | None = None
         chosen: common_pb2.Job | None = None
         for tenant, entries in self._by_tenant.items():
-            entry = next((e for e in entries if self.fits_quota(e.job)), None)
+            entry = next((e for e in entries if self._offerable(e.job)), None)
             if entry is None:
                 continue
             rank = (self.in_use.get(tenant, 0), entry.position)
@@ -64,8 +81,13 @@ class FairPicker:
         return chosen
 
     def done(self, job: common_pb2.Job, *, placed: bool) -> None:
-        """Take ``job`` out of the running; count its devices against its tenant if placed."""
+        """Take ``job`` out of the running; count its devices against its tenant if placed.
+        A one-worker job not placed found no room on any worker (or, rarely, moved on: then
+        the others of its size wait one round)."""
         entries = self._by_tenant.get(job.tenant_id, [])
         self._by_tenant[job.tenant_id] = [e for e in entries if e.job.job_id != job.job_id]
+        needed = devices_needed(job)
         if placed:
-            self.in_use[job.tenant_id] = self.in_use.get(job.tenant_id, 0) + devices_needed(job)
+            self.in_use[job.tenant_id] = self.in_use.get(job.tenant_id, 0) + needed
+        elif needed <= self._largest_worker:
+            self._no_room_from = min(needed, self._no_room_from or needed)
