@@ -24,6 +24,7 @@ from opentinker.console import jobs_table, print_event, usage_table
 from opentinker.errors import ConfigError, OpenTinkerError
 from opentinker.infer_cli import add_infer_command
 from opentinker.live_view import TailView
+from opentinker.models_cli import add_models_commands
 from opentinker.scheduler.v1 import identity_pb2
 from opentinker.sinks import (
     JsonlSink,
@@ -302,6 +303,7 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_data)
 
     add_infer_command(sub)
+    add_models_commands(sub)
 
     p = sub.add_parser("tiny-model", help="build the tiny local Qwen2 model")
     p.add_argument("--out", default="runs/tiny-qwen2")
