@@ -27,7 +27,8 @@ def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0, *, tied: bool = False) -> LlamaForCausalLM:
+    """tied: the LM head is the embedding (as SmolLM2's: its GGUF has no output.weight)."""
     set_seed(seed)
     tokenizer = build_tokenizer()
     config = LlamaConfig(
@@ -39,7 +40,7 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=256,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
     model = LlamaForCausalLM(config).eval()
@@ -105,8 +106,9 @@ def _gguf_tensors(model: LlamaForCausalLM) -> dict[str, np.ndarray]:
     out = {
         "token_embd.weight": state["model.embed_tokens.weight"],
         "output_norm.weight": state["model.norm.weight"],
-        "output.weight": state["lm_head.weight"],
     }
+    if not model.config.tie_word_embeddings:
+        out["output.weight"] = state["lm_head.weight"]
     for i in range(LAYERS):
         hf = f"model.layers.{i}."
         out |= {

@@ -1,0 +1,80 @@
+"""A model imported from GGUF (a tiny random Llama with tied embeddings, as SmolLM2 is,
+written as Q8_0 by tests/gguf_files.py) through the whole mesh: LoRA and full RL, and its
+saved adapter served by an inference job. Llama beside the Qwen2 every other test uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf_files import tiny_llama, write_llama_gguf
+
+import opentinker
+from opentinker import InferenceConfig, JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.modeling.gguf_import import import_gguf
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gguf")
+    path = write_llama_gguf(folder / "tiny.gguf", tiny_llama(seed=1, tied=True), quantize="Q8_0")
+    return Path(import_gguf(path, folder / "hf") and folder / "hf")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory):
+    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as mesh:
+        yield opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10)
+
+
+def rl(model: Path, finetune: str) -> JobSpec:
+    config = RlConfig(
+        env_name="letter",
+        env_options={"num_letters": "4"},
+        steps=2,
+        prompts_per_step=4,
+        samples_per_prompt=4,
+        learning_rate=1e-3,
+        sampling=SamplingParams(max_new_tokens=2),
+    )
+    return JobSpec(
+        name=f"llama-{finetune}",
+        model=ModelSpec(base_model=str(model), finetune=finetune),
+        rl=config,
+    )
+
+
+def test_an_imported_llama_trains_with_lora_and_its_adapter_serves(client, llama: Path) -> None:
+    job = client.fit(rl(llama, "lora"), timeout=300)
+    assert job.state == "SUCCEEDED", job.reason
+    assert job.final_metrics["policy_version"] == 2
+    served = client.fit(
+        JobSpec(
+            kind="inference",
+            model=ModelSpec(base_model=str(llama)),
+            inference=InferenceConfig(
+                env_name="letter", episodes=4, adapter_dir=job.checkpoint_uri
+            ),
+        ),
+        timeout=300,
+    )
+    assert served.state == "SUCCEEDED", served.reason
+    assert served.final_metrics["episodes"] == 4
+
+
+def test_an_imported_llama_trains_all_its_weights_and_keeps_them_tied(client, llama: Path) -> None:
+    job = client.fit(rl(llama, "full"), timeout=300)
+    assert job.state == "SUCCEEDED", job.reason
+    assert job.final_metrics["policy_version"] == 2
+    from transformers import AutoModelForCausalLM
+
+    before = AutoModelForCausalLM.from_pretrained(llama)
+    after = AutoModelForCausalLM.from_pretrained(job.checkpoint_uri)
+    assert after.config.model_type == "llama" and after.config.tie_word_embeddings
+    assert after.lm_head.weight is after.model.embed_tokens.weight  # one matrix, as saved
+    assert sorted(n for n, _ in after.named_parameters()) == sorted(
+        n for n, _ in before.named_parameters()
+    )
