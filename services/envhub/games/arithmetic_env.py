@@ -1,0 +1,108 @@
+"""``arithmetic``: procedurally generated multi-step word problems, graded by value.
+
+Each episode is a short story of 2 to 4 steps (option ``steps``: a fixed count instead) on one
+quantity: someone starts with some items, buys boxes of them, gives some away, finds more,
+splits them into equal bags and keeps one, doubles them. Every intermediate count is a whole,
+non-negative number, so the answer is one integer. The final answer is graded by value with
+math-verify (``math_grading.py``: the last ``\\boxed{}``, else the last number), so ``\\boxed{42}``,
+``42.0`` and ``The answer is 42`` all count and ``\\boxed{142}`` does not.
+
+Splits (``generated_splits.py``): ``split=validation`` is a fixed set of 256 problems;
+``train`` (the default) never gives one of them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.games.generated_splits import problem_for
+from opentinker.services.envhub.games.math_grading import extracted_answer, is_equivalent
+
+_NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jonas")
+_ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
+
+
+@dataclass(frozen=True)
+class WordProblem:
+    """The text of a problem and its answer (a whole number)."""
+
+    text: str
+    answer: int
+
+
+def _step(rng: random.Random, count: int, items: str) -> tuple[str, int]:
+    """One more sentence of the story and the count after it."""
+    while True:
+        kind = rng.choice(("buy", "give", "find", "split", "double"))
+        if kind == "buy":
+            boxes, each = rng.randint(2, 6), rng.randint(3, 12)
+            return f"Then they buy {boxes} boxes with {each} {items} in each.", count + boxes * each
+        if kind == "give" and count > 1:
+            gone = rng.randint(1, count - 1)
+            return f"They give {gone} {items} to a friend.", count - gone
+        if kind == "find":
+            found = rng.randint(1, 30)
+            return f"Later they find {found} more {items}.", count + found
+        if kind == "split":
+            bags = [d for d in (2, 3, 4, 5) if count % d == 0 and count // d > 0]
+            if bags:
+                d = rng.choice(bags)
+                return (
+                    f"They share all their {items} equally among {d} bags and keep one bag.",
+                    count // d,
+                )
+        if kind == "double" and count <= 200:
+            return f"Their {items} are doubled by a gift of the same number.", count * 2
+
+
+def make_problem(rng: random.Random, steps: int = 0) -> WordProblem:
+    """A story of ``steps`` steps (0: 2 to 4, drawn)."""
+    name, items = rng.choice(_NAMES), rng.choice(_ITEMS)
+    count = rng.randint(5, 60)
+    sentences = [f"{name} has {count} {items}."]
+    for _ in range(steps or rng.randint(2, 4)):
+        sentence, count = _step(rng, count, items)
+        sentences.append(sentence)
+    sentences.append(f"How many {items} does {name} have now?")
+    return WordProblem(" ".join(sentences), count)
+
+
+class ArithmeticGame(AbstractGame):
+    """One word problem per episode, one answer."""
+
+    name = "arithmetic"
+    description = "Multi-step arithmetic word problems, graded by value (math-verify)."
+    max_turns = 1
+
+    def __init__(self) -> None:
+        self.problem = WordProblem("", 0)
+
+    def get_system_prompt(self) -> str:
+        return "Solve the problem step by step. Put your final answer in \\boxed{}."
+
+    def generate_initial_state(self, seed: int, **options: str) -> WordProblem:
+        steps = _steps_option(options.get("steps", "0"))
+        split = options.get("split") or "train"
+        name = self.name if not steps else f"{self.name}-{steps}"
+        return problem_for(name, seed, split, lambda rng: make_problem(rng, steps))
+
+    def reset(self, *, seed: int = 0, split: str = "train", steps: str = "0") -> str:
+        self.problem = self.generate_initial_state(seed, split=split, steps=steps)
+        return self.problem.text
+
+    def step(self, action: str) -> StepResult:
+        correct = is_equivalent(action, str(self.problem.answer))
+        info = {"answer": str(self.problem.answer), "extracted": extracted_answer(action)}
+        return StepResult(observation="", reward=1.0 if correct else 0.0, done=True, info=info)
+
+
+def _steps_option(value: str) -> int:
+    try:
+        steps = int(value)
+    except ValueError:
+        steps = -1
+    if not 0 <= steps <= 8:
+        raise ValueError(f"env option steps must be 0 (2 to 4, drawn) or 1..8, got {value!r}")
+    return steps
