@@ -123,7 +123,12 @@ def test_incomplete_checkpoints_are_never_loaded(tiny_model_dir: Path, tmp_path:
     assert checkpoints.latest(tmp_path) == good
     with pytest.raises(CheckpointError, match="incomplete"):
         checkpoints.load(policy, tmp_path / "step-000004")
-    assert checkpoints.remove_partial(tmp_path) == [partial] and not partial.exists()
+    # what a kill can leave is deleted by the next attempt: every folder that can never load
+    removed = checkpoints.remove_partial(tmp_path)
+    assert sorted(p.name for p in removed) == [partial.name] + [
+        checkpoints.step_name(step) for step in (4, 6, 8)
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000002"]
     assert checkpoints.latest(tmp_path / "nothing-here") is None
 
 

@@ -18,6 +18,7 @@ from scheduler_helpers import (
     RPC_TIMEOUT_S,
     RUNNING,
     SUCCEEDED,
+    Mesh,
     ScriptedWorker,
     job_stub,
     scheduler_mesh,
@@ -34,7 +35,8 @@ from worker_agent_helpers import submit as submit_named
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
-from opentinker.services.scheduler.attempts import ended_by_signal
+from opentinker.services.common.exit_codes import RETRY_LATER
+from opentinker.services.scheduler.attempts import asks_for_retry, ended_by_signal
 
 pytestmark = pytest.mark.integration
 
@@ -116,6 +118,25 @@ def test_after_max_attempts_the_job_fails_with_each_attempts_reason(redis_url: s
     run(main)
 
 
+async def launch_and_report_failure(
+    mesh: Mesh,
+    w: ScriptedWorker,
+    job_id: str,
+    reason: str,
+) -> scheduler_pb2.LaunchJob:
+    """Take attempt 1's launch, report it running, then report its failure as its trainer
+    does (with the job's token); the launch."""
+    launch = (await w.next_command()).launch
+    await w.send(launched=scheduler_pb2.JobLaunched(job_id=job_id, attempt=1))
+    await job_stub(mesh, launch).ReportJobProgress(
+        scheduler_pb2.ReportJobProgressRequest(
+            job_id=job_id, attempt=1, failure=scheduler_pb2.JobFailure(reason=reason)
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    return launch
+
+
 def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
     async def main() -> None:
         async with (
@@ -123,15 +144,8 @@ def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
             scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
         ):
             job = await submit(mesh.stub)
-            launch = (await w.next_command()).launch
-            await w.send(launched=scheduler_pb2.JobLaunched(job_id=job.job_id, attempt=1))
-            await job_stub(mesh, launch).ReportJobProgress(
-                scheduler_pb2.ReportJobProgressRequest(
-                    job_id=job.job_id,
-                    attempt=1,
-                    failure=scheduler_pb2.JobFailure(reason="env 'letters' is not registered"),
-                ),
-                timeout=RPC_TIMEOUT_S,
+            launch = await launch_and_report_failure(
+                mesh, w, job.job_id, "env 'letters' is not registered"
             )
             await w.send(
                 exited=scheduler_pb2.JobExited(
@@ -142,6 +156,33 @@ def test_a_failure_the_trainer_reports_is_not_retried(redis_url: str) -> None:
             assert failed.reason == "env 'letters' is not registered" and failed.attempt == 1
             with pytest.raises(TimeoutError):  # no second launch
                 await w.next_command(timeout_s=0.5)
+
+    run(main)
+
+
+def test_a_trainer_that_asks_to_retry_later_is_requeued_with_its_reason(redis_url: str) -> None:
+    """A storage fault with on_storage_error=requeue: the trainer reports why and exits
+    RETRY_LATER; the job goes back to the queue (a lost attempt), the reason kept."""
+    full = "disk full: could not write checkpoint /ckpt/j/step-000004 (...); 0 B free of 2 GiB"
+    assert asks_for_retry(RETRY_LATER) and not ended_by_signal(RETRY_LATER)
+
+    async def main() -> None:
+        async with (
+            scheduler_mesh(redis_url) as mesh,
+            scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w,
+        ):
+            job = await submit(mesh.stub)
+            await launch_and_report_failure(mesh, w, job.job_id, full)
+            await w.send(
+                exited=scheduler_pb2.JobExited(
+                    job_id=job.job_id, attempt=1, exit_code=RETRY_LATER, reason="a log line"
+                )
+            )
+            again = (await w.next_command()).launch  # re-queued at once, launched again
+            assert (again.job.job_id, again.job.attempt) == (job.job_id, 2)
+            events = await watch_until(mesh.stub, job.job_id, 5)
+            assert states(events) == [QUEUED, ALLOCATING, RUNNING, QUEUED, ALLOCATING]
+            assert events[3].state_change.reason == f"{full}; re-queued"
 
     run(main)
 

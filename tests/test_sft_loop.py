@@ -4,26 +4,18 @@ format, resumes from its checkpoint, stops when cancelled, and fails naming a ba
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from sft_helpers import answer_format_rows, write_jsonl
-from trainer_loop_helpers import RecordingScheduler
+from trainer_loop_helpers import run_sft
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from opentinker.scheduler.v1 import scheduler_pb2_grpc
-from opentinker.services.common.grpc_server import aio_channel, create_aio_server
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer.loop import Outcome
 from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.settings import TrainerSettings
-from opentinker.services.trainer.sft.loop import SftLoop
 from opentinker.spec import JobSpec, ModelSpec, SftConfig
 
 pytestmark = pytest.mark.integration
@@ -51,45 +43,6 @@ def sft_spec(model_dir: Path, data: Path, **sft: object) -> JobSpec:
         model=ModelSpec(base_model=str(model_dir), finetune="full"),
         sft=SftConfig(**options),
     )
-
-
-@asynccontextmanager
-async def recording_scheduler(stop_at: int | None = None) -> AsyncIterator[RecordingScheduler]:
-    recorder = RecordingScheduler(stop_at)
-    server, port, _ = create_aio_server(
-        ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
-    )
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(recorder, server)
-    await server.start()
-    recorder.address = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
-    try:
-        yield recorder
-    finally:
-        await server.stop(grace=0.5)
-
-
-def run_sft(spec: JobSpec, checkpoints: Path, stop_at: int | None = None):
-    async def scenario() -> tuple[Outcome, RecordingScheduler]:
-        assert spec.sft is not None
-        torch.manual_seed(spec.sft.seed)
-        policy = Policy(spec.model, learning_rate=spec.sft.learning_rate, seed=spec.sft.seed)
-        async with recording_scheduler(stop_at) as recorder:
-            address = recorder.address  # type: ignore[attr-defined]
-            async with aio_channel(address) as channel:
-                reporter = SchedulerReporter(
-                    channel, address=address, job_id="sft-1", attempt=1, timeout_s=5
-                )
-                loop = SftLoop(
-                    job_id="sft-1",
-                    spec=spec,
-                    policy=policy,
-                    reporter=reporter,
-                    settings=TrainerSettings(),
-                    checkpoint_dir=checkpoints,
-                )
-                return await loop.run(), recorder
-
-    return asyncio.run(scenario())
 
 
 def greedy_reply(model, tokenizer, question: str) -> str:

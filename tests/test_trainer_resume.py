@@ -122,6 +122,7 @@ def test_a_resumed_run_matches_the_uninterrupted_one(
         for key in ("reward_mean_first10", "reward_mean_last10", "steps", "policy_version"):
             assert result.final_metrics[key] == pytest.approx(expected_result.final_metrics[key])
         assert not (tmp_path / "ckpt-b" / ".step-000003.tmp-999").exists()
+        assert not (tmp_path / "ckpt-b" / "step-000003").exists()  # half-made: deleted
         kept = checkpoints.complete_checkpoints(tmp_path / "ckpt-b")
         assert [p.name for p in kept] == ["step-000002", "step-000004"]
         assert Path(result.checkpoint_uri) == kept[-1]

@@ -2,12 +2,13 @@
 plus RecordingScheduler, a small real SchedulerService that implements only
 ReportJobProgress (the trainer's one call to it) and records what it is told; all gRPC servers
 on 127.0.0.1:0 in this process. run_attempt() runs the real RL loop against them as the
-trainer process does. Used by test_trainer_loop.py, test_trainer_resume.py,
-test_staleness.py and test_sft_loop.py.
+trainer process does, run_sft() the SFT loop. Used by test_trainer_loop.py,
+test_trainer_resume.py, test_staleness.py, test_sft_loop.py and test_checkpoint_storage.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from opentinker.services.trainer.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
 from opentinker.services.trainer.rollout_client import GrpcRolloutSession
 from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.sft.loop import SftLoop
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 
 
@@ -187,3 +189,50 @@ async def run_loop(
         m, spec, run_dir, rollout_address=rollout_address, slow_open_notice_s=slow_open_notice_s
     )
     return attempt.outcome, attempt.policy, attempt.initial
+
+
+@asynccontextmanager
+async def recording_scheduler(stop_at: int | None = None) -> AsyncIterator[RecordingScheduler]:
+    recorder = RecordingScheduler(stop_at)
+    server, port, _ = create_aio_server(
+        ["opentinker.scheduler.v1.SchedulerService"], host="127.0.0.1", port=0
+    )
+    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(recorder, server)
+    await server.start()
+    recorder.address = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
+    try:
+        yield recorder
+    finally:
+        await server.stop(grace=0.5)
+
+
+def run_sft(
+    spec: JobSpec,
+    checkpoints: Path,
+    stop_at: int | None = None,
+    settings: TrainerSettings | None = None,
+) -> tuple[Outcome, RecordingScheduler]:
+    """The SFT loop as the trainer process runs it (job sft-1), reporting to a recording
+    scheduler that answers stop from step ``stop_at``."""
+
+    async def scenario() -> tuple[Outcome, RecordingScheduler]:
+        assert spec.sft is not None
+        torch.manual_seed(spec.sft.seed)
+        policy = Policy(spec.model, learning_rate=spec.sft.learning_rate, seed=spec.sft.seed)
+        async with recording_scheduler(stop_at) as recorder:
+            address = recorder.address  # type: ignore[attr-defined]
+            async with aio_channel(address) as channel:
+                reporter = SchedulerReporter(
+                    channel, address=address, job_id="sft-1", attempt=1, timeout_s=5
+                )
+                loop = SftLoop(
+                    job_id="sft-1",
+                    spec=spec,
+                    policy=policy,
+                    reporter=reporter,
+                    settings=settings or TrainerSettings(),
+                    checkpoint_dir=checkpoints,
+                )
+                return await loop.run(), recorder
+
+    return asyncio.run(scenario())

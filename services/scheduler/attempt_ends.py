@@ -1,7 +1,9 @@
 """How an attempt ends: the worker says its processes exited, or the attempt was lost.
 
 ``exited``: a result and exit code 0 is SUCCEEDED; a process killed by a signal is an
-infrastructure fault, re-queued to resume from its last checkpoint; anything else (the trainer
+infrastructure fault, re-queued to resume from its last checkpoint, and so is a trainer that
+exits ``exit_codes.RETRY_LATER`` (its checkpoint root failed it, and the operator chose
+on_storage_error=requeue; the reason it reported is the attempt's); anything else (the trainer
 reported a failure, or exited non-zero by itself) is FAILED. ``requeue``: an active job whose
 attempt was lost (its worker closed or went silent, a process was killed) goes back to the
 front of the queue with its attempt count; after ``max_attempts`` lost attempts it fails with
@@ -18,7 +20,11 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
-from opentinker.services.scheduler.attempts import attempt_history, ended_by_signal
+from opentinker.services.scheduler.attempts import (
+    asks_for_retry,
+    attempt_history,
+    ended_by_signal,
+)
 from opentinker.services.scheduler.draining import Drains
 from opentinker.services.scheduler.job_lifecycle import ACTIVE_STATES, state_name
 from opentinker.services.scheduler.spanning import end_parts, holds_part
@@ -110,6 +116,10 @@ class AttemptEnds:
             return
         if ended_by_signal(exit_code):
             lost = reason or f"a process of the attempt was killed (exit code {exit_code})"
+            await self.requeue(job_id, job.worker_id, lost)
+            return
+        if asks_for_retry(exit_code):
+            lost = report.failure_reason or reason or "the trainer asked to retry later"
             await self.requeue(job_id, job.worker_id, lost)
             return
         why = report.failure_reason or reason or f"trainer exited with code {exit_code}"

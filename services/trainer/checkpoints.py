@@ -13,11 +13,16 @@ worker passes it in ``LaunchConfig.checkpoint_dir``). Inside it::
         trainer_state.json          TrainerState
         manifest.json               written last: every other file and its size in bytes
     .step-000006.tmp-<pid>/        being written (or left by a killed attempt): never loaded
+    .step-000002.del-<pid>/        being deleted by prune (or left by a killed attempt)
 
 Writing is atomic: the files go to a hidden sibling folder, each is fsync'd, the manifest is
 written last, and one rename publishes the folder (then the parent folder is fsync'd). A folder
 without a manifest, or whose files do not match it, is never loaded. The last ``keep`` complete
-checkpoints are kept; older ones are deleted after each save.
+checkpoints are kept; older ones are renamed to hidden names, then deleted, after each save, so
+a kill mid-delete never leaves a ``step-N`` folder that looks published. Before a job trains,
+``prepare`` checks that the folder can be written (storage.py names a full disk, a read-only
+file system, a permission denied, with the path and the free space) and deletes what killed
+attempts left half-made: hidden folders, and ``step-N`` folders that can never load.
 
 How often: ``RlConfig.checkpoint_every`` or ``SftConfig.checkpoint_every`` (0 = only the final
 checkpoint). It stays 0 by default:
@@ -40,6 +45,7 @@ import structlog
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import storage
 from .critic import Critic
 from .errors import CheckpointError
 from .policy import Policy
@@ -97,30 +103,44 @@ def save(
     ``folder`` atomically, then delete all but the last ``keep`` complete ones; returns its
     absolute path. A complete checkpoint of the same step is replaced. ``rng``: the generator
     states as the step left them (``rng_state()`` taken then); None = as they are now.
-    CheckpointError when it cannot be written (a full disk): what was written is deleted."""
+    CheckpointError when it cannot be written, a StorageError (storage.py) when the disk is
+    full, read-only or forbidden: what was written is deleted, the last good one stays."""
     folder = Path(folder).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    settle_replacements(folder)
     final = folder / step_name(state.step)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        settle_replacements(folder)
+        shutil.rmtree(tmp, ignore_errors=True)
         _write(policy, state, tmp, critic=critic, rng=rng)
     except Exception as err:  # a full disk: OSError, or safetensors' / torch's own errors
+        fault = _named(err, folder, f"could not write checkpoint {final}")  # free space now
         shutil.rmtree(tmp, ignore_errors=True)  # give the space back; it was never loadable
-        raise CheckpointError(
-            f"could not write checkpoint {final}: {type(err).__name__}: {err}"
-        ) from err
-    if final.exists():  # same step again (e.g. the final save after resuming at the last step)
-        old = folder / f".{final.name}.old-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _fsync(folder)
-    prune(folder, keep=keep)
+        raise fault from err
+    try:
+        if final.exists():  # same step again (e.g. the final save after resuming at the end)
+            old = folder / f".{final.name}.old-{os.getpid()}"
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(final)
+        _fsync(folder)
+    except OSError as err:  # e.g. turned read-only meanwhile: the last good one stays
+        raise _named(err, folder, f"could not publish checkpoint {final}") from err
+    try:
+        prune(folder, keep=keep)
+    except OSError as err:
+        raise _named(err, folder, f"could not delete old checkpoints in {folder}") from err
     return final
+
+
+def _named(err: BaseException, folder: Path, doing: str) -> CheckpointError:
+    """``err`` as a StorageError naming a disk full / read-only / permission denied, else as
+    a CheckpointError saying what failed."""
+    return storage.named(err, folder, doing=doing) or CheckpointError(
+        f"{doing}: {type(err).__name__}: {err}"
+    )
 
 
 def _write(
@@ -212,9 +232,19 @@ def load(policy: Policy, path: Path, *, critic: Critic | None = None) -> Trainer
 
 
 def prune(folder: Path, *, keep: int) -> None:
-    """Delete all but the last ``keep`` complete checkpoints in ``folder``."""
-    for old in complete_checkpoints(folder)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    """Delete all but the last ``keep`` complete checkpoints in ``folder``. Each is first
+    renamed to a hidden name (``.step-N.del-PID``, atomic), then deleted: a kill in between
+    leaves a hidden folder for ``remove_partial``, never a half-deleted ``step-N``."""
+    doomed = complete_checkpoints(folder)[:-keep] if keep > 0 else []
+    moved = []
+    for old in doomed:
+        aside = old.parent / f".{old.name}.del-{os.getpid()}"
+        old.rename(aside)
+        moved.append((old, aside))
+    if moved:
+        _fsync(Path(folder))  # the renames are on disk before any file is deleted
+    for old, aside in moved:
+        shutil.rmtree(aside, ignore_errors=True)
         log.info("checkpoint_deleted", path=str(old))
 
 
@@ -239,17 +269,56 @@ def settle_replacements(folder: Path) -> list[Path]:
 
 
 def remove_partial(folder: Path) -> list[Path]:
-    """Delete what killed attempts left half-written in ``folder`` (hidden temporary folders),
-    once an interrupted replacement is settled; call only while no other attempt of the job
-    runs. Returns what was deleted."""
+    """Delete what killed attempts left half-made in ``folder``, once an interrupted
+    replacement is settled: hidden folders (half-written ``.step-N.tmp-PID``, half-deleted
+    ``.step-N.del-PID``) and ``step-N`` folders that can never load (no manifest, or a file it
+    lists gone: a prune killed mid-way by an older version). Call only while no other attempt
+    of the job runs. Returns what was deleted."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     settle_replacements(folder)
-    partial = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(f".{_PREFIX}")]
+    partial = [
+        p
+        for p in sorted(folder.iterdir())
+        if p.is_dir() and (p.name.startswith(f".{_PREFIX}") or _half_made(p))
+    ]
     for p in partial:
         shutil.rmtree(p, ignore_errors=True)
     return partial
+
+
+def _half_made(path: Path) -> bool:
+    """A ``step-N`` folder that is certainly garbage: its manifest is missing or unreadable
+    as JSON, or a file it lists is missing or of another size. A folder that cannot be read
+    (EACCES, EIO) is left alone: it may be whole."""
+    if _step_of(path.name) is None:
+        return False
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        return not all(
+            (path / name).is_file() and (path / name).stat().st_size == size
+            for name, size in files.items()
+        )
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return True
+    except OSError:
+        return False
+
+
+def prepare(folder: Path, *, need_bytes: int = 0) -> list[Path]:
+    """Before a job trains: check that ``folder`` can take a checkpoint (writable, with
+    ``need_bytes`` free; StorageError naming the fault and the path otherwise), then remove
+    what earlier attempts left half-made there; returns what was removed."""
+    storage.check_writable(folder, need_bytes=need_bytes)
+    return remove_partial(folder)
+
+
+def size_lower_bound(policy: Policy | LeaderPolicy) -> int:
+    """Bytes a checkpoint of ``policy`` takes at least: its trainable weights and AdamW's two
+    moments of each, in the policy's dtype (files, tokenizer and RNG state come on top)."""
+    itemsize = torch.empty((), dtype=policy.dtype).element_size()
+    return 3 * policy.num_trainable_parameters() * itemsize
 
 
 def rng_state() -> dict[str, object]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from opentinker.services.common.exit_codes import RETRY_LATER
 from opentinker.spec import JobSpec
 
 from .batch import CollectedBatch
@@ -47,6 +48,23 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
     CANCELLED = "cancelled"
     FAILED = "failed"
+    RETRY_LATER = "retry later"  # a storage fault, on_storage_error = "requeue"
+
+    @property
+    def exit_code(self) -> int:
+        """The trainer process's exit code for this outcome (services/common/exit_codes.py)."""
+        if self is Outcome.RETRY_LATER:
+            return RETRY_LATER
+        return 1 if self is Outcome.FAILED else 0
+
+
+def after_storage_fault(reason: str, *, on_storage_error: str) -> tuple[Outcome, str]:
+    """How a job ends when its checkpoint root fails it (a StorageError's ``reason``), as the
+    operator chose (TrainerSettings.on_storage_error): FAILED, or RETRY_LATER (re-queued)."""
+    if on_storage_error == "requeue":
+        why = f"{reason}; this attempt ends and the job is re-queued (on_storage_error=requeue)"
+        return Outcome.RETRY_LATER, why
+    return Outcome.FAILED, reason
 
 
 @dataclass

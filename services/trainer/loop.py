@@ -26,7 +26,13 @@ from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
 from .errors import CheckpointError
-from .job_types import Outcome, ProgressReporter, RolloutSession, TrainerStatus
+from .job_types import (
+    Outcome,
+    ProgressReporter,
+    RolloutSession,
+    TrainerStatus,
+    after_storage_fault,
+)
 from .memory_metrics import memory_metrics
 from .pipeline import BatchPipeline, usable_episodes
 from .policy import Policy
@@ -39,6 +45,7 @@ from .schedule import lr_factor
 from .settings import TrainerSettings
 from .step_metrics import StepTimes, step_metrics
 from .step_reports import BackgroundStepReports
+from .storage import StorageError
 from .training import TrainStats, rl_update
 from .validation import Validation
 from .weight_sync import ProbeShift, ProbeShiftWatch, SyncResult, verified_sync
@@ -115,6 +122,11 @@ class RlLoop:
     async def run(self) -> Outcome:
         try:
             outcome = await self._train()
+        except StorageError as err:  # disk full, read-only, forbidden: as the operator chose
+            ending, reason = after_storage_fault(
+                str(err), on_storage_error=self.settings.on_storage_error
+            )
+            return await self._fail(reason, ending)
         except OpenTinkerError as err:
             return await self._fail(str(err))
         except Exception as err:  # a bug or a torch error: still a reported, clean failure
@@ -128,15 +140,19 @@ class RlLoop:
             )
         return outcome
 
-    async def _fail(self, reason: str) -> Outcome:
+    async def _fail(self, reason: str, outcome: Outcome = Outcome.FAILED) -> Outcome:
+        """Report ``reason`` and end as ``outcome`` (FAILED, or RETRY_LATER: re-queued)."""
         await self.reports.cancel()
         await self.rollout.close(
             reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
         )
         await report_failure_logged(self.reporter, reason, self.log, step=self.step)
-        return Outcome.FAILED
+        return outcome
 
     async def _train(self) -> Outcome:
+        # Step 0, before the rollout loads its engine: a checkpoint root that cannot take a
+        # checkpoint fails now, not at the first save (with checkpoint_every=0: the last step).
+        await self._prepare_checkpoints()
         engine = await open_telling_the_user(
             self.rollout, self.reporter, job_id=self.job_id, spec=self.spec, settings=self.settings
         )
@@ -352,11 +368,17 @@ class RlLoop:
         self.log.info("checkpoint_saved", path=str(path), step=self.step)
         return path
 
+    async def _prepare_checkpoints(self) -> None:
+        """The checkpoint folder can be written and has room for one checkpoint; what killed
+        attempts left half-made there is deleted (checkpoints.prepare)."""
+        need = checkpoints.size_lower_bound(self.policy)
+        removed = await asyncio.to_thread(checkpoints.prepare, self.checkpoint_dir, need_bytes=need)
+        for partial in removed:
+            self.log.warning("partial_checkpoint_removed", path=str(partial))
+
     async def _resume(self) -> None:
         """Load the last complete checkpoint an earlier attempt left, if any: weights,
         optimizer, RNG, step, policy version and step rewards."""
-        for partial in checkpoints.remove_partial(self.checkpoint_dir):
-            self.log.warning("partial_checkpoint_removed", path=str(partial))
         path = checkpoints.latest(self.checkpoint_dir)
         if path is None:
             return

@@ -128,7 +128,8 @@ async def run_job(
     settings: TrainerSettings,
     preload: Preload | None = None,
 ) -> int:
-    """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure).
+    """Run the launched job to its end; the process exit code (0 success/cancel, 1 failure,
+    exit_codes.RETRY_LATER: a storage fault with on_storage_error=requeue).
     ``rollout``: the job's rollout (None for SFT, which has none); its address is waited for
     only where the rollout is opened, so the policy loads while the rollout starts.
     ``preload``: the base model a warm spare read before the job came (used if it matches)."""
@@ -237,7 +238,7 @@ async def _train(
             status=status,
             checkpoint_dir=launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints",
         ).run()
-        return 1 if outcome is Outcome.FAILED else 0
+        return outcome.exit_code  # RETRY_LATER: re-queued (on_storage_error)
     assert rollout is not None  # run_job checked it
     if world_from_env() is None:
         return await _run_rl(job_id, spec, launch, rollout, settings, reporter, status, policy)
@@ -285,7 +286,7 @@ async def _run_rl(
             checkpoint_dir=launch.checkpoint_dir,
         )
         outcome = await loop.run()
-    return 1 if outcome is Outcome.FAILED else 0
+    return outcome.exit_code
 
 
 async def _infer(

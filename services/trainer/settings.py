@@ -76,3 +76,11 @@ class TrainerSettings(BaseSettings):
     keep_checkpoints: int = Field(
         2, ge=1, description="complete checkpoints kept per job (the newest); older are deleted"
     )
+    on_storage_error: Literal["fail", "requeue"] = Field(
+        "fail",
+        description="the checkpoint root is full, read-only or forbidden (checked before the "
+        "first step, and at every save; the last good checkpoint stays): fail = the job FAILS "
+        "with a reason naming the fault, the path and the free space; requeue = the attempt "
+        "ends with that reason and the scheduler re-queues the job to resume from its last "
+        "checkpoint once the disk is fixed (a lost attempt: after max_attempts it fails)",
+    )

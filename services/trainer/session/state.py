@@ -13,13 +13,20 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from opentinker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    OpenTinkerError,
+    ResourceExhaustedError,
+)
 from opentinker.services.common.launch import write_atomic
 from opentinker.spec import ModelSpec
 
 from .. import checkpoints
 from ..errors import CheckpointError
 from ..policy import Policy
+from ..storage import StorageError, named
 
 SESSION_FILE = "session.json"
 NAME_PATTERN = re.compile(r"^(?!\.+$)[A-Za-z0-9_.\-]{1,64}$")  # not "." or ".."
@@ -45,13 +52,29 @@ def save_state(policy: Policy, *, root: Path, name: str, owner: SavedSession) ->
             reason="BAD_NAME",
         )
     folder = (Path(root) / owner.job_id / "states" / name).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
     trainer_state = checkpoints.TrainerState(
         job_id=owner.job_id, step=0, policy_version=owner.step, data_cursor=0
     )
-    checkpoints.save(policy, trainer_state, folder, keep=1)  # atomic; replaces the old one
-    write_atomic(folder / SESSION_FILE, owner.model_dump_json(indent=2))  # last: it is loadable
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        checkpoints.save(policy, trainer_state, folder, keep=1)  # atomic; replaces the old one
+        write_atomic(folder / SESSION_FILE, owner.model_dump_json(indent=2))  # last: loadable
+    except StorageError as err:
+        raise _storage_status(err) from err
+    except OSError as err:
+        fault = named(err, folder, doing=f"could not save state {name!r} in {folder}")
+        if fault is None:
+            raise
+        raise _storage_status(fault) from err
     return folder
+
+
+def _storage_status(err: StorageError) -> OpenTinkerError:
+    """A full disk is RESOURCE_EXHAUSTED, a read-only or forbidden root FAILED_PRECONDITION;
+    the message (fault, path, free space) and the machine reason stay."""
+    if err.reason == "DISK_FULL":
+        return ResourceExhaustedError(err.message, reason=err.reason)
+    return FailedPreconditionError(err.message, reason=err.reason)
 
 
 def load_state(policy: Policy, path: str, *, root: Path, tenant_id: str) -> SavedSession:

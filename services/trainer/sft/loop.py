@@ -22,11 +22,12 @@ from opentinker.spec import JobSpec, SftConfig
 
 from .. import checkpoints
 from ..errors import CheckpointError
-from ..job_types import Outcome, ProgressReporter, TrainerStatus
+from ..job_types import Outcome, ProgressReporter, TrainerStatus, after_storage_fault
 from ..memory_metrics import memory_metrics
 from ..policy import Policy
 from ..reporter import report_failure_logged
 from ..settings import TrainerSettings
+from ..storage import StorageError
 from .batches import SftBatch, make_batches
 from .data import Example, read_conversations, render_all, split_validation
 from .step import train_step, validation_loss
@@ -126,6 +127,11 @@ class SftLoop:
     async def run(self) -> Outcome:
         try:
             return await self._train()
+        except StorageError as err:  # disk full, read-only, forbidden: as the operator chose
+            ending, reason = after_storage_fault(
+                str(err), on_storage_error=self.settings.on_storage_error
+            )
+            return await self._fail(reason, ending)
         except OpenTinkerError as err:
             return await self._fail(str(err))
         except Exception as err:  # a bug or a torch error: still a reported, clean failure
@@ -134,11 +140,16 @@ class SftLoop:
                 f"trainer error at step {self.step + 1}: {type(err).__name__}: {err}"
             )
 
-    async def _fail(self, reason: str) -> Outcome:
+    async def _fail(self, reason: str, outcome: Outcome = Outcome.FAILED) -> Outcome:
         await report_failure_logged(self.reporter, reason, self.log, step=self.step)
-        return Outcome.FAILED
+        return outcome
 
     async def _train(self) -> Outcome:
+        # Step 0: a checkpoint root that cannot take a checkpoint fails now, not at the end.
+        need = checkpoints.size_lower_bound(self.policy)
+        removed = await asyncio.to_thread(checkpoints.prepare, self.checkpoint_dir, need_bytes=need)
+        for partial in removed:
+            self.log.warning("partial_checkpoint_removed", path=str(partial))
         data = await asyncio.to_thread(load_data, self.sft, self.policy)
         schedule = await asyncio.to_thread(SftSchedule, data.train, self.sft, self.policy.pad_id)
         val_batches = make_batches(
@@ -242,8 +253,6 @@ class SftLoop:
         return path
 
     async def _resume(self) -> None:
-        for partial in checkpoints.remove_partial(self.checkpoint_dir):
-            self.log.warning("partial_checkpoint_removed", path=str(partial))
         path = checkpoints.latest(self.checkpoint_dir)
         if path is None:
             return

@@ -1,0 +1,12 @@
+"""What a job process's exit code tells the worker and the scheduler.
+
+0: the job ended by itself (a result, a cancel); any other code by itself: the job failed (its
+reason was reported); killed by a signal (attempts.ended_by_signal): the attempt was lost and
+the job is re-queued. ``RETRY_LATER`` is the job's own way to be re-queued: the trainer ends
+its attempt over a fault of the node, not of the job (the checkpoint root full, read-only or
+forbidden, with ``TrainerSettings.on_storage_error = "requeue"``), after reporting why.
+"""
+
+from __future__ import annotations
+
+RETRY_LATER = 75  # EX_TEMPFAIL in sysexits.h: "temporary failure; the user is invited to retry"
