@@ -11,6 +11,7 @@ from gguf_files import tiny_llama, write_llama_gguf
 
 import opentinker
 from opentinker import InferenceConfig, JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.errors import JobFailedError
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.gguf_import import import_gguf
 
@@ -18,23 +19,33 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("gguf")
-    path = write_llama_gguf(folder / "tiny.gguf", tiny_llama(seed=1, tied=True), quantize="Q8_0")
-    return Path(import_gguf(path, folder / "hf") and folder / "hf")
+    return write_llama_gguf(folder / "tiny.gguf", tiny_llama(seed=1, tied=True), quantize="Q8_0")
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory):
-    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as mesh:
+def llama(gguf_file: Path) -> Path:
+    import_gguf(gguf_file, gguf_file.parent / "hf")
+    return gguf_file.parent / "hf"
+
+
+@pytest.fixture(scope="module")
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mesh")
+
+
+@pytest.fixture(scope="module")
+def client(run_root: Path):
+    with LocalMesh(MeshSettings(run_root=run_root)) as mesh:
         yield opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10)
 
 
-def rl(model: Path, finetune: str) -> JobSpec:
+def rl(model: Path, finetune: str, steps: int = 2) -> JobSpec:
     config = RlConfig(
         env_name="letter",
         env_options={"num_letters": "4"},
-        steps=2,
+        steps=steps,
         prompts_per_step=4,
         samples_per_prompt=4,
         learning_rate=1e-3,
@@ -78,3 +89,19 @@ def test_an_imported_llama_trains_all_its_weights_and_keeps_them_tied(client, ll
     assert sorted(n for n, _ in after.named_parameters()) == sorted(
         n for n, _ in before.named_parameters()
     )
+
+
+def test_a_gguf_file_named_as_the_base_model_is_imported_once_by_the_worker(
+    client, gguf_file: Path, run_root: Path, tmp_path: Path
+) -> None:
+    one_step = rl(gguf_file, "lora", steps=1)
+    for _ in range(2):
+        job = client.fit(one_step, timeout=300)
+        assert job.state == "SUCCEEDED", job.reason
+    imported = [p for p in run_root.rglob("models/tiny-*") if p.is_dir()]
+    assert len(imported) == 1 and (imported[0] / "model.safetensors").exists()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(JobFailedError) as failed:
+        client.fit(rl(broken, "lora"), timeout=300)
+    assert "model.base_model" in str(failed.value) and "could not import it" in str(failed.value)

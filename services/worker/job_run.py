@@ -27,6 +27,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
+from opentinker.services.worker.gguf_models import with_imported_model
 from opentinker.services.worker.ranks import (
     RANK_ENV_KEYS,
     RENDEZVOUS_KEYS,
@@ -122,6 +123,12 @@ class JobRun:
         if refused := self._refused_path():
             self.log.warning("job_path_refused", reason=refused)
             return Exit(1, refused)
+        models = Path(self.settings.run_root) / "models"
+        self.job, unusable = await with_imported_model(
+            self.job, cwd=self.run_dir.resolve(), models_root=models
+        )
+        if unusable:
+            return Exit(1, unusable)
         LaunchConfig.for_job(
             self.job,
             lease_id=self.lease_id,
