@@ -22,6 +22,7 @@ from opentinker.auth import API_KEY_ENV
 from opentinker.client import DEFAULT_ADDRESS, Client
 from opentinker.console import jobs_table, print_event, usage_table
 from opentinker.errors import ConfigError, OpenTinkerError
+from opentinker.eval_cli import add_eval_command
 from opentinker.infer_cli import add_infer_command
 from opentinker.live_view import TailView
 from opentinker.models_cli import add_models_commands
@@ -303,6 +304,7 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_data)
 
     add_infer_command(sub)
+    add_eval_command(sub)
     add_models_commands(sub)
 
     p = sub.add_parser("tiny-model", help="build the tiny local Qwen2 model")

@@ -17,7 +17,7 @@ from rich.progress import Progress, TaskID
 
 from opentinker.auth import api_key_from_env
 from opentinker.client import DEFAULT_ADDRESS, Client
-from opentinker.inference_rows import InferenceSummary, options_with_split, summarize
+from opentinker.inference_rows import InferenceSummary, parse_env_options, summarize
 from opentinker.jobs import JobInfo
 from opentinker.spec import InferenceConfig, JobSpec, ModelSpec, SamplingParams
 
@@ -25,10 +25,7 @@ console = Console()
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    bad = [item for item in args.option if "=" not in item]
-    if bad:
-        raise ValueError(f"--option takes KEY=VALUE, got {bad}")
-    options = options_with_split(dict(item.split("=", 1) for item in args.option), args.split)
+    options = parse_env_options(args.option, args.split)
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("episodes", total=args.episodes)

@@ -118,6 +118,15 @@ def wire_row(row: Mapping[str, Any], completion: str) -> dict[str, Any]:
     }
 
 
+def parse_env_options(items: Sequence[str], split: str | None) -> dict[str, str]:
+    """``--option KEY=VALUE`` items as env options, with ``split`` (see options_with_split);
+    ValueError naming the items without ``=``."""
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"--option takes KEY=VALUE, got {bad}")
+    return options_with_split(dict(item.split("=", 1) for item in items), split)
+
+
 def options_with_split(options: Mapping[str, str], split: str | None) -> dict[str, str]:
     """Env options with a dataset ``split`` (None: as they are); ConfigError when the options
     already name another split."""
