@@ -7,7 +7,8 @@ read-only / permission denied with the path and the free space, at a save or bef
 a prune killed mid-way leaves no half-deleted ``step-N``; what killed attempts left half-made
 is deleted at the next attempt and never loaded. Through the real loops: an RL job on a
 read-only root fails before step 1, an SFT job on a full disk with on_storage_error=requeue
-ends its attempt to be re-queued (exit 75).
+ends its attempt to be re-queued (exit 75); through the real mesh, that exit re-queues the
+job until max_attempts, every reason naming the read-only root.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from identity_service import Identities
 from sft_helpers import answer_format_rows, write_jsonl
 from trainer_loop_helpers import job_spec, mesh, run_attempt, run_sft
 
+import opentinker
 from opentinker.errors import FailedPreconditionError, ResourceExhaustedError
 from opentinker.services.common.exit_codes import RETRY_LATER
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.job_types import Outcome
@@ -323,3 +326,34 @@ def test_a_session_save_state_names_the_fault_as_a_status(model_dir: Path, tmp_p
     assert read_only.value.message.startswith("read-only file system: could not ")
     assert full.value.message.startswith("disk full: could not write checkpoint ")
     assert "free of 1.0 MiB" in full.value.message and "sess-1/states/s1" in full.value.message
+
+
+@pytest.mark.slow
+def test_through_the_mesh_a_read_only_root_requeues_then_fails_naming_it(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real mesh (Redis, scheduler, worker, trainer processes) on a read-only checkpoint
+    root, the operator's choice requeue: each attempt ends before step 1 with exit 75, the
+    worker passes it on, the scheduler re-queues, and after max_attempts the job fails with
+    every attempt's reason naming the fault and the path."""
+    run_root = tmp_path / "mesh"
+    monkeypatch.setenv("OPENTINKER_TRAINER_ON_STORAGE_ERROR", "requeue")  # the trainers'
+    data = write_jsonl(tmp_path / "rows.jsonl", answer_format_rows(20))
+    spec = sft_spec(model_dir, data)
+    with (
+        small_filesystem(run_root / "jobs" / "checkpoints", size="1m", read_only=True) as root,
+        LocalMesh(MeshSettings(run_root=run_root, warm_spares=0)) as running,
+        opentinker.Client(running.scheduler_address, api_key=running.api_key, timeout=10) as c,
+    ):
+        assert running.checkpoint_root == root
+        job_id = c.submit(spec).job_id
+        events = list(c.watch(job_id, timeout=400))
+        final = c.get_job(job_id)
+    assert final.state == "FAILED", final.reason
+    assert not [e for e in events if e.kind == "step"]  # no attempt trained a step
+    requeued = [e.reason for e in events if e.kind == "state" and e.state == "QUEUED"][1:]
+    assert requeued, [(e.kind, e.reason) for e in events]
+    for reason in [*requeued, final.reason]:
+        assert f"read-only file system: the checkpoint folder {root / job_id}" in reason, reason
+        assert "the job is re-queued (on_storage_error=requeue)" in reason, reason
+    assert final.reason.startswith(f"gave up after {final.attempt} attempts: 1: read-only")
