@@ -383,3 +383,51 @@ def test_a_job_waits_for_the_processes_an_orphaned_attempt_left_on_its_device(
                 ], lines
 
     run(main)
+
+
+def test_jobs_are_kept_past_the_orphan_grace_while_the_scheduler_says_its_redis_state_is_lost(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Redis emptied under the scheduler: it refuses the agent with STATE_LOST, and the agent,
+    knowing nothing was re-queued, keeps its job running well past the orphan grace; once the
+    operator re-bootstraps, the scheduler (knowing no such job) has it stopped."""
+    import subprocess
+
+    import redis
+
+    async def main() -> None:
+        scheduler_settings, settings = restartable(
+            tmp_path, redis_url, devices=["cpu:0"], orphan_grace_s=1.0
+        )
+        scheduler_settings = scheduler_settings.model_copy(
+            update={"instance_check_interval_s": 0.2}
+        )
+        async with (
+            running_agent(settings) as agent,
+            serving(scheduler_settings, agent) as (_, stub),
+        ):
+            job = await submit(stub, "hang")
+            await wait_for_state(stub, job.job_id, common_pb2.JOB_STATE_RUNNING)
+            run_dir = settings.run_root / job.job_id / "attempt-1"
+            await wait_until(lambda: (run_dir / "trainer.pid").exists())
+            processes = pids(run_dir)
+            client = redis.Redis.from_url(redis_url)  # database 0: this test's only
+            client.flushdb()
+            client.close()
+            await wait_until(lambda: not agent.connected.is_set(), timeout_s=5)
+            await asyncio.sleep(3.0)  # three orphan graces, refused all along
+            assert all(alive(pid) for pid in processes)
+            assert not agent.connected.is_set()
+
+            done = subprocess.run(
+                [sys.executable, "-m", "opentinker.services.scheduler.rebootstrap"]
+                + ["--redis-url", redis_url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            await asyncio.wait_for(agent.connected.wait(), 10)  # the new worker.token
+            await wait_until(lambda: not any(alive(pid) for pid in processes), timeout_s=10)
+
+    run(main)

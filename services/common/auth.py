@@ -211,9 +211,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         try:
             principal = await self._authenticator.authenticate(credential)
         except UnavailableError as err:
-            await abort(
-                context, grpc.StatusCode.UNAVAILABLE, err.message, reason="AUTH_UNAVAILABLE"
-            )
+            reason = err.reason or "AUTH_UNAVAILABLE"  # e.g. STATE_LOST (scheduler/lost_state.py)
+            await abort(context, grpc.StatusCode.UNAVAILABLE, err.message, reason=reason)
         except OpenTinkerError as err:
             await abort(
                 context, grpc.StatusCode.UNAUTHENTICATED, err.message, reason="BAD_CREDENTIAL"

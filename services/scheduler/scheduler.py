@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import structlog
 
@@ -80,6 +80,7 @@ class Scheduler:
         unschedulable_after_s: float = 300.0,
         reconnect_grace_s: float = 0.0,
         drain_timeout_s: float = 60.0,
+        state_intact: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -128,6 +129,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._suspended = False  # Redis lost our state (lost_state.py): no round runs
+        self._state_intact = state_intact or _always_intact
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -145,6 +148,23 @@ class Scheduler:
         for session in list(self._sessions.values()):
             session.send(CloseCommand(reason))
 
+    def suspend(self, reason: str) -> None:
+        """Redis lost the scheduler's state (lost_state.py): no round runs until ``resume``
+        (it would act on an empty ledger), and every connected worker is asked to close its
+        stream. Its jobs keep running: nothing is stopped, nothing re-queued."""
+        self._suspended = True
+        log.error("scheduler_suspended", workers=sorted(self._sessions), reason=reason)
+        for session in list(self._sessions.values()):
+            session.send(CloseCommand(reason))
+
+    def resume(self) -> None:
+        """Redis holds a state again (restored, or re-bootstrapped): absent workers have the
+        reconnect grace to re-announce their jobs, as after a start."""
+        self._suspended = False
+        self._recovery.open_grace()
+        log.warning("scheduler_resumed")
+        self.wake()
+
     def wake(self) -> None:
         """Run a dispatch round soon (a job was queued or devices were freed)."""
         self._wake.set()
@@ -155,6 +175,9 @@ class Scheduler:
         failures = 0
         while not self._closing:
             self._wake.clear()
+            if self._suspended:
+                await wait_event(self._wake, tick)
+                continue
             try:
                 if failures:
                     await self._recovery.after_outage()
@@ -312,6 +335,8 @@ class Scheduler:
         try:
             if not await self._identity.is_revoked(session.key_prefix) or session.lost:
                 return
+            if not await self._state_intact():
+                return  # not revoked: Redis lost every key (lost_state.py suspends us)
             reason = f"the worker's credential (key {session.key_prefix}) was revoked"
             for job_id, attempt in list(session.running):
                 session.send(StopCommand(job_id, reason, attempt=attempt))
@@ -397,3 +422,7 @@ class Scheduler:
                 reason = f"no heartbeat for {silent_s:.1f} s"
                 await self.disconnect_worker(session, reason, reclaim=True)
                 session.send(CloseCommand(reason))
+
+
+async def _always_intact() -> bool:
+    return True

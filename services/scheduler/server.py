@@ -25,6 +25,15 @@ from opentinker.services.scheduler import admin_servicer, servicer
 from opentinker.services.scheduler.bootstrap import ensure_bootstrap_credentials
 from opentinker.services.scheduler.credentials import load_or_create_secret
 from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
+from opentinker.services.scheduler.lost_state import (
+    CheckedAuthenticator,
+    InstanceState,
+    LostStateInterceptor,
+    claim_marker,
+    lost_state_message,
+    set_health,
+    watch_marker,
+)
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 from opentinker.services.scheduler.store_outage import StoreOutageInterceptor
@@ -42,18 +51,29 @@ REDIS_SECRET_KEY = "ot:id:server-secret"
 
 
 async def create_server(
-    settings: SchedulerSettings, scheduler: Scheduler, identity: IdentityStore
+    settings: SchedulerSettings,
+    scheduler: Scheduler,
+    identity: IdentityStore,
+    state: InstanceState | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A started server on settings.host:settings.port (0 = any free port) serving
     ``scheduler`` and the identity services, every call checked against ``identity``, marked
     SERVING; returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``.
-    While Redis is away every call answers UNAVAILABLE (store_outage.py)."""
-    auth = AuthInterceptor(identity, {**servicer.ACCESS_RULES, **admin_servicer.ACCESS_RULES})
+    While Redis is away every call answers UNAVAILABLE (store_outage.py); while ``state`` is
+    lost, too, and health says NOT_SERVING (lost_state.py)."""
+    rules = {**servicer.ACCESS_RULES, **admin_servicer.ACCESS_RULES}
+    auth = AuthInterceptor(
+        identity if state is None else CheckedAuthenticator(identity, state), rules
+    )
     server, port, health = create_aio_server(
         SERVICE_NAMES,
         host=settings.host,
         port=settings.port,
-        interceptors=[StoreOutageInterceptor(*SERVICE_NAMES), auth],
+        interceptors=[
+            *([LostStateInterceptor(state, *SERVICE_NAMES)] if state is not None else []),
+            StoreOutageInterceptor(*SERVICE_NAMES),
+            auth,
+        ],
     )
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
         servicer.SchedulerServicer(scheduler), server
@@ -66,6 +86,13 @@ async def create_server(
     )
     await server.start()
     await mark_serving(health, SERVICE_NAMES)
+    if state is not None:
+        await set_health(health, SERVICE_NAMES, serving=not state.lost)
+
+        async def follow(lost: bool) -> None:
+            await set_health(health, SERVICE_NAMES, serving=not lost)
+
+        state.listen(follow)
     return server, port
 
 
@@ -104,15 +131,28 @@ async def running_scheduler(
     redis = connect_redis(settings.redis_url)
     try:
         await redis.ping()
+        secret = await server_secret(settings, redis)
         stores = redis_stores(
             redis,
             lease_ttl_s=settings.lease_ttl_s,
-            server_secret=await server_secret(settings, redis),
+            server_secret=secret,
             event_max_progress=settings.event_max_progress,
         )
-        if settings.bootstrap_dir is not None:
-            assert isinstance(stores.identity, RedisIdentityStore)
-            await ensure_bootstrap_credentials(stores.identity, settings.bootstrap_dir)
+        state = InstanceState(
+            redis,
+            await claim_marker(redis, settings.bootstrap_dir),
+            bootstrap_dir=settings.bootstrap_dir,
+        )
+
+        async def bootstrap() -> None:
+            if settings.auth_secret_file is None:  # a re-bootstrapped Redis needs it again
+                await redis.set(REDIS_SECRET_KEY, secret, nx=True)
+            if settings.bootstrap_dir is not None:
+                assert isinstance(stores.identity, RedisIdentityStore)
+                await ensure_bootstrap_credentials(stores.identity, settings.bootstrap_dir)
+
+        if not state.lost:
+            await bootstrap()
         scheduler = Scheduler(
             stores,
             heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -121,12 +161,32 @@ async def running_scheduler(
             unschedulable_after_s=settings.unschedulable_after_s,
             reconnect_grace_s=settings.reconnect_grace_s,
             drain_timeout_s=settings.drain_timeout_s,
+            state_intact=state.confirm,
         )
+        if state.lost:
+            scheduler.suspend(lost_state_message())
+
+        async def follow(lost: bool) -> None:
+            if lost:
+                scheduler.suspend(lost_state_message())
+            else:
+                scheduler.resume()
+
+        state.listen(follow)
         await scheduler.start()
-        server, port = await create_server(settings, scheduler, stores.identity)
+        server, port = await create_server(settings, scheduler, stores.identity, state)
+        watch = asyncio.create_task(
+            watch_marker(
+                state,
+                interval_s=settings.instance_check_interval_s,
+                on_rebootstrap=bootstrap,
+            ),
+            name="instance-marker-watch",
+        )
         try:
             yield RunningScheduler(scheduler, stores, port)
         finally:
+            watch.cancel()
             await scheduler.close()
             await _bounded(server.stop(grace=stop_grace_s), stop_grace_s + 5, "grpc_server_stop")
             log.info("scheduler_stopped", port=port)

@@ -39,6 +39,12 @@ class SchedulerSettings(BaseSettings):
         description="after a start or a Redis outage, seconds absent workers have to reconnect "
         "and re-announce their running jobs before their lapsed leases are re-queued",
     )
+    instance_check_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often the scheduler checks that Redis still holds its state (its "
+        "marker, lost_state.py); a Redis emptied under it is refused within about this long",
+    )
     drain_timeout_s: float = Field(
         60.0,
         gt=0,

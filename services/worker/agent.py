@@ -5,8 +5,12 @@ launch/stop jobs as told, report JobLaunched/JobExited → on a dropped stream r
 exponential backoff, keeping its jobs running (held.py). The scheduler adopts what it still owns
 and says stop for the rest. Jobs are stopped only when the scheduler says so, when the agent
 stops, or when no scheduler could be reached for ``orphan_grace_s`` (by then it has re-queued
-them). ``run(stop)`` returns after ``stop`` is set, every job stopped, and then the scheduler
-told that the worker is closing with its processes gone (so it frees their devices at once).
+them). A scheduler that answers that Redis lost its state (STATE_LOST) has re-queued nothing:
+each such answer restarts that clock, so the jobs run on (and write their checkpoints) until an
+operator restores Redis's data (the scheduler adopts them on re-registration) or re-bootstraps
+(the scheduler, knowing no such job, says stop). ``run(stop)`` returns after ``stop`` is set,
+every job stopped, and then the scheduler told that the worker is closing with its processes
+gone (so it frees their devices at once).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import ConfigError
+from opentinker.errors import REASON_METADATA_KEY, ConfigError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
@@ -41,6 +45,10 @@ from opentinker.services.worker.shared_rollouts import SharedRollouts
 from opentinker.services.worker.spares import SparePool
 
 log = structlog.get_logger(__name__)
+
+
+# The reason a scheduler whose Redis lost its state refuses with (scheduler/lost_state.py).
+STATE_LOST = "STATE_LOST"
 
 
 class SchedulerLost(ConnectionError):
@@ -92,6 +100,14 @@ class WorkerAgent:
                     self.log.warning(
                         "scheduler_unreachable", error=_describe(err), retry_in_s=backoff
                     )
+                    if _state_lost(err) and self._lost_since is not None:
+                        # Nothing re-queued our jobs: keep them until restore or re-bootstrap.
+                        self._lost_since = time.monotonic()
+                        self.log.error(
+                            "scheduler_state_lost_jobs_kept",
+                            jobs=len(self.held.runs),
+                            hint="an operator restores Redis's data or re-bootstraps",
+                        )
                     if connection.registered:
                         backoff = self.settings.reconnect_initial_s
                 finally:
@@ -387,6 +403,13 @@ class _Connection:
         self.call.cancel()
         with contextlib.suppress(Exception):  # bounded: a stuck channel must not hold us
             await asyncio.wait_for(self.channel.close(), self.settings.connect_timeout_s)
+
+
+def _state_lost(err: BaseException) -> bool:
+    """The scheduler refused us because Redis lost its state (scheduler/lost_state.py)."""
+    if not isinstance(err, grpc.aio.AioRpcError):
+        return False
+    return (REASON_METADATA_KEY, STATE_LOST) in tuple(err.trailing_metadata() or ())
 
 
 def _describe(err: BaseException) -> str:
