@@ -24,6 +24,7 @@ from opentinker.grpc_options import (
     server_options,
 )
 from opentinker.services.common.tls import TlsSettings
+from opentinker.services.common.undecodable import UndecodableRequestInterceptor
 from opentinker.tls import channel_credentials, open_channel
 
 # Weight updates travel in chunks well under opentinker.grpc_options.MAX_MESSAGE_BYTES; larger
@@ -52,7 +53,9 @@ def create_aio_server(
     """
     server = grpc.aio.server(
         options=server_options(keepalive_s),
-        interceptors=list(interceptors),
+        # Innermost: a request that does not decode is refused (one log line) after the
+        # caller's credential was checked, never with a traceback (undecodable.py).
+        interceptors=[*interceptors, UndecodableRequestInterceptor()],
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
