@@ -138,6 +138,26 @@ def test_every_route_refuses_a_missing_wrong_or_revoked_key_401(identities) -> N
                 assert "X-API-Key" in body["error"] or "key" in body["error"], body
 
 
+def test_a_key_revoked_after_use_is_refused_within_the_default_cache(identities) -> None:
+    """The gateway trusted a checked key for 30 s: a revoked key went on training and sampling
+    that long. The default is now 2 s."""
+    import time
+
+    from opentinker.admin import AdminClient
+
+    settings = GatewaySettings(scheduler_address=identities.scheduler_address, port=0)
+    assert settings.key_cache_s <= 2.0
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        key = admin.create_api_key("alice", label="gateway-revoked-later")
+        headers = {"X-API-Key": f"tml-{key}"}
+        with running_gateway(settings) as url:
+            assert httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers).is_success
+            admin.revoke_api_key(key.split("_")[1])
+            time.sleep(settings.key_cache_s + 0.5)
+            refused = httpx.post(f"{url}/api/v1/create_session", json={}, headers=headers)
+            assert refused.status_code == 401, refused.text
+
+
 def test_a_signed_download_url_is_refused_expired_tampered_or_garbled(
     identities, tmp_path: Path
 ) -> None:

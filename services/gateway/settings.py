@@ -40,5 +40,7 @@ class GatewaySettings(BaseSettings):
         gt=0,
         description="A request body past this is refused 413 (the SDK sends ~5 MB chunks).",
     )
-    key_cache_s: float = Field(30.0, ge=0, description="A checked API key is trusted this long.")
+    key_cache_s: float = Field(
+        2.0, ge=0, description="A checked API key is trusted this long (a revoked one too)."
+    )
     log_level: str = "INFO"

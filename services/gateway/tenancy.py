@@ -4,7 +4,7 @@ The Tinker SDK refuses keys that do not start with ``tml-``, so users pass ``tml
 OpenTinker key (``tml-otk_...``); the gateway drops that prefix and acts with the key itself,
 so the scheduler and trainers see the user exactly as they would over gRPC (same tenant,
 quotas and accounting). Keys are checked with the scheduler's WhoAmI and trusted for
-``key_cache_s`` seconds.
+``key_cache_s`` seconds (default 2: a revoked key is refused within that).
 """
 
 from __future__ import annotations
