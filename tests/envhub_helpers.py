@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from identity_helpers import user_channel
 
+from opentinker.env_auth import new_env_token
 from opentinker.env_server import EnvServerHandle, serve
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import envhub_pb2_grpc
@@ -61,11 +62,17 @@ class Hub:
         reply = await self.stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
         return [i for i in reply.instances if not env_name or i.env_name == env_name]
 
-    async def register(self, env_name: str, address: str, capacity: int = 64) -> str:
-        """A server registered by hand (it never renews); its instance id."""
+    async def register(
+        self, env_name: str, address: str, capacity: int = 64, *, env_token: str = ""
+    ) -> str:
+        """A server registered by hand (it never renews); its instance id. ``env_token``:
+        what EnvHub presents to it (default: a fresh one a hand-made server ignores)."""
         reply = await self.stub.RegisterEnvironment(
             hub_pb.RegisterEnvironmentRequest(
-                env_name=env_name, address=address, capacity=capacity
+                env_name=env_name,
+                address=address,
+                capacity=capacity,
+                env_token=env_token or new_env_token(),
             ),
             timeout=5,
         )

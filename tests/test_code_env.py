@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 
 from opentinker.data import Dataset
@@ -135,7 +134,7 @@ def test_bad_options_are_refused_together() -> None:
 def test_the_spec_of_the_served_env_lists_the_python_tool() -> None:
     handle = serve(lambda: CodeMathGame(dataset=DATASET), block=False)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             spec = stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec
             reset = stub.Reset(pb.ResetRequest(episode_id="e", seed=3), timeout=5)

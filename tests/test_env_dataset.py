@@ -218,7 +218,7 @@ def test_a_dataset_game_served_over_grpc(tmp_path: Path) -> None:
     path = write_parquet(RECORDS, tmp_path / "d.parquet")
     handle = serve(lambda: Capitals(dataset=path), block=False)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             reply = stub.Reset(
                 pb.ResetRequest(

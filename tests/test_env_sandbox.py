@@ -11,7 +11,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import pytest
 
 from opentinker.env_server import serve
@@ -240,7 +239,7 @@ def test_runs_from_a_grpc_servers_threads_while_other_calls_are_in_flight() -> N
     # the limits are therefore set by prlimit, and this is what an env server does.
     handle = serve(_RunsCode, block=False)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             for n in range(4):
                 stub.Reset(env_pb.ResetRequest(episode_id=f"e{n}"), timeout=5)

@@ -74,7 +74,7 @@ def server() -> Iterator[EnvServerHandle]:
 
 @pytest.fixture
 def stub(server: EnvServerHandle) -> Iterator[environment_pb2_grpc.EnvironmentServiceStub]:
-    with grpc.insecure_channel(server.address) as channel:
+    with server.channel() as channel:
         yield environment_pb2_grpc.EnvironmentServiceStub(channel)
 
 
@@ -110,7 +110,7 @@ def test_spec_and_health(stub, server: EnvServerHandle) -> None:
         "system",
         5,
     )
-    with grpc.insecure_channel(server.address) as channel:
+    with server.channel() as channel:
         health = health_pb2_grpc.HealthStub(channel)
         status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
     assert status == health_pb2.HealthCheckResponse.SERVING
@@ -119,7 +119,7 @@ def test_spec_and_health(stub, server: EnvServerHandle) -> None:
 def test_letter_game_served(tmp_path) -> None:
     handle = start(LetterGame)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             first = reset(stub, "a", seed=5, num_letters="3")
             target = first.observation.removeprefix("Answer with the letter ").rstrip(".")
@@ -184,7 +184,7 @@ def test_malformed_step_result_is_refused(stub, action: str, words: str) -> None
 def test_idle_episodes_are_reaped() -> None:
     handle = start(idle_timeout_s=0.3)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             reset(stub, "idle")
             reset(stub, "busy")
@@ -203,7 +203,7 @@ def test_idle_episodes_are_reaped() -> None:
 def test_capacity_is_enforced() -> None:
     handle = start(capacity=1)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             reset(stub, "one")
             with pytest.raises(grpc.RpcError) as info:
@@ -237,7 +237,7 @@ def test_a_slow_step_does_not_delay_other_episodes(stub) -> None:
 def test_an_observation_over_the_limit_is_never_sent() -> None:
     handle = start(max_observation_chars=100)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             reset(stub, "e")
             assert len(step(stub, "e", "big:100").observation) == 100  # at the limit: fine
@@ -255,7 +255,7 @@ def test_an_observation_over_the_limit_is_never_sent() -> None:
         handle.stop(grace_s=0)
     unlimited = start(max_observation_chars=0)
     try:
-        with grpc.insecure_channel(unlimited.address) as channel:
+        with unlimited.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             reset(stub, "e")
             assert len(step(stub, "e", "big:100000").observation) == 100_000
@@ -278,7 +278,7 @@ def test_the_spec_lists_a_games_tools_and_none_by_default(stub) -> None:
     assert list(stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec.tools) == []
     handle = start(ToolGame)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             tool_stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             spec = tool_stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec
     finally:
@@ -332,7 +332,7 @@ def test_capacity_holds_for_resets_that_arrive_together() -> None:
     handle = start(SlowResetGame, capacity=1)
     codes: list[grpc.StatusCode] = []
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
 
             def try_reset(episode_id: str) -> None:

@@ -97,7 +97,8 @@ def test_register_renew_list_deregister_over_grpc() -> None:
             handle = await hub.serve(LetterGame, name="letters", capacity=8)
             try:
                 [instance] = await hub.instances("letters")
-                assert (instance.address, instance.capacity) == (handle.address, 8)
+                assert instance.capacity == 8  # its address is for admins only (test_env_auth)
+                assert hub.instance(instance.instance_id).address == handle.address
                 assert instance.instance_id == handle.instance_id
                 await asyncio.sleep(1.5)  # > ttl: only renewals keep it
                 assert [i.instance_id for i in await hub.instances("letters")] == [
@@ -114,6 +115,8 @@ def test_register_renew_list_deregister_over_grpc() -> None:
                         break
                     await asyncio.sleep(0.05)
                 assert len(again) == 1 and again[0].instance_id != instance.instance_id
+                # ... with the env token it had: nothing rotates under episodes in flight.
+                assert hub.instance(again[0].instance_id).env_token == handle.env_token
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await hub.stub.RenewRegistration(
                         hub_pb.RenewRegistrationRequest(instance_id="nope"), timeout=5

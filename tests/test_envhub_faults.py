@@ -12,6 +12,7 @@ import grpc
 import pytest
 from envhub_helpers import Episodes, SlowGame, envhub, run
 
+from opentinker.env_auth import new_env_token
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.envhub.v1 import environment_pb2_grpc
@@ -186,7 +187,10 @@ def test_a_non_finite_reward_from_any_env_server_fails_the_episode() -> None:
             async with envhub() as hub:
                 await hub.stub.RegisterEnvironment(
                     hub_pb.RegisterEnvironmentRequest(
-                        env_name="nan", address=f"127.0.0.1:{port}", capacity=0
+                        env_name="nan",
+                        address=f"127.0.0.1:{port}",
+                        capacity=0,
+                        env_token=new_env_token(),
                     ),
                     timeout=5,
                 )

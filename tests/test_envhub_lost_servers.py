@@ -17,6 +17,7 @@ import grpc
 import pytest
 from envhub_helpers import Episodes, SlowGame, envhub, run
 
+from opentinker.env_auth import new_env_token
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
 from opentinker.envhub.v1 import environment_pb2_grpc
 from opentinker.errors import UnavailableError
@@ -129,7 +130,10 @@ def test_silent_instances_do_not_keep_a_stream_from_opening_on_a_live_one() -> N
                 for port in ports:
                     await hub.stub.RegisterEnvironment(
                         hub_pb.RegisterEnvironmentRequest(
-                            env_name="slow", address=f"127.0.0.1:{port}", capacity=0
+                            env_name="slow",
+                            address=f"127.0.0.1:{port}",
+                            capacity=0,
+                            env_token=new_env_token(),
                         ),
                         timeout=5,
                     )

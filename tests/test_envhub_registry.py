@@ -14,6 +14,8 @@ from opentinker.errors import (
 from opentinker.services.envhub.registry import InMemoryRegistry, page
 from opentinker.services.envhub.settings import EnvHubSettings
 
+TOKEN = "t" * 43  # an env token (what an env server registers with)
+
 
 class Clock:
     def __init__(self) -> None:
@@ -27,9 +29,9 @@ class Clock:
 def test_registry_register_renew_expire() -> None:
     clock = Clock()
     registry = InMemoryRegistry(ttl_s=10, clock=clock)
-    a = registry.register("letter", "127.0.0.1:1", 4)
-    b = registry.register("letter", "127.0.0.1:2", 4)
-    builtin = registry.register("letter", "127.0.0.1:3", 4, pinned=True)
+    a = registry.register("letter", "127.0.0.1:1", 4, env_token=TOKEN)
+    b = registry.register("letter", "127.0.0.1:2", 4, env_token=TOKEN)
+    builtin = registry.register("letter", "127.0.0.1:3", 4, pinned=True, env_token=TOKEN)
     clock.now += 8
     registry.renew(a.instance_id)
     clock.now += 8  # b missed its renewals for 16 s > ttl; a renewed 8 s ago
@@ -44,21 +46,23 @@ def test_registry_register_renew_expire() -> None:
 @pytest.mark.unit
 def test_registry_same_address_replaces_and_bad_registrations_are_refused() -> None:
     registry = InMemoryRegistry(ttl_s=10, clock=Clock())
-    first = registry.register("letter", "127.0.0.1:1", 4)
-    second = registry.register("letter", "127.0.0.1:1", 4)
+    first = registry.register("letter", "127.0.0.1:1", 4, env_token=TOKEN)
+    second = registry.register("letter", "127.0.0.1:1", 4, env_token=TOKEN)
     assert [i.instance_id for i in registry.instances()] == [second.instance_id]
     assert first.instance_id != second.instance_id
     with pytest.raises(InvalidArgumentError) as info:
-        registry.register("bad name", "nowhere", -1)
-    for words in ("env_name", "address", "capacity"):  # every problem at once
+        registry.register("bad name", "nowhere", -1, env_token="secret")
+    for words in ("env_name", "address", "capacity", "env_token"):  # every problem at once
         assert words in str(info.value)
+    assert "secret" not in str(info.value)  # a refused token is not quoted back
+    assert TOKEN not in repr(second)  # nor is a kept one shown (logs, tracebacks)
 
 
 @pytest.mark.unit
 def test_registry_routes_to_least_loaded_with_room() -> None:
     registry = InMemoryRegistry(ttl_s=10, clock=Clock())
-    small = registry.register("letter", "127.0.0.1:1", 1)
-    big = registry.register("letter", "127.0.0.1:2", 3)
+    small = registry.register("letter", "127.0.0.1:1", 1, env_token=TOKEN)
+    big = registry.register("letter", "127.0.0.1:2", 3, env_token=TOKEN)
     picks = [registry.acquire("letter", tenant="").instance_id for _ in range(4)]
     assert sorted(picks) == sorted([small.instance_id] + [big.instance_id] * 3)
     with pytest.raises(ResourceExhaustedError, match="capacity"):
@@ -72,9 +76,9 @@ def test_registry_routes_to_least_loaded_with_room() -> None:
 @pytest.mark.unit
 def test_a_tenants_own_env_shadows_a_shared_one_of_the_same_name_and_never_mixes() -> None:
     registry = InMemoryRegistry(ttl_s=10, clock=Clock())
-    shared = registry.register("echo", "127.0.0.1:1", 0, shared=True)
-    acme = registry.register("echo", "127.0.0.1:2", 0, tenant_id="acme")
-    globex = registry.register("echo", "127.0.0.1:3", 0, tenant_id="globex")
+    shared = registry.register("echo", "127.0.0.1:1", 0, shared=True, env_token=TOKEN)
+    acme = registry.register("echo", "127.0.0.1:2", 0, tenant_id="acme", env_token=TOKEN)
+    globex = registry.register("echo", "127.0.0.1:3", 0, tenant_id="globex", env_token=TOKEN)
     # Each tenant is routed to its own registration only; a tenant without one to the shared.
     assert {registry.acquire("echo", tenant="acme").instance_id for _ in range(5)} == {
         acme.instance_id
@@ -91,7 +95,7 @@ def test_a_tenants_own_env_shadows_a_shared_one_of_the_same_name_and_never_mixes
 def test_pagination_walks_every_instance_once() -> None:
     registry = InMemoryRegistry(ttl_s=10, clock=Clock())
     for n in range(7):
-        registry.register(f"env{n % 3}", f"127.0.0.1:{n + 1}", 0)
+        registry.register(f"env{n % 3}", f"127.0.0.1:{n + 1}", 0, env_token=TOKEN)
     seen, token = [], ""
     while True:
         batch, token = page(registry.instances(), page_size=3, page_token=token)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 
-import grpc
 import pytest
 
 from opentinker.env_server import serve
@@ -261,7 +260,7 @@ def test_gomoku_selfplay_against_the_heuristic_pays_only_the_agent() -> None:
 def test_a_whole_game_over_grpc_ends_with_an_outcome() -> None:
     handle = serve(GomokuGame, block=False)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             first = stub.Reset(pb.ResetRequest(episode_id="g", seed=3), timeout=5)
             assert "Your move (X)" in first.observation and "A B C D E F G H I" in first.observation

@@ -19,12 +19,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 from identity_helpers import user_channel, user_key
 from rollout_helpers import tiny_engine
 
+from opentinker.env_auth import ENV_TOKEN_METADATA_KEY
 from opentinker.envhub.v1 import envhub_pb2 as hub_pb
-from opentinker.envhub.v1 import envhub_pb2_grpc
+from opentinker.envhub.v1 import envhub_pb2_grpc, environment_pb2_grpc
+from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.errors import EnvironmentError_
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
@@ -115,6 +118,13 @@ class Mesh:
     envhub_address: str
     stub: envhub_pb2_grpc.EnvHubServiceStub
     node: NodeEnvProcess
+    deps: EnvHubDeps
+
+    def address_of(self, instance_id: str) -> str:
+        """EnvHub's own record of an instance's address (ListEnvironments shows it to admins
+        only)."""
+        [found] = [i for i in self.deps.registry.instances() if i.instance_id == instance_id]
+        return found.address
 
     async def instances(self) -> list[hub_pb.EnvironmentInstance]:
         reply = await self.stub.ListEnvironments(hub_pb.ListEnvironmentsRequest(), timeout=5)
@@ -144,7 +154,7 @@ async def node_env_mesh(env_dir: Path, tmp_path: Path) -> AsyncIterator[Mesh]:
     node = NodeEnvProcess(env_dir, address, tmp_path / "node-env.log")
     try:
         async with user_channel(address) as channel:
-            mesh = Mesh(address, envhub_pb2_grpc.EnvHubServiceStub(channel), node)
+            mesh = Mesh(address, envhub_pb2_grpc.EnvHubServiceStub(channel), node, deps)
             await mesh.wait_registered()
             yield mesh
     finally:
@@ -198,11 +208,52 @@ async def find_secret(client: EnvHubClient, episode_id: str, seed: int) -> tuple
 # Tests.
 
 
+def test_node_env_refuses_calls_without_its_env_token(node_env_dir: Path, tmp_path: Path) -> None:
+    """The example enforces the contract of environment.proto ("Authentication"): only the
+    EnvHub it registered with, presenting its env token, gets an answer."""
+
+    def direct(address: str, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
+        with grpc.insecure_channel(address) as channel:
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            try:
+                stub.Reset(
+                    env_pb.ResetRequest(episode_id="x", seed=1), timeout=5, metadata=metadata
+                )
+            except grpc.RpcError as err:
+                assert ENV_TOKEN_METADATA_KEY in err.details() and "EnvHub" in err.details()
+                return err.code()
+            return grpc.StatusCode.OK
+
+    async def scenario() -> None:
+        async with node_env_mesh(node_env_dir, tmp_path) as mesh:
+            [instance] = mesh.deps.registry.instances(ENV_NAME)
+            token = instance.env_token
+            assert len(token) == 64  # 32 random bytes, hex
+            wrong = token[:-1] + ("0" if token[-1] != "0" else "1")
+            for metadata in (
+                (),
+                ((ENV_TOKEN_METADATA_KEY, wrong),),
+                ((ENV_TOKEN_METADATA_KEY, token), (ENV_TOKEN_METADATA_KEY, token)),
+            ):
+                code = await asyncio.to_thread(direct, instance.address, metadata)
+                assert code == grpc.StatusCode.UNAUTHENTICATED, metadata
+            # What EnvHub presents is answered.
+            presented = ((ENV_TOKEN_METADATA_KEY, token),)
+            assert await asyncio.to_thread(direct, instance.address, presented) == (
+                grpc.StatusCode.OK
+            )
+            logs = mesh.node.logs()
+            assert logs.count("env_call_refused") == 3 and token not in logs
+
+    run(scenario())
+
+
 def test_node_env_registers_and_a_correct_guess_wins(node_env_dir: Path, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with node_env_mesh(node_env_dir, tmp_path) as mesh:
             [instance] = await mesh.instances()
-            assert instance.address.startswith("127.0.0.1:") and instance.capacity == CAPACITY
+            assert instance.address == "" and instance.capacity == CAPACITY  # admins see it
+            assert mesh.address_of(instance.instance_id).startswith("127.0.0.1:")
             async with EnvHubClient(
                 mesh.envhub_address,
                 credential=user_key(),
@@ -370,13 +421,19 @@ def test_node_env_registers_again_and_deregisters_on_sigterm(
     async def scenario() -> None:
         async with node_env_mesh(node_env_dir, tmp_path) as mesh:
             [first] = await mesh.instances()
+            [record] = mesh.deps.registry.instances(ENV_NAME)
             # EnvHub forgets it (as after an EnvHub restart): the next renewal is answered
-            # NOT_FOUND and the server registers again.
+            # NOT_FOUND and the server registers again, with the same env token.
             await mesh.stub.DeregisterEnvironment(
                 hub_pb.DeregisterEnvironmentRequest(instance_id=first.instance_id), timeout=5
             )
             again = await mesh.wait_registered(other_than=first.instance_id)
-            assert again.address == first.address
+            [record_again] = mesh.deps.registry.instances(ENV_NAME)
+            assert record_again.instance_id == again.instance_id
+            assert (record_again.address, record_again.env_token) == (
+                record.address,
+                record.env_token,
+            )
             assert "registration_lost_registering_again" in mesh.node.logs()
 
             started = time.monotonic()

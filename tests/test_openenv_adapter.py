@@ -48,7 +48,7 @@ class Adapted:
         self.handle: EnvServerHandle = serve(
             lambda: OpenEnvGame(target), envhub_address=envhub_address, block=False
         )
-        self.channel = grpc.insecure_channel(self.handle.address)
+        self.channel = self.handle.channel()
         self.stub = environment_pb2_grpc.EnvironmentServiceStub(self.channel)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ import pytest
 from identity_helpers import user_channel, user_key
 from rollout_helpers import tiny_engine
 
+from opentinker.env_auth import new_env_token
 from opentinker.env_server import serve
 from opentinker.envhub.v1 import envhub_pb2, envhub_pb2_grpc, environment_pb2, environment_pb2_grpc
 from opentinker.game import AbstractGame, StepResult
@@ -132,7 +133,10 @@ def test_bad_replies_end_their_episode_with_a_reason_and_the_rest_go_on(
         try:
             await envhub_pb2_grpc.EnvHubServiceStub(channel).RegisterEnvironment(
                 envhub_pb2.RegisterEnvironmentRequest(
-                    env_name="raw", address=f"127.0.0.1:{raw_port}", capacity=0
+                    env_name="raw",
+                    address=f"127.0.0.1:{raw_port}",
+                    capacity=0,
+                    env_token=new_env_token(),  # this hand-made server checks none
                 ),
                 timeout=5,
             )

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from opentinker.env_server import serve
@@ -140,7 +139,7 @@ def test_bad_options_and_a_failing_build_are_clear_errors(cache_dir: Path) -> No
 def test_served_over_grpc(cache_dir: Path) -> None:
     handle = serve(lambda: HouseholdGame(cache_dir=cache_dir), block=False)
     try:
-        with grpc.insecure_channel(handle.address) as channel:
+        with handle.channel() as channel:
             stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
             spec = stub.GetEnvironmentSpec(pb.GetEnvironmentSpecRequest(), timeout=5).spec
             reset = stub.Reset(pb.ResetRequest(episode_id="e", seed=SEED), timeout=10)

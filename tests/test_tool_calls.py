@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from opentinker.auth import api_key_from_env
+from opentinker.env_auth import new_env_token
 from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
 from opentinker.services.envhub.server import EnvHubDeps
@@ -314,6 +315,7 @@ def test_parsed_calls_reach_an_env_server_through_envhub(engine: TransformersEng
             address=f"127.0.0.1:{port}",
             capacity=0,
             api_key=api_key_from_env(None),
+            env_token=new_env_token(),  # this hand-made server checks none
         )
         try:
             await asyncio.to_thread(registration.start)

@@ -106,7 +106,7 @@ class Served:
     def __init__(self, env: vf.Environment, name: str) -> None:
         source = VerifiersSource(env=env, name=name, timeout_s=20.0)
         self.handle = serve(lambda: VerifiersGame(source), block=False)
-        self.channel = grpc.insecure_channel(self.handle.address)
+        self.channel = self.handle.channel()
         self.stub = environment_pb2_grpc.EnvironmentServiceStub(self.channel)
 
     def __enter__(self) -> Served:

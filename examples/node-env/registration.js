@@ -5,7 +5,8 @@
 // NOT_FOUND (the registration expired, or EnvHub restarted), deregister on stop. Every call
 // has a deadline, so a dead EnvHub is a logged warning, never a hang. Every call carries the
 // API key (metadata `authorization: Bearer <key>`, see identity.proto); the env is then private
-// to the key's tenant.
+// to the key's tenant. Every registration carries the server's env token (the same one each
+// time), which EnvHub presents on its calls to the server; it is never logged.
 
 'use strict';
 
@@ -31,12 +32,12 @@ const RETRYABLE = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDE
 class EnvHubRegistration {
   /**
    * @param {Function} EnvHubService the EnvHubService client constructor (from proto-loader)
-   * @param {{envhubAddress: string, envName: string, address: string, capacity: number, apiKey: string, log: Function}} options
+   * @param {{envhubAddress: string, envName: string, address: string, capacity: number, envToken: string, apiKey: string, log: Function}} options
    */
-  constructor(EnvHubService, { envhubAddress, envName, address, capacity, apiKey, log }) {
+  constructor(EnvHubService, { envhubAddress, envName, address, capacity, envToken, apiKey, log }) {
     this.client = new EnvHubService(envhubAddress, grpc.credentials.createInsecure());
     this.apiKey = apiKey;
-    this.request = { env_name: envName, address, capacity };
+    this.request = { env_name: envName, address, capacity, env_token: envToken };
     this.envhubAddress = envhubAddress;
     this.log = log;
     this.instanceId = ''; // '' while not registered

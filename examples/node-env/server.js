@@ -4,6 +4,9 @@
 // It loads the project's .proto files at start-up (no generated code), implements
 // opentinker.envhub.v1.EnvironmentService for many concurrent episodes keyed by episode_id,
 // and keeps itself registered with EnvHub until SIGTERM/SIGINT, when it deregisters and exits.
+// It takes calls only from that EnvHub: every EnvironmentService call must carry the env token
+// it registered with (metadata `opentinker-env-token`; see "Authentication" in
+// environment.proto), or is answered UNAUTHENTICATED.
 //
 //   node server.js --envhub 127.0.0.1:50052 [--host 127.0.0.1] [--port 0] [--name guess-number]
 //
@@ -11,6 +14,7 @@
 
 'use strict';
 
+const crypto = require('node:crypto');
 const path = require('node:path');
 const { parseArgs } = require('node:util');
 const grpc = require('@grpc/grpc-js');
@@ -145,8 +149,27 @@ class Episodes {
   }
 }
 
+const ENV_TOKEN_KEY = 'opentinker-env-token';
+
+/**
+ * Why a call does not present `envToken` (null when it does): exactly one value of the
+ * metadata key, equal to the token, compared in constant time. Never quotes a token.
+ */
+function tokenProblem(metadata, envToken) {
+  const values = metadata.get(ENV_TOKEN_KEY);
+  if (values.length === 0) return `no '${ENV_TOKEN_KEY}' metadata`;
+  if (values.length > 1) return `'${ENV_TOKEN_KEY}' metadata sent ${values.length} times`;
+  const received = Buffer.from(String(values[0]));
+  const expected = Buffer.from(envToken);
+  // timingSafeEqual needs equal lengths; the length of a token is no secret.
+  if (received.length !== expected.length || !crypto.timingSafeEqual(received, expected)) {
+    return `the '${ENV_TOKEN_KEY}' metadata is not this server's env token`;
+  }
+  return null;
+}
+
 /** EnvironmentService handlers: wire messages <-> the game, errors -> status codes. */
-function environmentService(settings, episodes) {
+function environmentService(settings, episodes, envToken) {
   const spec = {
     name: settings.name,
     description: 'Guess a secret number from higher/lower hints (Node.js example environment).',
@@ -154,8 +177,20 @@ function environmentService(settings, episodes) {
     tools: [],
     max_turns: DEFAULTS.maxGuesses,
   };
-  // Run a handler; a thrown error becomes its gRPC status (INTERNAL unless it names one).
+  // Run a handler once the caller has shown the env token; a thrown error becomes its gRPC
+  // status (INTERNAL unless it names one).
   const handle = (body) => (call, callback) => {
+    const problem = tokenProblem(call.metadata, envToken);
+    if (problem !== null) {
+      log('warn', 'env_call_refused', { method: call.getPath(), problem });
+      callback({
+        code: grpc.status.UNAUTHENTICATED,
+        details:
+          `environment server '${settings.name}' takes calls only from the EnvHub it registered with: ` +
+          `${problem}. Run episodes through EnvHub (RunEpisodes).`,
+      });
+      return;
+    }
     try {
       callback(null, body(call.request));
     } catch (err) {
@@ -197,8 +232,10 @@ async function main() {
   const settings = readSettings(process.argv.slice(2));
   const proto = loadProtos(settings.protos);
   const episodes = new Episodes(settings);
+  // Made before the server can be reached, kept for its lifetime, sent to EnvHub only.
+  const envToken = crypto.randomBytes(32).toString('hex');
   const server = new grpc.Server();
-  server.addService(proto.EnvironmentService.service, environmentService(settings, episodes));
+  server.addService(proto.EnvironmentService.service, environmentService(settings, episodes, envToken));
   const port = await bind(server, `${settings.host}:${settings.port}`);
   const address = `${settings.advertiseHost}:${port}`;
   log('info', 'serving', { env: settings.name, address, capacity: settings.capacity });
@@ -208,6 +245,7 @@ async function main() {
     envName: settings.name,
     address,
     capacity: settings.capacity,
+    envToken,
     apiKey: process.env.OPENTINKER_API_KEY || '', // from the environment: argv is visible to `ps`
     log,
   });

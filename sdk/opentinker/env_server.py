@@ -5,8 +5,10 @@ with EnvHub.
 
 The pieces: ``episode_table`` (one game per episode, validation, idle reaping: the rules of
 Reset/Step/Close live there), ``env_servicer`` (protobuf <-> table), ``envhub_registration``
-(register, renew, deregister). Every RPC runs on its own thread of a pool, so one slow
-``step`` never stalls other episodes. Nothing here imports torch or the server extras.
+(register, renew, deregister), ``env_auth`` (the env token: every ``EnvironmentService`` call
+must present the token the server registered with EnvHub, or is refused UNAUTHENTICATED).
+Every RPC runs on its own thread of a pool, so one slow ``step`` never stalls other episodes.
+Nothing here imports torch or the server extras.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from opentinker.auth import api_key_from_env
+from opentinker.env_auth import (
+    EnvTokenInterceptor,
+    env_token_problem,
+    new_env_token,
+    with_env_token,
+)
 from opentinker.env_servicer import SERVICE_NAME, EnvironmentServicer, spec_of
 from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
@@ -53,12 +61,15 @@ class EnvServerHandle:
         address: str,
         table: EpisodeTable,
         registration: EnvHubRegistration | None,
+        env_token: str,
     ) -> None:
         self.server = server
         self.port = port
         self.address = address  # host:port as registered with EnvHub
         self.table = table
         self._registration = registration
+        # What every EnvironmentService call must present (env_auth.py); not in any repr.
+        self._env_token = env_token
         self._stopped = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="episode-reaper", daemon=True)
         self._reaper.start()
@@ -67,6 +78,16 @@ class EnvServerHandle:
     def instance_id(self) -> str:
         """The EnvHub instance id ('' when not registered, or not yet)."""
         return self._registration.instance_id if self._registration else ""
+
+    @property
+    def env_token(self) -> str:
+        """The secret every ``EnvironmentService`` call must present (registered with EnvHub)."""
+        return self._env_token
+
+    def channel(self) -> grpc.Channel:
+        """A blocking channel to this server that presents its env token: for direct calls
+        (tests, debugging). Close it when done (or use it as a context manager)."""
+        return with_env_token(grpc.insecure_channel(self.address), self._env_token)
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Deregister, stop serving (in-flight calls get ``grace_s``) and free every episode."""
@@ -106,6 +127,7 @@ def serve(
     idle_timeout_s: float = 600.0,
     max_workers: int | None = None,
     max_observation_chars: int = DEFAULT_MAX_OBSERVATION_CHARS,
+    env_token: str | None = None,
     block: bool = True,
 ) -> EnvServerHandle:
     """Serve a game as an ``EnvironmentService``.
@@ -122,9 +144,16 @@ def serve(
     max_workers: RPC threads (default: capacity + 8, or 72 when unlimited).
     max_observation_chars: a longer observation is never sent; the episode fails with an error
         naming the size instead (0 = no limit). EnvHub applies its own limit as well.
+    env_token: the secret every ``EnvironmentService`` call must present (metadata
+        ``opentinker-env-token``; env_auth.py); None = a fresh random one. It is registered
+        with EnvHub, which presents it; any other caller is refused UNAUTHENTICATED (health
+        checks stay open). ``handle.env_token`` holds it; ``handle.channel()`` presents it.
     block: serve until SIGINT/SIGTERM (then deregister and return the stopped handle); with
         False, return the running handle at once.
     """
+    token = new_env_token() if env_token is None else env_token
+    if (problem := env_token_problem(token)) is not None:
+        raise InvalidArgumentError(problem)
     table, spec = _episode_table(
         game_factory,
         name=name,
@@ -134,6 +163,7 @@ def serve(
     )
     server, bound = _start_grpc_server(
         EnvironmentServicer(table, spec),
+        EnvTokenInterceptor(token, env_name=table.env_name),
         host=host,
         port=port,
         max_workers=max_workers or (capacity or 64) + 8,
@@ -151,10 +181,16 @@ def serve(
             capacity=capacity,
             api_key=api_key_from_env(api_key),
             shared=shared,
+            env_token=token,
         )
         _start_registration(registration, server)
     handle = EnvServerHandle(
-        server, port=bound, address=address, table=table, registration=registration
+        server,
+        port=bound,
+        address=address,
+        table=table,
+        registration=registration,
+        env_token=token,
     )
     if block:
         _wait_for_signal(handle)
@@ -206,15 +242,18 @@ def _start_registration(registration: EnvHubRegistration, server: grpc.Server) -
 
 def _start_grpc_server(
     servicer: EnvironmentServicer,
+    auth: EnvTokenInterceptor,
     *,
     host: str,
     port: int,
     max_workers: int,
     thread_name_prefix: str,
 ) -> tuple[grpc.Server, int]:
-    """A started threaded gRPC server with the servicer, health checking and reflection."""
+    """A started threaded gRPC server with the servicer behind ``auth``, health checking and
+    reflection (those two open)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
+        interceptors=[auth],
         options=server_options(),  # an EnvHub that vanished lets its games go
     )
     environment_pb2_grpc.add_EnvironmentServiceServicer_to_server(servicer, server)

@@ -3,7 +3,8 @@
 Registers once at start (a refusal is an ``InvalidArgumentError``; an unreachable EnvHub is
 retried in the background), renews on the interval EnvHub returns, registers again when EnvHub
 answers NOT_FOUND (expired, or EnvHub restarted), and deregisters on ``stop``. Every call has a
-deadline.
+deadline. Each registration carries the server's env token (env_auth.py), the same one every
+time; it is never logged.
 """
 
 from __future__ import annotations
@@ -34,14 +35,20 @@ class EnvHubRegistration:
         env_name: str,
         address: str,
         capacity: int,
+        env_token: str,
         api_key: str = "",
         shared: bool = False,
     ) -> None:
         """``api_key``: the key EnvHub checks (the env is private to its tenant unless
-        ``shared``, which needs an admin's key)."""
+        ``shared``, which needs an admin's key). ``env_token``: what EnvHub must present on
+        its calls to the server (env_auth.py); the same one at every registration."""
         self._envhub_address = envhub_address
         self._request = envhub_pb2.RegisterEnvironmentRequest(
-            env_name=env_name, address=address, capacity=capacity, shared=shared
+            env_name=env_name,
+            address=address,
+            capacity=capacity,
+            shared=shared,
+            env_token=env_token,
         )
         channel = open_channel(envhub_address, ca_file=ca_file_from_env(), options=[])
         self._channel = with_credential(channel, api_key)

@@ -1,5 +1,7 @@
 """The environments EnvHub hosts itself: each is served in-process by the SDK's ``serve`` on
-its own loopback port and registered (pinned) in EnvHub's own registry."""
+its own loopback port and registered (pinned) in EnvHub's own registry. EnvHub calls them
+in-process (local_envs.py); their port refuses every EnvironmentService call without the env
+token ``serve`` made (env_auth.py), which only EnvHub's registry holds."""
 
 from __future__ import annotations
 
@@ -58,6 +60,13 @@ def start_builtin_envs(
             max_observation_chars=max_observation_chars,
             block=False,
         )
-        registry.register(name, handle.address, capacity, pinned=True, shared=True)
+        registry.register(
+            name,
+            handle.address,
+            capacity,
+            env_token=handle.env_token,
+            pinned=True,
+            shared=True,
+        )
         handles.append(handle)
     return handles

@@ -7,7 +7,9 @@ Each stream's episode ids reach the env servers under a prefix of its own (``Epi
 may name episodes alike. Every call has a deadline; any failure (dead instance, deadline, an
 error from the game, a malformed reply: a non-finite reward, an observation longer than
 ``max_observation_chars``) ends the episode with an ``EnvironmentError_`` whose ``code`` is a
-gRPC status name and whose message names the environment and the instance.
+gRPC status name and whose message names the environment and the instance. Every call
+presents the instance's env token (``opentinker-env-token`` metadata; env_auth.py), which its
+server checks.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from opentinker.env_auth import env_token_metadata
 from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
 from opentinker.errors import (
     EnvironmentError_,
@@ -46,6 +49,11 @@ _Reply = TypeVar("_Reply")
 
 # How often a Reset waiting for a slot looks again (EpisodeRouter._acquire).
 CAPACITY_POLL_S = 0.05
+
+
+def _presented(instance: Instance) -> tuple[tuple[str, str], ...]:
+    """The metadata of every call to ``instance``: the env token its server registered with."""
+    return env_token_metadata(instance.env_token)
 
 
 class EnvChannels:
@@ -155,7 +163,9 @@ class EpisodeRouter:
         """The spec one instance gives, or (None, why it gave none)."""
         try:
             reply = await self._channels.stub(instance.address).GetEnvironmentSpec(
-                environment_pb2.GetEnvironmentSpecRequest(), timeout=self._timeout_s
+                environment_pb2.GetEnvironmentSpecRequest(),
+                timeout=self._timeout_s,
+                metadata=_presented(instance),
             )
         except grpc.aio.AioRpcError as err:
             return None, f"{instance.address}: {err.code().name}: {err.details()}"
@@ -179,7 +189,9 @@ class EpisodeRouter:
             routed = environment_pb2.ResetRequest()
             routed.CopyFrom(request)
             routed.episode_id = self._on_env(request.episode_id)
-            call = asyncio.ensure_future(stub.Reset(routed, timeout=self._timeout_s))
+            call = asyncio.ensure_future(
+                stub.Reset(routed, timeout=self._timeout_s, metadata=_presented(instance))
+            )
             try:
                 reply = await self._call(episode, request.episode_id, "Reset", asyncio.shield(call))
             except asyncio.CancelledError:
@@ -209,7 +221,9 @@ class EpisodeRouter:
             routed = environment_pb2.StepRequest()
             routed.CopyFrom(request)
             routed.episode_id = self._on_env(request.episode_id)
-            call = self._channels.stub(instance.address).Step(routed, timeout=self._timeout_s)
+            call = self._channels.stub(instance.address).Step(
+                routed, timeout=self._timeout_s, metadata=_presented(instance)
+            )
             reply = await self._call(episode, request.episode_id, "Step", call)
             if not math.isfinite(reply.reward):
                 await self._fail_and_close(episode, request.episode_id)
@@ -288,12 +302,24 @@ class EpisodeRouter:
             code = err.code().name
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 what = f"{method} did not answer within {self._timeout_s:g} s"
+            elif err.code() == grpc.StatusCode.UNAUTHENTICATED:
+                # The server at that address refuses the token it registered with: not the
+                # process that registered (restarted there, with a new token). The episode is
+                # gone with that process; restart it (UNAVAILABLE) on a live registration.
+                what = (
+                    f"{method} failed: the server at {instance.address} refused the env token "
+                    "this instance registered with (restarted, or another server on that "
+                    f"port): {err.details()}"
+                )
+                code = "UNAVAILABLE"
+                self._registry.deregister(instance.instance_id)
+                self._log.warning("instance_refused_env_token_dropped", address=instance.address)
             else:
                 what = f"{method} failed: {code}: {err.details()}"
             if err.code() == grpc.StatusCode.UNAVAILABLE and not instance.pinned:
                 await self._drop_if_dead(instance)
             self._forget(episode_id, episode)
-            if err.code() != grpc.StatusCode.UNAVAILABLE:  # free whatever it still holds
+            if code != "UNAVAILABLE":  # free whatever it still holds
                 self._in_background(self._close_on(instance, episode_id))
             raise self._failure(instance, episode_id, code, what) from err
 
@@ -330,7 +356,9 @@ class EpisodeRouter:
         episodes still on it (its slots). A dead one registers again if it comes back."""
         try:
             await self._channels.stub(instance.address).GetEnvironmentSpec(
-                environment_pb2.GetEnvironmentSpecRequest(), timeout=min(self._timeout_s, 2.0)
+                environment_pb2.GetEnvironmentSpecRequest(),
+                timeout=min(self._timeout_s, 2.0),
+                metadata=_presented(instance),
             )
             return
         except grpc.aio.AioRpcError:
@@ -371,6 +399,7 @@ class EpisodeRouter:
             await self._channels.stub(instance.address).CloseEpisode(
                 environment_pb2.CloseEpisodeRequest(episode_id=self._on_env(episode_id)),
                 timeout=min(self._timeout_s, 2.0),
+                metadata=_presented(instance),
             )
         except grpc.aio.AioRpcError as err:
             self._log.info("close_episode_failed", episode_id=episode_id, code=err.code().name)

@@ -4,7 +4,9 @@ Built-in envs live in the EnvHub process (DESIGN: EnvHub owns them) and are also
 port for anyone else. Routing EnvHub's own calls through that port costs two gRPC hops per
 Reset/Step/Close for no isolation gain. ``LocalEnvironmentStub`` has the interface of
 ``EnvironmentServiceStub`` (awaitable calls, ``grpc.aio.AioRpcError`` on failure) and runs the
-very same ``EnvironmentServicer`` the port serves, on a worker thread (a blocking game never
+very same ``EnvironmentServicer`` the port serves (the env-token check of the port, which
+guards it from other callers, has nothing to check here: the caller is EnvHub itself, and the
+``metadata`` the router passes is ignored), on a worker thread (a blocking game never
 stalls the event loop) under the same deadline. Only the transport is skipped. The stub owns a
 thread pool as large as the served port's (capacity + 8): asyncio's default pool has only
 min(32, cores + 4) threads, so blocking games (the sandboxed code_math env takes seconds a
@@ -92,14 +94,19 @@ class LocalEnvironmentStub:
                 grpc.StatusCode.UNKNOWN, f"Exception calling application: {err}"
             ) from err
 
-    def GetEnvironmentSpec(self, request, *, timeout=None):  # noqa: N802 - stub method name
+    # ``metadata``: the env token the router presents; in-process there is no one to check it.
+    def GetEnvironmentSpec(self, request, *, timeout=None, metadata=None):  # noqa: N802
         return self._call(self._servicer.GetEnvironmentSpec, request, timeout)
 
-    def Reset(self, request: environment_pb2.ResetRequest, *, timeout=None):  # noqa: N802
+    def Reset(  # noqa: N802 - stub method name
+        self, request: environment_pb2.ResetRequest, *, timeout=None, metadata=None
+    ):
         return self._call(self._servicer.Reset, request, timeout)
 
-    def Step(self, request: environment_pb2.StepRequest, *, timeout=None):  # noqa: N802
+    def Step(  # noqa: N802 - stub method name
+        self, request: environment_pb2.StepRequest, *, timeout=None, metadata=None
+    ):
         return self._call(self._servicer.Step, request, timeout)
 
-    def CloseEpisode(self, request, *, timeout=None):  # noqa: N802
+    def CloseEpisode(self, request, *, timeout=None, metadata=None):  # noqa: N802
         return self._call(self._servicer.CloseEpisode, request, timeout)

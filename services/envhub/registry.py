@@ -5,6 +5,10 @@ every env server re-registers as soon as its renewal is answered NOT_FOUND. Regi
 that miss renewals for ``ttl_s`` are dropped (checked lazily on every access). Built-in
 environments are registered ``pinned`` (hosted in-process, never expire). An instance marked
 unhealthy (by ``health_watch``) stays listed but takes no new episodes.
+
+Every instance carries the env token its server registered with (env_auth.py): EnvHub
+presents it on each call to that instance's address, and nowhere else. It is kept out of
+``repr`` and never returned or logged.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from opentinker.env_auth import env_token_problem
 from opentinker.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -33,6 +38,7 @@ class Instance:
     registered_unix_s: wall-clock registration time; renewed_s: monotonic time of last renewal.
     healthy: False while its gRPC health checks fail; it then takes no new episodes.
     tenant_id: the tenant that registered it ("" for built-ins); shared: every tenant may use it.
+    env_token: what EnvHub presents on its calls to it (secret: not in repr).
     """
 
     instance_id: str
@@ -46,6 +52,7 @@ class Instance:
     healthy: bool = True
     tenant_id: str = ""
     shared: bool = False
+    env_token: str = field(default="", repr=False)
 
     def visible_to(self, tenant: str | None) -> bool:
         """May ``tenant`` (None = an admin: every tenant) use this instance?"""
@@ -73,6 +80,7 @@ class Registry(Protocol):
         address: str,
         capacity: int,
         *,
+        env_token: str,
         pinned: bool = False,
         tenant_id: str = "",
         shared: bool = False,
@@ -102,12 +110,13 @@ class InMemoryRegistry:
         address: str,
         capacity: int,
         *,
+        env_token: str,
         pinned: bool = False,
         tenant_id: str = "",
         shared: bool = False,
     ) -> Instance:
-        """Add an instance of ``tenant_id``; one it registered before at the same env name and
-        address is replaced."""
+        """Add an instance of ``tenant_id`` that EnvHub calls with ``env_token``; one it
+        registered before at the same env name and address is replaced."""
         problems = []
         if not ENV_NAME_PATTERN.match(env_name):
             problems.append(f"env_name {env_name!r} must be letters, digits, '_', '.', '-'")
@@ -115,6 +124,11 @@ class InMemoryRegistry:
             problems.append(f"address {address!r} must be host:port")
         if capacity < 0:
             problems.append(f"capacity {capacity} must be >= 0 (0 = unlimited)")
+        if (token_problem := env_token_problem(env_token)) is not None:
+            problems.append(
+                f"{token_problem}; the server must refuse calls without it (see "
+                "'Authentication' in environment.proto)"
+            )
         if problems:
             raise InvalidArgumentError("; ".join(problems), reason="BAD_REGISTRATION")
         for old in self.instances(env_name):
@@ -130,6 +144,7 @@ class InMemoryRegistry:
             pinned=pinned,
             tenant_id=tenant_id,
             shared=shared,
+            env_token=env_token,
         )
         self._by_id[instance.instance_id] = instance
         return instance

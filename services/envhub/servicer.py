@@ -34,11 +34,14 @@ _REPLY_LINGER_S = 0.002
 _REPLIES_MAX_BYTES = MAX_MESSAGE_BYTES // 2
 
 
-def _instance_pb(instance: Instance) -> envhub_pb2.EnvironmentInstance:
+def _instance_pb(instance: Instance, *, with_address: bool) -> envhub_pb2.EnvironmentInstance:
+    """An instance as the protocol shows it; its address only ``with_address`` (an admin's
+    listing, or the registrant's own reply): to anyone else it is only a door to knock on.
+    Never its env token."""
     return envhub_pb2.EnvironmentInstance(
         instance_id=instance.instance_id,
         env_name=instance.env_name,
-        address=instance.address,
+        address=instance.address if with_address else "",
         capacity=instance.capacity,
         active_episodes=instance.active_episodes,
         registered_unix_s=instance.registered_unix_s,
@@ -93,6 +96,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
                 request.env_name,
                 request.address,
                 request.capacity,
+                env_token=request.env_token,
                 tenant_id=caller.tenant_id,
                 shared=request.shared,
             )
@@ -106,7 +110,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             shared=instance.shared,
         )
         return envhub_pb2.RegisterEnvironmentResponse(
-            instance=_instance_pb(instance),
+            instance=_instance_pb(instance, with_address=True),
             renew_interval_s=self._settings.renew_interval_s,
             ttl_s=self._settings.registration_ttl_s,
         )
@@ -123,6 +127,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
         return envhub_pb2.DeregisterEnvironmentResponse()
 
     async def ListEnvironments(self, request, context):  # noqa: N802
+        admin = current_principal().is_admin
         try:
             instances, token = page(
                 self._registry.instances(tenant=_scope()),
@@ -132,7 +137,8 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
         except OpenTinkerError as err:
             await abort_with(context, err)
         return envhub_pb2.ListEnvironmentsResponse(
-            instances=[_instance_pb(i) for i in instances], next_page_token=token
+            instances=[_instance_pb(i, with_address=admin) for i in instances],
+            next_page_token=token,
         )
 
     async def RunEpisodes(self, request_iterator, context):  # noqa: N802

@@ -26,51 +26,51 @@ from opentinker.common.v1 import common_pb2 as opentinker_dot_common_dot_v1_dot_
 from opentinker.envhub.v1 import environment_pb2 as opentinker_dot_envhub_dot_v1_dot_environment__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!opentinker/envhub/v1/envhub.proto\x12\x14opentinker.envhub.v1\x1a!opentinker/common/v1/common.proto\x1a&opentinker/envhub/v1/environment.proto\"\xec\x01\n\x13\x45nvironmentInstance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63tive_episodes\x18\x05 \x01(\x05\x12\x19\n\x11registered_unix_s\x18\x06 \x01(\x01\x12\x34\n\x06health\x18\x07 \x01(\x0e\x32$.opentinker.envhub.v1.InstanceHealth\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x12\x0e\n\x06shared\x18\t \x01(\x08\"a\n\x1aRegisterEnvironmentRequest\x12\x10\n\x08\x65nv_name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12\x0e\n\x06shared\x18\x04 \x01(\x08\"\x83\x01\n\x1bRegisterEnvironmentResponse\x12;\n\x08instance\x18\x01 \x01(\x0b\x32).opentinker.envhub.v1.EnvironmentInstance\x12\x18\n\x10renew_interval_s\x18\x02 \x01(\x01\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\"/\n\x18RenewRegistrationRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x1b\n\x19RenewRegistrationResponse\"3\n\x1c\x44\x65registerEnvironmentRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x1f\n\x1d\x44\x65registerEnvironmentResponse\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"q\n\x18ListEnvironmentsResponse\x12<\n\tinstances\x18\x01 \x03(\x0b\x32).opentinker.envhub.v1.EnvironmentInstance\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf7\x02\n\x12RunEpisodesRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x04open\x18\n \x01(\x0b\x32\".opentinker.envhub.v1.OpenEpisodesH\x00\x12\x33\n\x05reset\x18\x0b \x01(\x0b\x32\".opentinker.envhub.v1.ResetRequestH\x00\x12\x31\n\x04step\x18\x0c \x01(\x0b\x32!.opentinker.envhub.v1.StepRequestH\x00\x12\x42\n\rclose_episode\x18\r \x01(\x0b\x32).opentinker.envhub.v1.CloseEpisodeRequestH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x33\n\x05\x63\x61lls\x18\x0f \x01(\x0b\x32\".opentinker.envhub.v1.EpisodeCallsH\x00\x42\t\n\x07payload\"\xaf\x01\n\x0c\x45pisodeCalls\x12\x32\n\x06resets\x18\x01 \x03(\x0b\x32\".opentinker.envhub.v1.ResetRequest\x12\x30\n\x05steps\x18\x02 \x03(\x0b\x32!.opentinker.envhub.v1.StepRequest\x12\x39\n\x06\x63loses\x18\x03 \x03(\x0b\x32).opentinker.envhub.v1.CloseEpisodeRequest\"0\n\x0cOpenEpisodes\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x02 \x01(\t\"\xf9\x02\n\x13RunEpisodesResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x36\n\x06opened\x18\n \x01(\x0b\x32$.opentinker.envhub.v1.EpisodesOpenedH\x00\x12\x33\n\x05reset\x18\x0b \x01(\x0b\x32\".opentinker.envhub.v1.EpisodeResetH\x00\x12\x37\n\x07stepped\x18\x0c \x01(\x0b\x32$.opentinker.envhub.v1.EpisodeSteppedH\x00\x12\x35\n\x06\x66\x61iled\x18\r \x01(\x0b\x32#.opentinker.envhub.v1.EpisodeFailedH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x37\n\x07replies\x18\x0f \x01(\x0b\x32$.opentinker.envhub.v1.EpisodeRepliesH\x00\x42\t\n\x07payload\"\xb0\x01\n\x0e\x45pisodeReplies\x12\x32\n\x06resets\x18\x01 \x03(\x0b\x32\".opentinker.envhub.v1.EpisodeReset\x12\x35\n\x07stepped\x18\x02 \x03(\x0b\x32$.opentinker.envhub.v1.EpisodeStepped\x12\x33\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32#.opentinker.envhub.v1.EpisodeFailed\"E\n\x0e\x45pisodesOpened\x12\x33\n\x04spec\x18\x01 \x01(\x0b\x32%.opentinker.envhub.v1.EnvironmentSpec\"W\n\x0c\x45pisodeReset\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x33\n\x06result\x18\x02 \x01(\x0b\x32#.opentinker.envhub.v1.ResetResponse\"X\n\x0e\x45pisodeStepped\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32\".opentinker.envhub.v1.StepResponse\"A\n\rEpisodeFailed\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t*o\n\x0eInstanceHealth\x12\x1f\n\x1bINSTANCE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSTANCE_HEALTH_SERVING\x10\x01\x12\x1f\n\x1bINSTANCE_HEALTH_NOT_SERVING\x10\x02\x32\xdf\x04\n\rEnvHubService\x12z\n\x13RegisterEnvironment\x12\x30.opentinker.envhub.v1.RegisterEnvironmentRequest\x1a\x31.opentinker.envhub.v1.RegisterEnvironmentResponse\x12t\n\x11RenewRegistration\x12..opentinker.envhub.v1.RenewRegistrationRequest\x1a/.opentinker.envhub.v1.RenewRegistrationResponse\x12\x80\x01\n\x15\x44\x65registerEnvironment\x12\x32.opentinker.envhub.v1.DeregisterEnvironmentRequest\x1a\x33.opentinker.envhub.v1.DeregisterEnvironmentResponse\x12q\n\x10ListEnvironments\x12-.opentinker.envhub.v1.ListEnvironmentsRequest\x1a..opentinker.envhub.v1.ListEnvironmentsResponse\x12\x66\n\x0bRunEpisodes\x12(.opentinker.envhub.v1.RunEpisodesRequest\x1a).opentinker.envhub.v1.RunEpisodesResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!opentinker/envhub/v1/envhub.proto\x12\x14opentinker.envhub.v1\x1a!opentinker/common/v1/common.proto\x1a&opentinker/envhub/v1/environment.proto\"\xec\x01\n\x13\x45nvironmentInstance\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\x05\x12\x17\n\x0f\x61\x63tive_episodes\x18\x05 \x01(\x05\x12\x19\n\x11registered_unix_s\x18\x06 \x01(\x01\x12\x34\n\x06health\x18\x07 \x01(\x0e\x32$.opentinker.envhub.v1.InstanceHealth\x12\x11\n\ttenant_id\x18\x08 \x01(\t\x12\x0e\n\x06shared\x18\t \x01(\x08\"t\n\x1aRegisterEnvironmentRequest\x12\x10\n\x08\x65nv_name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x05\x12\x0e\n\x06shared\x18\x04 \x01(\x08\x12\x11\n\tenv_token\x18\x05 \x01(\t\"\x83\x01\n\x1bRegisterEnvironmentResponse\x12;\n\x08instance\x18\x01 \x01(\x0b\x32).opentinker.envhub.v1.EnvironmentInstance\x12\x18\n\x10renew_interval_s\x18\x02 \x01(\x01\x12\r\n\x05ttl_s\x18\x03 \x01(\x01\"/\n\x18RenewRegistrationRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x1b\n\x19RenewRegistrationResponse\"3\n\x1c\x44\x65registerEnvironmentRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x1f\n\x1d\x44\x65registerEnvironmentResponse\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"q\n\x18ListEnvironmentsResponse\x12<\n\tinstances\x18\x01 \x03(\x0b\x32).opentinker.envhub.v1.EnvironmentInstance\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xf7\x02\n\x12RunEpisodesRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x32\n\x04open\x18\n \x01(\x0b\x32\".opentinker.envhub.v1.OpenEpisodesH\x00\x12\x33\n\x05reset\x18\x0b \x01(\x0b\x32\".opentinker.envhub.v1.ResetRequestH\x00\x12\x31\n\x04step\x18\x0c \x01(\x0b\x32!.opentinker.envhub.v1.StepRequestH\x00\x12\x42\n\rclose_episode\x18\r \x01(\x0b\x32).opentinker.envhub.v1.CloseEpisodeRequestH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x33\n\x05\x63\x61lls\x18\x0f \x01(\x0b\x32\".opentinker.envhub.v1.EpisodeCallsH\x00\x42\t\n\x07payload\"\xaf\x01\n\x0c\x45pisodeCalls\x12\x32\n\x06resets\x18\x01 \x03(\x0b\x32\".opentinker.envhub.v1.ResetRequest\x12\x30\n\x05steps\x18\x02 \x03(\x0b\x32!.opentinker.envhub.v1.StepRequest\x12\x39\n\x06\x63loses\x18\x03 \x03(\x0b\x32).opentinker.envhub.v1.CloseEpisodeRequest\"0\n\x0cOpenEpisodes\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08\x65nv_name\x18\x02 \x01(\t\"\xf9\x02\n\x13RunEpisodesResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x36\n\x06opened\x18\n \x01(\x0b\x32$.opentinker.envhub.v1.EpisodesOpenedH\x00\x12\x33\n\x05reset\x18\x0b \x01(\x0b\x32\".opentinker.envhub.v1.EpisodeResetH\x00\x12\x37\n\x07stepped\x18\x0c \x01(\x0b\x32$.opentinker.envhub.v1.EpisodeSteppedH\x00\x12\x35\n\x06\x66\x61iled\x18\r \x01(\x0b\x32#.opentinker.envhub.v1.EpisodeFailedH\x00\x12\x34\n\theartbeat\x18\x0e \x01(\x0b\x32\x1f.opentinker.common.v1.HeartbeatH\x00\x12\x37\n\x07replies\x18\x0f \x01(\x0b\x32$.opentinker.envhub.v1.EpisodeRepliesH\x00\x42\t\n\x07payload\"\xb0\x01\n\x0e\x45pisodeReplies\x12\x32\n\x06resets\x18\x01 \x03(\x0b\x32\".opentinker.envhub.v1.EpisodeReset\x12\x35\n\x07stepped\x18\x02 \x03(\x0b\x32$.opentinker.envhub.v1.EpisodeStepped\x12\x33\n\x06\x66\x61iled\x18\x03 \x03(\x0b\x32#.opentinker.envhub.v1.EpisodeFailed\"E\n\x0e\x45pisodesOpened\x12\x33\n\x04spec\x18\x01 \x01(\x0b\x32%.opentinker.envhub.v1.EnvironmentSpec\"W\n\x0c\x45pisodeReset\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x33\n\x06result\x18\x02 \x01(\x0b\x32#.opentinker.envhub.v1.ResetResponse\"X\n\x0e\x45pisodeStepped\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x32\n\x06result\x18\x02 \x01(\x0b\x32\".opentinker.envhub.v1.StepResponse\"A\n\rEpisodeFailed\x12\x12\n\nepisode_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t*o\n\x0eInstanceHealth\x12\x1f\n\x1bINSTANCE_HEALTH_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSTANCE_HEALTH_SERVING\x10\x01\x12\x1f\n\x1bINSTANCE_HEALTH_NOT_SERVING\x10\x02\x32\xdf\x04\n\rEnvHubService\x12z\n\x13RegisterEnvironment\x12\x30.opentinker.envhub.v1.RegisterEnvironmentRequest\x1a\x31.opentinker.envhub.v1.RegisterEnvironmentResponse\x12t\n\x11RenewRegistration\x12..opentinker.envhub.v1.RenewRegistrationRequest\x1a/.opentinker.envhub.v1.RenewRegistrationResponse\x12\x80\x01\n\x15\x44\x65registerEnvironment\x12\x32.opentinker.envhub.v1.DeregisterEnvironmentRequest\x1a\x33.opentinker.envhub.v1.DeregisterEnvironmentResponse\x12q\n\x10ListEnvironments\x12-.opentinker.envhub.v1.ListEnvironmentsRequest\x1a..opentinker.envhub.v1.ListEnvironmentsResponse\x12\x66\n\x0bRunEpisodes\x12(.opentinker.envhub.v1.RunEpisodesRequest\x1a).opentinker.envhub.v1.RunEpisodesResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'opentinker.envhub.v1.envhub_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INSTANCEHEALTH']._serialized_start=2433
-  _globals['_INSTANCEHEALTH']._serialized_end=2544
+  _globals['_INSTANCEHEALTH']._serialized_start=2452
+  _globals['_INSTANCEHEALTH']._serialized_end=2563
   _globals['_ENVIRONMENTINSTANCE']._serialized_start=135
   _globals['_ENVIRONMENTINSTANCE']._serialized_end=371
   _globals['_REGISTERENVIRONMENTREQUEST']._serialized_start=373
-  _globals['_REGISTERENVIRONMENTREQUEST']._serialized_end=470
-  _globals['_REGISTERENVIRONMENTRESPONSE']._serialized_start=473
-  _globals['_REGISTERENVIRONMENTRESPONSE']._serialized_end=604
-  _globals['_RENEWREGISTRATIONREQUEST']._serialized_start=606
-  _globals['_RENEWREGISTRATIONREQUEST']._serialized_end=653
-  _globals['_RENEWREGISTRATIONRESPONSE']._serialized_start=655
-  _globals['_RENEWREGISTRATIONRESPONSE']._serialized_end=682
-  _globals['_DEREGISTERENVIRONMENTREQUEST']._serialized_start=684
-  _globals['_DEREGISTERENVIRONMENTREQUEST']._serialized_end=735
-  _globals['_DEREGISTERENVIRONMENTRESPONSE']._serialized_start=737
-  _globals['_DEREGISTERENVIRONMENTRESPONSE']._serialized_end=768
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=770
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=834
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=836
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=949
-  _globals['_RUNEPISODESREQUEST']._serialized_start=952
-  _globals['_RUNEPISODESREQUEST']._serialized_end=1327
-  _globals['_EPISODECALLS']._serialized_start=1330
-  _globals['_EPISODECALLS']._serialized_end=1505
-  _globals['_OPENEPISODES']._serialized_start=1507
-  _globals['_OPENEPISODES']._serialized_end=1555
-  _globals['_RUNEPISODESRESPONSE']._serialized_start=1558
-  _globals['_RUNEPISODESRESPONSE']._serialized_end=1935
-  _globals['_EPISODEREPLIES']._serialized_start=1938
-  _globals['_EPISODEREPLIES']._serialized_end=2114
-  _globals['_EPISODESOPENED']._serialized_start=2116
-  _globals['_EPISODESOPENED']._serialized_end=2185
-  _globals['_EPISODERESET']._serialized_start=2187
-  _globals['_EPISODERESET']._serialized_end=2274
-  _globals['_EPISODESTEPPED']._serialized_start=2276
-  _globals['_EPISODESTEPPED']._serialized_end=2364
-  _globals['_EPISODEFAILED']._serialized_start=2366
-  _globals['_EPISODEFAILED']._serialized_end=2431
-  _globals['_ENVHUBSERVICE']._serialized_start=2547
-  _globals['_ENVHUBSERVICE']._serialized_end=3154
+  _globals['_REGISTERENVIRONMENTREQUEST']._serialized_end=489
+  _globals['_REGISTERENVIRONMENTRESPONSE']._serialized_start=492
+  _globals['_REGISTERENVIRONMENTRESPONSE']._serialized_end=623
+  _globals['_RENEWREGISTRATIONREQUEST']._serialized_start=625
+  _globals['_RENEWREGISTRATIONREQUEST']._serialized_end=672
+  _globals['_RENEWREGISTRATIONRESPONSE']._serialized_start=674
+  _globals['_RENEWREGISTRATIONRESPONSE']._serialized_end=701
+  _globals['_DEREGISTERENVIRONMENTREQUEST']._serialized_start=703
+  _globals['_DEREGISTERENVIRONMENTREQUEST']._serialized_end=754
+  _globals['_DEREGISTERENVIRONMENTRESPONSE']._serialized_start=756
+  _globals['_DEREGISTERENVIRONMENTRESPONSE']._serialized_end=787
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=789
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=853
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=855
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=968
+  _globals['_RUNEPISODESREQUEST']._serialized_start=971
+  _globals['_RUNEPISODESREQUEST']._serialized_end=1346
+  _globals['_EPISODECALLS']._serialized_start=1349
+  _globals['_EPISODECALLS']._serialized_end=1524
+  _globals['_OPENEPISODES']._serialized_start=1526
+  _globals['_OPENEPISODES']._serialized_end=1574
+  _globals['_RUNEPISODESRESPONSE']._serialized_start=1577
+  _globals['_RUNEPISODESRESPONSE']._serialized_end=1954
+  _globals['_EPISODEREPLIES']._serialized_start=1957
+  _globals['_EPISODEREPLIES']._serialized_end=2133
+  _globals['_EPISODESOPENED']._serialized_start=2135
+  _globals['_EPISODESOPENED']._serialized_end=2204
+  _globals['_EPISODERESET']._serialized_start=2206
+  _globals['_EPISODERESET']._serialized_end=2293
+  _globals['_EPISODESTEPPED']._serialized_start=2295
+  _globals['_EPISODESTEPPED']._serialized_end=2383
+  _globals['_EPISODEFAILED']._serialized_start=2385
+  _globals['_EPISODEFAILED']._serialized_end=2450
+  _globals['_ENVHUBSERVICE']._serialized_start=2566
+  _globals['_ENVHUBSERVICE']._serialized_end=3173
 # @@protoc_insertion_point(module_scope)

@@ -41,16 +41,18 @@ class EnvironmentInstance(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., active_episodes: _Optional[int] = ..., registered_unix_s: _Optional[float] = ..., health: _Optional[_Union[InstanceHealth, str]] = ..., tenant_id: _Optional[str] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class RegisterEnvironmentRequest(_message.Message):
-    __slots__ = ("env_name", "address", "capacity", "shared")
+    __slots__ = ("env_name", "address", "capacity", "shared", "env_token")
     ENV_NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SHARED_FIELD_NUMBER: _ClassVar[int]
+    ENV_TOKEN_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     address: str
     capacity: int
     shared: bool
-    def __init__(self, env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., shared: _Optional[bool] = ...) -> None: ...
+    env_token: str
+    def __init__(self, env_name: _Optional[str] = ..., address: _Optional[str] = ..., capacity: _Optional[int] = ..., shared: _Optional[bool] = ..., env_token: _Optional[str] = ...) -> None: ...
 
 class RegisterEnvironmentResponse(_message.Message):
     __slots__ = ("instance", "renew_interval_s", "ttl_s")

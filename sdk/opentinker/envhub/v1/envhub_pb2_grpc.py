@@ -27,7 +27,9 @@ if _version_not_supported:
 
 class EnvHubServiceStub:
     """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
-    register with their user's API key; rollouts run episodes with their job token. An env
+    register with their user's API key; rollouts run episodes with their job token. EnvHub in
+    turn presents each env server the env token it registered with (RegisterEnvironmentRequest
+    env_token; see "Authentication" in environment.proto). An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
     Episodes go to the caller's own env of that name when it has one (it shadows a shared env
@@ -69,7 +71,9 @@ class EnvHubServiceStub:
 
 class EnvHubServiceServicer:
     """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
-    register with their user's API key; rollouts run episodes with their job token. An env
+    register with their user's API key; rollouts run episodes with their job token. EnvHub in
+    turn presents each env server the env token it registered with (RegisterEnvironmentRequest
+    env_token; see "Authentication" in environment.proto). An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
     Episodes go to the caller's own env of that name when it has one (it shadows a shared env
@@ -96,7 +100,10 @@ class EnvHubServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEnvironments(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The instances the caller may use. Only an admin sees their addresses: an env server's
+        address is of use to EnvHub alone (every episode goes through RunEpisodes), and to anyone
+        else it is a door to knock on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -147,7 +154,9 @@ def add_EnvHubServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EnvHubService:
     """Every call needs a credential (see opentinker/scheduler/v1/identity.proto): env servers
-    register with their user's API key; rollouts run episodes with their job token. An env
+    register with their user's API key; rollouts run episodes with their job token. EnvHub in
+    turn presents each env server the env token it registered with (RegisterEnvironmentRequest
+    env_token; see "Authentication" in environment.proto). An env
     registered by a tenant is private to it (others get NOT_FOUND) unless an admin registered it
     shared; the built-in envs are shared.
     Episodes go to the caller's own env of that name when it has one (it shadows a shared env
