@@ -101,8 +101,8 @@ def space(path: Path) -> str:
         st = os.statvfs(where)
     except OSError:
         return f"free space on the filesystem of {path} unknown"
-    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    return f"{_size(free)} free of {_size(total)} on the filesystem of {where}"
+    total = st.f_blocks * st.f_frsize
+    return f"{_size(_writable(st))} free of {_size(total)} on the filesystem of {where}"
 
 
 def _errno_in(err: BaseException) -> int | None:
@@ -132,11 +132,17 @@ def _cause(err: BaseException) -> str:
 
 
 def _free_bytes(path: Path) -> int | None:
+    """Bytes this process may still write at ``path``; None when the filesystem cannot be
+    asked (then check_writable's probe write alone decides)."""
     try:
-        st = os.statvfs(_existing(path))
+        return _writable(os.statvfs(_existing(path)))
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+
+
+def _writable(st: os.statvfs_result) -> int:
+    """Free bytes for this process: root may also fill the blocks reserved for it."""
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
 def _existing(path: Path) -> Path:
