@@ -262,8 +262,21 @@ def test_the_adapter_registers_with_envhub_and_plays_through_it() -> None:
     assert stepped.result.reward == pytest.approx(0.3)  # 3 characters of "bye"
 
 
+def unauthenticated_reset(address: str) -> grpc.StatusCode:
+    """The status of a Reset sent straight to an env server, with no env token."""
+    with grpc.insecure_channel(address) as channel:
+        stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+        try:
+            stub.Reset(pb.ResetRequest(episode_id="direct"), timeout=10)
+        except grpc.RpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
 def test_the_cli_serves_and_registers(tmp_path: Path) -> None:
-    async def scenario(url: str, log: IO[str]) -> list[str]:
+    """... and its server answers EnvHub alone: a direct Reset is UNAUTHENTICATED."""
+
+    async def scenario(url: str, log: IO[str]) -> tuple[list[str], grpc.StatusCode | None]:
         settings = EnvHubSettings(port=0, builtin_envs=[])
         deps = EnvHubDeps.create(settings)
         hub, port = await create_envhub(settings, deps)
@@ -293,9 +306,11 @@ def test_the_cli_serves_and_registers(tmp_path: Path) -> None:
                 while time.monotonic() < deadline and process.poll() is None:
                     reply = await stub.ListEnvironments(hub_pb.ListEnvironmentsRequest())
                     if reply.instances:
-                        return [i.env_name for i in reply.instances]
+                        [record] = deps.registry.instances()
+                        code = await asyncio.to_thread(unauthenticated_reset, record.address)
+                        return [i.env_name for i in reply.instances], code
                     await asyncio.sleep(0.2)
-                return []
+                return [], None
         finally:
             process.terminate()
             process.wait(10)
@@ -303,8 +318,9 @@ def test_the_cli_serves_and_registers(tmp_path: Path) -> None:
             await deps.close()
 
     with (tmp_path / "adapter.log").open("w") as log, openenv_server("echo") as url:
-        names = asyncio.run(scenario(url, log))
+        names, direct = asyncio.run(scenario(url, log))
     assert names == ["echo-cli"], (tmp_path / "adapter.log").read_text()[-2000:]
+    assert direct == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_an_oversized_reply_is_refused_without_reading_it_whole(monkeypatch) -> None:

@@ -198,6 +198,16 @@ def test_a_failing_env_and_bad_options_are_clear_errors() -> None:
         assert env.reset("eval", split="eval", seed=1).observation == "What is 4 * 4?"
 
 
+def test_the_adapted_server_refuses_calls_without_its_env_token() -> None:
+    with Served(load_single_turn(), "arith") as env:
+        with grpc.insecure_channel(env.handle.address) as channel:  # no env token
+            stub = environment_pb2_grpc.EnvironmentServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Reset(pb.ResetRequest(episode_id="direct"), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert env.reset("e").observation  # EnvHub's way (the token) is served
+
+
 def test_the_cli_loads_module_colon_function() -> None:
     args = parse_args(["--env", "test_verifiers_adapter:load_guess", "--env-args", "{}"])
     env = load_environment(args.env, args.env_args)
