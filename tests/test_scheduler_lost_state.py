@@ -34,6 +34,7 @@ from opentinker.errors import REASON_METADATA_KEY
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.launcher.redis_process import RedisProcess
+from opentinker.services.trainer.reporter import SchedulerReporter
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +60,14 @@ def rebootstrap(url: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+def restore(redis_server: RedisProcess, backup: Path) -> None:
+    """What an operator does: Redis stopped, its data folder replaced by the backup, started."""
+    redis_server.kill()
+    shutil.rmtree(redis_server.data_dir)
+    shutil.copytree(backup, redis_server.data_dir)
+    redis_server.start()
 
 
 async def wait_for_health(mesh: Mesh, status: int, within_s: float = 5.0) -> float:
@@ -161,10 +170,7 @@ def test_a_worker_is_asked_to_close_not_to_stop_and_keeps_its_job_through_a_rest
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert (REASON_METADATA_KEY, "STATE_LOST") in tuple(info.value.trailing_metadata())
 
-            redis_server.kill()
-            shutil.rmtree(redis_server.data_dir)
-            shutil.copytree(backup, redis_server.data_dir)
-            redis_server.start()
+            restore(redis_server, backup)
             await wait_for_health(mesh, SERVING)
             async with scripted_worker(
                 mesh.worker_stub, "w1", ["w1/cpu:0"], held=[held(launch)]
@@ -210,5 +216,42 @@ def test_a_key_unknown_between_two_checks_is_refused_as_lost_state_not_unauthent
             flushall(redis_server.url)
             await refused_as_lost(mesh.stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=5))
             assert await wait_for_health(mesh, NOT_SERVING, within_s=0.5) < 0.5
+
+    run(main)
+
+
+def test_a_trainers_report_waits_while_the_state_is_lost_and_lands_after_a_restore(
+    redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """The trainer's reporter gives a scheduler that is merely away ``retry_for_s``; one that
+    says its state is lost is waited for (its job is kept), here four budgets long."""
+    backup = tmp_path / "backup"
+
+    async def main() -> None:
+        async with scheduler_mesh(
+            redis_server.url, lease_ttl_s=10.0, instance_check_interval_s=CHECK_S
+        ) as mesh:
+            async with scripted_worker(mesh.worker_stub, "w1", ["w1/cpu:0"]) as w1:
+                launch = await start_job(mesh, w1, "reports")
+            shutil.copytree(redis_server.data_dir, backup)
+            job_channel = aio_channel(mesh.running.address, credential=launch.job_token)
+            reporter = SchedulerReporter(
+                job_channel,
+                address=mesh.running.address,
+                job_id=launch.job.job_id,
+                attempt=1,
+                timeout_s=2,
+                retry_for_s=0.5,
+            )
+            try:
+                flushall(redis_server.url)
+                await wait_for_health(mesh, NOT_SERVING)
+                report = asyncio.create_task(reporter.report_step(1, 1, {"reward": 0.1}))
+                await asyncio.sleep(2.0)
+                assert not report.done()
+                restore(redis_server, backup)
+                assert await asyncio.wait_for(report, 15) is False  # taken; not told to stop
+            finally:
+                await job_channel.close()
 
     run(main)

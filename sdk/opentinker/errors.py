@@ -83,6 +83,9 @@ _BY_CODE: dict[str, type[OpenTinkerError]] = {
 
 # Trailing-metadata key under which servers put the machine-readable reason of an error.
 REASON_METADATA_KEY = "opentinker-reason"
+# The reason of a scheduler's UNAVAILABLE while its Redis has lost its state: workers and job
+# processes wait for an operator (restore or re-bootstrap) instead of giving their jobs up.
+STATE_LOST_REASON = "STATE_LOST"
 
 
 def from_rpc_error(err) -> OpenTinkerError:

@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 import structlog
 from grpc_health.v1 import health, health_pb2
 
-from opentinker.errors import AuthenticationError, UnavailableError
+from opentinker.errors import STATE_LOST_REASON, AuthenticationError, UnavailableError
 from opentinker.services.common.auth import Authenticator, Principal
 from opentinker.services.common.grpc_server import abort, rewrap_handler
 from opentinker.services.common.launch import write_atomic
@@ -44,7 +44,7 @@ log = structlog.get_logger(__name__)
 
 MARKER_KEY = "ot:instance"
 MARKER_FILE = "redis-instance.id"  # in bootstrap_dir
-REASON = "STATE_LOST"
+REASON = STATE_LOST_REASON
 REBOOTSTRAP_COMMAND = "python -m opentinker.services.scheduler.rebootstrap --redis-url <URL>"
 
 

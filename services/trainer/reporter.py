@@ -2,9 +2,12 @@
 
 The job's processes outlive a scheduler restart (the worker keeps them running), so a report
 that finds the scheduler UNAVAILABLE — restarting, or its Redis is — is retried with backoff
-for up to ``retry_for_s`` before the job gives up. Reports are sent one at a time, so steps
-arrive in order and none is skipped; the RL loop sends its step reports from a background task
-(step_reports.py), so training goes on meanwhile. Only UNAVAILABLE is retried. The scheduler
+for up to ``retry_for_s`` before the job gives up; while the scheduler answers that its Redis
+lost its state (reason STATE_LOST, scheduler/lost_state.py) it is retried until an operator
+restores or re-bootstraps (then the job's token is unknown, and the worker stops the job).
+Reports are sent one at a time, so steps arrive in order and none is skipped; the RL loop
+sends its step reports from a background task (step_reports.py), so training goes on
+meanwhile. Only UNAVAILABLE is retried. The scheduler
 may still have taken part of such a report (its Redis went away between the report's writes)
 or all of it (the answer was lost on a dropped connection): every resend carries the report's
 ``report_id``, so the usage it carries is counted once; its event may, rarely, show twice.
@@ -23,7 +26,12 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import OpenTinkerError, UnavailableError
+from opentinker.errors import (
+    STATE_LOST_REASON,
+    OpenTinkerError,
+    UnavailableError,
+    from_rpc_error,
+)
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -111,7 +119,13 @@ class SchedulerReporter:
                 return reply.stop
             except grpc.RpcError as err:
                 code = err.code().name if err.code() is not None else "UNKNOWN"
-                if code != "UNAVAILABLE" or time.monotonic() + delay > give_up_at:
+                lost = from_rpc_error(err).reason == STATE_LOST_REASON
+                if lost:
+                    # Nothing re-queued the job: wait for the operator (restore or
+                    # re-bootstrap), as the worker does; the budget counts from the last such
+                    # answer.
+                    give_up_at = time.monotonic() + self._retry_for_s
+                if code != "UNAVAILABLE" or (not lost and time.monotonic() + delay > give_up_at):
                     waited = "" if code != "UNAVAILABLE" else f" (retried {self._retry_for_s:g} s)"
                     raise UnavailableError(
                         f"scheduler at {self._address} did not take the job's "

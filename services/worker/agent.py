@@ -25,7 +25,7 @@ import grpc
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.errors import REASON_METADATA_KEY, ConfigError
+from opentinker.errors import STATE_LOST_REASON, ConfigError, from_rpc_error
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.waiting import wait_event
@@ -45,10 +45,6 @@ from opentinker.services.worker.shared_rollouts import SharedRollouts
 from opentinker.services.worker.spares import SparePool
 
 log = structlog.get_logger(__name__)
-
-
-# The reason a scheduler whose Redis lost its state refuses with (scheduler/lost_state.py).
-STATE_LOST = "STATE_LOST"
 
 
 class SchedulerLost(ConnectionError):
@@ -407,9 +403,7 @@ class _Connection:
 
 def _state_lost(err: BaseException) -> bool:
     """The scheduler refused us because Redis lost its state (scheduler/lost_state.py)."""
-    if not isinstance(err, grpc.aio.AioRpcError):
-        return False
-    return (REASON_METADATA_KEY, STATE_LOST) in tuple(err.trailing_metadata() or ())
+    return isinstance(err, grpc.aio.AioRpcError) and from_rpc_error(err).reason == STATE_LOST_REASON
 
 
 def _describe(err: BaseException) -> str:
