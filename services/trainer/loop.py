@@ -146,7 +146,8 @@ class RlLoop:
         await self.rollout.close(
             reason=f"trainer failed: {reason}", timeout_s=self.settings.close_timeout_s
         )
-        await report_failure_logged(self.reporter, reason, self.log, step=self.step)
+        event = "job_failed" if outcome is Outcome.FAILED else "attempt_ended_for_retry"
+        await report_failure_logged(self.reporter, reason, self.log, event=event, step=self.step)
         return outcome
 
     async def _train(self) -> Outcome:

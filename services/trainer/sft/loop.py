@@ -141,7 +141,8 @@ class SftLoop:
             )
 
     async def _fail(self, reason: str, outcome: Outcome = Outcome.FAILED) -> Outcome:
-        await report_failure_logged(self.reporter, reason, self.log, step=self.step)
+        event = "job_failed" if outcome is Outcome.FAILED else "attempt_ended_for_retry"
+        await report_failure_logged(self.reporter, reason, self.log, event=event, step=self.step)
         return outcome
 
     async def _train(self) -> Outcome:
