@@ -17,6 +17,7 @@ fail it, or end the attempt so that the scheduler re-queues the job (``Outcome.R
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -84,7 +85,8 @@ def check_writable(folder: Path, *, need_bytes: int = 0) -> None:
             f"{doing}: {type(err).__name__}: {err}"
         ) from err
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # never hides the fault being raised
+            probe.unlink(missing_ok=True)
     free = _free_bytes(folder)
     if free is not None and free < need_bytes:
         raise StorageError(
