@@ -74,6 +74,9 @@ def test_every_builtin_env_plays_an_episode_through_envhub() -> None:
                     "code_math",
                     "geometry",
                     "geometry_tools",
+                    "countdown",
+                    "arithmetic",
+                    "arithmetic_tools",
                 }
 
                 bandit = await open_env(stub, "bandit")

@@ -142,3 +142,27 @@ def test_arithmetic_grades_the_final_answer_by_value() -> None:
     validation = {game.generate_initial_state(s, split="validation") for s in range(256)}
     train = {game.generate_initial_state(s) for s in range(200)}
     assert not validation & train
+
+
+def test_arithmetic_with_a_calculator_answers_calls_then_grades_the_boxed_answer() -> None:
+    from opentinker.services.envhub.games.arithmetic_env import ArithmeticToolsGame
+
+    game = ArithmeticToolsGame()
+    assert [t.name for t in game.tools] == ["calculator"]
+    game.reset(seed=2, max_turns="3")
+    answer = game.problem.answer
+    call = (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "17 + 3 * 7"}}</tool_call>'
+    )
+    first = game.step(call)
+    assert not first.done and "17 + 3 * 7 = 38" in first.observation
+    boxed = f"\\\\boxed{{{answer}}}"  # JSON-escaped
+    inside = call.replace("17 + 3 * 7", boxed)
+    assert not game.step(inside).done  # a boxed number inside a call is no answer
+    last = game.step(f"So \\boxed{{{answer}}}")
+    assert last.done and last.reward == 1.0 and last.info["ended_by"] == "answer"
+    game.reset(seed=2, max_turns="1")
+    ended = game.step("I am not sure")
+    assert ended.done and ended.reward == 0.0 and ended.info["ended_by"] == "turn_limit"
+    with pytest.raises(ValueError, match="max_turns must be 1-10"):
+        game.reset(seed=2, max_turns="0")

@@ -4,6 +4,7 @@ saved adapter served by an inference job. Llama beside the Qwen2 every other tes
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,14 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def client(run_root: Path):
-    with LocalMesh(MeshSettings(run_root=run_root)) as mesh:
-        yield opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10)
+def mesh(run_root: Path):
+    with LocalMesh(MeshSettings(run_root=run_root)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(mesh):
+    return opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10)
 
 
 def rl(model: Path, finetune: str, steps: int = 2) -> JobSpec:
@@ -105,3 +111,26 @@ def test_a_gguf_file_named_as_the_base_model_is_imported_once_by_the_worker(
     with pytest.raises(JobFailedError) as failed:
         client.fit(rl(broken, "lora"), timeout=300)
     assert "model.base_model" in str(failed.value) and "could not import it" in str(failed.value)
+
+
+def test_eval_reports_accuracy_with_its_interval_on_a_validation_split(
+    mesh, llama: Path, tmp_path: Path
+) -> None:
+    """`opentinker eval` on the countdown task's validation split, the model against itself:
+    the same episodes, so the paired difference is exactly zero."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPENTINKER_API_KEY": mesh.api_key}
+    out = subprocess.run(
+        [sys.executable, "-m", "opentinker", "--scheduler", mesh.scheduler_address, "eval",
+         "--model", str(llama), "--compare-model", str(llama), "--env", "countdown",
+         "--episodes", "6", "--max-new-tokens", "8", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 0, said + out.stderr
+    assert said.count("accuracy 0.0% (95% CI 0.0%–39.0%)") == 2, said  # Wilson, 0 of 6
+    assert "difference (compared - model) in accuracy: +0.0% (95% CI +0.0% to +0.0%" in said
+    rows = (tmp_path / "model.jsonl").read_text().splitlines()
+    assert len(rows) == 6 and all('"outcome"' in r for r in rows)

@@ -11,7 +11,7 @@ from envhub_helpers import Episodes, envhub, run
 from PIL import Image as PILImage
 
 from opentinker.game import AbstractGame, Image, StepResult
-from opentinker.services.envhub.games.geometry_env import calculate
+from opentinker.services.envhub.games.calculator import calculate
 from opentinker.services.envhub.games.geometry_figures import geometry_problem
 
 

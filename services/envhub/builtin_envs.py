@@ -6,8 +6,10 @@ token ``serve`` made (env_auth.py), which only EnvHub's registry holds."""
 from __future__ import annotations
 
 from opentinker.env_server import EnvServerHandle, GameFactory, serve
+from opentinker.services.envhub.games.arithmetic_env import ArithmeticGame, ArithmeticToolsGame
 from opentinker.services.envhub.games.bandit_env import BanditGame
 from opentinker.services.envhub.games.code_math_env import CodeMathGame
+from opentinker.services.envhub.games.countdown_env import CountdownGame
 from opentinker.services.envhub.games.geometry_env import GeometryGame, GeometryToolsGame
 from opentinker.services.envhub.games.gomoku_env import GomokuGame
 from opentinker.services.envhub.games.gomoku_selfplay import GomokuSelfPlayGame
@@ -26,6 +28,9 @@ BUILTIN_GAMES: dict[str, GameFactory] = {
     "textworld": HouseholdGame,
     "geometry": GeometryGame,
     "geometry_tools": GeometryToolsGame,
+    "countdown": CountdownGame,
+    "arithmetic": ArithmeticGame,
+    "arithmetic_tools": ArithmeticToolsGame,
 }
 # Hosted unless the settings say otherwise. Not ``textworld``: it needs the optional
 # ``textworld`` package, and builds each new game on first use (seconds).
@@ -38,13 +43,16 @@ DEFAULT_BUILTIN_ENVS: tuple[str, ...] = (
     "code_math",
     "geometry",
     "geometry_tools",
+    "countdown",
+    "arithmetic",
+    "arithmetic_tools",
 )
 
 
 # Games whose Reset and Step take microseconds (letter and bandit ~5 us, gomoku_selfplay
 # ~20 us; gomoku's opponent ~0.5 ms, math's grader up to 0.3 s): EnvHub calls them on its event
 # loop instead of a pool thread (local_envs.py).
-INLINE_BUILTINS: frozenset[str] = frozenset({"letter", "bandit", "gomoku_selfplay"})
+INLINE_BUILTINS: frozenset[str] = frozenset({"letter", "bandit", "gomoku_selfplay", "countdown"})
 
 
 def start_builtin_envs(

@@ -9,6 +9,11 @@ math-verify (``math_grading.py``: the last ``\\boxed{}``, else the last number),
 
 Splits (``generated_splits.py``): ``split=validation`` is a fixed set of 256 problems;
 ``train`` (the default) never gives one of them.
+
+``arithmetic_tools``: the same problems, multi-turn, with the ``calculator`` tool
+(``calculator.py``): a reply with calls gets their results; a reply with a ``\\boxed{}``
+number outside the calls ends the episode, graded by value; reaching the turn limit (option
+``max_turns``, 1-10, default 4) without one ends it with 0.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ import random
 from dataclasses import dataclass
 
 from opentinker.game import AbstractGame, StepResult
+from opentinker.services.envhub.games.calculator import (
+    CALCULATOR_TOOL,
+    boxed_answer,
+    calculator_replies,
+)
 from opentinker.services.envhub.games.generated_splits import problem_for
 from opentinker.services.envhub.games.math_grading import extracted_answer, is_equivalent
 
@@ -95,6 +105,46 @@ class ArithmeticGame(AbstractGame):
     def step(self, action: str) -> StepResult:
         correct = is_equivalent(action, str(self.problem.answer))
         info = {"answer": str(self.problem.answer), "extracted": extracted_answer(action)}
+        return StepResult(observation="", reward=1.0 if correct else 0.0, done=True, info=info)
+
+
+class ArithmeticToolsGame(ArithmeticGame):
+    """The same problems, several turns, with a calculator."""
+
+    name = "arithmetic_tools"
+    description = "Multi-step word problems with a calculator tool; answer in \\boxed{}."
+    max_turns = 4
+    tools = (CALCULATOR_TOOL,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns, self.turn_limit = 0, self.max_turns
+
+    def get_system_prompt(self) -> str:
+        return (
+            "Solve the problem step by step. You may call the calculator tool. "
+            "Put your final answer in \\boxed{}."
+        )
+
+    def reset(  # type: ignore[override]  # one option more
+        self, *, seed: int = 0, split: str = "train", steps: str = "0", max_turns: str = "4"
+    ) -> str:
+        self.turn_limit = int(max_turns) if max_turns.isdigit() else 0
+        if not 1 <= self.turn_limit <= 10:
+            raise ValueError(f"env option max_turns must be 1-10, got {max_turns!r}")
+        self.turns = 0
+        return super().reset(seed=seed, split=split, steps=steps)
+
+    def step(self, action: str) -> StepResult:
+        self.turns += 1
+        answer = boxed_answer(action)
+        if answer is None and self.turns < self.turn_limit:
+            return StepResult(observation=calculator_replies(action), reward=0.0, done=False)
+        correct = answer is not None and answer == self.problem.answer
+        info = {
+            "answer": str(self.problem.answer),
+            "ended_by": "answer" if answer is not None else "turn_limit",
+        }
         return StepResult(observation="", reward=1.0 if correct else 0.0, done=True, info=info)
 
 

@@ -16,62 +16,18 @@ holds any number at all (a shaping signal for models that cannot answer yet).
 
 from __future__ import annotations
 
-import ast
-import operator
 import re
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from opentinker.game import AbstractGame, Image, StepResult, Tool
-from opentinker.services.envhub.games.geometry_figures import GeometryProblem, geometry_problem
-from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls
-
-CALCULATOR_TOOL = Tool(
-    name="calculator",
-    description="Evaluate an arithmetic expression (+ - * / ** and parentheses) and return it.",
-    parameters={
-        "type": "object",
-        "properties": {"expression": {"type": "string", "description": "e.g. (3 + 4) * 2"}},
-        "required": ["expression"],
-    },
+from opentinker.game import AbstractGame, Image, StepResult
+from opentinker.services.envhub.games.calculator import (
+    CALCULATOR_TOOL,
+    boxed_answer,
+    calculator_replies,
 )
+from opentinker.services.envhub.games.geometry_figures import GeometryProblem, geometry_problem
+
 _NUMBER = re.compile(r"\d")
-_BOXED = re.compile(r"\\boxed\{\s*(-?\d+(?:\.\d+)?)\s*\}")
-_TOOL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL)
-_OPERATORS: dict[type, Any] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-}
-
-
-def calculate(expression: str) -> float:
-    """An arithmetic expression's value; ValueError names what is not allowed."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 16:
-                raise ValueError("exponents above 16 are not allowed")
-            return _OPERATORS[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](value(node.operand))
-        raise ValueError(f"not arithmetic: {ast.dump(node)[:80]}")
-
-    try:
-        return value(ast.parse(expression, mode="eval").body)
-    except (SyntaxError, ZeroDivisionError) as err:
-        raise ValueError(str(err)) from err
-
-
-def boxed_answer(reply: str) -> float | None:
-    """The last ``\\boxed{number}`` outside tool calls, or None."""
-    found = _BOXED.findall(_TOOL_BLOCK.sub("", reply))
-    return float(found[-1]) if found else None
 
 
 class GeometryGame(AbstractGame):
@@ -144,13 +100,4 @@ class GeometryToolsGame(GeometryGame):
         return limit
 
     def _tool_results(self, action: str) -> str:
-        parsed = parse_tool_calls(action, {CALCULATOR_TOOL.name}, HERMES)
-        lines = list(parsed.errors)
-        for call in parsed.calls:
-            expression = str(call.arguments.get("expression", ""))
-            try:
-                lines.append(f"{expression} = {calculate(expression):g}")
-            except ValueError as err:
-                lines.append(f"{expression!r}: error: {err}")
-        lines.append("Call the calculator or give your final answer in \\boxed{}.")
-        return "\n".join(lines)
+        return calculator_replies(action)
