@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from opentinker.console import format_event, jobs_table
-from opentinker.jobs import JobEvent, JobInfo
+from opentinker.jobs import RL_FINAL_REWARD, JobEvent, JobInfo
 from opentinker.live_view import TailView, eta_seconds, sparkline
 from opentinker.plot import plot_curves
 
@@ -64,7 +64,7 @@ def job(i: int) -> JobInfo:
         job_id=f"job-{i:04d}", name="a-rather-long-job-name-that-goes-on-and-on", state="FAILED",
         reason="the trainer ran out of memory on step 12 " * 4, attempt=2, worker_id="w",
         checkpoint_uri="", created_unix_s=1.7e9, updated_unix_s=1.7e9, kind="RL",
-        step_budget=30, final_metrics={"reward_mean": 0.5},
+        step_budget=30, final_metrics={RL_FINAL_REWARD: 0.5},
     )  # fmt: skip
 
 
@@ -100,3 +100,20 @@ def test_a_step_line_shows_the_trainers_gpu_memory_peak_when_there_is_one() -> N
     on_gpu = line({"reward_mean": 0.5, "memory_allocated_peak_gib": 12.34})
     assert on_gpu.endswith("reward 0.500  gpu mem 12.3 GiB"), on_gpu
     assert "mem" not in line({"reward_mean": 0.5, "memory_resident_gib": 0.4})  # on CPU: not
+
+
+def test_the_jobs_table_shows_the_reward_each_kind_reports() -> None:
+    """`opentinker jobs` read final_metrics["reward_mean"], which no job writes: an RL job's
+    reward column was always "—"."""
+    rl = job(1)
+    inference = JobInfo(**{**rl.__dict__, "job_id": "job-0002", "kind": "INFERENCE",
+                           "final_metrics": {"mean_reward": 0.25, "episodes": 8.0}})  # fmt: skip
+    sft = JobInfo(**{**rl.__dict__, "job_id": "job-0003", "kind": "SFT",
+                     "final_metrics": {"loss": 1.5}})  # fmt: skip
+    assert (rl.final_reward, inference.final_reward, sft.final_reward) == (0.5, 0.25, None)
+    console = Console(width=160, record=True, color_system=None)
+    console.print(jobs_table([rl, inference, sft], width=160))
+    lines = console.export_text().splitlines()
+    rows = {line.split()[1]: line for line in lines if "job-0" in line}
+    assert "0.500" in rows["job-0001"] and "0.250" in rows["job-0002"]
+    assert "—" in rows["job-0003"]

@@ -72,7 +72,7 @@ def jobs_table(jobs: list[JobInfo], *, width: int = 120) -> Table:
 
 def _job_row(job: JobInfo) -> list[str]:
     created = dt.datetime.fromtimestamp(job.created_unix_s).strftime("%m-%d %H:%M")
-    reward = job.final_metrics.get("reward_mean")
+    reward = job.final_reward
     return [
         job.job_id,
         job.name,

@@ -16,6 +16,12 @@ def state_name(state: int) -> str:
     return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
+# The final_metrics key of each kind's reward: RL (trainer/loop.py, mean of the last 10
+# steps) and inference (inference_rows.InferenceSummary.metrics).
+RL_FINAL_REWARD = "reward_mean_last10"
+FINAL_REWARD_METRICS = (RL_FINAL_REWARD, "mean_reward")
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """A job as the scheduler reports it."""
@@ -38,6 +44,15 @@ class JobInfo:
     @property
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def final_reward(self) -> float | None:
+        """The reward a finished job reports: an RL job's mean over its last steps, an
+        inference job's mean over its episodes; None for other kinds or before the end."""
+        for key in FINAL_REWARD_METRICS:
+            if key in self.final_metrics:
+                return self.final_metrics[key]
+        return None
 
     @classmethod
     def from_proto(cls, job: common_pb2.Job) -> JobInfo:

@@ -22,7 +22,7 @@ from rich.console import Console
 from opentinker.client import Client
 from opentinker.console import print_event
 from opentinker.errors import OpenTinkerError
-from opentinker.jobs import JobEvent
+from opentinker.jobs import RL_FINAL_REWARD, JobEvent
 from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
@@ -148,7 +148,7 @@ def run_demo(
                 console.print(f"[red]demo failed:[/] {err.message}")
                 console.print(f"logs: {mesh.log_dir} and {run_root / 'jobs'}")
                 return 1
-    reward = job.final_metrics.get("reward_mean_last10", float("nan"))
+    reward = job.final_metrics.get(RL_FINAL_REWARD, float("nan"))
     first = job.final_metrics.get("reward_mean_first10", float("nan"))
     elapsed = time.monotonic() - started
     console.print(

@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.jobs import RL_FINAL_REWARD
 from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
 
@@ -188,7 +189,7 @@ class RlLoop:
             return Outcome.CANCELLED
         checkpoint = await self._save()
         final = {
-            "reward_mean_last10": self._window_mean(-REWARD_WINDOW),
+            RL_FINAL_REWARD: self._window_mean(-REWARD_WINDOW),
             "reward_mean_first10": self._window_mean(REWARD_WINDOW),
             "steps": float(self.step),
             "policy_version": float(self.policy_version),
