@@ -69,3 +69,32 @@ def test_every_service_can_be_served() -> None:
     parser = build_parser()
     for service in ("scheduler", "envhub", "worker", "trainer", "rollout", "tinker-gateway"):
         assert parser.parse_args(["serve", service]).service == service
+
+
+def test_up_refuses_bad_and_taken_ports_naming_each_option(tmp_path: Path) -> None:
+    """`up --gateway-port -1` was a raw pydantic error (while --dashboard-port -1 meant none),
+    and a default port already taken on a shared machine ended in a traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run_cli(
+            "up", "--run-root", str(tmp_path), "--scheduler-port", str(port),
+            "--envhub-port", "70000", "--gateway-port", "-2",
+        )  # fmt: skip
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 2, said + out.stderr
+    assert f"--scheduler-port {port}: already in use on this machine" in said
+    assert "--envhub-port 70000: a TCP port is 0-65535" in said
+    assert "--gateway-port -2: a TCP port is 0-65535 (-1 = off)" in said
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not (tmp_path / "secrets").exists()  # refused before anything started
+
+
+def test_infer_refuses_envhub_without_local() -> None:
+    out = run_cli("--scheduler", "127.0.0.1:1", "infer", "--model", "m", "--env", "letter",
+                  "--envhub", "127.0.0.1:2")  # fmt: skip
+    said = " ".join(out.stdout.split())
+    assert out.returncode == 2 and "--envhub is where --local plays" in said, said

@@ -170,6 +170,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from opentinker.services.launcher.demo import run_up  # needs the server extra
 
+    ports = {
+        "--scheduler-port": args.scheduler_port,
+        "--envhub-port": args.envhub_port,
+        "--dashboard-port": args.dashboard_port,
+        "--gateway-port": args.gateway_port,
+    }
+    check_free_ports(ports, optional=("--dashboard-port", "--gateway-port"))
     return run_up(
         run_root=Path(args.run_root),
         redis_url=args.redis_url,
@@ -177,8 +184,36 @@ def cmd_up(args: argparse.Namespace) -> int:
         scheduler_port=args.scheduler_port,
         envhub_port=args.envhub_port,
         dashboard_port=None if args.dashboard_port < 0 else args.dashboard_port,
-        gateway_port=args.gateway_port,
+        gateway_port=None if args.gateway_port < 0 else args.gateway_port,
     )
+
+
+def check_free_ports(ports: dict[str, int], *, optional: tuple[str, ...]) -> None:
+    """ConfigError naming each port option that is out of range or already taken here
+    (``-1`` = that part off, for the ``optional`` ones; 0 = any free port)."""
+    problems = []
+    for option, port in ports.items():
+        if port == -1 and option in optional:
+            continue
+        if not 0 <= port <= 65535:
+            off = " (-1 = off)" if option in optional else ""
+            problems.append(f"{option} {port}: a TCP port is 0-65535{off}")
+        elif port and not _port_free(port):
+            problems.append(f"{option} {port}: already in use on this machine; pick another")
+    if problems:
+        raise ConfigError("; ".join(problems), reason="BAD_PORT")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -288,7 +323,9 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
             p.add_argument(
                 "--dashboard-port", type=int, default=8080, help="the web dashboard's; -1 = none"
             )
-            p.add_argument("--gateway-port", type=int, default=8000, help="Tinker HTTP API")
+            p.add_argument(
+                "--gateway-port", type=int, default=8000, help="Tinker HTTP API; -1 = none"
+            )
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
             p.add_argument("--max-steps", type=int, default=2500)

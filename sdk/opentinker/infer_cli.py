@@ -17,14 +17,22 @@ from rich.progress import Progress, TaskID
 
 from opentinker.auth import api_key_from_env
 from opentinker.client import DEFAULT_ADDRESS, Client
+from opentinker.errors import ConfigError
 from opentinker.inference_rows import InferenceSummary, parse_env_options, summarize
 from opentinker.jobs import JobInfo
 from opentinker.spec import InferenceConfig, JobSpec, ModelSpec, SamplingParams
 
 console = Console()
+ENVHUB_ENV, DEFAULT_ENVHUB = "OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052"
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
+    if args.envhub is not None and not args.local:
+        raise ConfigError(
+            "--envhub is where --local plays; a job plays on the pool's EnvHub (add --local, "
+            "or drop --envhub and pick the scheduler with --scheduler)",
+            reason="ENVHUB_WITHOUT_LOCAL",
+        )
     options = parse_env_options(args.option, args.split)
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
     with Progress(console=console, transient=True) as progress:
@@ -99,7 +107,7 @@ def _run_local(
     return run_inference(
         model=args.model,
         env_name=args.env,
-        envhub_address=args.envhub,
+        envhub_address=args.envhub or os.environ.get(ENVHUB_ENV, DEFAULT_ENVHUB),
         api_key=api_key_from_env(args.api_key),
         episodes=args.episodes,
         output=Path(args.output),
@@ -123,8 +131,8 @@ def add_infer_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local", action="store_true", help="play in this process, not as a job")
     p.add_argument(
         "--envhub",
-        default=os.environ.get("OPENTINKER_ENVHUB_ADDRESS", "127.0.0.1:50052"),
-        help="--local: the EnvHub to play against",
+        default=None,
+        help=f"--local: the EnvHub to play against (default ${ENVHUB_ENV} or {DEFAULT_ENVHUB})",
     )
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=32, help="episodes played together")

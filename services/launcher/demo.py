@@ -63,11 +63,11 @@ def run_up(
     scheduler_port: int = 50051,
     envhub_port: int = 50052,
     dashboard_port: int | None = 8080,
-    gateway_port: int = 8000,
+    gateway_port: int | None = 8000,
 ) -> int:
     """Start the mesh on the default ports and keep it up until Ctrl-C / SIGTERM.
     ``dashboard_port``: the web dashboard's (None = no dashboard); the Tinker gateway serves in
-    this process (``opentinker serve tinker-gateway`` runs it alone)."""
+    this process (None = no gateway; ``opentinker serve tinker-gateway`` runs it alone)."""
     _quiet_logs()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -78,16 +78,15 @@ def run_up(
         envhub_port=envhub_port,
         dashboard_port=dashboard_port,
     )
-    with (
-        LocalMesh(settings) as mesh,
-        running_gateway(
-            GatewaySettings(
+    with LocalMesh(settings) as mesh, contextlib.ExitStack() as gateway:
+        gateway_url = "off"
+        if gateway_port is not None:
+            gateway_settings = GatewaySettings(
                 scheduler_address=mesh.scheduler_address,
                 port=gateway_port,
                 checkpoint_root=mesh.checkpoint_root,
             )
-        ) as gateway_url,
-    ):
+            gateway_url = gateway.enter_context(running_gateway(gateway_settings))
         console.print(
             f"[green]mesh up[/]  scheduler {mesh.scheduler_address}  envhub {mesh.envhub_address}"
             f"  redis {mesh.redis_url}\n"
