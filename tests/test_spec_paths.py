@@ -220,3 +220,51 @@ def test_a_refused_path_ends_the_attempt_before_any_process_starts(
     ended = asyncio.run(job_run.run())
     assert ended.exit_code == 1 and ended.reason.startswith("model.base_model: ")
     assert not marker.exists()
+
+
+_CHECK_UNREADABLE = """
+import sys
+from pathlib import Path
+from opentinker.common.v1 import common_pb2
+from opentinker.services.worker.spec_paths import refused_path
+spec = common_pb2.JobSpec(model=common_pb2.ModelSpec(base_model=sys.argv[1]))
+print(refused_path(spec, job_id="job-bbbbbbbbbbbb", cwd=Path("/"), roots=[]))
+"""
+
+
+def test_a_model_file_the_workers_user_cannot_read_is_named(tmp_path: Path) -> None:
+    """A model file of mode 0600 and another owner failed the job later with safetensors'
+    "No such file or directory", naming neither the file nor the cause."""
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    weights.chmod(0o600)
+    command = [sys.executable, "-c", _CHECK_UNREADABLE, str(model)]
+    if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: cannot drop the read override")
+        os.chown(weights, 12345, 12345)  # another owner
+        caps = "-dac_override,-dac_read_search"
+        command = ["setpriv", "--bounding-set", caps, "--inh-caps", caps, *command]
+    else:
+        weights.chmod(0o000)
+    said = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert said.returncode == 0, said.stderr[-2000:]
+    line = said.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"model.base_model: {str(model)!r}: {weights} cannot be read"), line
+    assert "mode 600" in line or "mode 0" in line
+    assert (
+        refused_path(  # readable as the owner: let through
+            common_pb2.JobSpec(model=common_pb2.ModelSpec(base_model=str(model / "config.json"))),
+            job_id="job-bbbbbbbbbbbb",
+            cwd=Path("/"),
+            roots=[],
+        )
+        is None
+    )
