@@ -8,7 +8,16 @@ records its figures. ``pytest_terminal_summary`` in conftest.py prints the table
 
 from __future__ import annotations
 
-FAULTS = ("worker agent", "trainer", "rollout", "scheduler", "EnvHub", "redis-server")
+FAULTS = (
+    "worker agent",
+    "trainer",
+    "rollout",
+    "scheduler",
+    "EnvHub",
+    "redis-server",
+    "trainer hang",  # SIGSTOP: killed by the worker (test_e2e_hangs.py)
+    "rollout hang",
+)
 
 survived: dict[str, str] = {}  # fault -> what the test checked
 load_figures: dict[str, float] = {}
@@ -26,7 +35,7 @@ def record_load(**figures: float) -> None:
 def summary_lines() -> list[str]:
     if not survived and not load_figures:
         return []
-    lines = [f"faults survived (SIGKILL mid-job, then restart): {len(survived)} of {len(FAULTS)}"]
+    lines = [f"faults survived (SIGKILL or SIGSTOP mid-job): {len(survived)} of {len(FAULTS)}"]
     for fault in FAULTS:
         lines.append(
             f"  {fault:<13} {'survived: ' + survived[fault] if fault in survived else '-'}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +77,11 @@ class Mesh:
 
 
 @contextlib.asynccontextmanager
-async def mesh(env_timeout_s: float = 5.0) -> AsyncIterator[Mesh]:
-    """EnvHub (no built-ins) + the Countdown env server registered with it + the rollout."""
+async def mesh(
+    env_timeout_s: float = 5.0, on_trainer_lost: Callable[[str], None] | None = None
+) -> AsyncIterator[Mesh]:
+    """EnvHub (no built-ins) + the Countdown env server registered with it + the rollout
+    (``on_trainer_lost``: told why a stream's trainer left it unclosed)."""
     hub_settings = EnvHubSettings(port=0, builtin_envs=[], env_call_timeout_s=3.0)
     deps = EnvHubDeps.create(hub_settings)
     hub, hub_port = await create_envhub(hub_settings, deps)
@@ -88,7 +91,7 @@ async def mesh(env_timeout_s: float = 5.0) -> AsyncIterator[Mesh]:
     settings = RolloutSettings(
         port=0, envhub_address=hub_address, env_timeout_s=env_timeout_s, device="cpu"
     )
-    rollout, port = await create_server(settings)
+    rollout, port = await create_server(settings, on_trainer_lost=on_trainer_lost)
     try:
         yield Mesh(hub_address, f"127.0.0.1:{port}", env, hub)
     finally:

@@ -25,6 +25,7 @@ from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.weights import pack_weights
+from opentinker.services.rollout.service import TRAINER_LEFT
 
 pytestmark = pytest.mark.integration
 
@@ -184,6 +185,32 @@ def test_bad_client_input_is_refused_with_a_reason(model_dir: Path) -> None:
                 )
             finally:
                 await trainer.close()
+
+    run(scenario())
+
+
+def test_a_trainer_that_leaves_its_stream_unclosed_is_lost(model_dir: Path) -> None:
+    """A stream closed with CloseRollout ends as agreed; one whose trainer vanished (the call
+    cut, as keepalive cuts a stopped trainer's) is reported lost, and a private rollout's main
+    then exits PEER_LOST for the worker to end the attempt (test_e2e_hangs.py)."""
+
+    async def scenario() -> None:
+        lost: list[str] = []
+        async with mesh(on_trainer_lost=lost.append) as m:
+            closing = Trainer(m.rollout_address)
+            try:
+                assert (await closing.open(model_dir)).WhichOneof("payload") == "opened"
+                await closing.send(close=rollout_pb2.CloseRollout(reason="trainer finished"))
+                assert (await closing.recv()).WhichOneof("payload") == "closed"
+            finally:
+                await closing.close()
+            leaving = Trainer(m.rollout_address)
+            assert (await leaving.open(model_dir)).WhichOneof("payload") == "opened"
+            await leaving.close()  # gone without a CloseRollout
+            deadline = time.monotonic() + 10
+            while not lost and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        assert lost == [TRAINER_LEFT]
 
     run(scenario())
 

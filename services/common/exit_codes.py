@@ -5,8 +5,12 @@ reason was reported); killed by a signal (attempts.ended_by_signal): the attempt
 the job is re-queued. ``RETRY_LATER`` is the job's own way to be re-queued: the trainer ends
 its attempt over a fault of the node, not of the job (the checkpoint root full, read-only or
 forbidden, with ``TrainerSettings.on_storage_error = "requeue"``), after reporting why.
+``PEER_LOST`` is the rollout's (a job's own, private one) when its trainer left the stream
+unclosed: hung (it stopped answering keepalive pings) or gone. The worker alone reads it: it
+kills the trainer if it is still there and reports the attempt lost (worker/job_run.py).
 """
 
 from __future__ import annotations
 
 RETRY_LATER = 75  # EX_TEMPFAIL in sysexits.h: "temporary failure; the user is invited to retry"
+PEER_LOST = 76  # EX_PROTOCOL in sysexits.h: "remote error in protocol"

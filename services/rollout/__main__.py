@@ -3,6 +3,9 @@
 ``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (common/spare.py).
 ``--shared-base M --capacity N [--max-lora-rank R] --addr-file F --scheduler-address A``: a
 node's shared engine for LoRA jobs of base model M (shared_server.py).
+
+A job's rollout exits 0 when signalled, and exit_codes.PEER_LOST when its trainer left the
+stream unclosed (stopped answering, or gone): the worker then ends the attempt as lost.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
 import torch
 
 from opentinker.grpc_options import host_port
 from opentinker.services.common.cpu_share import follow_job_share
+from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
@@ -68,14 +73,16 @@ async def main_shared(args: argparse.Namespace) -> None:
     await identity.close()
 
 
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
+async def _until_signalled(stop: asyncio.Event | None = None) -> None:
+    """Until SIGTERM or SIGINT, or ``stop`` is set."""
+    stop = stop or asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     await stop.wait()
 
 
-async def main(args: argparse.Namespace, preload: Preload | None = None) -> None:
+async def main(args: argparse.Namespace, preload: Preload | None = None) -> int:
+    """Serve until signalled (0) or, for a job, until its trainer is lost (PEER_LOST)."""
     launch = LaunchConfig.read(args.launch) if args.launch else None
     # compute threads by the jobs the worker runs now, and the job's processes computing at once
     follow_job_share(launch)
@@ -100,17 +107,28 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> None
         )
     if launch is not None:  # one job's process: its engine stays loaded to the end
         factory = frozen_after(factory, "engine")
+    stop, trainer_lost = asyncio.Event(), []
+
+    def lost(why: str) -> None:  # the attempt cannot go on: the worker ends it
+        if not stop.is_set():
+            trainer_lost.append(why)
+            stop.set()
+
     server, port = await create_server(
         settings,
         engine_factory=factory,
         job_id=job.job_id if job else "",
         attempt=job.attempt if job else 0,
+        on_trainer_lost=lost if launch is not None else None,
     )
     if launch is not None:
         write_atomic(launch.run_dir / "rollout.addr", host_port(settings.host, port))
-    await _until_signalled()
+    await _until_signalled(stop)
+    if trainer_lost:
+        log.error("trainer_lost", reason=trainer_lost[0], exit_code=PEER_LOST)
     log.info("rollout_stopping")
     await server.stop(grace=5.0)
+    return PEER_LOST if trainer_lost else 0
 
 
 def run() -> None:
@@ -122,7 +140,7 @@ def run() -> None:
     if args.spare:  # imports and the model load happen before the job is known
         preload, handover = become_job_process("rollout", args.preload_model)
         args.launch = handover.launch
-    asyncio.run(main(args, preload))
+    sys.exit(asyncio.run(main(args, preload)))
 
 
 if __name__ == "__main__":

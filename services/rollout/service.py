@@ -7,6 +7,10 @@ A private rollout serves one job (it admits only that job's token). A shared one
 (``shared=``: many LoRA jobs of one base model on one engine, shared_engine.py) admits any job
 token the scheduler vouches for; each stream then opens only its caller's own job, and
 SampleTokens/ScoreTokens reach only the caller's own session.
+
+A trainer that leaves an opened stream without its CloseRollout (the stream cut because it did
+not answer keepalive pings, a SIGSTOP or a frozen host, or its connection broke) is lost:
+``on_trainer_lost`` is told why (a private rollout's main then exits exit_codes.PEER_LOST).
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ log = structlog.get_logger("opentinker.rollout.service")
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 _TERMINAL = ("failed", "closed")
+TRAINER_LEFT = (
+    "the trainer left its stream without closing it (it stopped answering keepalive pings, "
+    "or went away)"
+)
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -59,8 +67,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine_factory: EngineFactory,
         *,
         shared: SharedAdapters | None = None,
+        on_trainer_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._settings = settings
+        self._on_trainer_lost = on_trainer_lost
         self._engine_factory = engine_factory
         self._shared = shared
         # The session of each caller's open Rollout stream, by the caller's job id (a private
@@ -131,13 +141,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         reader = asyncio.create_task(stream.read(request_iterator))
         worker = asyncio.create_task(stream.work())
         seq = itertools.count(1)
+        ended = False  # a terminal answer sent (closed, failed): the stream ended as agreed
         try:
             while (response := await stream.out.get()) is not None:
                 response.seq = next(seq)
                 yield response
                 if response.WhichOneof("payload") in _TERMINAL:
+                    ended = True
                     return
         finally:
+            if stream.opened and not ended and self._on_trainer_lost is not None:
+                self._on_trainer_lost(TRAINER_LEFT)
             if self._sessions.get(key) is session:
                 del self._sessions[key]
             for task in (reader, worker):
@@ -204,6 +218,7 @@ class _RolloutStream:
         # Weight chunks queued but not applied yet: bounded, so a fast sender waits (gRPC flow
         # control) instead of the whole model piling up here in protobuf form.
         self._weight_slots = asyncio.Semaphore(WEIGHT_CHUNKS_AHEAD)
+        self.opened = False  # the session opened (RolloutOpened sent): a trainer is on it
 
     async def read(self, requests: AsyncIterator[rollout_pb2.RolloutRequest]) -> None:
         """Answer heartbeats now; queue everything else for the worker, in order (at most
@@ -251,6 +266,7 @@ class _RolloutStream:
             if self._admit is not None:
                 self._admit(config)
             engine = await self.session.open(config)
+            self.opened = True
             gpus = self.session.settings.tensor_parallel_size if engine.name == "vllm" else 1
             transports, refused = await asyncio.to_thread(
                 accept_offer, request.open.weight_offer, engine_gpus=gpus
@@ -351,12 +367,14 @@ async def create_server(
     attempt: int = 0,
     shared: SharedAdapters | None = None,
     authenticator: Authenticator | None = None,
+    on_trainer_lost: Callable[[str], None] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A started RolloutService server (health + reflection); returns (server, bound port).
 
     Private (default): admits only the holder of ``settings.credential`` (the job's trainer).
     ``shared``: serves many LoRA jobs on one engine, each caller checked by ``authenticator``
-    (the scheduler's IdentityService: any job token it vouches for)."""
+    (the scheduler's IdentityService: any job token it vouches for). ``on_trainer_lost``: told
+    why when a trainer leaves an opened stream unclosed (a private rollout's main exits)."""
     if shared is not None and authenticator is None:
         raise ValueError("a shared rollout needs an authenticator for its jobs' tokens")
     if authenticator is None:
@@ -368,9 +386,13 @@ async def create_server(
         host=settings.host,
         port=settings.port,
         interceptors=[AuthInterceptor(authenticator, ACCESS_RULES)],
+        keepalive_s=settings.trainer_keepalive_s,
     )
     servicer = RolloutServicer(
-        settings, engine_factory or default_engine_factory(settings), shared=shared
+        settings,
+        engine_factory or default_engine_factory(settings),
+        shared=shared,
+        on_trainer_lost=on_trainer_lost,
     )
     rollout_pb2_grpc.add_RolloutServiceServicer_to_server(servicer, server)
     await server.start()

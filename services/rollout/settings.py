@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from opentinker.grpc_options import SERVER_KEEPALIVE_S
+
 # Sequences per transformers generate call: a GRPO batch of 16 prompts x 8 samples goes in one
 # call (in two calls of 64 the demo generated in 0.064 s a step instead of 0.054:
 # OPENTINKER_ROLLOUT_MAX_BATCH_SIZE=64 bench/vs_inprocess.py --staleness 0 --max-steps 300
@@ -103,6 +105,13 @@ class RolloutSettings(BaseSettings):
     )
     vllm_max_model_len: int = Field(
         0, ge=0, description="(vLLM) longest sequence (prompt + completion); 0 = the model's own"
+    )
+    trainer_keepalive_s: float = Field(
+        SERVER_KEEPALIVE_S,
+        ge=1,
+        description="how often the rollout pings its trainer when the stream is silent; one "
+        "that does not answer within half of it is lost: a private rollout then exits "
+        "(exit_codes.PEER_LOST) and the worker ends the attempt as lost, killing the trainer",
     )
     log_level: str = "INFO"
     # Sent to EnvHub on every call, and the only credential the rollout admits: the job token

@@ -7,6 +7,13 @@ reads the rollout's address from ``rollout.addr`` when it opens the rollout
 (trainer/rollout_address.py); the worker alone judges the rollout's start (it dies, is late, or
 the run is stopped: the attempt fails with that reason and both processes are ended).
 
+A hung process (SIGSTOP, a frozen GPU call) is a lost attempt, re-queued, not a failed job: a
+rollout that lost its trainer exits exit_codes.PEER_LOST and the trainer, if it does not exit by
+itself within ``peer_lost_grace_s``, is killed; a trainer that failed while its rollout was
+killed, or runs on without answering a health check (liveness.py: hung, then killed), failed on
+its rollout. Either way the attempt ends as one whose process was killed (exit code < 0), which
+the scheduler re-queues.
+
 ``run_root/<job_id>/attempt-<n>/`` holds launch.json, rollout.log, rollout.addr and trainer.log.
 """
 
@@ -24,10 +31,12 @@ from typing import Any
 import structlog
 
 from opentinker.common.v1 import common_pb2
+from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.gguf_models import with_imported_model
+from opentinker.services.worker.liveness import answers
 from opentinker.services.worker.ranks import (
     RANK_ENV_KEYS,
     RENDEZVOUS_KEYS,
@@ -45,6 +54,9 @@ log = structlog.get_logger(__name__)
 # How much longer than the worker's own wait for rollout.addr its trainer waits (the worker
 # polls, then ends both processes: the trainer must not fail the job first).
 TRAINER_WAIT_GRACE_S = 60.0
+# How long a process that refused a health check gets to be reaped (it was dying) before it is
+# taken for hung.
+REAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -373,6 +385,8 @@ class JobRun:
         if "trainer" in first:
             code = trainer.returncode if trainer.returncode is not None else -1
             if rollout is not None:
+                if code > 0 and (lost := await self._rollout_lost(rollout, trainer)):
+                    return lost
                 await rollout.terminate(grace)
             reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
             culprit = "trainer"
@@ -391,10 +405,69 @@ class JobRun:
             return Exit(code, f"stopped: {self._stop_reason}")
         assert rollout is not None  # "rollout" is only waited on when there is one
         rollout_code = rollout.returncode if rollout.returncode is not None else -1
+        if rollout_code == PEER_LOST:
+            return await self._trainer_lost(rollout, trainer, when)
         await trainer.terminate(grace)
         return Exit(
             rollout_code or -1,
             self._died("rollout", rollout_code, rollout, "while the trainer ran"),
+        )
+
+    async def _rollout_lost(
+        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup
+    ) -> Exit | None:
+        """The trainer failed: on its rollout's fault if the rollout was killed, or runs on
+        but does not answer a health check (hung: then it is killed). Either way the attempt is
+        lost, not the job failed; None when the rollout answers or exited by itself."""
+        when = "while the trainer ran"
+        timeout_s = self.settings.liveness_timeout_s
+        address = self._addr_path.read_text().strip() if self._addr_path.exists() else ""
+        if rollout.running and address and not await answers(address, timeout_s=timeout_s):
+            try:  # a process dying refuses connections before it is reaped: let it end
+                await asyncio.wait_for(asyncio.shield(rollout.wait()), REAP_S)
+            except TimeoutError:
+                code = await rollout.terminate(0)  # hung: it would not handle SIGTERM
+                self.log.warning("rollout_hung_killed", pid=rollout.pid, timeout_s=timeout_s)
+                failed = last_meaningful_line(trainer.log_path)
+                return Exit(
+                    min(code, -1),
+                    f"rollout process stopped answering (no health check answer within "
+                    f"{timeout_s:g} s) {when} and was killed (see {rollout.log_path}); the "
+                    f"trainer failed on it: {failed}",
+                )
+        ended = rollout.returncode
+        if ended is not None and ended < 0:  # killed: the trainer failed on a lost rollout
+            return Exit(ended, self._died("rollout", ended, rollout, when))
+        return None
+
+    async def _trainer_lost(
+        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup, when: str
+    ) -> Exit:
+        """The rollout exited PEER_LOST: its trainer left the stream unclosed (hung, or gone).
+        A trainer killed meanwhile says so; one still there after ``peer_lost_grace_s`` is
+        killed as hung; the attempt is lost either way (a trainer that ends by itself closes
+        its stream first)."""
+        grace_s = self.settings.peer_lost_grace_s
+        try:
+            code = await asyncio.wait_for(asyncio.shield(trainer.wait()), grace_s)
+        except TimeoutError:
+            code = await trainer.terminate(0)  # hung: it would not handle SIGTERM
+            self.log.warning("trainer_hung_killed", pid=trainer.pid, grace_s=grace_s)
+            return Exit(
+                min(code, -1),
+                f"trainer process stopped answering its rollout {when} (the rollout lost its "
+                f"stream: see {rollout.log_path}) and was killed after {grace_s:g} s more "
+                f"(see {trainer.log_path})",
+            )
+        await trainer.terminate(0)  # the other ranks, if any
+        if code == 0:
+            return Exit(0, "")
+        if code < 0:
+            return Exit(code, self._died("trainer", code, trainer, when))
+        return Exit(
+            -1,
+            f"the rollout lost its trainer's stream {when} (it exited with code {PEER_LOST}: "
+            f"see {rollout.log_path}), and the trainer then exited with code {code}",
         )
 
     def _died(

@@ -70,6 +70,20 @@ class WorkerSettings(BaseSettings):
         "slots by it); a job of a larger rank gets a private rollout",
     )
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM -> SIGKILL delay")
+    # A hung job process (SIGSTOP, a frozen GPU call) is a lost attempt, not a failed job
+    # (job_run.py): these bound how long the worker takes to tell and end it.
+    liveness_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="a rollout that does not answer a health check within this long when its "
+        "trainer failed is hung: killed, and the attempt lost (re-queued), not the job failed",
+    )
+    peer_lost_grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="how long a trainer whose rollout lost it (exit_codes.PEER_LOST) may take to "
+        "exit by itself before it is killed as hung; the attempt is lost either way",
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="wait for the scheduler's answer")
     reconnect_initial_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(10.0, gt=0)
