@@ -170,3 +170,21 @@ def test_the_worker_has_time_to_stop_its_jobs_before_docker_kills_it(compose) ->
     period = compose.services["worker"].stop_grace_period
     assert period is not None, "worker: no stop_grace_period (Docker's 10 s)"
     assert _seconds(period) >= 2 * stop_grace_s + 2 * connect_timeout_s, period
+
+
+def test_the_gateways_signing_key_is_in_a_volume_only_the_gateway_mounts(compose) -> None:
+    """The download-signing secret lay in the `runs` volume the worker mounts read-write, so
+    every job's processes could read it and sign download URLs for any file."""
+    gateway = compose.services["tinker-gateway"]
+    secret = Path(gateway.environment["OPENTINKER_GATEWAY_DOWNLOAD_SECRET_FILE"])
+    mounts = {
+        name: {str(v).split(":")[1]: str(v).split(":")[0] for v in service.volumes or ()}
+        for name, service in compose.services.items()
+    }
+    [(target, volume)] = [(t, v) for t, v in mounts["tinker-gateway"].items()
+                          if secret.is_relative_to(t)]  # fmt: skip
+    assert volume != "runs"
+    others = {
+        name for name, m in mounts.items() if name != "tinker-gateway" and volume in m.values()
+    }
+    assert not others, f"{volume} is also mounted by {others}"
