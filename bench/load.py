@@ -245,11 +245,15 @@ async def main(args: argparse.Namespace) -> int:
             await identity.create_tenant("ops")
             await identity.create_user("ops", "ops", role=identity_pb2.ROLE_ADMIN)
             admin_key = (await identity.create_api_key("ops"))[0]
-            token, _ = await identity.create_worker_token()
+            # a worker token admits one worker id (scheduler/worker_admission.py): one each
+            tokens = [
+                (await identity.create_worker_token(worker_id=f"w{i}"))[0]
+                for i in range(args.workers)
+            ]
             commands_before = await redis_commands(redis.url)
             stop = asyncio.Event()
             workers = [
-                SimWorker(running.address, token, f"w{i}", args.devices, args.job_ms / 1000)
+                SimWorker(running.address, tokens[i], f"w{i}", args.devices, args.job_ms / 1000)
                 for i in range(args.workers)
             ]
             serving = [asyncio.create_task(w.serve(figures, stop)) for w in workers]

@@ -34,11 +34,30 @@ CANCELLED = common_pb2.JOB_STATE_CANCELLED
 RPC_TIMEOUT_S = 5.0
 
 
+class WorkerStubs:
+    """The workers' side of a mesh: a worker token admits one worker id (the first that
+    registers with it; scheduler/worker_admission.py), so each worker id a test connects gets
+    a stub of its own, holding one of a few tokens made when the mesh starts."""
+
+    def __init__(self, stubs: list[scheduler_pb2_grpc.SchedulerServiceStub]) -> None:
+        self._free = stubs
+        self._by_worker: dict[str, scheduler_pb2_grpc.SchedulerServiceStub] = {}
+
+    def for_worker(self, worker_id: str) -> scheduler_pb2_grpc.SchedulerServiceStub:
+        if worker_id not in self._by_worker:
+            assert self._free, "more worker ids than WORKER_TOKENS in one mesh"
+            self._by_worker[worker_id] = self._free.pop(0)
+        return self._by_worker[worker_id]
+
+
+WORKER_TOKENS = 4  # distinct worker ids one mesh's tests may connect
+
+
 @dataclass
 class Mesh:
     running: RunningScheduler
     stub: scheduler_pb2_grpc.SchedulerServiceStub  # a user's (tenant acme)
-    worker_stub: scheduler_pb2_grpc.SchedulerServiceStub  # a worker token's
+    worker_stub: WorkerStubs  # worker tokens', one per worker id
     channels: list[grpc.aio.Channel]  # closed when the mesh stops
 
 
@@ -57,13 +76,16 @@ async def scheduler_mesh(
     async with running_scheduler(settings, stop_grace_s=0.5) as running:
         identity = running.stores.identity
         channel = aio_channel(running.address, credential=await api_key(identity))
-        worker_channel = aio_channel(running.address, credential=await worker_token(identity))
+        worker_channels = [
+            aio_channel(running.address, credential=await worker_token(identity))
+            for _ in range(WORKER_TOKENS)
+        ]
         try:
             yield Mesh(
                 running,
                 scheduler_pb2_grpc.SchedulerServiceStub(channel),
-                scheduler_pb2_grpc.SchedulerServiceStub(worker_channel),
-                channels := [channel, worker_channel],
+                WorkerStubs([scheduler_pb2_grpc.SchedulerServiceStub(c) for c in worker_channels]),
+                channels := [channel, *worker_channels],
             )
         finally:
             for c in channels:
@@ -136,6 +158,8 @@ class ScriptedWorker:
     def __init__(self, stub, worker_id: str, devices: list[str]) -> None:
         self.worker_id = worker_id
         self.devices = devices
+        if isinstance(stub, WorkerStubs):
+            stub = stub.for_worker(worker_id)
         self.call = stub.ConnectWorker()
         self.seq = 0
         self.heartbeating = True

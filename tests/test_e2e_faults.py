@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 from pathlib import Path
 
 import pytest
@@ -137,16 +136,17 @@ def assert_takes_new_jobs(mesh, model: Path) -> None:  # noqa: ANN001
 
 def test_a_sigkilled_worker_agent_is_replaced_and_its_job_resumes(mesh, letter_model_dir) -> None:
     (worker,) = [p for p in mesh.processes if p.name == "worker" and p.alive()]
-    lost_id = f"{socket.gethostname()}-{worker.process.pid}"  # the agent's default worker id
+    # the agent's default worker id, kept in its run root (worker/worker_id.py)
+    lost_id = (mesh.run_root / "jobs" / "worker.id").read_text().strip()
 
     def kill_worker(job_id: str) -> None:
         os.kill(worker.process.pid, signal.SIGKILL)  # its trainer and rollout die with it
         worker.process.wait(timeout=10)
-        mesh.start_worker()  # a new agent (a new worker id) on the same node
+        mesh.start_worker()  # a new agent on the same node: the same worker id, admitted
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_worker)
     assert_resumed(final, events, killed_at, f"worker {lost_id} lost")
     assert_no_double_lease(mesh.redis_url, final.job_id, attempts=2)
-    assert final.worker_id and final.worker_id != lost_id  # the new agent ran attempt 2
+    assert final.worker_id == lost_id  # the restarted agent ran attempt 2, under its old id
     assert_takes_new_jobs(mesh, letter_model_dir)
     record_fault("worker agent", "replaced; job resumed from its checkpoint; no double lease")

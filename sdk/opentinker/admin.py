@@ -66,6 +66,8 @@ class AdminClient:
     def create_worker_token(
         self, *, worker_id: str = "", label: str = "", timeout: float | None = None
     ) -> str:
+        """A worker agent's token, returned once. It admits one worker: ``worker_id``, or when
+        empty the first worker id that registers with it (bound then, for good)."""
         request = pb.CreateWorkerTokenRequest(worker_id=worker_id, label=label)
         return self._call(self._stub.CreateWorkerToken, request, timeout).worker_token
 

@@ -51,7 +51,8 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 def cmd_create_worker_token(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         token = admin.create_worker_token(worker_id=args.worker_id, label=args.label)
-    console.print(f"worker token for {args.worker_id or 'any worker'} (shown once):")
+    whom = args.worker_id or "the first worker id that registers with it"
+    console.print(f"worker token for {whom} (a token admits one worker; shown once):")
     print(token)
     return 0
 
@@ -123,7 +124,12 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_create_key)
 
     p = commands.add_parser("create-worker-token", help="make a worker agent's token")
-    p.add_argument("--worker-id", default="", help="bind it to one worker id (default: any)")
+    p.add_argument(
+        "--worker-id",
+        default="",
+        help="the worker id it admits (default: the first that registers with it; a token "
+        "admits one worker)",
+    )
     p.add_argument("--label", default="")
     p.set_defaults(func=cmd_create_worker_token)
 

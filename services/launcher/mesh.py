@@ -13,7 +13,9 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from opentinker.admin import AdminClient
 from opentinker.services.common.cores import usable_cores
+from opentinker.services.common.launch import write_atomic
 from opentinker.services.launcher.local_user import ensure_local_user_key
 from opentinker.services.launcher.processes import ServiceProcess
 from opentinker.services.launcher.redis_process import RedisProcess
@@ -153,15 +155,28 @@ class LocalMesh:
     def start_worker(
         self, name: str = "worker", env: dict[str, str] | None = None
     ) -> ServiceProcess:
-        """Start a worker agent (again, e.g. after one died: its jobs resume on this one).
-        ``name`` and ``env`` (OPENTINKER_* overrides): another agent beside the first, e.g. a
-        second "node" with its own OPENTINKER_HOSTNAME, worker id and run root."""
+        """Start a worker agent (again, e.g. after one died: its jobs resume on this one, under
+        the same worker id, kept in its run root). ``name`` and ``env`` (OPENTINKER_*
+        overrides): another agent beside the first, e.g. a second "node" with its own
+        OPENTINKER_HOSTNAME, OPENTINKER_WORKER_ID and run root. The bootstrap worker token is
+        bound to the first agent's id (a token admits one worker), so one naming another id
+        gets a token of its own, made here with the admin key and bound to that id."""
+        token_file = self.secrets_dir / WORKER_TOKEN_FILE
+        other_id = (env or {}).get("OPENTINKER_WORKER_ID", "")
+        if other_id and not {"OPENTINKER_WORKER_TOKEN", "OPENTINKER_WORKER_TOKEN_FILE"} & set(
+            env or {}
+        ):
+            token_file = self.secrets_dir / f"worker-{name}.token"
+            admin_key = (self.secrets_dir / ADMIN_KEY_FILE).read_text().strip()
+            with AdminClient(self.scheduler_address, api_key=admin_key, timeout=30) as admin:
+                token = admin.create_worker_token(worker_id=other_id, label=f"opentinker {name}")
+            write_atomic(token_file, token + "\n", mode=0o600)
         return self._start(
             name,
             "opentinker.services.worker",
             {
                 "OPENTINKER_REDIS_URL": self.redis_url,
-                "OPENTINKER_WORKER_TOKEN_FILE": str(self.secrets_dir / WORKER_TOKEN_FILE),
+                "OPENTINKER_WORKER_TOKEN_FILE": str(token_file),
                 "OPENTINKER_SCHEDULER_ADDRESS": self.scheduler_address,
                 "OPENTINKER_ENVHUB_ADDRESS": self.envhub_address,
                 "OPENTINKER_RUN_ROOT": str(self.run_root / "jobs"),

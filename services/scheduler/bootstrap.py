@@ -2,9 +2,10 @@
 
 With ``OPENTINKER_BOOTSTRAP_DIR`` set, the scheduler makes sure that folder holds
 ``admin.key`` (an API key of user ``admin``, role admin, in tenant ``system``) and
-``worker.token`` (a worker token valid for any worker id), each mode 0600 and shown nowhere
-else. A file whose credential still works is kept; one that does not (a new Redis, a revoked
-key) is replaced. `opentinker up` and compose point the worker at ``worker.token`` and the
+``worker.token`` (a worker token bound to the first worker id that registers with it: a
+token admits one worker, worker_admission.py), each mode 0600 and shown nowhere else. A file
+whose credential still works is kept; one that does not (a new Redis, a revoked key) is
+replaced. `opentinker up` and compose point the worker at ``worker.token`` and the
 people at ``admin.key``, so a single node needs no manual step.
 """
 

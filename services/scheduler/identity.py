@@ -7,12 +7,24 @@ Redis layout (``prefix`` defaults to ``ot:id``)::
     <prefix>:user:<user_id>         STRING serialized identity_pb2.User
     <prefix>:users                  ZSET user id -> creation time
     <prefix>:cred:<key_prefix>      HASH digest, principal (identity_pb2.Principal), info
-                                    (identity_pb2.ApiKeyInfo), last_used, revoked
+                                    (identity_pb2.ApiKeyInfo), last_used, revoked, and for a
+                                    worker token made with no worker id, bound_worker_id
     <prefix>:creds                  ZSET key prefix -> creation time (API keys, worker tokens)
     <prefix>:job-creds:<job_id>     SET key prefixes of the job's tokens (deleted with them)
 
 A job token is deleted when its attempt ends; a revoked API key is kept (for listings) and
 refused at once. Only digests are stored (credentials.py).
+
+A worker token admits exactly one worker identity (issue 37: the bootstrap token, valid for any
+worker id, let a rogue holding it register as a new worker and take another job's launch and
+job token). One made with a ``worker_id`` is bound to it from the start; one made without (the
+bootstrap ``worker.token``, or ``create-worker-token`` with no ``--worker-id``) is bound on first
+use: the first ConnectWorker that presents it writes its worker id into ``bound_worker_id``
+(HSETNX: of two racing first registrations exactly one wins) and from then on the token is that
+worker's, shown so in listings and in the principal it authenticates as. Trust on first use is
+what keeps a single node zero-step (the scheduler writes the token before any worker exists);
+the worker's default id is kept stable across restarts (worker/worker_id.py) so that the same
+machine is still admitted after a restart.
 """
 
 from __future__ import annotations
@@ -91,6 +103,10 @@ class IdentityStore(Protocol):
         self, job_id: str, attempt: int, *, tenant_id: str, user_id: str
     ) -> str: ...
     async def revoke_job_tokens(self, job_id: str) -> None: ...
+    async def bind_worker_token(self, key_prefix: str, worker_id: str) -> str:
+        """Bind the worker token ``key_prefix``, made with no worker id, to ``worker_id``
+        unless it is bound already; the worker id it is bound to now (atomic: of two first
+        uses, one wins and the other gets the winner's id)."""
 
 
 class RedisIdentityStore:
@@ -116,8 +132,8 @@ class RedisIdentityStore:
             )
         prefix = parsed[1]
         key = self._key("cred", prefix)
-        stored, principal, revoked, last_used = await self._r.hmget(
-            key, "digest", "principal", "revoked", "last_used"
+        stored, principal, revoked, last_used, bound = await self._r.hmget(
+            key, "digest", "principal", "revoked", "last_used", "bound_worker_id"
         )
         if stored is None or not matches(self._secret, credential, as_text(stored)):
             raise AuthenticationError(f"unknown credential (key {prefix}); ask an admin for a key")
@@ -126,7 +142,10 @@ class RedisIdentityStore:
         now = time.time()
         if last_used is None or now - float(last_used) > LAST_USED_RESOLUTION_S:
             await self._r.hset(key, "last_used", repr(now))
-        return Principal.from_proto(identity_pb2.Principal.FromString(principal))
+        pb = identity_pb2.Principal.FromString(principal)
+        if bound is not None and not pb.worker_id:
+            pb.worker_id = as_text(bound)  # a worker token bound on first use
+        return Principal.from_proto(pb)
 
     # ---- tenants and users ------------------------------------------------------------------
 
@@ -260,6 +279,18 @@ class RedisIdentityStore:
             await self._r.delete(*(self._key("cred", as_text(p)) for p in prefixes))
         await self._r.delete(set_key)
 
+    async def bind_worker_token(self, key_prefix: str, worker_id: str) -> str:
+        key = self._key("cred", key_prefix)
+        if not worker_id:
+            raise ConfigError("worker_id: set it", reason="INVALID_WORKER_ID")
+        # HSETNX on the credential's own hash: atomic, and gone with the credential. A hash
+        # deleted meanwhile (a job token, never bound) must not be re-created with one field.
+        if not await self._r.exists(key):
+            raise IdentityNotFoundError(f"no key with prefix {key_prefix!r}", reason="NO_KEY")
+        await self._r.hsetnx(key, "bound_worker_id", worker_id)
+        bound = await self._r.hget(key, "bound_worker_id")
+        return as_text(bound) if bound is not None else worker_id
+
     async def list_api_keys(
         self, *, tenant_id: str = "", page_size: int = 0, page_token: str = ""
     ) -> Page:
@@ -314,12 +345,14 @@ class RedisIdentityStore:
         return credential, info
 
     async def _info(self, key_prefix: str) -> identity_pb2.ApiKeyInfo | None:
-        raw, revoked, last_used = await self._r.hmget(
-            self._key("cred", key_prefix), "info", "revoked", "last_used"
+        raw, revoked, last_used, bound = await self._r.hmget(
+            self._key("cred", key_prefix), "info", "revoked", "last_used", "bound_worker_id"
         )
         if raw is None:
             return None
         info = identity_pb2.ApiKeyInfo.FromString(raw)
+        if bound is not None and not info.worker_id:
+            info.worker_id = as_text(bound)
         info.revoked = revoked == b"1"
         info.last_used_unix_s = float(last_used) if last_used else 0.0
         return info

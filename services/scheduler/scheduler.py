@@ -50,6 +50,7 @@ from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.spec_paths import check_submission
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
+from opentinker.services.scheduler.worker_admission import admit_identity, refuse_if_alive
 from opentinker.services.scheduler.worker_session import (
     CloseCommand,
     DeviceOffer,
@@ -299,7 +300,12 @@ class Scheduler:
     ) -> WorkerSession:
         """Register a worker's devices and reconcile the attempts it still holds (``held``):
         adopt those it still owns, stop strays, re-queue the jobs of leases it no longer holds.
-        A worker id that is still connected is taken over (the new stream re-announces)."""
+        A worker id whose stream is alive and heartbeating is refused (AlreadyExistsError); one
+        whose stream ended or stays silent is taken over (the new stream re-announces;
+        worker_admission.py)."""
+        await refuse_if_alive(
+            self._sessions.get(worker_id), heartbeat_interval_s=self.heartbeat_interval_s
+        )
         old = self._sessions.get(worker_id)
         if old is not None:
             await self.disconnect_worker(old, "replaced by a new connection")
@@ -321,6 +327,11 @@ class Scheduler:
         )
         self.wake()
         return session
+
+    async def admit_worker(self, principal: Principal, worker_id: str) -> None:
+        """PermissionDeniedError unless the worker token of ``principal`` admits ``worker_id``
+        (binding a token made for no worker id to it at first use; worker_admission.py)."""
+        await admit_identity(self._identity, principal, worker_id)
 
     def check_credential_soon(self, session: WorkerSession) -> None:
         """Check again, in the background, the credential the worker connected with; one check

@@ -253,14 +253,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         ids = [d.device_id for d in reg.devices]
         if not reg.worker_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "register.worker_id: set it")
-        bound_to = current_principal().worker_id
-        if bound_to and bound_to != reg.worker_id:
-            await abort(
-                context,
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"this worker token is for worker {bound_to!r}, not {reg.worker_id!r}",
-                reason="WRONG_WORKER",
-            )
         if "" in ids or len(set(ids)) != len(ids):
             await abort(
                 context,
@@ -279,7 +271,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 "register.rendezvous_port_base/count: a range of TCP ports within 1..65535 "
                 f"(or both 0 for the default), got base {ports[0]} count {ports[1]}",
             )
-        session = await self._scheduler.connect_worker(reg.worker_id, reg.hostname, devices, held)
+        try:  # one identity per worker token, one live stream per identity: before the ledger
+            await self._scheduler.admit_worker(current_principal(), reg.worker_id)
+            session = await self._scheduler.connect_worker(
+                reg.worker_id, reg.hostname, devices, held
+            )
+        except OpenTinkerError as err:
+            await abort_with(context, err)
         session.key_prefix = current_principal().key_prefix
         session.rendezvous_host = reg.rendezvous_host or reg.hostname
         if ports != (0, 0):

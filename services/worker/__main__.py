@@ -9,10 +9,11 @@ from opentinker.services.common.logging import configure_logging
 from opentinker.services.worker.agent import WorkerAgent
 from opentinker.services.worker.devices import detect_devices
 from opentinker.services.worker.settings import WorkerSettings
+from opentinker.services.worker.worker_id import with_stable_worker_id
 
 
 async def main() -> None:
-    settings = WorkerSettings()
+    settings = with_stable_worker_id(WorkerSettings())  # the same id after a restart
     log = configure_logging("worker", level=settings.log_level)
     devices = detect_devices(settings)
     log.info("starting", worker_id=settings.worker_id, devices=[d.device_id for d in devices])
