@@ -209,12 +209,15 @@ def test_every_scheduler_rpc_admits_exactly_its_callers(redis_url: str) -> None:
     run(main, timeout_s=90)
 
 
-def test_a_watch_ends_unauthenticated_once_its_key_is_revoked(redis_url: str) -> None:
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "busy"])
+def test_a_watch_ends_unauthenticated_once_its_key_is_revoked(redis_url: str, busy: bool) -> None:
     """A key is checked when a call starts, and a WatchJob stream is one call that lasts as
-    long as its job: revoking the key must end the watch too, even while no event comes."""
+    long as its job: revoking the key must end the watch too, even while no event comes
+    (quiet), and while events come closer together than the heartbeat (busy: a job that
+    reports all the time; before, only a quiet gap of a whole heartbeat let the check run)."""
 
     async def main() -> None:
-        settings = SchedulerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.2)
+        settings = SchedulerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.5)
         async with running_scheduler(settings, stop_grace_s=0.2) as running:
             ids = running.stores.identity
             key = await api_key(ids, tenant="acme", user="dave")
@@ -227,9 +230,24 @@ def test_a_watch_ends_unauthenticated_once_its_key_is_revoked(redis_url: str) ->
                 watch = stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id=job.job_id))
                 first = await asyncio.wait_for(watch.read(), 5)  # QUEUED; then quiet (no worker)
                 assert first.event.state_change.state == common_pb2.JOB_STATE_QUEUED
-                await ids.revoke(key.split("_")[1])
-                with pytest.raises(grpc.aio.AioRpcError) as ended:
-                    await asyncio.wait_for(watch.read(), 5)
+
+                async def chatter() -> None:  # a log line every 20 ms, as a busy job reports
+                    while busy:
+                        line = common_pb2.JobEvent(log=common_pb2.LogLine(message="step"))
+                        await running.stores.events.append(job.job_id, line)
+                        await asyncio.sleep(0.02)
+
+                talking = asyncio.create_task(chatter())
+                try:
+                    if busy:  # the stream is busy before the key is revoked
+                        await asyncio.wait_for(watch.read(), 5)
+                    await ids.revoke(key.split("_")[1])
+                    revoked_at = asyncio.get_running_loop().time()
+                    with pytest.raises(grpc.aio.AioRpcError) as ended:
+                        while asyncio.get_running_loop().time() - revoked_at < 3:
+                            await asyncio.wait_for(watch.read(), 5)
+                finally:
+                    talking.cancel()
                 assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 assert "revoked" in (ended.value.details() or "")
 

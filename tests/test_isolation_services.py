@@ -241,3 +241,69 @@ def test_envhub_keeps_known_credentials_while_the_scheduler_is_away(redis_url: s
             await deps.close()
 
     run(main, timeout_s=60)
+
+
+def test_a_revoked_key_or_an_ended_attempt_ends_its_envhub_stream(redis_url: str) -> None:
+    """A credential is checked when a call starts, and a RunEpisodes stream lasts as long as its
+    job: revoking the key that opened it, or ending the attempt whose job token opened it, must
+    end it too (UNAUTHENTICATED, within EnvHub's credential_recheck_s), even while it is busy
+    with new episodes. Before, such a stream served new episodes for good."""
+    from opentinker.envhub.v1 import environment_pb2
+
+    async def main() -> None:
+        settings = SchedulerSettings(redis_url=redis_url, port=0)
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            ids = running.stores.identity
+            key = await api_key(ids, tenant="acme", user="erin")
+            token = await ids.issue_job_token("job-r", 1, tenant_id="acme", user_id="erin")
+            hub_settings = EnvHubSettings(
+                port=0,
+                builtin_envs=["letter"],
+                scheduler_address=running.address,
+                credential_recheck_s=0.3,
+            )
+            deps = EnvHubDeps.create(hub_settings)
+            hub, hub_port = await create_envhub(hub_settings, deps)
+            try:
+                cases = [
+                    (key, "job-u", lambda: ids.revoke(key.split("_")[1])),
+                    (token, "job-r", lambda: ids.revoke_job_tokens("job-r")),
+                ]
+                for credential, job_id, revoke in cases:
+                    async with aio_channel(f"127.0.0.1:{hub_port}", credential=credential) as ch:
+                        call = envhub_pb2_grpc.EnvHubServiceStub(ch).RunEpisodes(timeout=30)
+                        code, details = await _busy_until_cut_off(
+                            call, job_id, revoke, environment_pb2
+                        )
+                    assert code == UNAUTH, (code, details)
+                    assert "revoked" in details
+            finally:
+                await hub.stop(0)
+                await deps.close()
+
+    run(main, timeout_s=60)
+
+
+async def _busy_until_cut_off(  # noqa: ANN001
+    call, job_id: str, revoke, environment_pb2
+) -> tuple[grpc.StatusCode, str]:
+    """Open the stream, reset episodes back to back, revoke after the first: the status that
+    ends the stream (within 3 s of the revocation)."""
+    open_ = envhub_pb2.OpenEpisodes(job_id=job_id, env_name="letter")
+    await call.write(envhub_pb2.RunEpisodesRequest(seq=1, open=open_))
+    assert (await asyncio.wait_for(call.read(), 5)).HasField("opened")
+    revoked_at = 0.0
+    for n in range(1000):
+        reset = environment_pb2.ResetRequest(episode_id=f"ep-{n}", seed=n)
+        try:
+            await call.write(envhub_pb2.RunEpisodesRequest(seq=n + 2, reset=reset))
+            reply = await asyncio.wait_for(call.read(), 5)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            break  # the stream ended: its status follows
+        assert reply.HasField("reset"), reply  # a new episode served
+        if n == 0:
+            await revoke()
+            revoked_at = asyncio.get_running_loop().time()
+        assert asyncio.get_running_loop().time() - revoked_at < 3, "still served 3 s after"
+        await asyncio.sleep(0.05)
+    return await call.code(), await call.details()

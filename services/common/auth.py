@@ -6,6 +6,9 @@ an ``Authenticator`` and either refuses the call (UNAUTHENTICATED: no or bad cre
 PERMISSION_DENIED: wrong kind or role) or runs the handler with the caller available through
 ``current_principal()``. A method without a rule is refused: the check fails closed. Health
 checking and reflection stay open. Finer checks (whose job is this?) are the servicers'.
+A server may also have a stream's credential checked again while the stream lasts
+(``recheck_streams_s``, EnvHub's): a revoked key, or the job token of an attempt that ended,
+then ends every stream it opened, UNAUTHENTICATED, within that time (revocation.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -31,6 +34,7 @@ from opentinker.errors import (
 )
 from opentinker.scheduler.v1 import identity_pb2, identity_pb2_grpc
 from opentinker.services.common.grpc_server import abort, rewrap_handler
+from opentinker.services.common.revocation import Revoked, until_revoked, while_not_revoked
 
 _KIND_PB = {
     "user": identity_pb2.PRINCIPAL_KIND_USER,
@@ -166,11 +170,24 @@ def admits(rule: Rule, principal: Principal) -> bool:
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Admits each call by its method's rule; see the module docstring."""
+    """Admits each call by its method's rule; see the module docstring.
 
-    def __init__(self, authenticator: Authenticator, rules: Mapping[str, Rule]) -> None:
+    ``recheck_streams_s``: a streaming call's credential is checked again this often while the
+    stream lasts, and the stream ends UNAUTHENTICATED (reason CREDENTIAL_REVOKED) once the
+    authenticator refuses it (revocation.py); None = checked only when the call starts (the
+    scheduler checks its own streams; a job's processes admit only a credential they hold).
+    """
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        rules: Mapping[str, Rule],
+        *,
+        recheck_streams_s: float | None = None,
+    ) -> None:
         self._authenticator = authenticator
         self._rules = dict(rules)
+        self._recheck_s = recheck_streams_s
 
     async def intercept_service(
         self,
@@ -186,7 +203,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         async def admit(context: grpc.aio.ServicerContext) -> None:
             await self._admit(method, credential, context)
 
-        return _gated(handler, admit)
+        streaming = handler.request_streaming or handler.response_streaming
+        if self._recheck_s is None or not streaming or not credential:
+            return _gated(handler, admit)
+
+        async def revoked() -> bool:
+            try:  # UnavailableError (cannot answer now) is raised: the stream goes on
+                await self._authenticator.authenticate(credential)
+            except AuthenticationError:
+                return True
+            return False
+
+        return _gated(handler, admit, Recheck(revoked, self._recheck_s))
 
     async def _admit(self, method: str, credential: str, context: grpc.aio.ServicerContext) -> None:
         rule = self._rules.get(method)
@@ -228,25 +256,59 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         _PRINCIPAL.set(principal)
 
 
-def _gated(handler: Any, admit: Callable[[Any], Awaitable[None]]) -> Any:
-    """The same handler, with ``admit(context)`` awaited before the behaviour runs."""
+@dataclass(frozen=True)
+class Recheck:
+    """Check the call's credential again every ``every_s`` while it lasts (revocation.py)."""
+
+    revoked: Revoked
+    every_s: float
+
+
+def _gated(
+    handler: Any, admit: Callable[[Any], Awaitable[None]], recheck: Recheck | None = None
+) -> Any:
+    """The same handler, with ``admit(context)`` awaited before the behaviour runs, and with
+    ``recheck`` the call ended UNAUTHENTICATED once its credential is revoked."""
 
     def coroutine(inner: Callable[..., Any]) -> Callable[..., Any]:
         async def behaviour(request_or_iterator: Any, context: Any) -> Any:
             await admit(context)
-            return await inner(request_or_iterator, context)
+            if recheck is None:
+                return await inner(request_or_iterator, context)
+            try:
+                return await until_revoked(
+                    inner(request_or_iterator, context), recheck.revoked, every_s=recheck.every_s
+                )
+            except AuthenticationError as err:
+                await _end_revoked(context, err)
 
         return behaviour
 
     def generator(inner: Callable[..., Any]) -> Callable[..., Any]:
         async def behaviour(request_or_iterator: Any, context: Any) -> Any:
             await admit(context)
-            async for response in inner(request_or_iterator, context):
-                yield response
+            responses = inner(request_or_iterator, context)
+            if recheck is None:
+                async for response in responses:
+                    yield response
+                return
+            try:
+                async for response in while_not_revoked(
+                    responses, recheck.revoked, every_s=recheck.every_s
+                ):
+                    yield response
+            except AuthenticationError as err:
+                await _end_revoked(context, err)
 
         return behaviour
 
     return rewrap_handler(handler, coroutine=coroutine, generator=generator)
+
+
+async def _end_revoked(context: grpc.aio.ServicerContext, err: AuthenticationError) -> NoReturn:
+    await abort(
+        context, grpc.StatusCode.UNAUTHENTICATED, err.message, reason=err.reason or "BAD_CREDENTIAL"
+    )
 
 
 class OwnCredentialAuthenticator:

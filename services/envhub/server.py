@@ -99,6 +99,7 @@ async def bind_envhub(settings: EnvHubSettings) -> BoundEnvHub:
     auth = AuthInterceptor(
         IdentityServiceAuthenticator(identity_channel, address=settings.scheduler_address),
         ACCESS_RULES,
+        recheck_streams_s=settings.credential_recheck_s,
     )
     try:
         server, port, health_servicer = create_aio_server(
@@ -128,5 +129,6 @@ async def start_envhub(
 async def create_server(settings: EnvHubSettings, deps: EnvHubDeps) -> tuple[grpc.aio.Server, int]:
     """A started EnvHub server on settings.host:settings.port (0 = any free port) serving
     ``deps`` (bind_envhub, then start_envhub). Every caller's credential is checked by the
-    scheduler's IdentityService at settings.scheduler_address."""
+    scheduler's IdentityService at settings.scheduler_address, a stream's again every
+    settings.credential_recheck_s while it lasts."""
     return await start_envhub(await bind_envhub(settings), settings, deps)

@@ -56,6 +56,13 @@ class EnvHubSettings(BaseSettings):
         min_length=1,
         description="The scheduler, whose IdentityService checks every caller's credential.",
     )
+    credential_recheck_s: float = Field(
+        2.0,
+        gt=0,
+        description="A stream (RunEpisodes) asks the scheduler again this often whether its "
+        "caller's credential still holds, and ends UNAUTHENTICATED once it was revoked (or, a "
+        "job token, its attempt ended); one IdentityService call per stream each time.",
+    )
     log_level: str = "INFO"
 
     @model_validator(mode="after")

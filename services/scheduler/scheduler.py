@@ -30,6 +30,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import PermissionDeniedError
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
+from opentinker.services.common.revocation import while_not_revoked
 from opentinker.services.common.waiting import wait_event
 from opentinker.services.scheduler.attempt_ends import AttemptEnds
 from opentinker.services.scheduler.dispatch import Dispatcher
@@ -45,7 +46,6 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
-from opentinker.services.scheduler.revocation import while_not_revoked
 from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.spec_paths import check_submission
 from opentinker.services.scheduler.stores import Stores
