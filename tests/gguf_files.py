@@ -52,10 +52,16 @@ def tiny_llama(seed: int = 0, *, tied: bool = False) -> LlamaForCausalLM:
 
 
 def write_llama_gguf(
-    path: Path, model: LlamaForCausalLM, *, quantize: str | None = None, arch: str = "llama"
+    path: Path,
+    model: LlamaForCausalLM,
+    *,
+    quantize: str | None = None,
+    arch: str = "llama",
+    eos: str = "<|im_end|>",
 ) -> Path:
     """Write ``model`` and the local tokenizer as a GGUF; ``quantize``: a GGML type name
-    (e.g. "Q8_0") for the 2-D weights."""
+    (e.g. "Q8_0") for the 2-D weights; ``eos``: the token the file names as eos (Gemma 3's
+    names its end of text while its template ends turns with another)."""
     tokenizer = build_tokenizer()
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny-llama")
@@ -68,7 +74,7 @@ def write_llama_gguf(
     writer.add_rope_freq_base(model.config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(HIDDEN // HEADS)
-    _add_tokenizer(writer, tokenizer)
+    _add_tokenizer(writer, tokenizer, eos)
     for name, weight in _gguf_tensors(model).items():
         if quantize and weight.ndim == 2:
             kind = gguf.GGMLQuantizationType[quantize]
@@ -82,7 +88,7 @@ def write_llama_gguf(
     return path
 
 
-def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer) -> None:  # noqa: ANN001
+def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer, eos: str) -> None:  # noqa: ANN001
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.__getitem__)
     specials = set(tokenizer.all_special_tokens) | {"<|im_start|>", "<|im_end|>"}
@@ -95,7 +101,7 @@ def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer) -> None:  # noqa: ANN001
     )
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     writer.add_bos_token_id(vocab["<|endoftext|>"])
-    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_eos_token_id(vocab[eos])
     writer.add_pad_token_id(vocab["<|endoftext|>"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHAT_TEMPLATE)

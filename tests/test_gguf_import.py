@@ -113,3 +113,16 @@ def test_the_cli_imports_and_says_what_it_imported(model: torch.nn.Module, tmp_p
     )  # fmt: skip
     assert again.returncode == 2 and "exists and is not empty" in " ".join(again.stdout.split())
     assert "Traceback" not in again.stdout + again.stderr
+
+
+def test_the_token_that_ends_a_turn_becomes_the_eos(model: torch.nn.Module, tmp_path: Path) -> None:
+    """A GGUF naming its end of text as eos while its template closes turns with another token
+    (as Gemma 3's <eos> and <end_of_turn>): the rollout stops turns at the eos, and would
+    generate past the turn's end."""
+    path = write_llama_gguf(tmp_path / "m.gguf", model, eos="<|endoftext|>")
+    import_gguf(path, tmp_path / "out")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tokenizer.eos_token == "<|im_end|>"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    ends = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    assert loaded.generation_config.eos_token_id == ends

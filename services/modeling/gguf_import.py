@@ -22,6 +22,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -92,6 +93,31 @@ def inspect_gguf(path: Path) -> GgufInfo:
     )
 
 
+def _end_turns_with_eos(tokenizer: Any, model: Any) -> None:
+    """Make the token that closes an assistant turn in the chat template the eos.
+
+    The rollout stops a model's turn at the tokenizer's eos, and its chat format needs the
+    template to close assistant turns with it. A GGUF often names the model's end of text as
+    eos (Gemma 3's ``<eos>``) while its template closes turns with another token
+    (``<end_of_turn>``): generation would run past the turn. The token after the assistant's
+    text in a rendered probe becomes the eos, and both stay stop tokens for ``generate``."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    ids = tokenizer.apply_chat_template(probe, tokenize=True, return_dict=False)
+    reply = tokenizer.encode("Yo", add_special_tokens=False)
+    starts = [i for i in range(len(ids)) if ids[i : i + len(reply)] == reply]
+    after = starts[-1] + len(reply) if starts else len(ids)
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    closing = next((t for t in ids[after:] if t in special), None)
+    if closing is None or closing == tokenizer.eos_token_id:
+        return
+    old = tokenizer.eos_token_id
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(closing)
+    model.generation_config.eos_token_id = [closing, *([old] if old is not None else [])]
+    log.info("gguf_end_of_turn_is_eos", eos=tokenizer.eos_token, was=old)
+
+
 def _dequantizable() -> tuple[str, ...]:
     from gguf.quants import _type_traits  # the block types gguf can turn back into floats
 
@@ -119,6 +145,7 @@ def import_gguf(path: Path, out: Path, *, dtype: str = "float32") -> GgufInfo:
         del model.config.quantization_config
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    _end_turns_with_eos(tokenizer, model)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
