@@ -254,6 +254,64 @@ def test_a_watch_ends_unauthenticated_once_its_key_is_revoked(redis_url: str, bu
     run(main)
 
 
+def test_a_session_ends_when_the_key_that_opened_it_is_revoked(redis_url: str) -> None:
+    """A session opened with a key that is then revoked must not keep its device until its
+    idle timeout: the scheduler cancels it within about a heartbeat, its worker is told to
+    stop it, and once it exited the device goes to the next job. A session opened with another
+    key of the same tenant, and a managed job of the revoked key, go on."""
+    from scheduler_helpers import get_job, scripted_worker, wait_for_state
+
+    async def main() -> None:
+        settings = SchedulerSettings(
+            redis_url=redis_url, port=0, heartbeat_interval_s=0.2, lease_ttl_s=1.0
+        )
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            ids = running.stores.identity
+            key = await api_key(ids, tenant="acme", user="sam")
+            other = await api_key(ids, tenant="acme", user="ann")
+            worker = await worker_token(ids, worker_id="w-s")
+            async with (
+                aio_channel(running.address, credential=key) as sam_channel,
+                aio_channel(running.address, credential=other) as ann_channel,
+                aio_channel(running.address, credential=worker) as worker_channel,
+            ):
+                sam = scheduler_pb2_grpc.SchedulerServiceStub(sam_channel)
+                ann = scheduler_pb2_grpc.SchedulerServiceStub(ann_channel)
+
+                async def submit(stub, spec: JobSpec) -> common_pb2.Job:  # noqa: ANN001
+                    request = scheduler_pb2.SubmitJobRequest(spec=to_proto(spec))
+                    return (await stub.SubmitJob(request, timeout=5)).job
+
+                session = await submit(sam, JobSpec(kind="session"))
+                managed = await submit(sam, JobSpec(rl=RlConfig(env_name="letter", steps=1)))
+                kept = await submit(ann, JobSpec(kind="session"))
+                stub = scheduler_pb2_grpc.SchedulerServiceStub(worker_channel)
+                async with scripted_worker(stub, "w-s", ["cpu:0"]) as w:
+                    launch = (await w.next_command()).launch
+                    assert launch.job.job_id == session.job_id
+                    launched = scheduler_pb2.JobLaunched(job_id=session.job_id, attempt=1)
+                    await w.send(launched=launched)
+                    await wait_for_state(ann, session.job_id, common_pb2.JOB_STATE_RUNNING)
+                    await ids.revoke(key.split("_")[1])
+                    revoked_at = asyncio.get_running_loop().time()
+                    stop = (await w.next_command(timeout_s=3.0)).stop
+                    assert (stop.job_id, stop.attempt) == (session.job_id, 1)
+                    assert asyncio.get_running_loop().time() - revoked_at < 2.0
+                    ended = await get_job(ann, session.job_id)
+                    assert ended.state == common_pb2.JOB_STATE_CANCELLED
+                    assert "revoked" in ended.reason and key.split("_")[1] in ended.reason
+                    exited = scheduler_pb2.JobExited(
+                        job_id=session.job_id, attempt=1, exit_code=-15, reason="stopped"
+                    )
+                    await w.send(exited=exited)
+                    # The device is free again: the next job in the queue is launched on it.
+                    assert (await w.next_command()).launch.job.job_id == managed.job_id
+                    for job_id in (managed.job_id, kept.job_id):
+                        assert (await get_job(ann, job_id)).state != common_pb2.JOB_STATE_CANCELLED
+
+    run(main, timeout_s=60)
+
+
 def test_authenticate_answers_only_about_the_credential_it_is_given(
     redis_url: str, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -174,6 +174,27 @@ def test_attempt_reports_are_kept_per_attempt(make_stores) -> None:
     run(main)
 
 
+def test_a_session_keeps_its_opening_key_until_it_ends(make_stores) -> None:
+    """The key prefix that opened a session is kept with the job from its creation (a repeated
+    request does not replace it) until its last transition (revoked_sessions.py)."""
+
+    async def main() -> None:
+        async with make_stores() as stores:
+            jobs = stores.jobs
+            session, _ = await jobs.create(spec("s"), request_id="r1", opened_by="k1")
+            await jobs.create(spec("s"), request_id="r1", opened_by="k2")  # the same job
+            other, _ = await jobs.create(spec("rl"))
+            assert await jobs.session_openers() == {session.job_id: "k1"}
+            await jobs.transition(session.job_id, A, next_attempt=True)
+            await jobs.transition(session.job_id, R)
+            assert await jobs.session_openers() == {session.job_id: "k1"}
+            await jobs.transition(session.job_id, C, reason="closed")
+            await jobs.transition(other.job_id, C)
+            assert await jobs.session_openers() == {}
+
+    run(main)
+
+
 # ---- JobQueue ---------------------------------------------------------------------------------
 
 

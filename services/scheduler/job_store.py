@@ -14,6 +14,10 @@ Redis layout (``prefix`` defaults to ``ot:jobs``)::
     <prefix>:request:<tenant>:<request_id>  STRING job id of the tenant's first SubmitJob with
                                           that id (request ids of tenants never collide)
     <prefix>:job:<job_id>:attempt:<n>     HASH failure, result, last_step, lost of attempt n
+    <prefix>:opened-by                    HASH job id -> key prefix of the API key that opened
+                                          the session job, while it has not ended (written
+                                          with the job, removed with its last transition:
+                                          revoked_sessions.py ends it when that key is revoked)
 
 A job moved back to QUEUED is put at the front of the job queue (job_queue.py, ``queue_key``)
 in the same transaction, so no outage or crash can leave it QUEUED outside the queue.
@@ -75,11 +79,13 @@ class JobStore(Protocol):
         request_id: str = "",
         tenant_id: str = "",
         owner_user_id: str = "",
+        opened_by: str = "",
     ) -> tuple[common_pb2.Job, bool]:
         """Store a new QUEUED job of ``tenant_id`` and append it to the job queue, in one
         step (no crash or outage can leave it stored but outside the queue); returns (job,
         created). A repeated request_id of the same tenant returns the first job and
-        created=False."""
+        created=False. ``opened_by``: the key prefix of the API key that opened a session job,
+        kept in the same step until the job ends (``session_openers``)."""
 
     async def get(self, job_id: str) -> common_pb2.Job:
         """The job; raises JobNotFoundError."""
@@ -119,6 +125,11 @@ class JobStore(Protocol):
         """The jobs ALLOCATING or RUNNING (kept with every transition; unleased.py)."""
         ...
 
+    async def session_openers(self) -> dict[str, str]:
+        """Job id -> key prefix of the API key that opened it, for each session job created
+        with ``opened_by`` that has not ended (revoked_sessions.py)."""
+        ...
+
     async def record_lost(self, job_id: str, attempt: int, reason: str) -> None:
         """Note why the attempt was lost (kept as the job's history of attempts)."""
 
@@ -150,6 +161,7 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], n, ARGV[1])
 redis.call('ZADD', KEYS[5], n, ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[4], ARGV[1]) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[7], ARGV[1], ARGV[4]) end
 redis.call('RPUSH', KEYS[6], ARGV[1])
 return ARGV[1]
 """
@@ -176,6 +188,7 @@ class RedisJobStore:
         request_id: str = "",
         tenant_id: str = "",
         owner_user_id: str = "",
+        opened_by: str = "",
     ) -> tuple[common_pb2.Job, bool]:
         now = time.time()
         job = common_pb2.Job(
@@ -196,8 +209,9 @@ class RedisJobStore:
                 self._key("request", tenant_id, request_id or "-"),
                 self._key("index", "tenant", tenant_id),
                 self._queue_key,
+                self._key("opened-by"),
             ],
-            args=[job.job_id, job.SerializeToString(), "1" if request_id else "0"],
+            args=[job.job_id, job.SerializeToString(), "1" if request_id else "0", opened_by],
         )
         stored_id = stored_id.decode() if isinstance(stored_id, bytes) else stored_id
         if stored_id != job.job_id:
@@ -285,6 +299,8 @@ class RedisJobStore:
                         pipe.sadd(self._key("active"), job_id)
                     else:
                         pipe.srem(self._key("active"), job_id)
+                    if to in TERMINAL_STATES:
+                        pipe.hdel(self._key("opened-by"), job_id)
                     if queue_front:
                         pipe.lrem(self._queue_key, 0, job_id)
                         pipe.lpush(self._queue_key, job_id)
@@ -295,6 +311,10 @@ class RedisJobStore:
 
     async def active_ids(self) -> list[str]:
         return sorted(as_text(i) for i in await self._r.smembers(self._key("active")))
+
+    async def session_openers(self) -> dict[str, str]:
+        opened = await self._r.hgetall(self._key("opened-by"))
+        return {as_text(job_id): as_text(prefix) for job_id, prefix in opened.items()}
 
     async def record_failure(self, job_id: str, attempt: int, reason: str) -> None:
         await self._r.hset(self._key("job", job_id, "attempt", str(attempt)), "failure", reason)

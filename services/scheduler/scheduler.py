@@ -15,7 +15,8 @@ start or a Redis outage the scheduler waits ``reconnect_grace_s`` for workers to
 before it re-queues their lapsed leases. An attempt the scheduler stops (cancelled, re-queued)
 changes its job's state at once, but keeps its devices held until its processes exited
 (draining.py). Devices go to tenants fairly and within their quotas (fair_share.py,
-quotas.py). Every state change is appended to the job's event log.
+quotas.py). Every state change is appended to the job's event log. A session job whose opening
+API key is revoked is cancelled within a round (revoked_sessions.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
+from opentinker.services.scheduler.revoked_sessions import revoked_reason, sessions_of_revoked_keys
 from opentinker.services.scheduler.spanning import holds_part
 from opentinker.services.scheduler.spec_paths import check_submission
 from opentinker.services.scheduler.stores import Stores
@@ -185,6 +187,7 @@ class Scheduler:
                 await self._drop_silent_workers()
                 await self._recovery.requeue_lapsed()
                 await self._drains.expire()
+                await self._end_revoked_sessions()
                 await self.dispatch()
                 failures = 0
             except Exception as err:  # Redis briefly away, etc.: log and try again next tick
@@ -203,7 +206,11 @@ class Scheduler:
         await self._quotas.check_submit(spec, owner.tenant_id)
         async with self._placing:  # queued as it is stored: no round places it before its event
             job, created = await self._jobs.create(
-                spec, request_id=request_id, tenant_id=owner.tenant_id, owner_user_id=owner.user_id
+                spec,
+                request_id=request_id,
+                tenant_id=owner.tenant_id,
+                owner_user_id=owner.user_id,
+                opened_by=_opening_key(spec, owner),
             )
             if created:
                 await self._events.append(job.job_id, state_change(QUEUED, job.reason))
@@ -249,6 +256,17 @@ class Scheduler:
             await self._drains.stop_attempt(worker_id, job_id, cancelled.attempt, reason)
         log.info("job_cancelled", job_id=job_id, was=state_name(job.state), reason=reason)
         return cancelled
+
+    async def _end_revoked_sessions(self) -> None:
+        """Cancel each session whose opening key was revoked (revoked_sessions.py)."""
+        found = await sessions_of_revoked_keys(self._jobs, self._identity)
+        if not found or not await self._state_intact():
+            return  # none; or every key reads as gone because Redis lost our state
+        for job_id, key_prefix in found.items():
+            try:
+                await self.cancel(job_id, revoked_reason(key_prefix), tenant=None)
+            except (IllegalTransitionError, JobNotFoundError):
+                continue  # it ended meanwhile
 
     async def usage(
         self, *, tenant: str | None, tenant_id: str = "", max_jobs: int = 0
@@ -437,3 +455,10 @@ class Scheduler:
 
 async def _always_intact() -> bool:
     return True
+
+
+def _opening_key(spec: common_pb2.JobSpec, owner: Principal) -> str:
+    """The key prefix a session job is ended with when it is revoked (revoked_sessions.py);
+    "" for other jobs, and for a session not opened with a user's API key."""
+    session = spec.kind == common_pb2.JOB_KIND_SESSION
+    return owner.key_prefix if session and owner.kind == "user" else ""
