@@ -36,7 +36,7 @@ from opentinker.services.common.launch import LaunchConfig, wait_for_file, write
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.gguf_models import with_imported_model
-from opentinker.services.worker.liveness import answers
+from opentinker.services.worker.liveness import check
 from opentinker.services.worker.ranks import (
     RANK_ENV_KEYS,
     RENDEZVOUS_KEYS,
@@ -422,10 +422,15 @@ class JobRun:
         when = "while the trainer ran"
         timeout_s = self.settings.liveness_timeout_s
         address = self._addr_path.read_text().strip() if self._addr_path.exists() else ""
-        if rollout.running and address and not await answers(address, timeout_s=timeout_s):
+        health = "serving"
+        if rollout.running and address:
+            health = await check(address, timeout_s=timeout_s)
+        if health != "serving":
             try:  # a process dying refuses connections before it is reaped: let it end
                 await asyncio.wait_for(asyncio.shield(rollout.wait()), REAP_S)
             except TimeoutError:
+                if health == "unreachable":  # alive, not serving: not a hang
+                    return None
                 code = await rollout.terminate(0)  # hung: it would not handle SIGTERM
                 self.log.warning("rollout_hung_killed", pid=rollout.pid, timeout_s=timeout_s)
                 failed = last_meaningful_line(trainer.log_path)
