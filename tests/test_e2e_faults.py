@@ -136,15 +136,18 @@ def assert_takes_new_jobs(mesh, model: Path) -> None:  # noqa: ANN001
 
 def test_a_sigkilled_worker_agent_is_replaced_and_its_job_resumes(mesh, letter_model_dir) -> None:
     (worker,) = [p for p in mesh.processes if p.name == "worker" and p.alive()]
-    # the agent's default worker id, kept in its run root (worker/worker_id.py)
-    lost_id = (mesh.run_root / "jobs" / "worker.id").read_text().strip()
+    ids: list[str] = []
 
     def kill_worker(job_id: str) -> None:
+        # the agent's default worker id, kept in its run root (worker/worker_id.py) since it
+        # started (read now: it runs a job, so it has)
+        ids.append((mesh.run_root / "jobs" / "worker.id").read_text().strip())
         os.kill(worker.process.pid, signal.SIGKILL)  # its trainer and rollout die with it
         worker.process.wait(timeout=10)
         mesh.start_worker()  # a new agent on the same node: the same worker id, admitted
 
     final, events, killed_at = run_and_kill(mesh, job(letter_model_dir), kill_worker)
+    (lost_id,) = ids
     assert_resumed(final, events, killed_at, f"worker {lost_id} lost")
     assert_no_double_lease(mesh.redis_url, final.job_id, attempts=2)
     assert final.worker_id == lost_id  # the restarted agent ran attempt 2, under its old id
