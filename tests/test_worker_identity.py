@@ -60,6 +60,11 @@ def rogue_beside_the_real_worker(
             token = bootstrap_token(tmp_path)
             async with scripted_worker(stub_with(mesh, token), "node-a", ["node-a/cpu:0"]) as a:
                 errors.append(await refused(mesh, token, rogue_id))
+                identity = mesh.running.stores.identity  # the binding, as listings show it
+                assert (await identity.authenticate(token)).worker_id == "node-a"
+                keys = (await identity.list_api_keys()).items
+                (info,) = [i for i in keys if i.key_prefix == token.split("_")[1]]
+                assert info.worker_id == "node-a"
                 assert mesh.running.scheduler.connected_workers() == ["node-a"]
                 job = await submit(mesh.stub, "victim")
                 launch = (await a.next_command()).launch
