@@ -131,7 +131,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateWorkerToken(self, request, context):
-        """A token for a worker agent; bound to one worker_id, or to any when worker_id is empty.
+        """A token for a worker agent, admitting one worker id: worker_id, or when it is empty the
+        first worker id that registers with it (any other id is PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
