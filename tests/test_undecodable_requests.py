@@ -74,7 +74,7 @@ def test_undecodable_requests_to_the_scheduler_are_one_log_line_each(
 
     async def main() -> None:
         async with scheduler_mesh(redis_url) as mesh:
-            user, worker = mesh.channels
+            user, worker, *_ = mesh.channels  # a user's, then the worker tokens'
             capsys.readouterr()
             await refused(user.unary_unary(methods[0])(GARBAGE, timeout=5))
             await refused(user.unary_stream(methods[1])(GARBAGE, timeout=5))
