@@ -107,7 +107,12 @@ def test_a_second_job_starts_warm_from_the_base_model_not_the_last_jobs_weights(
     wait_for_spares(mesh, 4)
     other_id, other = first_step(client, full_job(letter_model_dir, seed=11))
     assert started_warm(mesh, other_id) == {"rollout": True, "trainer": True}
-    assert other["entropy"] != pytest.approx(cold["entropy"], rel=1e-6)
+    # (Entropy alone does not tell: the nudged model answers A..D evenly whatever the letter
+    # asked, so its entropy differs between prompts by ~1e-6 only.)
+    keys = ("reward_mean", "loss", "grad_norm", "entropy")
+    assert any(other[k] != pytest.approx(cold[k], rel=1e-4, abs=1e-6) for k in keys), {
+        k: (cold[k], other[k]) for k in keys
+    }
 
 
 def test_two_jobs_run_at_once_on_a_worker_with_two_slots(mesh, client, letter_model_dir) -> None:
