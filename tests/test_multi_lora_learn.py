@@ -115,7 +115,7 @@ def test_two_jobs_learn_different_letters_on_one_shared_engine(
         await sink_server.start()
         try:
             async with shared_mesh(
-                identities, letter_model_dir, window_s=0.02, shared_cls=RecordingAdapters
+                identities, letter_model_dir, window_s=0.2, shared_cls=RecordingAdapters
             ) as m:
                 results = await asyncio.gather(
                     *(
