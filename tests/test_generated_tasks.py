@@ -84,8 +84,9 @@ def test_countdown_rewards_and_its_format_reward() -> None:
     assert game.step("<answer>1 + 1</answer>").reward == pytest.approx(0.1)  # well formed
     assert game.step("no idea").reward == 0.0
     assert game.step("<answer>os.system('x')</answer>").info["outcome"] == "bad_expression"
-    with pytest.raises(ValueError, match="format_reward"):
-        game.reset(seed=0, format_reward="1.5")
+    for bad in ("1.5", "lots"):
+        with pytest.raises(ValueError, match="format_reward must be in"):
+            game.reset(seed=0, format_reward=bad)
 
 
 _START = re.compile(r"^\w+ has (\d+) (\w+)\.$")

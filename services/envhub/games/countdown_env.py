@@ -119,7 +119,10 @@ class CountdownGame(AbstractGame):
         return problem_for(self.name, seed, options.get("split") or "train", make_problem)
 
     def reset(self, *, seed: int = 0, split: str = "train", format_reward: str = "0") -> str:
-        self.format_reward = float(format_reward)
+        try:
+            self.format_reward = float(format_reward)
+        except ValueError:
+            self.format_reward = -1.0  # refused below, naming the option
         if not 0.0 <= self.format_reward < 1.0:
             raise ValueError(f"env option format_reward must be in [0, 1), got {format_reward!r}")
         self.numbers, self.target = self.generate_initial_state(seed, split=split)
