@@ -137,7 +137,7 @@ def test_agent_shutdown_kills_its_processes_and_the_job_is_requeued(
             await asyncio.wait_for(mesh.agent_task, 15)
             assert not any(alive(pid) for pid in processes)
             requeued = await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_QUEUED)
-            assert requeued.reason == "worker agent-1 lost; re-queued"
+            assert requeued.reason == "worker agent-1 shut down: stopped by its operator; re-queued"
             assert requeued.attempt == 1
 
     run(main)
@@ -192,7 +192,7 @@ def test_a_launch_that_reaches_a_stopping_agent_is_never_started(
             requeued = await mesh.running.stores.jobs.get(late.job_id)
             assert requeued.attempt == 1, "never placed on the agent"
             assert requeued.state == common_pb2.JOB_STATE_QUEUED
-            assert requeued.reason == "worker agent-1 lost; re-queued"
+            assert requeued.reason == "worker agent-1 shut down: stopped by its operator; re-queued"
             assert not (mesh.run_root / late.job_id).exists(), "the late launch was started"
             assert await mesh.running.stores.ledger.all_leases() == []
 

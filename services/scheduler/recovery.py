@@ -207,8 +207,10 @@ class WorkerRecovery:
         except Exception as err:  # Redis away: the next heartbeat renews (or it is revived)
             log.warning("lease_renew_failed", worker_id=worker_id, error=repr(err))
 
-    async def reclaim(self, worker_id: str, *, jobs_stopped: bool = False) -> None:
-        """The worker closed or went silent: re-queue the jobs of all its leases now. Its
+    async def reclaim(self, worker_id: str, why: str, *, jobs_stopped: bool = False) -> None:
+        """The worker closed or went silent (``why``, the jobs' re-queue reason: "worker w1
+        shut down: …" or "worker w1 lost: no heartbeat …"): re-queue the jobs of all its
+        leases now. Its
         processes may still run: what the leases still hold stays held (draining) until the
         worker, back within a lease TTL, says they exited; else the holds lapse, nothing
         renewing them (a silent worker's have lapsed already: they are not held again).
@@ -216,7 +218,7 @@ class WorkerRecovery:
         is held: its leases, draining ones too, are released at once."""
         async with self._lock:
             if jobs_stopped:
-                await self._release_stopped(worker_id)
+                await self._release_stopped(worker_id, why)
                 return
             for lease in await self._ledger.leases(worker_id):
                 if lease.drain is not None:
@@ -226,10 +228,10 @@ class WorkerRecovery:
                 except JobNotFoundError:
                     await self._ledger.release(lease.lease_id)
                     continue
-                await self._drains.hold(lease, attempt, f"worker {worker_id} lost", rehold=False)
-                await self._requeue(lease.job_id, worker_id)
+                await self._drains.hold(lease, attempt, why, rehold=False)
+                await self._requeue(lease.job_id, worker_id, why)
 
-    async def _release_stopped(self, worker_id: str) -> None:
+    async def _release_stopped(self, worker_id: str, why: str) -> None:
         """Release the leases of a worker whose processes all exited; re-queue their jobs
         (released first: never two leases of a job)."""
         released = []
@@ -239,7 +241,7 @@ class WorkerRecovery:
                 continue
             if await self._ledger.release(lease.lease_id):
                 released.append(lease.lease_id)
-            await self._requeue(lease.job_id, worker_id)
+            await self._requeue(lease.job_id, worker_id, why)
         log.info("worker_closed_jobs_stopped", worker_id=worker_id, released=released)
 
     async def requeue_lapsed(self) -> None:

@@ -410,9 +410,11 @@ class Scheduler:
         *,
         reclaim: bool = False,
         jobs_stopped: bool = False,
+        closing: bool = False,
     ) -> None:
-        """The session ended. With ``reclaim`` (the worker closes, or went silent) its jobs are
-        re-queued now, their devices held (draining) until they lapse, or, ``jobs_stopped`` (it
+        """The session ended (``reason``). With ``reclaim`` (the worker closes, or went silent,
+        or was cut off) its jobs are re-queued now, with "worker W shut down: <reason>" when it
+        said it closes (``closing``), "worker W lost: <reason>" otherwise, their devices held (draining) until they lapse, or, ``jobs_stopped`` (it
         closed saying its processes exited), freed now; without (the stream dropped, the
         scheduler shuts down) its jobs keep running: their leases stay until they lapse, or
         until it reconnects and re-announces them. Idempotent; a no-op once replaced."""
@@ -425,9 +427,13 @@ class Scheduler:
             return
         del self._sessions[worker_id]
         await self._ledger.unregister_worker(worker_id)
+        why = f"worker {worker_id} {'shut down' if closing else 'lost'}: {reason}"
         if reclaim:
-            await self._recovery.reclaim(worker_id, jobs_stopped=jobs_stopped)
-        log.warning("worker_lost", worker_id=worker_id, reason=reason, reclaimed=reclaim)
+            await self._recovery.reclaim(worker_id, why, jobs_stopped=jobs_stopped)
+        if closing:
+            log.info("worker_closed", worker_id=worker_id, reason=reason)
+        else:
+            log.warning("worker_lost", worker_id=worker_id, reason=reason, reclaimed=reclaim)
         self.wake()
 
     async def devices_in_use(self) -> dict[str, int]:

@@ -307,9 +307,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                         closing = message.closing  # jobs_stopped: nothing to drain
                         await s.disconnect_worker(
                             session,
-                            f"worker closing: {closing.reason}",
+                            closing.reason or "it closed its stream",
                             reclaim=True,
                             jobs_stopped=closing.jobs_stopped,
+                            closing=True,
                         )
                         break
                 except OpenTinkerError as err:  # one bad message does not end the session

@@ -378,7 +378,7 @@ class _Connection:
         stopped = await self.agent.stop_before_closing()
         with contextlib.suppress(Exception):
             closing = scheduler_pb2.WorkerClosing(
-                reason="worker agent shutting down", jobs_stopped=stopped
+                reason="stopped by its operator", jobs_stopped=stopped
             )
             await self.send(closing=closing)
             await asyncio.wait_for(
