@@ -4,6 +4,7 @@ Docker engine runs here): persistent Redis, the services, a worker holding the G
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import compose_spec
@@ -60,12 +61,22 @@ def test_the_workers_compile_caches_outlive_its_container(compose) -> None:
         assert any(path.startswith(mount + "/") for mount in mounts), (variable, path, mounts)
 
 
-def test_services_build_from_the_dockerfile_and_run_real_cli_commands(compose) -> None:
+def test_one_image_built_once_runs_every_service_as_a_real_cli_command(compose) -> None:
+    """Five identical `build:` sections built the same image five times (issue 35): one entry
+    builds it, the others name it and never try to pull it."""
     parser = build_parser()
-    for name in ("scheduler", "envhub", "worker", "dashboard", "tinker-gateway"):
+    ours = ("scheduler", "envhub", "worker", "dashboard", "tinker-gateway")
+    builders = [name for name in ours if compose.services[name].build is not None]
+    assert builders == ["scheduler"], builders
+    build = compose.services["scheduler"].build
+    dockerfile = (COMPOSE.parent / build.context / build.dockerfile).resolve()
+    assert dockerfile.is_file(), dockerfile
+    image = compose.services["scheduler"].image
+    for name in ours:
         service = compose.services[name]
-        dockerfile = (COMPOSE.parent / service.build.context / service.build.dockerfile).resolve()
-        assert dockerfile.is_file(), dockerfile
+        assert service.image == image, name
+        if name != "scheduler":
+            assert str(service.pull_policy).endswith("never"), (name, service.pull_policy)
         args = parser.parse_args(list(service.command))
         assert args.command == "serve" and args.service == name
     assert (
@@ -83,6 +94,26 @@ def test_dockerfile_copies_what_the_package_needs() -> None:
     for folder in ("protos", "sdk", "services", "pyproject.toml"):
         assert folder in text
     assert 'ENTRYPOINT ["opentinker"]' in text
+
+
+def test_the_dependencies_are_installed_before_our_code_is_copied_in() -> None:
+    """A change to our Python files must not reinstall torch: the dependency layer comes from
+    pyproject.toml alone (deploy/requirements.py), before the first COPY of our code."""
+    lines = (ROOT / "deploy" / "Dockerfile").read_text().splitlines()
+    deps = next(i for i, line in enumerate(lines) if "pip install -r requirements.txt" in line)
+    code = min(i for i, line in enumerate(lines) if re.match(r"COPY (sdk|services|protos)", line))
+    assert deps < code
+    assert any("pip install --no-deps ." in line for line in lines[code:])
+    sys.path.insert(0, str(ROOT / "deploy"))
+    try:
+        from requirements import requirements
+    finally:
+        sys.path.pop(0)
+    listed = requirements(str(ROOT / "pyproject.toml"), "server,vllm")
+    assert any(r.startswith("torch") for r in listed) and any(r.startswith("vllm") for r in listed)
+    assert any(r.startswith("grpcio") for r in listed)  # the base dependencies too
+    with pytest.raises(SystemExit, match="unknown extras"):
+        requirements(str(ROOT / "pyproject.toml"), "server,nope")
 
 
 def test_every_setting_in_compose_is_one_the_service_reads(compose) -> None:
@@ -108,16 +139,23 @@ def test_every_setting_in_compose_is_one_the_service_reads(compose) -> None:
             assert field in cls.model_fields, f"{name}: {key} is not a {cls.__name__} field"
 
 
-def test_the_worker_reads_the_token_the_scheduler_writes_and_ports_stay_local(compose) -> None:
-    """First start needs no person: the scheduler bootstraps its admin key and a worker token
-    into the shared `identity` volume; the worker reads the token there (read-only)."""
+def test_the_worker_reads_only_its_token_and_ports_stay_local(compose) -> None:
+    """First start needs no person: the scheduler bootstraps its admin key into the `identity`
+    volume and a worker token into `worker-identity`; the worker mounts only the latter
+    (read-only), so neither it nor a job process can read the admin key or the auth secret."""
     scheduler, worker = compose.services["scheduler"], compose.services["worker"]
     bootstrap = scheduler.environment["OPENTINKER_BOOTSTRAP_DIR"]
-    token_file = worker.environment["OPENTINKER_WORKER_TOKEN_FILE"]
-    assert token_file == f"{bootstrap}/worker.token"
+    token_dir = scheduler.environment["OPENTINKER_WORKER_TOKEN_DIR"]
+    assert worker.environment["OPENTINKER_WORKER_TOKEN_FILE"] == f"{token_dir}/worker.token"
     assert f"identity:{bootstrap}" in [str(v) for v in scheduler.volumes]
-    assert f"identity:{bootstrap}:ro" in [str(v) for v in worker.volumes]
-    assert scheduler.environment["OPENTINKER_AUTH_SECRET_FILE"].startswith(bootstrap)
+    assert f"worker-identity:{token_dir}" in [str(v) for v in scheduler.volumes]
+    assert [str(v) for v in worker.volumes if "identity" in str(v)] == [
+        f"worker-identity:{token_dir}:ro"
+    ]
+    assert scheduler.environment["OPENTINKER_AUTH_SECRET_FILE"].startswith(bootstrap + "/")
+    for name, service in compose.services.items():
+        mounted = [str(v).split(":")[0] for v in service.volumes or ()]
+        assert name == "scheduler" or "identity" not in mounted, f"{name} mounts identity"
     assert compose.services["envhub"].environment["OPENTINKER_SCHEDULER_ADDRESS"]
     for name in ("scheduler", "envhub", "tinker-gateway"):
         assert all(str(p).startswith("127.0.0.1:") for p in compose.services[name].ports), name
@@ -141,8 +179,9 @@ def test_the_services_can_write_their_named_volumes(compose) -> None:
     mount a writable volume on must exist in the image, owned by that user (else the scheduler
     cannot write its bootstrap credentials and restarts for ever)."""
     user, owned = _owned_folders((ROOT / "deploy" / "Dockerfile").read_text())
+    ours = compose.services["scheduler"].image
     for name, service in compose.services.items():
-        if service.build is None:  # another image (redis): its own user and folders
+        if service.image != ours:  # another image (redis): its own user and folders
             continue
         for volume in service.volumes or ():
             source, target, *mode = str(volume).split(":")

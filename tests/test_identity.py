@@ -156,6 +156,28 @@ def test_bootstrap_writes_owner_only_files_and_keeps_working_ones(
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_bootstrap_can_put_the_worker_token_apart_from_the_admin_key(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A worker mounts only the token's folder: it (and every job process it starts) cannot
+    read the admin key (issue 35: the worker mounted the whole identity volume)."""
+
+    async def main() -> None:
+        store, client = store_for(redis_url)
+        admin_dir, worker_dir = tmp_path / "identity", tmp_path / "worker-identity"
+        admin_dir.mkdir()
+        await ensure_bootstrap_credentials(store, admin_dir, worker_dir)
+        assert sorted(p.name for p in admin_dir.iterdir()) == ["admin.key"]
+        assert sorted(p.name for p in worker_dir.iterdir()) == ["worker.token"]
+        token = (worker_dir / "worker.token").read_text().strip()
+        assert (await store.authenticate(token)).kind == "worker"
+        await ensure_bootstrap_credentials(store, admin_dir, worker_dir)  # a restart: kept
+        assert (worker_dir / "worker.token").read_text().strip() == token
+        await client.aclose()
+
+    asyncio.run(main())
     secret_file = tmp_path / "auth.secret"
     secret = load_or_create_secret(secret_file)
     assert secret_file.stat().st_mode & 0o777 == 0o600

@@ -7,6 +7,10 @@ token admits one worker, worker_admission.py), each mode 0600 and shown nowhere 
 whose credential still works is kept; one that does not (a new Redis, a revoked key) is
 replaced. `opentinker up` and compose point the worker at ``worker.token`` and the
 people at ``admin.key``, so a single node needs no manual step.
+
+``worker.token`` may go to a folder of its own (``OPENTINKER_WORKER_TOKEN_DIR``): compose
+mounts that one, read-only, into the worker, and the admin key and the auth secret stay where
+no worker (and so no job process it starts) can read them.
 """
 
 from __future__ import annotations
@@ -29,9 +33,13 @@ ADMIN_KEY_FILE = "admin.key"
 WORKER_TOKEN_FILE = "worker.token"
 
 
-async def ensure_bootstrap_credentials(store: RedisIdentityStore, directory: Path) -> None:
-    """Make ``directory``/admin.key and worker.token hold working credentials."""
+async def ensure_bootstrap_credentials(
+    store: RedisIdentityStore, directory: Path, worker_directory: Path | None = None
+) -> None:
+    """Make ``directory``/admin.key and ``worker_directory`` (default ``directory``)
+    /worker.token hold working credentials."""
     directory = Path(directory)
+    token_file = Path(worker_directory or directory) / WORKER_TOKEN_FILE
     if not await _works(store, directory / ADMIN_KEY_FILE, "user"):
         await _ensure(store.create_tenant(ADMIN_TENANT, "OpenTinker administrators"))
         await _ensure(store.create_user(ADMIN_USER, ADMIN_TENANT, role=identity_pb2.ROLE_ADMIN))
@@ -42,12 +50,13 @@ async def ensure_bootstrap_credentials(store: RedisIdentityStore, directory: Pat
             path=str(directory / ADMIN_KEY_FILE),
             key_prefix=info.key_prefix,
         )
-    if not await _works(store, directory / WORKER_TOKEN_FILE, "worker"):
+    if not await _works(store, token_file, "worker"):
         token, info = await store.create_worker_token(label="bootstrap")
-        write_atomic(directory / WORKER_TOKEN_FILE, token + "\n", mode=0o600)
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(token_file, token + "\n", mode=0o600)
         log.info(
             "bootstrap_worker_token_written",
-            path=str(directory / WORKER_TOKEN_FILE),
+            path=str(token_file),
             key_prefix=info.key_prefix,
         )
 

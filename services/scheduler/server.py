@@ -16,15 +16,18 @@ import structlog
 from opentinker.scheduler.v1 import (
     identity_pb2,
     identity_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
 from opentinker.services.common.auth import AuthInterceptor
 from opentinker.services.common.grpc_server import create_aio_server, mark_serving
-from opentinker.services.scheduler import admin_servicer, servicer
+from opentinker.services.scheduler import admin_servicer, model_servicer, servicer
 from opentinker.services.scheduler.bootstrap import ensure_bootstrap_credentials
 from opentinker.services.scheduler.credentials import load_or_create_secret
 from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
+from opentinker.services.scheduler.model_catalog import ModelCatalog
 from opentinker.services.scheduler.lost_state import (
     CheckedAuthenticator,
     InstanceState,
@@ -46,6 +49,7 @@ SERVICE_NAMES = [
     SERVICE_NAME,
     identity_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     identity_pb2.DESCRIPTOR.services_by_name["IdentityService"].full_name,
+    models_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
 ]
 REDIS_SECRET_KEY = "ot:id:server-secret"
 
@@ -55,13 +59,18 @@ async def create_server(
     scheduler: Scheduler,
     identity: IdentityStore,
     state: InstanceState | None = None,
+    models: ModelCatalog | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A started server on settings.host:settings.port (0 = any free port) serving
     ``scheduler`` and the identity services, every call checked against ``identity``, marked
-    SERVING; returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``.
+    SERVING, and the model catalog ``models`` (default: the scheduler's); returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``.
     While Redis is away every call answers UNAVAILABLE (store_outage.py); while ``state`` is
     lost, too, and health says NOT_SERVING (lost_state.py)."""
-    rules = {**servicer.ACCESS_RULES, **admin_servicer.ACCESS_RULES}
+    rules = {
+        **servicer.ACCESS_RULES,
+        **admin_servicer.ACCESS_RULES,
+        **model_servicer.ACCESS_RULES,
+    }
     auth = AuthInterceptor(
         identity if state is None else CheckedAuthenticator(identity, state), rules
     )
@@ -83,6 +92,9 @@ async def create_server(
     )
     identity_pb2_grpc.add_IdentityServiceServicer_to_server(
         admin_servicer.IdentityServicer(identity), server
+    )
+    models_pb2_grpc.add_ModelServiceServicer_to_server(
+        model_servicer.ModelServicer(models or scheduler.models), server
     )
     await server.start()
     await mark_serving(health, SERVICE_NAMES)
@@ -149,7 +161,9 @@ async def running_scheduler(
                 await redis.set(REDIS_SECRET_KEY, secret, nx=True)
             if settings.bootstrap_dir is not None:
                 assert isinstance(stores.identity, RedisIdentityStore)
-                await ensure_bootstrap_credentials(stores.identity, settings.bootstrap_dir)
+                await ensure_bootstrap_credentials(
+                    stores.identity, settings.bootstrap_dir, settings.worker_token_dir
+                )
 
         if not state.lost:
             await bootstrap()

@@ -66,6 +66,9 @@ class SchedulerSettings(BaseSettings):
     auth_secret_file: Path | None = None
     # Where the first admin key and worker token are written (mode 0600); unset = not made.
     bootstrap_dir: Path | None = None
+    # Where that worker token goes instead, apart from the admin key and the auth secret (the
+    # folder a worker mounts); unset = bootstrap_dir.
+    worker_token_dir: Path | None = None
 
     @model_validator(mode="after")
     def _ttl_outlasts_heartbeats(self) -> SchedulerSettings:
