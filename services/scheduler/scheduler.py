@@ -43,6 +43,7 @@ from opentinker.services.scheduler.errors import (
 from opentinker.services.scheduler.event_log import state_change
 from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, state_name
 from opentinker.services.scheduler.job_store import JobPage
+from opentinker.services.scheduler.model_admission import admit_model
 from opentinker.services.scheduler.overview import Overview
 from opentinker.services.scheduler.progress import ProgressReports
 from opentinker.services.scheduler.quotas import Quotas
@@ -90,6 +91,7 @@ class Scheduler:
         self._ledger = stores.ledger
         self._events = stores.events
         self._identity = stores.identity
+        self.models = stores.models  # the model catalog, read at submit and served as is
         self._quotas = Quotas(stores.identity, stores.usage, stores.ledger, stores.jobs)
         self._states = JobStates(stores.jobs, stores.events, stores.identity)
         self.reports = ProgressReports(stores.jobs, stores.events, self._quotas)
@@ -203,6 +205,7 @@ class Scheduler:
         """Validate (ConfigError naming the field) and queue a job of ``owner``'s tenant;
         idempotent on (tenant, request_id)."""
         await check_submission(spec, owner.tenant_id, self._jobs)
+        spec = admit_model(spec, await self.models.list_models())  # model_admission.py
         await self._quotas.check_submit(spec, owner.tenant_id)
         async with self._placing:  # queued as it is stored: no round places it before its event
             job, created = await self._jobs.create(

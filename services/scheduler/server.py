@@ -27,7 +27,6 @@ from opentinker.services.scheduler import admin_servicer, model_servicer, servic
 from opentinker.services.scheduler.bootstrap import ensure_bootstrap_credentials
 from opentinker.services.scheduler.credentials import load_or_create_secret
 from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
-from opentinker.services.scheduler.model_catalog import ModelCatalog
 from opentinker.services.scheduler.lost_state import (
     CheckedAuthenticator,
     InstanceState,
@@ -59,11 +58,11 @@ async def create_server(
     scheduler: Scheduler,
     identity: IdentityStore,
     state: InstanceState | None = None,
-    models: ModelCatalog | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A started server on settings.host:settings.port (0 = any free port) serving
-    ``scheduler`` and the identity services, every call checked against ``identity``, marked
-    SERVING, and the model catalog ``models`` (default: the scheduler's); returns (server, bound_port). The caller owns ``scheduler.start()`` / ``close()``.
+    ``scheduler``, its model catalog and the identity services, every call checked against
+    ``identity``, marked SERVING; returns (server, bound_port). The caller owns
+    ``scheduler.start()`` / ``close()``.
     While Redis is away every call answers UNAVAILABLE (store_outage.py); while ``state`` is
     lost, too, and health says NOT_SERVING (lost_state.py)."""
     rules = {
@@ -94,7 +93,7 @@ async def create_server(
         admin_servicer.IdentityServicer(identity), server
     )
     models_pb2_grpc.add_ModelServiceServicer_to_server(
-        model_servicer.ModelServicer(models or scheduler.models), server
+        model_servicer.ModelServicer(scheduler.models), server
     )
     await server.start()
     await mark_serving(health, SERVICE_NAMES)

@@ -1,5 +1,5 @@
-"""The scheduler's state, all in Redis: jobs, the queue, the lease ledger, the event log, and
-tenants, users and credentials."""
+"""The scheduler's state, all in Redis: jobs, the queue, the lease ledger, the event log,
+tenants, users and credentials, and the model catalog."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityS
 from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
 from opentinker.services.scheduler.job_store import JobStore, RedisJobStore
 from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+from opentinker.services.scheduler.model_catalog import ModelCatalog, RedisModelCatalog
 from opentinker.services.scheduler.usage import RedisUsageStore, UsageStore
 
 # Longer than the event log's blocking reads (1 s), short enough that a dead Redis is noticed.
@@ -30,6 +31,7 @@ class Stores:
     events: EventLog
     identity: IdentityStore
     usage: UsageStore
+    models: ModelCatalog
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -75,4 +77,5 @@ def redis_stores(
         events=RedisEventLog(client, max_progress=event_max_progress),
         identity=identity,
         usage=usage,
+        models=RedisModelCatalog(client),
     )
