@@ -34,6 +34,7 @@ PUBLIC_SURFACE = {
     "JobInfo",
     "JobSpec",
     "LoraConfig",
+    "ModelInfo",
     "ModelSpec",
     "NotFoundError",
     "OpenTinkerError",

@@ -5,6 +5,7 @@ specs, the environment authoring API, and the generated protocol stubs
 (``opentinker.<service>.v1``). Importing this package never imports torch.
 """
 
+from opentinker.catalog import ModelInfo
 from opentinker.client import Client
 from opentinker.env_server import EnvServerHandle, serve
 from opentinker.errors import (
@@ -50,6 +51,7 @@ __all__ = [
     "JobInfo",
     "JobSpec",
     "LoraConfig",
+    "ModelInfo",
     "ModelSpec",
     "NotFoundError",
     "OpenTinkerError",

@@ -18,12 +18,15 @@ from typing import Any
 
 import grpc
 
+from opentinker.catalog import ModelInfo
 from opentinker.connection import Connection
 from opentinker.errors import ConfigError, JobFailedError, OpenTinkerError, from_rpc_error
 from opentinker.jobs import JobEvent, JobInfo, StepProgress
 from opentinker.scheduler.v1 import (
     identity_pb2,
     identity_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
 )
@@ -54,6 +57,7 @@ class Client:
         self.address, self.timeout = address, timeout
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._conn.channel)
         self._identity = identity_pb2_grpc.IdentityServiceStub(self._conn.channel)
+        self._models = models_pb2_grpc.ModelServiceStub(self._conn.channel)
         self._call = self._conn.call
 
     def __enter__(self) -> Client:
@@ -77,6 +81,23 @@ class Client:
         tenant) this budget period and in all, its quota, and its newest jobs' usage."""
         request = scheduler_pb2.GetUsageRequest(tenant_id=tenant_id, max_jobs=max_jobs)
         return list(self._call(self._stub.GetUsage, request, timeout).tenants)
+
+    def models(self, *, timeout: float | None = None) -> list[ModelInfo]:
+        """The pool's models (the scheduler's catalog), by name. Empty: the pool lists none,
+        and a job may name any model the workers can load."""
+        request = models_pb2.ListModelsRequest(page_size=100)
+        models = self._conn.pages(self._models.ListModels, request, "models", timeout)
+        return [ModelInfo.from_proto(m) for m in models]
+
+    def register_model(self, model: ModelInfo, *, timeout: float | None = None) -> ModelInfo:
+        """Add ``model`` to the catalog, or replace the one of its name (an admin's key;
+        PermissionDeniedError otherwise); returns it as stored."""
+        request = models_pb2.RegisterModelRequest(model=model.to_proto())
+        return ModelInfo.from_proto(self._call(self._models.RegisterModel, request, timeout).model)
+
+    def remove_model(self, name: str, *, timeout: float | None = None) -> None:
+        """Take ``name`` out of the catalog (an admin's key); NotFoundError if it is not in."""
+        self._call(self._models.RemoveModel, models_pb2.RemoveModelRequest(name=name), timeout)
 
     def submit(
         self, spec: JobSpec, *, request_id: str | None = None, timeout: float | None = None
