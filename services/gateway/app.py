@@ -206,21 +206,34 @@ async def client_config(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 
 async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """The configured base names; each also says what it maps to (``path``: a local directory
-    or hub id, a field the SDK ignores) and, when that directory has a config.json, the
-    model's context length."""
-    return {
-        "supported_models": [
-            {
-                "model_name": name,
-                "path": local,
-                "trainable": True,
-                "sampleable": True,
-                "max_context_length": _context_length(local),
-            }
-            for name, local in gw.settings.base_models.items()
-        ]
-    }
+    """The configured base names, then the models of the scheduler's catalog (``opentinker
+    models list``) not among them; each also says what it maps to (``path``: a local
+    directory, a .gguf or a hub id, a field the SDK ignores) and its context length when known
+    (a catalog entry's, or the config.json of a configured directory). A catalog model is
+    trainable when the pool runs LoRA on it (Tinker trains LoRA adapters)."""
+    configured = [
+        {
+            "model_name": name,
+            "path": local,
+            "trainable": True,
+            "sampleable": True,
+            "max_context_length": _context_length(local),
+        }
+        for name, local in gw.settings.base_models.items()
+    ]
+    catalog = await asyncio.to_thread(caller.client.models, timeout=10)
+    listed = [
+        {
+            "model_name": model.name,
+            "path": model.location or model.name,
+            "trainable": not model.finetunes or "lora" in model.finetunes,
+            "sampleable": True,
+            "max_context_length": model.context_length or None,
+        }
+        for model in catalog
+        if model.name not in gw.settings.base_models
+    ]
+    return {"supported_models": configured + listed}
 
 
 def _context_length(local: str) -> int | None:
