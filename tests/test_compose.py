@@ -9,6 +9,7 @@ from pathlib import Path
 
 import compose_spec
 import pytest
+import yaml
 
 from opentinker.cli import build_parser
 
@@ -227,3 +228,48 @@ def test_the_gateways_signing_key_is_in_a_volume_only_the_gateway_mounts(compose
         name for name, m in mounts.items() if name != "tinker-gateway" and volume in m.values()
     }
     assert not others, f"{volume} is also mounted by {others}"
+
+
+class _Reset:
+    """compose's `!reset` tag: the override removes the key."""
+
+
+def _load_override(path: Path) -> dict:
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!reset", lambda loader, node: _Reset())
+    return yaml.load(path.read_text(), Loader=Loader)
+
+
+def _merged(base: dict, override: dict) -> dict:
+    """compose's merge of mappings: keys of the override win, mappings merge, !reset removes."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, _Reset):
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_cpu_override_runs_the_stack_without_gpus_or_vllm() -> None:
+    """A machine without GPUs runs the stack with a documented override, not a hand edit
+    (issue 35: the worker's GPU reservation had to be deleted by hand)."""
+    from opentinker.services.worker.settings import WorkerSettings
+
+    base = yaml.safe_load(COMPOSE.read_text())
+    override = _load_override(COMPOSE.parent / "compose.cpu.yaml")
+    merged = _merged(base, override)
+    spec = compose_spec.PyCompose.from_yaml(yaml.safe_dump(merged))
+    assert spec.validate() is None
+    spec.to_spec()
+    worker = merged["services"]["worker"]
+    assert "deploy" not in worker, "the CPU worker still reserves GPUs"
+    assert "deploy" in base["services"]["worker"]  # and the GPU file still does
+    assert "vllm" not in merged["services"]["scheduler"]["build"]["args"]["EXTRAS"]
+    for key in worker["environment"]:
+        if key.startswith("OPENTINKER_"):
+            assert key.removeprefix("OPENTINKER_").lower() in WorkerSettings.model_fields, key
