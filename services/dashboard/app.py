@@ -1,4 +1,5 @@
-"""The dashboard's HTTP app (Starlette): sign-in, jobs, a job's live charts, environments.
+"""The dashboard's HTTP app (Starlette): sign-in, jobs, a job's live charts, environments,
+workers and the pool's models.
 
 Every page calls the scheduler with the signed-in user's own API key, so the scheduler's
 tenant isolation holds here as in the gRPC API. A job page's charts are fed by
@@ -59,6 +60,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
         Route("/jobs/{job_id}/cancel", pages.cancel, methods=["POST"]),
         Route("/environments", pages.environments),
         Route("/workers", pages.workers),
+        Route("/models", pages.models),
         Route("/healthz", lambda _: PlainTextResponse("ok")),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -217,6 +219,13 @@ class Pages:
             return RedirectResponse("/login", status_code=303)
         workers = await run_in_threadpool(signed.client.workers)
         return self._render(request, "workers.html", signed, workers=workers, now=time.time())
+
+    async def models(self, request: Request) -> Response:
+        """The scheduler's model catalog: what jobs may name."""
+        if (signed := self._signed_in(request)) is None:
+            return RedirectResponse("/login", status_code=303)
+        models = await run_in_threadpool(signed.client.models)
+        return self._render(request, "models.html", signed, models=models)
 
     async def environments(self, request: Request) -> Response:
         if (signed := self._signed_in(request)) is None:

@@ -1,5 +1,6 @@
-"""The Tinker gateway's capabilities list the scheduler's model catalog beside the gateway's
-own configured names (the session's real scheduler; the model is removed again after)."""
+"""Readers of the scheduler's model catalog besides the SDK: the Tinker gateway's
+capabilities (beside the gateway's own configured names) and the dashboard's models page. The
+session's real scheduler; each test removes the model it registered."""
 
 from __future__ import annotations
 
@@ -52,3 +53,28 @@ def test_capabilities_list_the_catalog(gateway, identities) -> None:
     listed = models[1]
     assert listed["path"] == "/models/smollm2" and listed["max_context_length"] == 8192
     assert listed["trainable"] is False  # the pool runs only full fine-tuning on it; Tinker: LoRA
+
+
+def test_the_dashboard_shows_the_catalog(identities) -> None:
+    from starlette.testclient import TestClient
+
+    from opentinker.services.dashboard.app import create_app
+    from opentinker.services.dashboard.settings import DashboardSettings
+
+    settings = DashboardSettings(
+        scheduler_address=identities.scheduler_address, envhub_address="127.0.0.1:1"
+    )
+    gemma = ModelInfo(name="gemma-3-270m", architecture="gemma3_text", chat_template="plain")
+    with (
+        TestClient(create_app(settings), follow_redirects=False) as web,
+        Client(identities.scheduler_address, api_key=identities.admin_key) as admin,
+    ):
+        assert web.post("/login", data={"api_key": identities.user_key}).status_code == 303
+        assert "lists no models" in web.get("/models").text
+        admin.register_model(gemma)
+        try:
+            page = web.get("/models").text
+        finally:
+            admin.remove_model(gemma.name)
+    assert 'data-model="gemma-3-270m"' in page and "gemma3_text" in page
+    assert "plain (set)" in page
