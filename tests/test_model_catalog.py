@@ -95,7 +95,9 @@ def test_admins_register_users_list_and_submit_is_checked(redis_url: str) -> Non
                     await submit(_spec("Qwen/Qwen2.5-1.5B"))
                 assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 details = refused.value.details() or ""
-                assert "model.base_model: 'Qwen/Qwen2.5-1.5B' is not a model of this pool" in details
+                assert (
+                    "model.base_model: 'Qwen/Qwen2.5-1.5B' is not a model of this pool" in details
+                )
                 assert "SmolLM2-135M-Instruct, tiny-qwen2" in details
                 # By name: runs on the entry's location; by location: accepted as it is
                 job = await submit(_spec("SmolLM2-135M-Instruct"))
@@ -191,5 +193,42 @@ def test_client_and_cli_list_and_register(
                     assert admin.models() == []
 
             await asyncio.to_thread(as_people)
+
+    run(main)
+
+
+def test_up_and_demo_register_the_tiny_model(redis_url: str, tmp_path: Path) -> None:
+    """What `opentinker up`/`demo` do once the mesh is up: the tiny model enters the catalog
+    with what its folder says, registered with the admin key the scheduler bootstrapped."""
+    from opentinker.services.launcher.catalog_seed import TINY_MODEL_NAME, register_local_model
+    from opentinker.services.modeling.tiny_model import ensure_tiny_model
+
+    tiny = ensure_tiny_model(tmp_path / "tiny-qwen2")
+    secrets = tmp_path / "secrets"
+
+    async def main() -> None:
+        settings = SchedulerSettings(
+            redis_url=redis_url, port=0, heartbeat_interval_s=0.2, bootstrap_dir=secrets
+        )
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            user_key = await api_key(running.stores.identity, tenant="acme", user="alice")
+
+            def seed_and_list() -> list[ModelInfo]:
+                register_local_model(
+                    running.address, secrets, tiny, name=TINY_MODEL_NAME, description="demo"
+                )
+                with Client(running.address, api_key=user_key) as client:
+                    client.submit(
+                        JobSpec(
+                            model=ModelSpec(base_model=TINY_MODEL_NAME),
+                            rl=RlConfig(env_name="letter", steps=1),
+                        )
+                    )
+                    return client.models()
+
+            (model,) = await asyncio.to_thread(seed_and_list)
+            assert model.name == "tiny-qwen2" and model.location == str(tiny.resolve())
+            assert model.architecture == "qwen2" and model.has_chat_template
+            assert model.parameters > 100_000 and model.context_length > 0
 
     run(main)
