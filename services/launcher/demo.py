@@ -25,9 +25,12 @@ from opentinker.errors import OpenTinkerError
 from opentinker.jobs import RL_FINAL_REWARD, JobEvent
 from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
+from opentinker.services.launcher.catalog_seed import TINY_MODEL_NAME, register_local_model
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, SamplingParams
+
+TINY_DESCRIPTION = "the demo's tiny random-init Qwen2 with a local tokenizer"
 
 
 def demo_spec(model_dir: Path, *, threshold: float, max_steps: int) -> JobSpec:
@@ -79,6 +82,14 @@ def run_up(
         dashboard_port=dashboard_port,
     )
     with LocalMesh(settings) as mesh, contextlib.ExitStack() as gateway:
+        tiny = ensure_tiny_model(run_root.resolve().parent / "tiny-qwen2")
+        register_local_model(
+            mesh.scheduler_address,
+            mesh.secrets_dir,
+            tiny,
+            name=TINY_MODEL_NAME,
+            description=TINY_DESCRIPTION,
+        )
         gateway_url = "off"
         if gateway_port is not None:
             gateway_settings = GatewaySettings(
@@ -92,6 +103,8 @@ def run_up(
             f"  redis {mesh.redis_url}\n"
             f"dashboard {mesh.dashboard_url or 'off'} (sign in with your API key)\n"
             f"tinker gateway {gateway_url} (api_key: tml-<your key>)\n"
+            f"models: {TINY_MODEL_NAME} ({tiny}); an admin adds more with `opentinker models "
+            "register NAME --location DIR`\n"
             f"logs in {mesh.log_dir}\n"
             f"your API key (tenant 'local') is in {mesh.secrets_dir / 'api.key'}; the admin key "
             f"in {mesh.secrets_dir / 'admin.key'}\n"
@@ -132,6 +145,13 @@ def run_demo(
     settings = MeshSettings(run_root=run_root, redis_url=redis_url, warm_spares=0)
     with LocalMesh(settings) as mesh:
         console.print(f"mesh up: scheduler {mesh.scheduler_address}, envhub {mesh.envhub_address}")
+        register_local_model(
+            mesh.scheduler_address,
+            mesh.secrets_dir,
+            model_dir,
+            name=TINY_MODEL_NAME,
+            description=TINY_DESCRIPTION,
+        )
 
         def show(event: JobEvent) -> None:
             print_event(console, event, every=10)
