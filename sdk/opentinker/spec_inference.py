@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from opentinker.common.v1 import common_pb2
+from opentinker.spec_agent import AgentProgram, agent_fields, agent_to_proto
 from opentinker.spec_parts import SamplingParams, StrictModel, sampling_fields, sampling_to_proto
 
 MAX_INFERENCE_EPISODES = 10_000  # every row stays in the job's event stream: keep it bounded
@@ -37,6 +38,9 @@ class InferenceConfig(StrictModel):
     seed: int = Field(0, ge=0)
     adapter_dir: str = Field("", description="A saved PEFT adapter applied to model.base_model.")
     greedy: bool = Field(False, description="Argmax decoding; sampling.temperature is ignored.")
+    agent: AgentProgram | None = Field(
+        None, description="An agent program plays each episode through the rollout's endpoint."
+    )
 
 
 def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
@@ -51,6 +55,7 @@ def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
         seed=c.seed,
         adapter_dir=c.adapter_dir,
         greedy=c.greedy,
+        agent=agent_to_proto(c.agent) if c.agent is not None else None,
     )
 
 
@@ -66,4 +71,6 @@ def inference_fields(c: common_pb2.InferenceConfig) -> dict:
         data["greedy"] = True
     if c.HasField("sampling"):
         data["sampling"] = sampling_fields(c.sampling)
+    if c.HasField("agent"):
+        data["agent"] = agent_fields(c.agent)
     return data

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
+from opentinker.spec_agent import AgentProgram, agent_fields, agent_to_proto
 from opentinker.spec_parts import SamplingParams, sampling_fields, sampling_to_proto
 from opentinker.spec_parts import StrictModel as _Strict
 
@@ -86,6 +87,9 @@ class RlConfig(_Strict):
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (ppo).")
     critic_learning_rate: float = Field(
         0.0, ge=0, le=1.0, description="Value head learning rate; > 0 for ppo only."
+    )
+    agent: AgentProgram | None = Field(
+        None, description="An agent program plays each episode through the rollout's endpoint."
     )
     role_adapters: Literal["per_role", "shared"] = Field(
         "per_role",
@@ -267,6 +271,8 @@ def rl_to_proto(rl: RlConfig) -> common_pb2.RlConfig:
         setattr(pb, key, getattr(rl, key))
     for key, table in _RL_ENUMS:
         setattr(pb, key, table[getattr(rl, key)])
+    if rl.agent is not None:
+        pb.agent.CopyFrom(agent_to_proto(rl.agent))
     return pb
 
 
@@ -297,4 +303,6 @@ def rl_fields(r: common_pb2.RlConfig) -> dict:
             rl[key] = names[wire]
     if r.HasField("sampling"):
         rl["sampling"] = sampling_fields(r.sampling)
+    if r.HasField("agent"):
+        rl["agent"] = agent_fields(r.agent)
     return rl

@@ -8,6 +8,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.spec import ModelSpec, SamplingParams, validation_message
+from opentinker.spec_agent import AgentProgram, agent_fields
 
 
 class RolloutConfig(BaseModel):
@@ -34,6 +35,7 @@ class RolloutConfig(BaseModel):
     adapter_dir: str = ""
     eval_env_options: dict[str, str] = {}
     role_adapters: bool = False  # one LoRA adapter per role of a multi-agent env
+    agent: AgentProgram | None = None  # plays each episode through the endpoint (agent_endpoint)
 
     @field_validator("env_name")
     @classmethod
@@ -79,6 +81,8 @@ def config_from_proto(msg: rollout_pb2.OpenRollout) -> RolloutConfig:
         "sampling_only": msg.sampling_only,
         "sampling": _sampling_fields(msg.sampling),
     }
+    if msg.HasField("agent"):
+        data["agent"] = agent_fields(msg.agent)
     if msg.max_turns:
         data["max_turns"] = msg.max_turns
     if msg.max_episode_tokens:

@@ -32,6 +32,7 @@ def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:
             max_episode_tokens=c.max_episode_tokens,
             seed=c.seed,
             adapter_dir=c.adapter_dir,
+            agent=c.agent if c.HasField("agent") else None,
         )
     r = pb.rl
     return rollout_pb2.OpenRollout(
@@ -49,6 +50,7 @@ def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:
             and spec.rl.role_adapters == "per_role"
             and spec.model.finetune == "lora"
         ),
+        agent=r.agent if r.HasField("agent") else None,
     )
 
 

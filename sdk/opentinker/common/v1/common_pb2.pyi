@@ -139,18 +139,20 @@ class LoraConfig(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., alpha: _Optional[float] = ..., dropout: _Optional[float] = ..., target_modules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelSpec(_message.Message):
-    __slots__ = ("base_model", "finetune", "lora", "init_adapter", "gradient_checkpointing")
+    __slots__ = ("base_model", "finetune", "lora", "init_adapter", "gradient_checkpointing", "chat_template")
     BASE_MODEL_FIELD_NUMBER: _ClassVar[int]
     FINETUNE_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
     INIT_ADAPTER_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_CHECKPOINTING_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     base_model: str
     finetune: FinetuneMode
     lora: LoraConfig
     init_adapter: str
     gradient_checkpointing: bool
-    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., init_adapter: _Optional[str] = ..., gradient_checkpointing: _Optional[bool] = ...) -> None: ...
+    chat_template: str
+    def __init__(self, base_model: _Optional[str] = ..., finetune: _Optional[_Union[FinetuneMode, str]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., init_adapter: _Optional[str] = ..., gradient_checkpointing: _Optional[bool] = ..., chat_template: _Optional[str] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "max_new_tokens")
@@ -163,7 +165,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction", "old_logprobs", "tis_cap")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction", "old_logprobs", "tis_cap", "agent")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +219,7 @@ class RlConfig(_message.Message):
     MAX_PADDING_FRACTION_FIELD_NUMBER: _ClassVar[int]
     OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TIS_CAP_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
     steps: int
@@ -256,10 +259,11 @@ class RlConfig(_message.Message):
     max_padding_fraction: float
     old_logprobs: OldLogprobs
     tis_cap: float
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogprobs, str]] = ..., tis_cap: _Optional[float] = ...) -> None: ...
+    agent: AgentProgram
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogprobs, str]] = ..., tis_cap: _Optional[float] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ...) -> None: ...
 
 class InferenceConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy")
+    __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy", "agent")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +281,7 @@ class InferenceConfig(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     GREEDY_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
     episodes: int
@@ -287,7 +292,8 @@ class InferenceConfig(_message.Message):
     seed: int
     adapter_dir: str
     greedy: bool
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., episodes: _Optional[int] = ..., concurrency: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., greedy: _Optional[bool] = ...) -> None: ...
+    agent: AgentProgram
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., episodes: _Optional[int] = ..., concurrency: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., greedy: _Optional[bool] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ...) -> None: ...
 
 class SftConfig(_message.Message):
     __slots__ = ("dataset_path", "validation_fraction", "validation_path", "epochs", "steps", "learning_rate", "max_tokens_per_batch", "packing", "max_sequence_length", "seed", "checkpoint_every", "eval_every", "max_grad_norm")
@@ -470,3 +476,13 @@ class Heartbeat(_message.Message):
     TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     time_unix_s: float
     def __init__(self, time_unix_s: _Optional[float] = ...) -> None: ...
+
+class AgentProgram(_message.Message):
+    __slots__ = ("callable", "command", "timeout_s")
+    CALLABLE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    callable: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    def __init__(self, callable: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...

@@ -96,7 +96,7 @@ class RolloutRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[OpenRollout, _Mapping]] = ..., weights: _Optional[_Union[WeightChunk, _Mapping]] = ..., collect: _Optional[_Union[CollectTrajectories, _Mapping]] = ..., heartbeat: _Optional[_Union[_common_pb2.Heartbeat, _Mapping]] = ..., close: _Optional[_Union[CloseRollout, _Mapping]] = ...) -> None: ...
 
 class OpenRollout(_message.Message):
-    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only", "role_adapters", "weight_offer")
+    __slots__ = ("job_id", "model", "env_name", "env_options", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "eval_env_options", "sampling_only", "role_adapters", "weight_offer", "agent")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class OpenRollout(_message.Message):
     SAMPLING_ONLY_FIELD_NUMBER: _ClassVar[int]
     ROLE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_OFFER_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     model: _common_pb2.ModelSpec
     env_name: str
@@ -137,7 +138,8 @@ class OpenRollout(_message.Message):
     sampling_only: bool
     role_adapters: bool
     weight_offer: WeightTransportOffer
-    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ..., role_adapters: _Optional[bool] = ..., weight_offer: _Optional[_Union[WeightTransportOffer, _Mapping]] = ...) -> None: ...
+    agent: _common_pb2.AgentProgram
+    def __init__(self, job_id: _Optional[str] = ..., model: _Optional[_Union[_common_pb2.ModelSpec, _Mapping]] = ..., env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., eval_env_options: _Optional[_Mapping[str, str]] = ..., sampling_only: _Optional[bool] = ..., role_adapters: _Optional[bool] = ..., weight_offer: _Optional[_Union[WeightTransportOffer, _Mapping]] = ..., agent: _Optional[_Union[_common_pb2.AgentProgram, _Mapping]] = ...) -> None: ...
 
 class WeightTransportOffer(_message.Message):
     __slots__ = ("probe_segment", "probe_nonce", "cuda_device_uuid")
