@@ -35,6 +35,7 @@ from opentinker.spec import InferenceConfig, JobSpec, ModelSpec, RlConfig, SftCo
 NOT_PATHS = {
     "name": "the job's display name",
     "model.lora.target_modules": "module names of the model",
+    "model.chat_template": "a template name or a Jinja template's text",
     "rl.env_name": "an environment registered with EnvHub",
     "inference.env_name": "an environment registered with EnvHub",
 }

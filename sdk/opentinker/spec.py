@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from opentinker.chat_templates import check_chat_template_choice
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import ConfigError
 from opentinker.session_config import SessionConfig
@@ -73,6 +74,16 @@ class ModelSpec(_Strict):
         False,
         description="Recompute layer activations in the backward pass: less memory, more time.",
     )
+    chat_template: str = Field(
+        "",
+        description="For a model whose tokenizer has no chat template: 'plain' (a documented "
+        "simple format, opentinker.chat_templates) or a Jinja template. '' = the tokenizer's.",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        return check_chat_template_choice(value)
 
     @model_validator(mode="after")
     def _adapter_needs_lora(self) -> ModelSpec:
@@ -197,6 +208,7 @@ def to_proto(spec: JobSpec) -> common_pb2.JobSpec:
             ),
             init_adapter=spec.model.init_adapter or "",
             gradient_checkpointing=spec.model.gradient_checkpointing,
+            chat_template=spec.model.chat_template,
         ),
     )
     if spec.sft is not None:
@@ -265,4 +277,6 @@ def _model_fields(m: common_pb2.ModelSpec) -> dict:
         model["init_adapter"] = m.init_adapter
     if m.gradient_checkpointing:
         model["gradient_checkpointing"] = True
+    if m.chat_template:
+        model["chat_template"] = m.chat_template
     return model

@@ -1,4 +1,9 @@
-"""Token ids of chat turns, built turn by turn from the tokenizer's own chat template.
+"""Token ids of chat turns, built turn by turn from the tokenizer's chat template.
+
+The template is the tokenizer's own, or the one the job chose (``ModelSpec.chat_template``,
+put on the tokenizer when the engine loads it: ``modeling/template_choice.py``). A tokenizer
+with neither is refused here, naming that field: a base model that ships no template (Gemma 3
+270M base) runs with ``chat_template: "plain"``.
 
 A transcript is never re-tokenized: the model's tokens stay exactly as sampled, and only the
 new text of each turn (the env's observation) goes through the tokenizer, rendered by the
@@ -14,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from opentinker.services.modeling.template_choice import NO_TEMPLATE_HINT
 
 from .tool_calls import style_of
 from .types import ToolSpec
@@ -42,6 +49,8 @@ class ChatFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: Sequence[ToolSpec] = ()) -> None:
         """tools: the env's tools, rendered into every prompt by the template (``tools=``)."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"the model's tokenizer has no chat template; {NO_TEMPLATE_HINT}")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token to close assistant turns with")
         self.tokenizer = tokenizer

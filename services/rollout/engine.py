@@ -27,6 +27,7 @@ from opentinker.services.modeling.context_length import context_length
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload, PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
+from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.services.modeling.vision_inputs import (
     ImageInput,
     load_image_processor,
@@ -144,6 +145,7 @@ class TransformersEngine:
             tokenizer = AutoTokenizer.from_pretrained(
                 adapter_dir if has_own_tokenizer else spec.base_model
             )
+        use_chat_template(tokenizer, spec.chat_template)  # the job's choice, if any
         if preloaded is not None:  # float32 on CPU; bfloat16 on CUDA, as from_pretrained gives
             model = preloaded.model.to(dtype=dtype)  # type: ignore[call-arg]  # as .to() below
         else:

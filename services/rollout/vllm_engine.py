@@ -45,6 +45,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.cuda_ipc import meta_tensors
 from opentinker.services.modeling.placement import dtype_for_device
+from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.spec import ModelSpec, SamplingParams
 
 from .engine import WeightUpdateError
@@ -174,6 +175,7 @@ class VllmEngine:
         import vllm  # the `vllm` extra; only here
 
         tokenizer = AutoTokenizer.from_pretrained(spec.base_model)
+        use_chat_template(tokenizer, spec.chat_template)  # the job's choice, if any
         shapes = WeightShapes.of(spec)
         adapters = None
         if spec.finetune == "lora":

@@ -63,6 +63,8 @@ def admit_model(spec: common_pb2.JobSpec, models: list[models_pb2.Model]) -> com
     resolved.CopyFrom(spec)
     if entry.location:
         resolved.model.base_model = entry.location
+    if entry.chat_template and not spec.model.chat_template:
+        resolved.model.chat_template = entry.chat_template
     return resolved
 
 

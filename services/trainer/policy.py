@@ -31,6 +31,7 @@ from opentinker.services.modeling.adapters import (
 from opentinker.services.modeling.placement import dtype_for_device, probe_tolerance
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
+from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
 from opentinker.spec import ModelSpec
 
@@ -105,6 +106,7 @@ class Policy:
                 load_language_model(model_spec.base_model, dtype=self.dtype),
             )
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
+        use_chat_template(self.tokenizer, model_spec.chat_template)  # the job's choice, if any
         self.image_processor = load_image_processor(model_spec.base_model)  # None: text only
         # transformers types .to() narrowly (functools.wraps of the unbound method).
         base = preloaded.model.to(dtype=self.dtype)  # type: ignore[call-arg]  # spare: float32

@@ -21,6 +21,7 @@ from typing import cast
 from transformers import PreTrainedTokenizerBase
 
 from opentinker.errors import ConfigError
+from opentinker.services.modeling.template_choice import NO_TEMPLATE_HINT
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -130,7 +131,10 @@ def render(
     is incremental (checked), so every token belongs to exactly one message.
     """
     if not tokenizer.chat_template:
-        raise DatasetError("the model's tokenizer has no chat template; SFT on messages needs one")
+        raise DatasetError(
+            f"the model's tokenizer has no chat template; SFT on messages needs one: "
+            f"{NO_TEMPLATE_HINT}"
+        )
     token_ids: list[int] = []
     weights: list[float] = []
     for i, message in enumerate(conversation.messages):
