@@ -14,7 +14,9 @@ from opentinker.spec_agent import AgentProgram
 
 def test_an_agent_program_round_trips_and_reaches_the_rollout() -> None:
     agent = AgentProgram(callable="my_agents.calc:play", timeout_s=30)
-    spec = JobSpec(name="a", model=ModelSpec(base_model="m"), rl=RlConfig(env_name="e", agent=agent))
+    spec = JobSpec(
+        name="a", model=ModelSpec(base_model="m"), rl=RlConfig(env_name="e", agent=agent)
+    )
     assert from_proto(to_proto(spec)).rl.agent == agent
     rollout = config_from_proto(open_request("job-1", spec))
     assert rollout.agent == agent

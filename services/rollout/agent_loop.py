@@ -34,6 +34,7 @@ import structlog
 
 from opentinker.errors import OpenTinkerError
 
+from .agent_endpoint.episodes import AgentProgramLoop
 from .chat_format import ChatFormat, decode
 from .engine import GenerationEngine
 from .env_replies import reset_problem, restart_after, step_problem
@@ -84,6 +85,10 @@ class AgentLoop:
             if self.env.roles
             else None
         )
+        # A job with an agent program: it plays each episode through the endpoint.
+        self.agent_programs = (
+            AgentProgramLoop(engine, config, config.agent, self.max_turns) if config.agent else None
+        )
         if self.env.tools and not self.chat.renders_tools():
             log.warning(
                 "tools_not_rendered",
@@ -100,6 +105,8 @@ class AgentLoop:
         updates; batch_ahead.py). An episode whose env is at capacity is not failed: it stays
         PENDING and is reset when played, once the played episodes free their slots."""
         episodes = [PlayedEpisode(request, request.session) for request in requests]
+        if self.agent_programs is not None:  # its episodes reset when their program starts
+            return ResetEpisodes(episodes, 0)
         tried = len(episodes) if limit is None else min(limit, len(episodes))
         await asyncio.gather(*(self._reset(ep, ahead=True) for ep in episodes[:tried]))
         return ResetEpisodes(episodes, tried)
@@ -115,6 +122,10 @@ class AgentLoop:
         fixes the sampling of every round.
 
         An env with roles plays each episode as a self-play game: one trajectory per role."""
+        if self.agent_programs is not None:
+            if isinstance(requests, ResetEpisodes):
+                requests = [ep.request for ep in requests.episodes]
+            return await self.agent_programs.run(requests, seed=seed)
         if isinstance(requests, ResetEpisodes):
             episodes = requests.episodes
         elif self.multi_agent is not None:

@@ -11,6 +11,7 @@ import structlog
 
 from opentinker.errors import OpenTinkerError
 from opentinker.spec import SamplingParams
+from opentinker.spec_agent import AgentProgram
 
 from .tool_calls import ToolCalls
 from .types import ResetResult, StepOutcome
@@ -75,6 +76,8 @@ class LoopConfig:
     call; None = half the run's mean engine call (``episode_scheduler``).
     role_adapters: (multi-agent env) the engine serves one LoRA adapter per role: each phase's
     engine call names the acting role's adapter (``multi_agent``); False = one shared policy.
+    agent: the job's agent program: it plays each episode through the per-episode
+    OpenAI-compatible endpoint (``agent_endpoint``) instead of this loop's turns.
     """
 
     sampling: SamplingParams
@@ -88,6 +91,7 @@ class LoopConfig:
     scheduling: Literal["async", "lockstep"] = "async"
     batch_wait_s: float | None = None
     role_adapters: bool = False
+    agent: AgentProgram | None = None  # an agent program plays each episode (agent_endpoint)
 
 
 # Turns per episode when neither the job nor the env sets a limit (the env still ends an

@@ -102,6 +102,7 @@ class RolloutSession:
                 scheduling=self.settings.agent_loop,
                 batch_wait_s=self.settings.batch_wait_s,
                 role_adapters=role_adapters,
+                agent=config.agent,
             ),
             env,
         )

@@ -1,0 +1,237 @@
+"""Episodes played by an agent program through the endpoint, in place of the agent loop.
+
+Each episode: Reset the env (the observation is the task) -> serve the episode's endpoint ->
+run the program with its base URL and key -> the reward is the program's, or else the env
+grades the last reply (one Step with its text) -> the trajectory is the episode's last token
+segment (segments.py). A program that fails or runs past its time, or an env that fails,
+ends the episode with ENV_ERROR and the reason; the other episodes go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from opentinker.errors import OpenTinkerError
+from opentinker.spec_agent import AgentProgram
+
+from ..chat_format import decode
+from ..engine import GenerationEngine
+from ..env_replies import reset_problem, step_problem
+from ..loop_config import EpisodeRequest, LoopConfig, close_session
+from ..types import ChatMessage, FinishReason, RolloutStats, Trajectory
+from .calls import GenerationQueue
+from .openai_wire import ChatRequest, completion_body, finish_reason, reply_message
+from .program import AgentProgramError, load_callable, run_program
+from .segments import EpisodeRecord, text_of
+from .server import CallRefusedError, EndpointServer
+
+log = structlog.get_logger("opentinker.rollout.agent_endpoint")
+MAX_AGENT_THREADS = 1024  # sync callables each hold a thread while they play
+
+
+@dataclass
+class _Episode:
+    request: EpisodeRequest
+    record: EpisodeRecord
+    finish: FinishReason | None = None  # set when a budget ended it
+    detail: str = ""
+    messages: list[ChatMessage] = field(default_factory=list)
+    last_text: str = ""  # the last reply's text (tool calls included), graded by the env
+    info: dict[str, str] = field(default_factory=dict)
+
+
+class AgentProgramLoop:
+    """Plays batches of episodes with an agent program; the same ``run`` as ``AgentLoop``."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        config: LoopConfig,
+        program: AgentProgram,
+        max_turns: int,
+        *,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.program = program
+        self.max_turns = max_turns
+        self.function = load_callable(program)  # fails at open, naming agent.callable
+        self.server = EndpointServer(host)
+        self._threads = concurrent.futures.ThreadPoolExecutor(MAX_AGENT_THREADS, "agent")
+        self.model_name = getattr(engine, "model_name", "") or "opentinker-policy"
+
+    async def close(self) -> None:
+        await self.server.stop()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def run(
+        self, requests: Sequence[EpisodeRequest], *, seed: int
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        await self.server.start()
+        stats = RolloutStats()
+        playing = [len(requests)]
+        queue = GenerationQueue(
+            self.engine, self.config, seed=seed, stats=stats, waiting_for=lambda: playing[0]
+        )
+        policy_version = self.engine.policy_version
+
+        async def play(request: EpisodeRequest) -> Trajectory:
+            try:
+                return await self._play(request, queue, policy_version)
+            finally:
+                playing[0] -= 1
+
+        try:
+            trajectories = list(await asyncio.gather(*(play(r) for r in requests)))
+        finally:
+            await queue.close()
+        stats.env_seconds += 0.0  # env time is inside the programs' own time here
+        return trajectories, stats
+
+    async def _play(
+        self, request: EpisodeRequest, queue: GenerationQueue, policy_version: int
+    ) -> Trajectory:
+        ep = _Episode(request, EpisodeRecord(self.engine.tokenizer))
+        try:
+            reward = await self._episode(ep, queue)
+        except (OpenTinkerError, TimeoutError, AgentProgramError) as err:
+            reward = 0.0
+            if ep.finish is None:  # else a budget ended it, and the program failed on that
+                ep.finish, ep.detail = FinishReason.ENV_ERROR, str(err)
+        finally:
+            self.server.close(request.episode_id)
+            await close_session(request.session, request.episode_id)
+        if ep.finish is None and not ep.record.segments:
+            ep.finish, ep.detail = FinishReason.ENV_ERROR, "the agent program made no model call"
+        if ep.record.rewrites:
+            log.warning(
+                "agent_conversation_rewritten",
+                episode_id=request.episode_id,
+                rewrites=ep.record.rewrites,
+                segments=len(ep.record.segments),
+            )
+        return self._trajectory(ep, reward, policy_version)
+
+    async def _episode(self, ep: _Episode, queue: GenerationQueue) -> float:
+        """Reset, run the program, grade; the reward."""
+        session, request = ep.request.session, ep.request
+        reset = await session.reset(request.seed, self.config.env_options)
+        if problem := reset_problem(reset, self.config.max_observation_chars):
+            raise AgentProgramError(f"bad reset reply: {problem}")
+        ep.messages.append(ChatMessage("user", reset.observation))
+
+        async def complete(call: ChatRequest) -> dict[str, Any]:
+            return await self._complete(ep, call, queue)
+
+        base_url, api_key = self.server.open(request.episode_id, self.model_name, complete)
+        reward = await run_program(
+            self.program,
+            self.function,
+            self._threads,
+            base_url=base_url,
+            api_key=api_key,
+            task=reset.observation,
+            seed=request.seed,
+        )
+        if reward is not None:
+            ep.finish = ep.finish or FinishReason.ENV_DONE
+            return reward
+        outcome = await session.step(ep.last_text)  # the env grades the last answer
+        if problem := step_problem(outcome, self.config.max_observation_chars):
+            raise AgentProgramError(f"bad reply to the grading step: {problem}")
+        ep.info = dict(outcome.info)
+        ep.finish = ep.finish or FinishReason.ENV_DONE
+        return outcome.reward
+
+    async def _complete(
+        self, ep: _Episode, call: ChatRequest, queue: GenerationQueue
+    ) -> dict[str, Any]:
+        """One chat completion of the episode: generate, record, answer."""
+        if ep.record.calls >= self.max_turns:
+            ep.finish, ep.detail = FinishReason.MAX_TURNS, f"{ep.record.calls} turns"
+            raise CallRefusedError(
+                f"this episode's turn budget is spent ({self.max_turns} model calls, the "
+                "job's max_turns): answer now",
+                "max_turns_reached",
+            )
+        prompt = ep.record.prompt(call.messages, call.tools)
+        room = self.config.max_episode_tokens - len(prompt)
+        limit = min(self.config.sampling.max_new_tokens, room, call.token_cap or room)
+        if limit < 1:
+            ep.finish = FinishReason.MAX_TOKENS
+            ep.detail = f"{len(prompt)} tokens; max_episode_tokens={self.config.max_episode_tokens}"
+            raise CallRefusedError(
+                f"the conversation has {len(prompt)} tokens and the episode's budget is "
+                f"max_episode_tokens={self.config.max_episode_tokens}: no room to reply",
+                "context_length_exceeded",
+            )
+        completion = await queue.generate(prompt, limit)
+        ids = completion.token_ids
+        stopped = bool(ids) and ids[-1] == ep.record.eos
+        text = decode(self.engine.tokenizer, ids, skip_special_tokens=True)
+        message = reply_message(text, call.tool_names)
+        ep.record.add_reply(ids, completion.logprobs, message)
+        ep.last_text = text
+        ep.messages.extend(
+            ChatMessage(m.get("role", "user"), text_of(m.get("content")))
+            for m in call.messages[len(ep.messages) :]
+        )
+        ep.messages.append(ChatMessage("assistant", text))
+        body = completion_body(
+            self.model_name, message, finish_reason(message, stopped), len(prompt), len(ids)
+        )
+        return body
+
+    def _trajectory(self, ep: _Episode, reward: float, policy_version: int) -> Trajectory:
+        record = ep.record
+        info = ep.info | {
+            "agent_calls": str(record.calls),
+            "agent_segments": str(len(record.segments)),
+            "agent_rewrites": str(record.rewrites),
+        }
+        finish = ep.finish or FinishReason.ENV_ERROR
+        if not record.segments or not math.isfinite(reward):
+            return Trajectory(
+                episode_id=ep.request.episode_id,
+                group_index=ep.request.group_index,
+                token_ids=[],
+                prompt_length=0,
+                logprobs=[],
+                loss_mask=[],
+                reward=0.0,
+                num_turns=0,
+                finish_reason=FinishReason.ENV_ERROR,
+                finish_detail=ep.detail or "the agent program made no model call",
+                policy_version=policy_version,
+                info=info,
+                messages=ep.messages,
+            )
+        segment = record.segments[-1]
+        completion = segment.token_ids[segment.prompt_length :]
+        ends = segment.turn_ends or [len(completion)]
+        return Trajectory(
+            episode_id=ep.request.episode_id,
+            group_index=ep.request.group_index,
+            token_ids=segment.token_ids,
+            prompt_length=segment.prompt_length,
+            logprobs=segment.logprobs,
+            loss_mask=segment.loss_mask,
+            reward=reward,
+            num_turns=len(segment.turn_ends),
+            finish_reason=finish,
+            finish_detail=ep.detail,
+            completion_text=decode(self.engine.tokenizer, completion, skip_special_tokens=False),
+            policy_version=policy_version,
+            info=info,
+            messages=ep.messages,
+            turn_rewards=[0.0] * (len(ends) - 1) + [reward],
+            turn_ends=ends,
+        )
