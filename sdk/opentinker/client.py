@@ -280,15 +280,20 @@ class Client:
         timeout: float | None = None,
     ) -> Iterator[dict[str, Any]]:
         """An inference job's result rows from the first on, live (a late caller replays
-        them all), once each even when a retried attempt played an episode again. Raises
+        them all), once each even when a retried attempt played an episode again (an episode
+        keeps its id across attempts; its samples and roles have rows of their own). Raises
         JobFailedError unless the job SUCCEEDED."""
-        seen: set[int] = set()
+        seen: set[tuple[int, str, str]] = set()
         for event in self.watch(job_id, timeout=timeout):
             if on_event is not None:
                 on_event(event)
-            if event.kind == "row" and event.row["index"] not in seen:
-                seen.add(event.row["index"])
-                yield event.row
+            if event.kind != "row":
+                continue
+            row = event.row
+            key = (row["index"], row.get("episode_id", ""), row.get("role", ""))
+            if key not in seen:
+                seen.add(key)
+                yield row
         self._succeeded(job_id)
 
     def _succeeded(self, job_id: str) -> JobInfo:

@@ -28,6 +28,14 @@ console = Console()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.samples > 1 and args.temperature == 0:
+        raise ValueError(
+            f"--samples {args.samples}: greedy decoding plays every sample the same; "
+            "give a --temperature > 0 (e.g. 1.0) to estimate pass@k"
+        )
+    args.k = args.k or sorted({1, args.samples})
+    if max(args.k) > args.samples:
+        raise ValueError(f"--k {max(args.k)}: pass@k needs --samples >= k (it is {args.samples})")
     options = parse_env_options(args.option, args.split)
     runs = [("model", args.model, args.adapter)]
     if args.compare_adapter or args.compare_model:
@@ -72,13 +80,15 @@ def _spec(
             seed=args.seed,
             adapter_dir=adapter or "",
             greedy=greedy,
+            samples_per_episode=args.samples,
         ),
     )
 
 
 def _play(client: Client, spec: JobSpec, output: Path, label: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    total = spec.inference.episodes if spec.inference is not None else None
+    c = spec.inference
+    total = c.episodes * c.samples_per_episode if c is not None else None
     with Progress(console=console, transient=True) as progress, output.open("w") as out:
         task = progress.add_task(label, total=total)
         for row in client.infer(spec):
@@ -107,7 +117,13 @@ def add_eval_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--episodes", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--k", type=_ks, default=[1], help="pass@k for these k, e.g. 1,4")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="samples of each problem (pass@k up to k = this; needs --temperature > 0)",
+    )
+    p.add_argument("--k", type=_ks, default=None, help="pass@k for these k (default 1,SAMPLES)")
     p.add_argument("--seed", type=int, default=0, help="the same seed: the same episodes")
     p.add_argument("--output-dir", default="eval", help="model.jsonl (and compared.jsonl)")
     p.set_defaults(func=cmd_eval)

@@ -9,7 +9,7 @@ spec = JobSpec(
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from opentinker.common.v1 import common_pb2
 from opentinker.spec_agent import AgentProgram, agent_fields, agent_to_proto
@@ -41,6 +41,28 @@ class InferenceConfig(StrictModel):
     agent: AgentProgram | None = Field(
         None, description="An agent program plays each episode through the rollout's endpoint."
     )
+    samples_per_episode: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Times each episode (one env seed) is played: episodes x this many rows; "
+        "pass@k up to k = this.",
+    )
+
+    @model_validator(mode="after")
+    def _samples_fit(self) -> InferenceConfig:
+        rows = self.episodes * self.samples_per_episode
+        if rows > MAX_INFERENCE_EPISODES:
+            raise ValueError(
+                f"samples_per_episode: episodes x samples_per_episode is {rows}, more than "
+                f"{MAX_INFERENCE_EPISODES} rows; play fewer episodes or samples"
+            )
+        if self.samples_per_episode > 1 and self.greedy:
+            raise ValueError(
+                "samples_per_episode: greedy decoding plays every sample of an episode the "
+                "same; sample (greedy false, a temperature > 0) to estimate pass@k"
+            )
+        return self
 
 
 def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
@@ -56,13 +78,15 @@ def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
         adapter_dir=c.adapter_dir,
         greedy=c.greedy,
         agent=agent_to_proto(c.agent) if c.agent is not None else None,
+        samples_per_episode=c.samples_per_episode,
     )
 
 
 def inference_fields(c: common_pb2.InferenceConfig) -> dict:
     """The set fields of a wire InferenceConfig, as JobSpec input (unset = the default)."""
     data: dict = {"env_name": c.env_name, "env_options": dict(c.env_options)}
-    for key in ("episodes", "concurrency", "max_turns", "max_episode_tokens", "seed"):
+    keys = ("episodes", "concurrency", "max_turns", "max_episode_tokens", "seed")
+    for key in (*keys, "samples_per_episode"):
         if value := getattr(c, key):
             data[key] = value
     if c.adapter_dir:

@@ -285,13 +285,14 @@ class _RolloutStream:
         if kind == "collect":
             c = request.collect
             if c.evaluation:
-                if c.group_size not in (0, 1):
-                    return failed("an evaluation collect needs group_size 1", "INVALID_ARGUMENT")
+                if c.group_size < 0:
+                    return failed("an evaluation collect needs group_size >= 0", "INVALID_ARGUMENT")
                 batch = await self.session.evaluate(
                     c.batch_index,
                     c.num_groups,
                     first_episode=c.first_episode,
                     temperature=c.eval_temperature,
+                    samples=max(1, c.group_size),  # samples of each episode (pass@k)
                 )
             else:
                 batch = await self.session.collect(c.batch_index, c.num_groups, c.group_size)

@@ -182,9 +182,16 @@ class RolloutSession:
         return TrajectoryBatch(batch_index=batch_index, trajectories=trajectories, stats=stats)
 
     async def evaluate(
-        self, batch_index: int, episodes: int, *, first_episode: int, temperature: float
+        self,
+        batch_index: int,
+        episodes: int,
+        *,
+        first_episode: int,
+        temperature: float,
+        samples: int = 1,
     ) -> TrajectoryBatch:
-        """Play ``episodes`` evaluation episodes: seeds from the evaluation stream (episode
+        """Play ``episodes`` evaluation episodes, each ``samples`` times (sharing its env seed
+        and group_index: pass@k): seeds from the evaluation stream (episode
         ``first_episode + i``), env options merged with eval_env_options, temperature 0 =
         greedy. Env errors stay in the batch (never raised as a failed batch)."""
         engine = self.require_open("CollectTrajectories")
@@ -212,9 +219,10 @@ class RolloutSession:
         envhub = await self._episode_link(config)
         requests = []
         for i in range(first_episode, first_episode + episodes):
-            eid = f"{config.job_id}-v{batch_index}-e{i}"
             seed = eval_episode_seed(config.seed, i)
-            requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
+            for sample in range(samples):
+                eid = f"{config.job_id}-v{batch_index}-e{i}" + (f"-s{sample}" if sample else "")
+                requests.append(EpisodeRequest(eid, i, seed, envhub.session(eid), envhub.session))
         # The next training batch, reset ahead, may hold every slot of the env: freed meanwhile.
         ahead = await self._ahead.set_aside() if self._ahead is not None else None
         trajectories, stats = await loop.run(

@@ -92,13 +92,16 @@ class InferenceJob:
         )
         self.log.info("inference_started", engine=engine, episodes=c.episodes)
         temperature = 0.0 if c.greedy else c.sampling.temperature
-        for batch_index, first in enumerate(range(0, c.episodes, c.concurrency)):
+        samples = c.samples_per_episode  # each episode's samples are played in one batch
+        per_batch = max(1, c.concurrency // samples)
+        for batch_index, first in enumerate(range(0, c.episodes, per_batch)):
             rows = await self.rollout.evaluate(
                 batch_index=batch_index,
                 first_episode=first,
-                episodes=min(c.concurrency, c.episodes - first),
+                episodes=min(per_batch, c.episodes - first),
                 temperature=temperature,
                 timeout_s=self.settings.collect_timeout_s,
+                samples=samples,
             )
             for row in rows:
                 self.rows.append(row)

@@ -242,13 +242,15 @@ class GrpcRolloutSession:
         episodes: int,
         temperature: float,
         timeout_s: float,
+        samples: int = 1,
     ) -> list[dict[str, Any]]:
-        """Play evaluation episodes ``first_episode ..`` (temperature 0 = greedy); one result
-        row each (opentinker.inference_rows, texts cut to the wire limits), in episode order."""
+        """Play evaluation episodes ``first_episode ..`` (temperature 0 = greedy), each
+        ``samples`` times; one result row each (opentinker.inference_rows, texts cut to the
+        wire limits), in episode order."""
         request = rollout_pb2.CollectTrajectories(
             batch_index=batch_index,
             num_groups=episodes,
-            group_size=1,
+            group_size=samples,
             evaluation=True,
             first_episode=first_episode,
             eval_temperature=temperature,
@@ -256,10 +258,10 @@ class GrpcRolloutSession:
         await self._send(rollout_pb2.RolloutRequest(collect=request), timeout_s)
         batch = (await self._receive("batch", timeout_s)).batch
         games = len({t.episode_id for t in batch.trajectories})  # self-play: a row per role
-        if batch.batch_index != batch_index or games != episodes:
+        if batch.batch_index != batch_index or games != episodes * samples:
             raise RolloutError(
                 f"rollout at {self._address} answered evaluation batch {batch.batch_index} with "
-                f"{games} episodes, expected {batch_index} with {episodes}"
+                f"{games} episodes, expected {batch_index} with {episodes * samples}"
             )
         return [eval_row(t, self._seed) for t in batch.trajectories]
 

@@ -31,6 +31,7 @@ class EvalRollout(Protocol):
         episodes: int,
         temperature: float,
         timeout_s: float,
+        samples: int = 1,
     ) -> list[dict[str, Any]]: ...
 
 
