@@ -232,3 +232,40 @@ def test_up_and_demo_register_the_tiny_model(redis_url: str, tmp_path: Path) -> 
             assert model.parameters > 100_000 and model.context_length > 0
 
     run(main)
+
+
+def test_models_import_register_puts_the_gguf_in_the_catalog(
+    redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`opentinker models import F.gguf --out DIR --register`: the import's figures (the
+    file's architecture, parameters, context and chat template) become the catalog entry."""
+    from gguf_files import tiny_llama, write_llama_gguf
+
+    gguf_file = write_llama_gguf(tmp_path / "m.gguf", tiny_llama())
+    out = tmp_path / "imported"
+
+    async def main() -> None:
+        settings = SchedulerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.2)
+        async with running_scheduler(settings, stop_grace_s=0.2) as running:
+            admin_key = await api_key(
+                running.stores.identity, tenant="system", user="root", admin=True
+            )
+
+            def import_and_list() -> list[ModelInfo]:
+                code, said = _cli(
+                    capsys,
+                    *("--scheduler", running.address, "--api-key", admin_key, "models"),
+                    *("import", str(gguf_file), "--out", str(out), "--register"),
+                    *("--name", "tiny-llama"),
+                )
+                assert code == 0, said
+                assert '"base_model": "tiny-llama"' in said
+                with Client(running.address, api_key=admin_key) as client:
+                    return client.models()
+
+            (model,) = await asyncio.to_thread(import_and_list)
+            assert (model.name, model.location) == ("tiny-llama", str(out.resolve()))
+            assert model.architecture == "llama" and model.parameters > 0
+            assert model.has_chat_template and model.description.endswith("from m.gguf")
+
+    run(main)
