@@ -63,7 +63,7 @@ def test_plain_template_plays_multi_turn_episodes(bare_model_dir: Path) -> None:
     observation = chat.observation_ids("Now 242, go on.")
     assert tokenizer.decode(observation) == "\n\nUser: Now 242, go on.\n\nAssistant:"
     completion = t.token_ids[t.prompt_length :]
-    env_text = tokenizer.decode([i for i, m in zip(completion, t.loss_mask) if m == 0])
+    env_text = tokenizer.decode([i for i, m in zip(completion, t.loss_mask, strict=True) if m == 0])
     assert "\n\nUser: " in env_text and env_text.endswith("\n\nAssistant:")
     assert t.loss_mask[0] == 1 and tokenizer.eos_token_id in completion
 
