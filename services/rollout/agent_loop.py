@@ -85,9 +85,12 @@ class AgentLoop:
             if self.env.roles
             else None
         )
-        # A job with an agent program: it plays each episode through the endpoint.
+        # A job with an agent program: it plays each episode through the endpoint; its model
+        # calls are capped by the job's max_turns (the env's own limit counts env steps).
         self.agent_programs = (
-            AgentProgramLoop(engine, config, config.agent, self.max_turns) if config.agent else None
+            AgentProgramLoop(engine, config, config.agent, turn_limit(config.max_turns, 0))
+            if config.agent
+            else None
         )
         if self.env.tools and not self.chat.renders_tools():
             log.warning(

@@ -16,7 +16,8 @@ from ..loop_config import LoopConfig
 from ..seeds import derive_seed
 from ..types import Completion, RolloutStats
 
-DEFAULT_WAIT_S = 0.005  # the longest a call waits for company when batch_wait_s is unset
+DEFAULT_WAIT_S = 0.005  # the least a call waits for company when batch_wait_s is unset
+FIRST_WAIT_S = 0.5  # the first call of a run waits (at most) for the other programs to start
 
 
 @dataclass
@@ -67,8 +68,8 @@ class GenerationQueue:
             await with_cancel
 
     async def _serve(self) -> None:
-        wait_s = self.config.batch_wait_s or DEFAULT_WAIT_S
         while self._pending:
+            wait_s = self._wait_s()
             deadline = time.monotonic() + wait_s
             while len(self._pending) < self.waiting_for() and time.monotonic() < deadline:
                 self._arrived.clear()
@@ -78,6 +79,16 @@ class GenerationQueue:
                     break
             batch, self._pending = self._pending, []
             await self._run(batch)
+
+    def _wait_s(self) -> float:
+        """How long a call waits for the others: batch_wait_s, else half the mean engine call
+        so far (as the agent loop's scheduler waits): an agent program's next call comes
+        after an HTTP round trip, its client and its own code, later than a loop's turn."""
+        if self.config.batch_wait_s is not None:
+            return self.config.batch_wait_s
+        if not self.engine_calls:  # the programs are starting (threads, clients): wait more
+            return FIRST_WAIT_S
+        return max(DEFAULT_WAIT_S, 0.5 * self.stats.generate_seconds / self.engine_calls)
 
     async def _run(self, batch: list[_Call]) -> None:
         sampling = self.config.sampling.model_copy(
