@@ -40,6 +40,9 @@ class Episode:
     images: tuple[ImageInput, ...] = ()
     role: str = ""  # multi-agent env: the role whose view this is ('' = one agent)
     episode_id: str = ""  # the game it comes from (a self-play game gives one per role)
+    # Agent-program episodes (rollout agent_endpoint): calls whose conversation the agent had
+    # rewritten, so they started a new token segment; None = played by the agent loop.
+    agent_rewrites: int | None = None
 
     @property
     def completion_length(self) -> int:

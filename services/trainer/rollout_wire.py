@@ -98,4 +98,5 @@ def episode_from_proto(t: rollout_pb2.Trajectory) -> Episode:
         images=tuple(ImageInput(i.data, i.mime_type) for i in t.images),
         role=t.role,
         episode_id=t.episode_id,
+        agent_rewrites=int(t.info["agent_rewrites"]) if "agent_rewrites" in t.info else None,
     )

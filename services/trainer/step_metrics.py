@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
@@ -100,4 +101,12 @@ def step_metrics(
             rewards, [e.num_turns for e in episodes], [e.outcome for e in episodes]
         ),
         **role_reward_means(episodes),  # multi-agent self-play only
+        **agent_metrics(batch.episodes),  # agent-program episodes only
     }
+
+
+def agent_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Agent-program jobs: ``agent_rewrites``, the calls of the batch that could not continue
+    their episode's token segment (the agent rewrote its conversation; not trained on)."""
+    rewrites = [e.agent_rewrites for e in episodes if e.agent_rewrites is not None]
+    return {"agent_rewrites": float(sum(rewrites))} if rewrites else {}
