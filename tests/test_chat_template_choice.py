@@ -83,3 +83,19 @@ def test_the_choice_is_validated_and_travels(bare_model_dir: Path) -> None:
     assert (admitted.model.base_model, admitted.model.chat_template) == ("/m/gemma", "plain")
     assert admit_model(to_proto(spec), [entry.__class__(name="m")]).model.chat_template == jinja
     assert isinstance(admitted, common_pb2.JobSpec)
+
+
+def test_a_job_with_a_chosen_template_gets_a_rollout_of_its_own() -> None:
+    """A shared LoRA engine renders with its base tokenizer's template: a job that chose
+    another does not join it (it would be refused there, its choice unseen)."""
+    from opentinker.services.worker.shared_rollouts import shares_engine
+
+    def job(chat_template: str) -> common_pb2.Job:
+        spec = JobSpec(
+            model=ModelSpec(base_model="/m/gemma", chat_template=chat_template),
+            rl=RlConfig(env_name="letter"),
+        )
+        return common_pb2.Job(job_id="job-1", spec=to_proto(spec))
+
+    assert shares_engine(job(""), ["w/cpu:0"])
+    assert not shares_engine(job("plain"), ["w/cpu:0"])

@@ -49,12 +49,15 @@ def lease_kind(device_ids: list[str]) -> str | None:
 
 def shares_engine(job: common_pb2.Job, device_ids: list[str]) -> bool:
     """Whether a job may join a shared engine: LoRA RL training on CPU devices (peft's mixed
-    batches) or on CUDA devices (vLLM's multi-LoRA; peft's without vllm), not both."""
+    batches) or on CUDA devices (vLLM's multi-LoRA; peft's without vllm), not both. A shared
+    engine renders with its base tokenizer's own chat template, so a job that chose another
+    (``ModelSpec.chat_template``) gets a rollout of its own."""
     spec = job.spec
     return (
         spec.kind == common_pb2.JOB_KIND_RL
         and spec.model.finetune == common_pb2.FINETUNE_MODE_LORA
         and bool(spec.model.base_model)
+        and not spec.model.chat_template
         and lease_kind(device_ids) is not None
     )
 
