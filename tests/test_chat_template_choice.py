@@ -99,3 +99,19 @@ def test_a_job_with_a_chosen_template_gets_a_rollout_of_its_own() -> None:
 
     assert shares_engine(job(""), ["w/cpu:0"])
     assert not shares_engine(job("plain"), ["w/cpu:0"])
+
+
+def test_a_choice_does_not_outlive_its_job_on_a_reused_tokenizer(bare_model_dir: Path) -> None:
+    """A process that keeps its loaded tokenizer for the next job (a warm or reused one) gives
+    the next job the tokenizer's own template back, not the last job's choice."""
+    from transformers import AutoTokenizer
+
+    from opentinker.services.modeling.template_choice import use_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(bare_model_dir)
+    use_chat_template(tokenizer, "plain")
+    assert tokenizer.chat_template == PLAIN_CHAT_TEMPLATE
+    use_chat_template(tokenizer, "")
+    assert not tokenizer.chat_template
+    with pytest.raises(ValueError, match="model.chat_template"):
+        ChatFormat(tokenizer)

@@ -21,12 +21,16 @@ NO_TEMPLATE_HINT = (
 )
 
 
+_OWN = "opentinker_own_chat_template"  # the template the tokenizer was loaded with
+
+
 def use_chat_template(tokenizer: Any, choice: str) -> None:
     """Give ``tokenizer`` (a transformers tokenizer) the template ``choice`` names; ``""``
-    leaves it as it is."""
+    gives it back the one it was loaded with (a process that serves one job after another
+    with one loaded tokenizer must not pass a job's choice on to the next)."""
+    if not hasattr(tokenizer, _OWN):
+        setattr(tokenizer, _OWN, getattr(tokenizer, "chat_template", None))
     text = chat_template_text(choice)
-    if text is None:
-        return
-    had = bool(getattr(tokenizer, "chat_template", None))
-    tokenizer.chat_template = text
-    log.info("chat_template_chosen", choice=choice if len(choice) < 40 else "jinja", replaced=had)
+    tokenizer.chat_template = getattr(tokenizer, _OWN) if text is None else text
+    if text is not None:
+        log.info("chat_template_chosen", choice=choice if len(choice) < 40 else "jinja")
