@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opentinker import InferenceConfig
+from opentinker import Client, InferenceConfig
 from opentinker.eval_stats import evaluate, paired_difference
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.rollout.seeds import eval_episode_seed
@@ -73,6 +73,8 @@ def test_opentinker_eval_samples_each_problem_through_the_mesh(
             timeout=240,
             env={**os.environ, "OPENTINKER_API_KEY": mesh.api_key, "COLUMNS": "200"},
         )
+        with Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
+            (job,) = list(client.list_jobs())
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [
         json.loads(line) for line in (tmp_path / "eval" / "model.jsonl").read_text().splitlines()
@@ -83,3 +85,6 @@ def test_opentinker_eval_samples_each_problem_through_the_mesh(
         assert row["env_seed"] == eval_episode_seed(5, row["index"])
     said = " ".join(out.stdout.split())
     assert "pass@1" in said and "pass@4" in said and "(3 problems, 4 samples each)" in said
+    # The job's own result carries them too
+    assert job.final_metrics["pass@4"] == pytest.approx(evaluate(rows, ks=(4,)).pass_at[4])
+    assert job.final_metrics["episodes"] == 12

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import structlog
 
 from opentinker.errors import EnvironmentError_, OpenTinkerError
+from opentinker.eval_stats import pass_at_k
 from opentinker.inference_rows import ENV_ERROR, summarize
 from opentinker.spec import InferenceConfig, JobSpec
 
@@ -115,6 +116,9 @@ class InferenceJob:
                 "check the environment server"
             )
         summary = summarize(self.rows).metrics()
+        if samples > 1:  # several samples of each episode: pass@k, as `opentinker eval` prints
+            for k in sorted({1, samples}):
+                summary[f"pass@{k}"] = pass_at_k(self.rows, k) or 0.0
         await self.reporter.report_result("", summary)
         self.log.info("job_succeeded", **summary)
         return Outcome.SUCCEEDED
