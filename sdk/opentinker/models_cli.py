@@ -102,6 +102,12 @@ def cmd_models_import(args: argparse.Namespace) -> int:
         f"{', chat template' if info.chat_template else ', no chat template'}) to {args.out}",
         highlight=False,
     )
+    if not info.chat_template and not args.chat_template:
+        console.print(
+            "it ships no chat template: a job of it needs model.chat_template ('plain', or a "
+            "Jinja template), or register it with --chat-template plain",
+            highlight=False,
+        )
     if not args.register:
         console.print(f'use it as  "model": {{"base_model": "{out}"}}', highlight=False)
         return 0
