@@ -1,0 +1,153 @@
+"""Episodes/s of a multi-turn task played through the rollout's per-episode OpenAI-compatible
+endpoint (an agent program with the openai client) vs the same task through Reset/Step (the
+agent loop), one run, same engine, same env.
+
+The task: ``--turns`` model turns of at most ``--new-tokens`` tokens each; after each turn
+but the last, a user message ("Turn k: go on.") comes back — from the env's Step on the
+Reset/Step path, from the agent program itself on the endpoint path — and the env grades the
+last answer. The env runs in-process on both paths, so the figure isolates the endpoint's
+hop: HTTP, the openai client, the program's thread and the prefix matching. Rounds alternate
+the two paths; each prints episodes/s; the last line is the ratio (target >= 0.8).
+
+    .venv/bin/python bench/agent_endpoint.py [--episodes 16] [--turns 4] [--rounds 3]
+        [--agent turns_agent | turns_agent_async]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import openai
+from arguments import positive_int  # bench/ is sys.path[0]
+
+from opentinker.services.modeling.tiny_model import ensure_tiny_model
+from opentinker.services.rollout.agent_loop import AgentLoop
+from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.types import FinishReason, ResetResult, StepOutcome
+from opentinker.spec import ModelSpec, SamplingParams
+from opentinker.spec_agent import AgentProgram
+
+TURNS = 4  # set from --turns before any episode plays
+
+
+def follow_up(turn: int) -> str:
+    return f"Turn {turn}: go on."
+
+
+class TurnsEnv:
+    """An in-process env session: ``TURNS`` steps, a follow-up message after each but the
+    last; reward 1 for a non-empty answer."""
+
+    def __init__(self, *, grade_only: bool) -> None:
+        self.grade_only, self.steps = grade_only, 0
+
+    async def reset(self, seed: int, options: Mapping[str, str]) -> ResetResult:
+        return ResetResult("", f"Task {seed}: say something, {TURNS} times.")
+
+    async def step(self, action: str, tool_calls: object = None) -> StepOutcome:
+        self.steps += 1
+        done = self.grade_only or self.steps >= TURNS
+        return StepOutcome(follow_up(self.steps), float(bool(action.strip())), done)
+
+    async def close(self) -> None:
+        return None
+
+
+def turns_agent(*, base_url: str, api_key: str, task: str, seed: int) -> None:
+    """The same task as an agent program: TURNS calls, the follow-up between them."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": task}]
+    for turn in range(1, TURNS + 1):
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        if turn < TURNS:
+            messages.append({"role": "user", "content": follow_up(turn)})
+
+
+async def turns_agent_async(*, base_url: str, api_key: str, task: str, seed: int) -> None:
+    """The same program with the async client: awaited in the rollout's loop, no thread."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": task}]
+    for turn in range(1, TURNS + 1):
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        if turn < TURNS:
+            messages.append({"role": "user", "content": follow_up(turn)})
+
+
+async def play(
+    engine: TransformersEngine, args: argparse.Namespace, endpoint: bool
+) -> tuple[float, float]:
+    """Episodes/s of one batch of ``--episodes`` episodes on one path, and the model tokens
+    per episode (sampling differs between the paths: the token counts tell how much)."""
+    config = LoopConfig(
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens),
+        max_turns=TURNS,
+        max_episode_tokens=4096,
+        agent=AgentProgram(callable=f"agent_endpoint:{args.agent}") if endpoint else None,
+    )
+    loop = AgentLoop(engine, config)
+    requests = [
+        EpisodeRequest(f"ep-{n}", n, n, TurnsEnv(grade_only=endpoint)) for n in range(args.episodes)
+    ]
+    started = time.perf_counter()
+    trajectories, stats = await loop.run(requests, seed=1)
+    elapsed = time.perf_counter() - started
+    if loop.agent_programs is not None:
+        await loop.agent_programs.close()
+    bad = [t.finish_detail for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
+    turns = {t.num_turns for t in trajectories}
+    if bad or turns != {TURNS}:
+        raise SystemExit(f"the episodes did not play {TURNS} turns: {turns}, errors {bad[:2]}")
+    return len(trajectories) / elapsed, stats.generated_tokens / len(trajectories)
+
+
+def main() -> None:
+    global TURNS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=positive_int, default=16)
+    parser.add_argument("--turns", type=positive_int, default=4)
+    parser.add_argument("--new-tokens", type=positive_int, default=16)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument(
+        "--agent",
+        choices=("turns_agent", "turns_agent_async"),
+        default="turns_agent",
+        help="the program: the sync openai client (in a thread) or the async one",
+    )
+    args = parser.parse_args()
+    TURNS = args.turns
+    model_dir = ensure_tiny_model(Path(tempfile.gettempdir()) / "opentinker-bench-tiny-qwen2")
+    engine = TransformersEngine.load(ModelSpec(base_model=str(model_dir), finetune="full"))
+    rates: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
+    tokens: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
+    asyncio.run(play(engine, args, endpoint=True))  # warm-up: imports, server start, caches
+    asyncio.run(play(engine, args, endpoint=False))
+    for _ in range(args.rounds):
+        for name in rates:
+            rate, per_episode = asyncio.run(play(engine, args, endpoint=name == "endpoint"))
+            rates[name].append(rate)
+            tokens[name].append(per_episode)
+    print(
+        f"{args.episodes} episodes x {TURNS} turns x <= {args.new_tokens} tokens, tiny model, "
+        f"agent {args.agent}"
+    )
+    for name, values in rates.items():
+        print(
+            f"{name:>10}: {statistics.median(values):7.2f} episodes/s (median of {args.rounds}), "
+            f"{statistics.mean(tokens[name]):.1f} model tokens per episode"
+        )
+    ratio = statistics.median(rates["endpoint"]) / statistics.median(rates["reset/step"])
+    print(f"endpoint / reset-step: {ratio:.2f}x (target >= 0.8x)")
+
+
+if __name__ == "__main__":
+    main()
