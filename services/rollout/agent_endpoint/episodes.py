@@ -69,6 +69,7 @@ class AgentProgramLoop:
         self.model_name = getattr(engine, "model_name", "") or "opentinker-policy"
 
     async def close(self) -> None:
+        """Stop a server still serving (a run cut short) and the programs' threads."""
         await self.server.stop()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
@@ -93,7 +94,7 @@ class AgentProgramLoop:
             trajectories = list(await asyncio.gather(*(play(r) for r in requests)))
         finally:
             await queue.close()
-        stats.env_seconds += 0.0  # env time is inside the programs' own time here
+            await self.server.stop()  # served per run: an evaluation's loop leaves nothing
         return trajectories, stats
 
     async def _play(

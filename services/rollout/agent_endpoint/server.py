@@ -74,7 +74,9 @@ class EndpointServer:
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+        )
         self._server = _QuietServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
