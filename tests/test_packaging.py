@@ -93,8 +93,8 @@ def test_wheel_holds_sdk_stubs_and_services(tmp_path: Path) -> None:
     for name in dockerfile_copies():
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, ignore=PYCACHE)
-        else:
-            shutil.copy(ROOT / name, source / name)
+        else:  # a file COPYed into the work dir lands there by its base name
+            shutil.copy(ROOT / name, source / Path(name).name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True,
