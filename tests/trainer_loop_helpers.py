@@ -77,6 +77,7 @@ class Mesh:
     job_token: str
     job_id: str  # the one job the rollout admits (its token's)
     engines: list[TransformersEngine] = field(default_factory=list)
+    envhub_address: str = ""  # to serve more envs (opentinker.env_server.serve)
 
 
 @asynccontextmanager
@@ -120,6 +121,7 @@ async def mesh(
             job_token,
             job_id,
             engines,
+            f"127.0.0.1:{envhub_port}",
         )
     finally:
         for server in (scheduler, rollout, envhub):

@@ -129,6 +129,22 @@ class RlConfig(_Strict):
         "0 = no weights.",
     )
 
+    max_env_error_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="The job fails, naming the env and its errors, when more than this share "
+        "of the episodes of the last env_error_window steps ended in an env error (raised, "
+        "timed out, a NaN reward, an oversized observation, unreachable); 1 = never.",
+    )
+    env_error_window: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Steps over which max_env_error_fraction is judged (a job shorter than "
+        "this is judged over all its steps at its last).",
+    )
+
     @model_validator(mode="after")
     def _algorithm_fits(self) -> RlConfig:
         problems = []
@@ -206,6 +222,8 @@ _RL_OPTIONAL = (
     "max_staleness",
     "max_padding_fraction",
     "tis_cap",
+    "max_env_error_fraction",
+    "env_error_window",
 )
 _LOSS_TO_PB = {
     "grpo": common_pb2.LOSS_KIND_GRPO,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from opentinker.errors import OpenTinkerError
+from opentinker.errors import EnvironmentError_, OpenTinkerError
 from opentinker.jobs import RL_FINAL_REWARD
 from opentinker.services.common.env_stats import TruncationWatch
 from opentinker.spec import JobSpec, RlConfig
@@ -26,6 +26,7 @@ from . import checkpoints
 from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
+from .env_error_watch import EnvErrorWatch
 from .errors import CheckpointError
 from .job_types import (
     Outcome,
@@ -98,6 +99,7 @@ class RlLoop:
         self.rewards: list[float] = []
         self._truncation = TruncationWatch()  # warns once per job of cut-short episodes
         self._probe_shift = ProbeShiftWatch()  # warns once per job of a probe that can't tell
+        self._env_errors = EnvErrorWatch(self.rl)  # env_error_watch.py
         self.log = log.bind(job_id=job_id, env=self.rl.env_name)
         self.validation = Validation(self.rl, timeout_s=settings.collect_timeout_s)
         self.update_config = UpdateConfig.from_rl(self.rl, policy_dtype=policy.dtype)
@@ -246,7 +248,14 @@ class RlLoop:
         if warning := self._truncation.warning(self.step, [e.truncated_by for e in episodes]):
             self.log.warning("episodes_truncated", step=self.step, message=warning)
             await self.reporter.report_log(warning)
+        env_errors = self._env_errors.observe(batch, self.step)
+        if env_errors.line:
+            self.log.warning("env_errors", step=self.step, message=env_errors.line)
+            await self.reporter.report_log(env_errors.line)
         await self._publish(metrics, loss=stats.loss)
+        if env_errors.failure:  # the step's figures reach the event stream first
+            await self.reports.flush()
+            raise EnvironmentError_(env_errors.failure)
         return self.reports.stop_requested
 
     def _update(self, episodes: list[Episode]) -> TrainStats:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from opentinker.services.common.env_errors import EnvErrorTally, env_error_metrics, tally
 from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
 
 from .batch import CollectedBatch, Episode
@@ -83,7 +84,8 @@ def step_metrics(
         "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
         / len(episodes),
         "episodes": float(len(episodes)),
-        "env_errors": float(len(batch.episodes) - len(episodes)),
+        # env_errors, env_error_frac, env_errors/<kind> (common/env_errors.py)
+        **env_error_metrics(batch_env_errors(batch)),
         # Share ended by max_turns / max_episode_tokens rather than by the env (done).
         "episodes_truncated_frac": truncated_fraction([e.truncated_by for e in episodes]),
         "time_generate_s": batch.generate_seconds,
@@ -103,6 +105,12 @@ def step_metrics(
         **role_reward_means(episodes),  # multi-agent self-play only
         **agent_metrics(batch.episodes),  # agent-program episodes only
     }
+
+
+def batch_env_errors(batch: CollectedBatch) -> EnvErrorTally:
+    """The batch's ENV_ERROR episodes: how many of all, their kinds, the first reason."""
+    failed = [e.finish_detail for e in batch.episodes if e.env_error]
+    return tally(failed, len(batch.episodes))
 
 
 def agent_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

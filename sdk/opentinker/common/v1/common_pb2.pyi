@@ -165,7 +165,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class RlConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction", "old_logprobs", "tis_cap", "agent")
+    __slots__ = ("env_name", "env_options", "steps", "prompts_per_step", "samples_per_prompt", "learning_rate", "loss", "clip_epsilon", "sampling", "max_turns", "max_episode_tokens", "seed", "stop_at_reward", "checkpoint_every", "loss_normalization", "ppo_epochs", "minibatch_size", "kl_coef", "kl_estimator", "kl_in_reward", "entropy_coef", "warmup_steps", "lr_schedule", "weight_decay", "max_grad_norm", "gamma", "gae_lambda", "critic_learning_rate", "micro_batch_tokens", "val_every", "val_episodes", "val_temperature", "val_env_options", "val_first_episode", "max_staleness", "role_adapters", "max_padding_fraction", "old_logprobs", "tis_cap", "max_env_error_fraction", "env_error_window", "agent")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,8 @@ class RlConfig(_message.Message):
     MAX_PADDING_FRACTION_FIELD_NUMBER: _ClassVar[int]
     OLD_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TIS_CAP_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENV_ERROR_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERROR_WINDOW_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     env_name: str
     env_options: _containers.ScalarMap[str, str]
@@ -259,11 +261,13 @@ class RlConfig(_message.Message):
     max_padding_fraction: float
     old_logprobs: OldLogprobs
     tis_cap: float
+    max_env_error_fraction: float
+    env_error_window: int
     agent: AgentProgram
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogprobs, str]] = ..., tis_cap: _Optional[float] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ...) -> None: ...
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., learning_rate: _Optional[float] = ..., loss: _Optional[_Union[LossKind, str]] = ..., clip_epsilon: _Optional[float] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., stop_at_reward: _Optional[float] = ..., checkpoint_every: _Optional[int] = ..., loss_normalization: _Optional[_Union[LossNormalization, str]] = ..., ppo_epochs: _Optional[int] = ..., minibatch_size: _Optional[int] = ..., kl_coef: _Optional[float] = ..., kl_estimator: _Optional[_Union[KlEstimator, str]] = ..., kl_in_reward: _Optional[bool] = ..., entropy_coef: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., weight_decay: _Optional[float] = ..., max_grad_norm: _Optional[float] = ..., gamma: _Optional[float] = ..., gae_lambda: _Optional[float] = ..., critic_learning_rate: _Optional[float] = ..., micro_batch_tokens: _Optional[int] = ..., val_every: _Optional[int] = ..., val_episodes: _Optional[int] = ..., val_temperature: _Optional[float] = ..., val_env_options: _Optional[_Mapping[str, str]] = ..., val_first_episode: _Optional[int] = ..., max_staleness: _Optional[int] = ..., role_adapters: _Optional[_Union[RoleAdapters, str]] = ..., max_padding_fraction: _Optional[float] = ..., old_logprobs: _Optional[_Union[OldLogprobs, str]] = ..., tis_cap: _Optional[float] = ..., max_env_error_fraction: _Optional[float] = ..., env_error_window: _Optional[int] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ...) -> None: ...
 
 class InferenceConfig(_message.Message):
-    __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy", "agent", "samples_per_episode")
+    __slots__ = ("env_name", "env_options", "episodes", "concurrency", "sampling", "max_turns", "max_episode_tokens", "seed", "adapter_dir", "greedy", "max_env_error_fraction", "agent", "samples_per_episode")
     class EnvOptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +285,7 @@ class InferenceConfig(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_DIR_FIELD_NUMBER: _ClassVar[int]
     GREEDY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENV_ERROR_FRACTION_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_EPISODE_FIELD_NUMBER: _ClassVar[int]
     env_name: str
@@ -293,9 +298,10 @@ class InferenceConfig(_message.Message):
     seed: int
     adapter_dir: str
     greedy: bool
+    max_env_error_fraction: float
     agent: AgentProgram
     samples_per_episode: int
-    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., episodes: _Optional[int] = ..., concurrency: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., greedy: _Optional[bool] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ..., samples_per_episode: _Optional[int] = ...) -> None: ...
+    def __init__(self, env_name: _Optional[str] = ..., env_options: _Optional[_Mapping[str, str]] = ..., episodes: _Optional[int] = ..., concurrency: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_turns: _Optional[int] = ..., max_episode_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., adapter_dir: _Optional[str] = ..., greedy: _Optional[bool] = ..., max_env_error_fraction: _Optional[float] = ..., agent: _Optional[_Union[AgentProgram, _Mapping]] = ..., samples_per_episode: _Optional[int] = ...) -> None: ...
 
 class SftConfig(_message.Message):
     __slots__ = ("dataset_path", "validation_fraction", "validation_path", "epochs", "steps", "learning_rate", "max_tokens_per_batch", "packing", "max_sequence_length", "seed", "checkpoint_every", "eval_every", "max_grad_norm")

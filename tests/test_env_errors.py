@@ -1,0 +1,193 @@
+"""Env trouble is visible and bounded (issue 34): every RL step reports its env errors (how
+many, their share, their kinds, the first reason) and a job whose env error share passes
+RlConfig.max_env_error_fraction over its window fails naming the env and the reasons.
+
+The pure parts by hand; the loop against the real mesh (trainer_loop_helpers.py) with
+``flaky``, an SDK game served for real that fails every 4th episode, in turn by raising, by a
+NaN reward and by an oversized observation (25% of the episodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+from identity_service import Identities
+from trainer_loop_helpers import job_spec, mesh, run_loop
+
+from opentinker.env_server import serve
+from opentinker.game import AbstractGame, StepResult
+from opentinker.services.common.env_errors import (
+    EnvErrorWindow,
+    env_error_kind,
+    env_error_metrics,
+    tally,
+)
+from opentinker.services.trainer.loop import Outcome
+from opentinker.spec import JobSpec, from_proto, to_proto
+
+
+def test_reasons_the_rollout_records_sort_into_kinds() -> None:
+    assert env_error_kind("bad reply to step 1: the step reply has a non-finite reward (nan)") == (
+        "bad_reward"
+    )
+    assert env_error_kind("bad reply to step 1: the step observation has 20000 characters, "
+                          "more than max_observation_chars=16384") == "oversized"  # fmt: skip
+    assert env_error_kind("step 1 failed: DEADLINE_EXCEEDED: env 'x' took 30 s") == "timeout"
+    assert env_error_kind("reset failed: environment 'x' is not registered") == "unreachable"
+    assert env_error_kind("bad reset reply: ... (missing fields)") == "bad_reply"
+    assert env_error_kind("step 2 failed: INTERNAL: ZeroDivisionError: division by zero") == (
+        "raise"
+    )
+
+
+def test_a_tally_counts_kinds_and_keeps_the_first_reason() -> None:
+    t = tally(["step 1 failed: boom", "bad reply to step 1: non-finite reward (nan)"], 8)
+    assert (t.errors, t.episodes, t.first_reason) == (2, 8, "step 1 failed: boom")
+    m = env_error_metrics(t)
+    assert m["env_errors"] == 2.0 and m["env_error_frac"] == 0.25  # 2 / 8
+    assert m["env_errors/raise"] == 1.0 and m["env_errors/bad_reward"] == 1.0
+    assert m["env_errors/timeout"] == 0.0  # every kind, from the first step on
+
+
+def test_the_window_fails_only_when_full_and_over_the_fraction() -> None:
+    w = EnvErrorWindow(env_name="flaky", max_fraction=0.2, window=3)
+    assert w.add(tally(["step 1 failed: boom"] * 4, 8)) == ""  # 50%, but one step of three
+    assert w.add(tally([], 8)) == ""
+    reason = w.add(tally([], 8))  # 4 of 24 = 17%: under 0.2
+    assert reason == ""
+    reason = w.add(tally(["step 1 failed: boom", "step 1 failed: bang"], 8))  # 6 of 24 = 25%
+    assert reason == ""  # the first step left the window: 2 of 24
+    short = EnvErrorWindow(env_name="flaky", max_fraction=0.2, window=5)
+    reason = short.add(tally(["step 1 failed: boom", "x DEADLINE_EXCEEDED"], 8), final=True)
+    assert "env 'flaky' failed 2 of 8 episodes (25%)" in reason
+    assert "max_env_error_fraction=0.2" in reason and "first: step 1 failed: boom" in reason
+    assert "raise 1" in reason and "timeout 1" in reason
+    with pytest.raises(ValueError, match="window"):
+        EnvErrorWindow(env_name="x", max_fraction=0.2, window=0)
+
+
+def test_the_bound_travels_with_the_spec_and_bad_values_name_the_field(
+    tiny_model_dir: Path,
+) -> None:
+    spec = job_spec(tiny_model_dir, max_env_error_fraction=0.5, env_error_window=4)
+    back = from_proto(to_proto(spec))
+    assert back.rl is not None
+    assert (back.rl.max_env_error_fraction, back.rl.env_error_window) == (0.5, 4)
+    default = from_proto(to_proto(job_spec(tiny_model_dir)))
+    assert default.rl is not None and default.rl.max_env_error_fraction == 0.2
+    with pytest.raises(ValueError, match="max_env_error_fraction"):
+        job_spec(tiny_model_dir, max_env_error_fraction=1.5)
+    with pytest.raises(ValueError, match="env_error_window"):
+        job_spec(tiny_model_dir, env_error_window=0)
+
+
+class Flaky(AbstractGame):
+    """Every 4th episode fails at its step: it raises, replies a NaN reward, or an oversized
+    observation, in turn; the others end with reward 1 for an answer starting with 'a'."""
+
+    name = "flaky"
+    played = itertools.count()
+
+    def get_system_prompt(self) -> str:
+        return "Say a letter."
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.n = next(Flaky.played)
+        return "Letter?"
+
+    def step(self, action: str) -> StepResult:
+        if self.n % 4 == 3:
+            kind = (self.n // 4) % 3
+            if kind == 0:
+                raise RuntimeError(f"flaky fell over in episode {self.n}")
+            if kind == 1:
+                return StepResult("ok", math.nan, True)
+            return StepResult("x" * 200_000, 0.0, False)
+        return StepResult("", float(action.strip().startswith("a")), True)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(letter_model_dir: Path) -> Path:
+    return letter_model_dir
+
+
+async def run_flaky(identities: Identities, spec: JobSpec, tmp_path: Path):  # noqa: ANN201
+    async with mesh(identities) as m:
+        handle = await asyncio.to_thread(serve, Flaky, envhub_address=m.envhub_address, block=False)
+        try:
+            outcome, _, _ = await run_loop(m, spec, tmp_path)
+        finally:
+            handle.stop()
+        return outcome, m.scheduler
+
+
+def test_each_step_reports_its_env_errors_kinds_and_first_reason(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = job_spec(tiny_model_dir, env_name="flaky", env_options={}, steps=2,
+                    max_env_error_fraction=0.5, env_error_window=2)  # fmt: skip
+    outcome, scheduler = asyncio.run(run_flaky(identities, spec, tmp_path))
+    assert outcome is Outcome.SUCCEEDED, scheduler.of("failure")
+    steps = scheduler.of("step")
+    assert len(steps) == 2
+    kinds = {"raise": 0.0, "bad_reward": 0.0, "oversized": 0.0}
+    for s in steps:  # 8 episodes a step, every 4th failed: 2
+        assert s.metrics["env_errors"] == 2.0 and s.metrics["env_error_frac"] == 0.25
+        assert sum(s.metrics[f"env_errors/{k}"] for k in kinds) == 2.0, s.metrics
+        for k in kinds:
+            kinds[k] += s.metrics[f"env_errors/{k}"]
+    assert all(n >= 1 for n in kinds.values()), kinds  # 4 failures: the 3 ways in turn
+    lines = [log.message for log in scheduler.of("log")]
+    assert any(line.startswith("env 'flaky': 2 of 8 episodes failed in step 1") for line in lines)
+    assert any("first: " in line and "flaky fell over in episode" in line for line in lines)
+
+
+def test_a_job_over_its_env_error_fraction_fails_naming_env_and_reasons(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = job_spec(tiny_model_dir, env_name="flaky", env_options={}, steps=3,
+                    env_error_window=2)  # fmt: skip  # default max_env_error_fraction 0.2
+    outcome, scheduler = asyncio.run(run_flaky(identities, spec, tmp_path))
+    assert outcome is Outcome.FAILED
+    (failure,) = scheduler.of("failure")
+    assert "env 'flaky' failed 4 of 16 episodes (25%) over the last 2 steps" in failure.reason
+    assert "max_env_error_fraction=0.2" in failure.reason
+    assert "flaky fell over in episode" in failure.reason
+    # judged once the window of 2 steps was full: both steps' figures were reported first
+    assert [s.step for s in scheduler.of("step")] == [1, 2]
+
+
+def test_tail_shows_env_errors_with_the_first_reason_and_an_inference_job_as_one() -> None:
+    from rich.console import Console
+
+    from opentinker.console import format_event
+    from opentinker.jobs import JobEvent
+    from opentinker.live_view import TailView
+
+    def text(view: TailView) -> str:
+        console = Console(width=200, record=True)
+        console.print(view.render())
+        return console.export_text()
+
+    step = JobEvent(1, 0.0, "step", step=1, metrics={"episodes": 6.0, "env_errors": 2.0,
+                                                      "env_error_frac": 0.25})  # fmt: skip
+    assert "env errors 2 (25%)" in format_event(step)
+    line = "env 'flaky': 2 of 8 episodes failed in step 1 (raise 2); first: step 1 failed: boom"
+    rl = TailView(job_id="j1", step_budget=3, kind="RL")
+    for event in (step, JobEvent(2, 0.0, "log", message=line)):
+        rl.update(event)
+    assert f"env errors 2 (25%) — first: {line}" in text(rl)
+
+    infer = TailView(job_id="j2", step_budget=0, kind="INFERENCE")
+    rows = [{"finish_reason": "ENV_DONE"}] + [
+        {"finish_reason": "ENV_ERROR", "finish_detail": f"reset failed: boom {i}"} for i in range(7)
+    ]
+    for i, row in enumerate(rows):
+        infer.update(JobEvent(i + 1, 0.0, "row", row=row))
+    shown = text(infer)
+    assert "episodes 1 done / 7 failed" in shown and "first: reset failed: boom 0" in shown
+    assert "ETA" not in shown and "step" not in shown
