@@ -226,10 +226,16 @@ class TrainingSession:
         stop_token_ids: Sequence[int] = (),
         seed: int = 0,
         include_prompt_logprobs: bool = False,
+        policy_version: int = 0,
+        greedy: bool = False,
     ) -> Future[SampleOutput]:
         """``num_samples`` completions with the weights of the last save_weights_for_sampler
         (a completion ends after a stop token or eos, which it keeps); with
-        ``include_prompt_logprobs`` also the prompt's logprobs under those weights."""
+        ``include_prompt_logprobs`` also the prompt's logprobs under those weights.
+        ``policy_version``: the weights served by an earlier save_weights_for_sampler (the
+        version it returned) instead: a sampler snapshot, kept for the session's life.
+        ``greedy``: argmax decoding (``sampling``'s temperature and top_p unused; logprobs
+        at temperature 1)."""
         s = sampling or SamplingParams()
         pb = common_pb2.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
@@ -244,6 +250,8 @@ class TrainingSession:
                 stop_token_ids=list(stop_token_ids),
                 seed=seed,
                 include_prompt_logprobs=include_prompt_logprobs,
+                policy_version=policy_version,
+                greedy=greedy,
             ),
             _sample_output,
         )

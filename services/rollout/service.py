@@ -94,6 +94,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 sampling=sampling_from_proto(request.sampling),
                 stop_token_ids=list(request.stop_token_ids),
                 seed=request.seed,
+                greedy=request.greedy,
             )
         except OpenTinkerError as err:
             await abort_with(context, err)

@@ -262,6 +262,7 @@ class RolloutSession:
         sampling: SamplingParams,
         stop_token_ids: Sequence[int],
         seed: int,
+        greedy: bool = False,
     ) -> tuple[list[SampledTokens], int]:
         """Completions of ``prompt`` and the policy version that generated them."""
         engine = self.require_open("SampleTokens")
@@ -273,6 +274,7 @@ class RolloutSession:
             sampling=sampling,
             stop_token_ids=stop_token_ids,
             seed=seed,
+            greedy=greedy,
         )
         return samples, engine.policy_version
 

@@ -61,8 +61,10 @@ def sample_tokens(
     sampling: SamplingParams,
     stop_token_ids: Sequence[int],
     seed: int,
+    greedy: bool = False,
 ) -> list[SampledTokens]:
-    """``num_samples`` completions of ``prompt`` from ``engine`` (deterministic per seed)."""
+    """``num_samples`` completions of ``prompt`` from ``engine`` (deterministic per seed;
+    ``greedy``: argmax decoding, logprobs at temperature 1)."""
     if not prompt:
         raise InvalidArgumentError("prompt_tokens is empty", code="INVALID_ARGUMENT")
     if not 1 <= num_samples <= MAX_SAMPLES:
@@ -79,7 +81,7 @@ def sample_tokens(
     check_token_ids(engine, prompt, "prompt_tokens")
     eos = engine.tokenizer.eos_token_id
     stops = {*stop_token_ids, *([eos] if eos is not None else [])}
-    completions = engine.generate([list(prompt)] * num_samples, sampling, seed)
+    completions = engine.generate([list(prompt)] * num_samples, sampling, seed, greedy=greedy)
     out = []
     for c in completions:
         cut = next((i + 1 for i, t in enumerate(c.token_ids) if t in stops), None)

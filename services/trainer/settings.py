@@ -26,6 +26,13 @@ class TrainerSettings(BaseSettings):
     # (placement.PROBE_TOLERANCE: 1e-3 for float32 on both sides; with bfloat16, 0.2 x the
     # probe's logit std, at least 5e-2).
     probe_tolerance: float | None = Field(None, gt=0)
+    sampler_snapshot_memory_mb: float = Field(
+        1024.0,
+        ge=0,
+        description="a session's sampler snapshots (the weights each save_weights_for_sampler "
+        "served, kept so its samplers keep sampling them) held in memory; older ones are "
+        "written under the checkpoint root and read back when sampled",
+    )
     open_timeout_s: float = Field(
         300.0, gt=0, description="rollout loads its model before answering"
     )

@@ -19,8 +19,9 @@ from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from ..errors import RolloutError, WeightSyncError
 from ..policy import Policy
 from ..rollout_client import GrpcRolloutSession
-from ..weight_sync import verified_sync
+from ..weight_sync import SyncResult, verified_sync
 from ..weight_transport import TransportSetting
+from .snapshots import Snapshot
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class SessionSampler:
         self._stream = self._new_stream()
         self._stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         self._tolerance = tolerance
-        self.policy_version = 0
+        self.policy_version = 0  # the newest version published
+        self.served_version = 0  # the version the engine serves now (a snapshot's, maybe)
         self._opened_with: tuple[str, common_pb2.ModelSpec, int] | None = None
         self._broken = False  # the last sync failed: the stream may be cancelled or mid-update
 
@@ -69,11 +71,24 @@ class SessionSampler:
             job_id=job_id, model=model, seed=seed, timeout_s=timeout_s
         )
 
-    async def publish(self, policy: Policy, *, timeout_s: float) -> float:
-        """Serve ``policy``'s weights as the next version; returns the probe's max |Δlogprob|.
-        After a failed sync (a timeout or a broken stream cancels the stream) it first opens
-        a fresh stream, which then gets every weight."""
-        version = self.policy_version + 1
+    async def publish(self, policy: Policy, *, timeout_s: float) -> SyncResult:
+        """Serve ``policy``'s weights as the next version; returns the verified sync (the
+        probe's max |Δlogprob|, the trainer's probe answer, the tolerance held to)."""
+        result = await self.serve(policy, self.policy_version + 1, timeout_s=timeout_s)
+        self.policy_version = self.served_version
+        return result
+
+    async def serve(
+        self,
+        source: Policy | Snapshot,
+        version: int,
+        *,
+        timeout_s: float,
+        tolerance: float | None = None,
+    ) -> SyncResult:
+        """Serve ``source``'s trainable weights as ``version`` (verified). After a failed
+        sync (a timeout or a broken stream cancels the stream) it first opens a fresh
+        stream, which then gets every weight."""
         if self._broken:
             await self._stream.close(reason="weight sync failed", timeout_s=timeout_s)
             self._stream = self._new_stream()
@@ -82,16 +97,16 @@ class SessionSampler:
         try:
             result = await verified_sync(
                 self._stream,
-                policy,
+                source,  # type: ignore[arg-type]  # a Snapshot quacks as a Policy here
                 version=version,
-                tolerance=self._tolerance,
+                tolerance=self._tolerance if tolerance is None else tolerance,
                 timeout_s=timeout_s,
             )
         except (RolloutError, WeightSyncError):
             self._broken = True
             raise
-        self.policy_version = version
-        return result.probe_diff
+        self.served_version = version
+        return result
 
     async def sample(
         self,
@@ -102,6 +117,7 @@ class SessionSampler:
         stop_token_ids: Sequence[int],
         seed: int,
         timeout_s: float,
+        greedy: bool = False,
     ) -> tuple[list[Sample], int]:
         """Completions of ``prompt`` and the policy version that made them."""
         request = rollout_pb2.SampleTokensRequest(
@@ -110,6 +126,7 @@ class SessionSampler:
             sampling=sampling,
             stop_token_ids=list(stop_token_ids),
             seed=seed,
+            greedy=greedy,
         )
         try:
             reply = await self._stub.SampleTokens(request, timeout=timeout_s)

@@ -124,6 +124,8 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 stop_token_ids=list(request.stop_token_ids),
                 seed=request.seed,
                 seq=request.call.seq,
+                policy_version=request.policy_version,
+                greedy=request.greedy,
             )
             sequences = [
                 trainer_pb2.SampledSequence(

@@ -23,7 +23,7 @@ from opentinker.errors import FailedPreconditionError, InvalidArgumentError, Ope
 from opentinker.services.rollout.seeds import derive_seed
 from opentinker.session_config import SessionConfig
 
-from ..policy import Policy
+from ..policy import Policy, Probe
 from ..settings import TrainerSettings
 from ..step_reports import BackgroundStepReports, StepReport
 from . import state
@@ -31,6 +31,7 @@ from .data import Datum, collate_data
 from .objective import LossResult, LossSpec, evaluate
 from .ordering import CallOrder
 from .sampler import Sample, SessionSampler
+from .snapshots import Snapshots
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +96,10 @@ class TrainingSession:
         self.end_reason = ""
         self.ended = asyncio.Event()
         self._order = CallOrder(wait_s=config.order_wait_s)
+        self.snapshots = Snapshots(
+            memory_bytes=int(settings.sampler_snapshot_memory_mb * 2**20),
+            spill_dir=self.checkpoint_root / job_id / "sampler_snapshots",
+        )
         self._busy = 0
         self._last_activity = time.monotonic()
         self.log = log.bind(job_id=job_id)
@@ -236,11 +241,15 @@ class TrainingSession:
         return self.policy.optimizer_step(adam.grad_clip_norm or math.inf)
 
     async def save_weights_for_sampler(self) -> tuple[int, float]:
-        """Serve the current weights on the sampler; (policy version, probe max |Δlogprob|)."""
-        diff = await self.sampler.publish(
+        """Serve the current weights on the sampler and keep them as that version's snapshot
+        (its samplers sample them until they end); (policy version, probe max |Δlogprob|)."""
+        result = await self.sampler.publish(
             self.policy, timeout_s=self.settings.weight_sync_timeout_s
         )
-        return self.sampler.policy_version, diff
+        version = self.sampler.policy_version
+        probe = Probe(list(result.probe_logprobs), 0.0)  # the tolerance is kept as computed
+        await asyncio.to_thread(self.snapshots.keep, self.policy, version, probe, result.tolerance)
+        return version, result.probe_diff
 
     async def sample(
         self,
@@ -251,7 +260,12 @@ class TrainingSession:
         stop_token_ids: Sequence[int],
         seed: int,
         seq: int,
+        policy_version: int = 0,
+        greedy: bool = False,
     ) -> tuple[list[Sample], int]:
+        """Completions of ``prompt`` by the weights served as ``policy_version`` (0: the
+        newest served); the version that made them."""
+        await self.serve_version(policy_version)
         samples, version = await self.sampler.sample(
             prompt,
             num_samples=num_samples or 1,
@@ -259,9 +273,30 @@ class TrainingSession:
             stop_token_ids=stop_token_ids,
             seed=seed or derive_seed(self.config.seed, "session-sample", seq),
             timeout_s=self.settings.collect_timeout_s,
+            greedy=greedy,
         )
         self._since_step["tokens_generated"] += sum(len(s.tokens) for s in samples)
         return samples, version
+
+    async def serve_version(self, policy_version: int) -> None:
+        """Have the sampler serve ``policy_version`` (0: the newest served): a snapshot other
+        than the one served now is swapped in by a verified sync."""
+        target = policy_version or self.sampler.policy_version
+        if target > self.sampler.policy_version:
+            raise InvalidArgumentError(
+                f"policy_version: {target} was not served yet (newest: "
+                f"{self.sampler.policy_version})",
+                reason="NO_SNAPSHOT",
+            )
+        if target == self.sampler.served_version:
+            return
+        snapshot = await asyncio.to_thread(self.snapshots.get, target)
+        await self.sampler.serve(
+            snapshot,
+            target,
+            tolerance=snapshot.tolerance,
+            timeout_s=self.settings.weight_sync_timeout_s,
+        )
 
     async def prompt_logprobs(self, prompt: Sequence[int]) -> list[float]:
         """The prompt scored by the sampler's weights (empty for a 1-token prompt)."""

@@ -48,18 +48,20 @@ class ScoreTokensResponse(_message.Message):
     def __init__(self, logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class SampleTokensRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed")
+    __slots__ = ("prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "greedy")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_samples: int
     sampling: _common_pb2.SamplingParams
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     seed: int
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ...) -> None: ...
+    greedy: bool
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., greedy: _Optional[bool] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("token_ids", "logprobs", "stopped")

@@ -192,7 +192,7 @@ class OptimStepResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., grad_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "include_prompt_logprobs")
+    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "include_prompt_logprobs", "policy_version", "greedy")
     CALL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,8 @@ class SampleRequest(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
     call: SessionCall
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_samples: int
@@ -207,7 +209,9 @@ class SampleRequest(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     seed: int
     include_prompt_logprobs: bool
-    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., include_prompt_logprobs: _Optional[bool] = ...) -> None: ...
+    policy_version: int
+    greedy: bool
+    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., include_prompt_logprobs: _Optional[bool] = ..., policy_version: _Optional[int] = ..., greedy: _Optional[bool] = ...) -> None: ...
 
 class SampledSequence(_message.Message):
     __slots__ = ("tokens", "logprobs", "stop_reason")
