@@ -123,7 +123,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     a late tail replays the whole run first. Sinks record every event."""
     with _client(args) as client:
         job = client.get_job(args.job_id)
-        view = TailView(job_id=job.job_id, step_budget=job.step_budget)
+        view = TailView(job_id=job.job_id, step_budget=job.step_budget, kind=job.kind)
         sinks = _sinks(args)
         last = None
         try:

@@ -97,6 +97,9 @@ def format_event(event: JobEvent) -> str:
         parts += [
             fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics
         ]
+        if errors := event.metrics.get("env_errors"):  # the first reason: the log line beside
+            share = event.metrics.get("env_error_frac", 0.0)
+            parts.append(f"[red]env errors {errors:.0f} ({share:.0%})[/]")
         return "  ".join(parts)
     if event.kind == "row":
         r = event.row

@@ -1,10 +1,13 @@
 """The live footer of ``opentinker tail``: a progress bar to the step budget with an ETA, and
-a sparkline of the recent rewards, redrawn as each step lands (rich ``Live``)."""
+a sparkline of the recent rewards, redrawn as each step lands (rich ``Live``); the env errors
+so far with the first reason. An inference job has no steps: its footer counts its episodes
+done and failed."""
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections import deque
 
 from rich.console import Group, RenderableType
@@ -12,7 +15,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from opentinker.inference_rows import ENV_ERROR
 from opentinker.jobs import JobEvent
+
+# The trainer's line for a step's env errors (services/common/env_errors.env_error_line).
+ENV_ERROR_LINE = re.compile(r"^env '[^']*': \d+ of \d+ episodes failed")
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -46,12 +53,15 @@ def eta_seconds(step_times: list[tuple[int, float]], budget: int) -> float | Non
 class TailView:
     """What the footer shows, updated from each event; ``render()`` draws it."""
 
-    def __init__(self, *, job_id: str, step_budget: int, window: int = 60) -> None:
-        self.job_id, self.step_budget = job_id, step_budget
+    def __init__(self, *, job_id: str, step_budget: int, window: int = 60, kind: str = "") -> None:
+        self.job_id, self.step_budget, self.kind = job_id, step_budget, kind
         self.state = ""
         self.step = 0
         self.rewards: deque[float] = deque(maxlen=window)
         self.step_times: deque[tuple[int, float]] = deque(maxlen=window)
+        self.episodes = 0  # played (RL: every step's batch; inference: rows)
+        self.env_errors = 0
+        self.first_env_error = ""
 
     def update(self, event: JobEvent) -> None:
         if event.kind == "state":
@@ -61,8 +71,31 @@ class TailView:
             self.step_times.append((event.step, event.time_unix_s))
             if "reward_mean" in event.metrics:
                 self.rewards.append(event.metrics["reward_mean"])
+            errors = int(event.metrics.get("env_errors", 0))
+            self.env_errors += errors
+            self.episodes += int(event.metrics.get("episodes", 0)) + errors
+        elif event.kind == "row":
+            self.episodes += 1
+            if event.row.get("finish_reason") == ENV_ERROR:
+                self.env_errors += 1
+                self.first_env_error = self.first_env_error or event.row.get("finish_detail", "")
+        elif event.kind == "log" and ENV_ERROR_LINE.match(event.message):
+            self.first_env_error = self.first_env_error or event.message
+
+    def _env_error_text(self) -> Text:
+        share = self.env_errors / self.episodes if self.episodes else 0.0
+        text = Text(f"env errors {self.env_errors} ({share:.0%})", style="red")
+        if self.first_env_error:
+            text.append(f" — first: {self.first_env_error}")
+        return text
 
     def render(self) -> RenderableType:
+        if self.kind == "INFERENCE":  # no trainer, no steps: episodes done and failed
+            line = Text(f"{self.job_id} {self.state}", style="bold")
+            line.append(
+                f"  episodes {self.episodes - self.env_errors} done / {self.env_errors} failed"
+            )
+            return Group(line, self._env_error_text()) if self.first_env_error else line
         line = Table.grid(padding=(0, 1))
         budget = self.step_budget
         done = f"step {self.step}/{budget}" if budget else f"step {self.step}"
@@ -76,4 +109,6 @@ class TailView:
         if finite:
             spark.append(sparkline(rewards), style="green")
             spark.append(f" {finite[-1]:.3f} (min {min(finite):.3f}, max {max(finite):.3f})")
+        if self.env_errors:
+            return Group(line, spark, self._env_error_text())
         return Group(line, spark)
