@@ -183,6 +183,7 @@ class Client:
         *,
         base_model: str,
         lora_rank: int | None = 8,
+        lora: LoraConfig | None = None,
         name: str = "session",
         session: SessionConfig | None = None,
         wait_timeout: float = 600.0,
@@ -190,14 +191,16 @@ class Client:
     ) -> TrainingSession:
         """Start a training session job and connect to it once it runs.
 
-        ``lora_rank=None`` trains every parameter. The session holds a device until you close
-        it (or use ``with``) or it is idle for ``session.idle_timeout_s``. ``wait_timeout``:
+        ``lora_rank=None`` trains every parameter; ``lora``: the whole LoRA config (rank,
+        alpha, target modules) instead of ``lora_rank``. The session holds a device until
+        you close it (or use ``with``) or it is idle for ``session.idle_timeout_s``.
+        ``wait_timeout``:
         seconds to wait for a device and the model load; ``timeout``: per call (default the
         client's)."""
         model = (
             ModelSpec(base_model=base_model, finetune="full")
-            if lora_rank is None
-            else ModelSpec(base_model=base_model, lora=LoraConfig(rank=lora_rank))
+            if lora_rank is None and lora is None
+            else ModelSpec(base_model=base_model, lora=lora or LoraConfig(rank=lora_rank or 8))
         )
         spec = JobSpec(name=name, kind="session", model=model, session=session or SessionConfig())
         job = self.submit(spec)
