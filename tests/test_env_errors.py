@@ -83,6 +83,17 @@ def test_the_bound_travels_with_the_spec_and_bad_values_name_the_field(
         job_spec(tiny_model_dir, max_env_error_fraction=1.5)
     with pytest.raises(ValueError, match="env_error_window"):
         job_spec(tiny_model_dir, env_error_window=0)
+    from opentinker.spec import InferenceConfig, ModelSpec
+
+    infer = JobSpec(
+        kind="inference",
+        model=ModelSpec(base_model=str(tiny_model_dir), finetune="full"),
+        inference=InferenceConfig(env_name="letter", max_env_error_fraction=0.5),
+    )
+    back_infer = from_proto(to_proto(infer)).inference
+    assert back_infer is not None and back_infer.max_env_error_fraction == 0.5
+    with pytest.raises(ValueError, match="max_env_error_fraction"):
+        InferenceConfig(env_name="letter", max_env_error_fraction=-0.1)
 
 
 class Flaky(AbstractGame):
@@ -191,3 +202,82 @@ def test_tail_shows_env_errors_with_the_first_reason_and_an_inference_job_as_one
     shown = text(infer)
     assert "episodes 1 done / 7 failed" in shown and "first: reset failed: boom 0" in shown
     assert "ETA" not in shown and "step" not in shown
+
+
+class MostlyBroken(AbstractGame):
+    """Only the first episode of each 8 it plays ends well; the others raise at their step."""
+
+    name = "mostly-broken"
+    played = itertools.count()
+
+    def get_system_prompt(self) -> str:
+        return "Say a letter."
+
+    def reset(self, *, seed: int = 0) -> str:
+        self.n = next(MostlyBroken.played)
+        return "Letter?"
+
+    def step(self, action: str) -> StepResult:
+        if self.n % 8:
+            raise ConnectionError(f"backend of episode {self.n} is down")
+        return StepResult("", 1.0, True)
+
+
+def test_an_inference_job_with_most_episodes_failed_fails_naming_the_reasons(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from opentinker.services.common.grpc_server import aio_channel
+    from opentinker.services.trainer.inference_job import InferenceJob
+    from opentinker.services.trainer.reporter import SchedulerReporter
+    from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+    from opentinker.services.trainer.settings import TrainerSettings
+    from opentinker.spec import InferenceConfig, ModelSpec, SamplingParams
+
+    spec = JobSpec(
+        kind="inference",
+        model=ModelSpec(base_model=str(tiny_model_dir), finetune="full"),
+        inference=InferenceConfig(
+            env_name="mostly-broken",
+            episodes=8,
+            concurrency=8,
+            sampling=SamplingParams(max_new_tokens=2),
+        ),
+    )
+
+    async def scenario():  # noqa: ANN202
+        async with mesh(identities) as m:
+            handle = await asyncio.to_thread(
+                serve, MostlyBroken, envhub_address=m.envhub_address, block=False
+            )
+            try:
+                async with (
+                    aio_channel(m.rollout_address, credential=m.job_token) as rc,
+                    aio_channel(m.scheduler_address) as sc,
+                ):
+                    job = InferenceJob(
+                        job_id=m.job_id,
+                        spec=spec,
+                        rollout=GrpcRolloutSession(rc, address=m.rollout_address),
+                        reporter=SchedulerReporter(
+                            sc,
+                            address=m.scheduler_address,
+                            job_id=m.job_id,
+                            attempt=1,
+                            timeout_s=5,
+                        ),  # fmt: skip
+                        settings=TrainerSettings(collect_timeout_s=60, open_timeout_s=60),
+                    )
+                    return await job.run(), m.scheduler
+            finally:
+                handle.stop()
+
+    outcome, scheduler = asyncio.run(scenario())
+    assert outcome is Outcome.FAILED
+    rows = scheduler.of("row")
+    assert len(rows) == 8  # every episode reported, done or failed
+    (failure,) = scheduler.of("failure")
+    assert "env 'mostly-broken' failed 7 of 8 episodes (88%) in all" in failure.reason
+    assert "max_env_error_fraction=0.2" in failure.reason and "raise 7" in failure.reason
+    assert "backend of episode" in failure.reason and "is down" in failure.reason
+    (line,) = [log.message for log in scheduler.of("log") if log.message.startswith("env '")]
+    assert line.startswith("env 'mostly-broken': 7 of 8 episodes failed in batch 1 (raise 7)")

@@ -48,6 +48,13 @@ class InferenceConfig(StrictModel):
         description="Times each episode (one env seed) is played: episodes x this many rows; "
         "pass@k up to k = this.",
     )
+    max_env_error_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="The job fails, naming the env and its errors, when more than this share "
+        "of its episodes ended in an env error; 1 = never.",
+    )
 
     @model_validator(mode="after")
     def _samples_fit(self) -> InferenceConfig:
@@ -79,6 +86,7 @@ def inference_to_proto(c: InferenceConfig) -> common_pb2.InferenceConfig:
         greedy=c.greedy,
         agent=agent_to_proto(c.agent) if c.agent is not None else None,
         samples_per_episode=c.samples_per_episode,
+        max_env_error_fraction=c.max_env_error_fraction,
     )
 
 
@@ -93,6 +101,8 @@ def inference_fields(c: common_pb2.InferenceConfig) -> dict:
         data["adapter_dir"] = c.adapter_dir
     if c.greedy:
         data["greedy"] = True
+    if c.HasField("max_env_error_fraction"):
+        data["max_env_error_fraction"] = c.max_env_error_fraction
     if c.HasField("sampling"):
         data["sampling"] = sampling_fields(c.sampling)
     if c.HasField("agent"):

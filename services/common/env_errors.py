@@ -107,14 +107,19 @@ class EnvErrorWindow:
         if len(self._steps) < self.window and not final:
             return ""
         total = sum_tallies(list(self._steps))
-        if total.errors == 0 or total.fraction <= self.max_fraction:
-            return ""
-        return (
-            f"env '{self.env_name}' failed {total.errors} of {total.episodes} episodes "
-            f"({total.fraction:.0%}) over the last {len(self._steps)} steps, more than "
-            f"max_env_error_fraction={self.max_fraction:g}: {total.kinds_text()}; "
-            f"first: {total.first_reason}"
-        )
+        where = f"over the last {len(self._steps)} steps"
+        return over_fraction(self.env_name, total, self.max_fraction, where)
+
+
+def over_fraction(env_name: str, t: EnvErrorTally, max_fraction: float, where: str) -> str:
+    """Why a job fails when more than ``max_fraction`` of ``t``'s episodes failed; else ''."""
+    if t.errors == 0 or t.fraction <= max_fraction:
+        return ""
+    return (
+        f"env '{env_name}' failed {t.errors} of {t.episodes} episodes ({t.fraction:.0%}) "
+        f"{where}, more than max_env_error_fraction={max_fraction:g}: {t.kinds_text()}; "
+        f"first: {t.first_reason}"
+    )
 
 
 def sum_tallies(tallies: Sequence[EnvErrorTally]) -> EnvErrorTally:

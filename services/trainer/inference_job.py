@@ -17,6 +17,12 @@ import structlog
 from opentinker.errors import EnvironmentError_, OpenTinkerError
 from opentinker.eval_stats import pass_at_k
 from opentinker.inference_rows import ENV_ERROR, summarize
+from opentinker.services.common.env_errors import (
+    EnvErrorTally,
+    env_error_line,
+    over_fraction,
+    tally,
+)
 from opentinker.spec import InferenceConfig, JobSpec
 
 from .loop import Outcome
@@ -48,7 +54,8 @@ class RowReporter(Protocol):
 
 class InferenceJob:
     """Runs one inference job to its end; ``run`` reports a failure itself and returns the
-    Outcome (FAILED when every episode failed in the environment, or the rollout failed)."""
+    Outcome (FAILED when more than max_env_error_fraction of the episodes failed in the
+    environment, or the rollout failed)."""
 
     def __init__(
         self,
@@ -109,12 +116,16 @@ class InferenceJob:
                 if await self.reporter.report_row(row):
                     self.log.info("job_cancelled", episodes_done=len(self.rows))
                     return Outcome.CANCELLED
+            await self._tell_env_errors(rows, batch_index)
         if all(r["finish_reason"] == ENV_ERROR for r in self.rows):
             raise EnvironmentError_(
                 f"every one of {len(self.rows)} episodes of env {c.env_name!r} failed "
                 f"(first error: {self.rows[0]['finish_detail'] or 'no detail given'}); "
                 "check the environment server"
             )
+        errors = rows_env_errors(self.rows)
+        if failure := over_fraction(c.env_name, errors, c.max_env_error_fraction, "in all"):
+            raise EnvironmentError_(failure)
         summary = summarize(self.rows).metrics()
         if samples > 1:  # several samples of each episode: pass@k, as `opentinker eval` prints
             for k in sorted({1, samples}):
@@ -122,3 +133,17 @@ class InferenceJob:
         await self.reporter.report_result("", summary)
         self.log.info("job_succeeded", **summary)
         return Outcome.SUCCEEDED
+
+    async def _tell_env_errors(self, rows: list[dict[str, Any]], batch_index: int) -> None:
+        """A line in the job's event stream for a batch of rows with env errors."""
+        errors = rows_env_errors(rows)
+        if errors.errors:
+            line = env_error_line(self.config.env_name, f"in batch {batch_index + 1}", errors)
+            self.log.warning("env_errors", message=line)
+            await self.reporter.report_log(line)
+
+
+def rows_env_errors(rows: list[dict[str, Any]]) -> EnvErrorTally:
+    """The env errors of result rows (their kinds, the first reason)."""
+    failed = [r["finish_detail"] for r in rows if r["finish_reason"] == ENV_ERROR]
+    return tally(failed, len(rows))
