@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints.txt
 PROTO_FILES := $(shell find protos -name '*.proto')
 
-.PHONY: install protos demo test lint bench clean
+.PHONY: install protos demo test lint bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,15 @@ test: install
 lint: install
 	$(BIN)/ruff check sdk services tests bench tools
 	$(BIN)/mypy  # the SDK, the services, bench/ and tools/: files and paths in pyproject.toml [tool.mypy]
+
+# The docs site (mkdocs.yml, docs/) into build/site, in strict mode: a broken link, a page
+# missing from the nav or an unreadable docstring fails. Installs the `docs` extra once.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: install
 	$(BIN)/python bench/step_breakdown.py
