@@ -1,21 +1,23 @@
-"""Start latency of small jobs through the real mesh, cold (no spares) and warm (spares on).
+"""Start latency and rate of small jobs through the real mesh: cold (no spares), warm (a spare
+serves one job and exits) and reused (a spare whose job ended well serves the tenant's next).
 
 For each mode a fresh ``LocalMesh`` (Redis, scheduler, EnvHub, one worker with ``--slots`` CPU
 slots) runs one unmeasured priming job on the tiny model (the worker learns the base model; in
-warm mode its spares are made), waits until the worker's spares are ready, then ``--clients``
-concurrent clients each submit one-step jobs one after another (closed loop, ``--gap`` seconds
-of think time between a client's jobs) until ``--jobs`` have run. Per job, from the
-scheduler's event stream (one host, one clock):
+the warm modes its spares are made), waits until the worker's spares are ready, then
+``--clients`` concurrent clients each submit one-step jobs one after another (closed loop,
+``--gap`` seconds of think time between a client's jobs) until ``--jobs`` have run. Per job,
+from the scheduler's event stream (one host, one clock):
 
     submit -> RUNNING      the client's submit call to the RUNNING event (the rollout
                            serves; the trainer was started beside it, at the same time)
     submit -> first step   the client's submit call to the first step's metrics event
 
-Printed: p50 and p99 of both for cold and warm, the ratio cold/warm, jobs/s, and how many
-processes a warm spare took over.
+Printed: p50 and p99 of both per mode, the ratio cold/reused, the jobs per second each mode
+completed (measured jobs over the time from the first submit to the last end), and how many
+processes a spare took over.
 
     .venv/bin/python bench/start_latency.py [--jobs 10] [--clients 2] [--slots 2] [--spares 2]
-        [--gap 0]
+        [--gap 0] [--modes cold,warm,reused]
 """
 
 from __future__ import annotations
@@ -80,8 +82,16 @@ def wait_for_spares(mesh: LocalMesh, count: int, timeout_s: float = 300.0) -> No
     raise RuntimeError(f"{count} spares were not ready within {timeout_s:.0f} s")
 
 
-def measure(root: Path, model: Path, args: argparse.Namespace, spares: int) -> list[Timing]:
-    settings = MeshSettings(run_root=root, cpu_slots=args.slots, warm_spares=spares)
+MODES = {"cold": (0, False), "warm": (None, False), "reused": (None, True)}  # spares, reuse
+
+
+def measure(
+    root: Path, model: Path, args: argparse.Namespace, spares: int, reuse: bool
+) -> tuple[list[Timing], float]:
+    """The timings of the measured jobs, and the jobs per second they were run at."""
+    settings = MeshSettings(
+        run_root=root, cpu_slots=args.slots, warm_spares=spares, spare_reuse=reuse
+    )
     with LocalMesh(settings) as mesh:
         clients = [
             opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=30)
@@ -99,8 +109,10 @@ def measure(root: Path, model: Path, args: argparse.Namespace, spares: int) -> l
                 time.sleep(args.gap)  # a person's think time between jobs
             return out
 
+        started = time.time()
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
             results = [t for ts in pool.map(client_loop, clients) for t in ts]
+        rate = len(results) / (time.time() - started)
         for client in clients:
             client.close()
         warm = sum(
@@ -109,8 +121,8 @@ def measure(root: Path, model: Path, args: argparse.Namespace, spares: int) -> l
             for p in [mesh.run_root / "jobs" / t.job_id]
             for name in ("rollout", "trainer")
         )
-        print(f"  {'warm' if spares else 'cold'}: {warm} of {2 * len(results)} processes warm")
-    return results
+        print(f"  {root.name}: {warm} of {2 * len(results)} processes warm, {rate:.2f} jobs/s")
+    return results, rate
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,33 +147,46 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10, help="measured jobs per mode")
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--slots", type=int, default=2, help="the worker's CPU slots")
-    parser.add_argument("--spares", type=int, default=2, help="warm mode's spares per model")
+    parser.add_argument("--spares", type=int, default=2, help="warm modes' spares per model")
     parser.add_argument("--gap", type=float, default=0.0, help="s between a client's jobs")
+    parser.add_argument("--modes", default="cold,warm,reused", help="of " + ",".join(MODES))
     parser.add_argument("--keep", type=Path, help="keep the meshes' files (logs) in this folder")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    results: dict[str, tuple[dict[str, float], float]] = {}
     with tempfile.TemporaryDirectory(prefix="start-latency-") as tmp:
         root = args.keep.resolve() if args.keep else Path(tmp)
         model = ensure_tiny_model(root / "tiny-qwen2")
-        started = time.monotonic()
-        cold = measure(root / "cold", model, args, spares=0)
-        cold_s = time.monotonic() - started
-        started = time.monotonic()
-        warm = measure(root / "warm", model, args, spares=args.spares)
-        warm_s = time.monotonic() - started
-    c, w = summary(cold), summary(warm)
+        for mode in modes:
+            spares, reuse = MODES[mode]
+            timings, rate = measure(
+                root / mode, model, args, args.spares if spares is None else spares, reuse
+            )
+            results[mode] = summary(timings), rate
     print(
         f"\n{args.jobs} one-step jobs per mode, {args.clients} clients, {args.slots} slots, "
-        f"warm spares per model: {args.spares}, {args.gap:g} s between a client's jobs"
+        f"spares per model: {args.spares}, {args.gap:g} s between a client's jobs"
     )
-    print(f"{'':22}{'cold':>10}{'warm':>10}{'cold/warm':>11}")
-    for key, label in (
+    print(f"{'':22}" + "".join(f"{m:>10}" for m in modes), end="")
+    ratio = "cold" in results and "reused" in results
+    print(f"{'cold/reused':>13}" if ratio else "")
+    rows = (
         ("running_p50", "submit->RUNNING p50"),
         ("running_p99", "submit->RUNNING p99"),
         ("step_p50", "submit->step 1 p50"),
         ("step_p99", "submit->step 1 p99"),
-    ):
-        print(f"{label:22}{c[key]:>9.2f}s{w[key]:>9.2f}s{c[key] / w[key]:>10.2f}x")
-    print(f"{'wall (incl. mesh)':22}{cold_s:>9.1f}s{warm_s:>9.1f}s")
+    )
+    for key, label in rows:
+        line = f"{label:22}" + "".join(f"{results[m][0][key]:>9.2f}s" for m in modes)
+        if ratio:
+            line += f"{results['cold'][0][key] / results['reused'][0][key]:>12.2f}x"
+        print(line)
+    line = f"{'jobs/s':22}" + "".join(f"{results[m][1]:>10.2f}" for m in modes)
+    if ratio:
+        line += f"{results['reused'][1] / results['cold'][1]:>12.2f}x"
+    print(line)
 
 
 if __name__ == "__main__":

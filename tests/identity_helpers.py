@@ -42,3 +42,15 @@ async def api_key(
 async def worker_token(identity: IdentityStore, *, worker_id: str = "") -> str:
     token, _ = await identity.create_worker_token(worker_id=worker_id, label="test")
     return token
+
+
+def other_tenant_key(mesh, tenant: str, user: str) -> str:
+    """An API key of ``user`` in a new ``tenant`` of a LocalMesh, made with its admin key."""
+    from opentinker.admin import AdminClient  # noqa: PLC0415 - only the mesh tests need it
+    from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE  # noqa: PLC0415
+
+    admin_key = (mesh.secrets_dir / ADMIN_KEY_FILE).read_text().strip()
+    with AdminClient(mesh.scheduler_address, api_key=admin_key) as admin:
+        admin.create_tenant(tenant)
+        admin.create_user(user, tenant_id=tenant)
+        return admin.create_api_key(user)

@@ -17,13 +17,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from identity_helpers import other_tenant_key
 
 import opentinker
 from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
-from opentinker.admin import AdminClient
 from opentinker.errors import InvalidArgumentError, JobFailedError
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
 from opentinker.sinks import JsonlSink, TensorBoardSink
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -55,14 +54,6 @@ def mesh(tmp_path_factory):
     )
     with LocalMesh(settings) as running:
         yield running
-
-
-def other_tenant_key(mesh: LocalMesh) -> str:
-    admin_key = (mesh.secrets_dir / ADMIN_KEY_FILE).read_text().strip()
-    with AdminClient(mesh.scheduler_address, api_key=admin_key) as admin:
-        admin.create_tenant("other-team")
-        admin.create_user("bob", tenant_id="other-team")
-        return admin.create_api_key("bob")
 
 
 def letter_job(model: Path, *, name: str, steps: int) -> JobSpec:
@@ -108,7 +99,9 @@ def test_dashboard_shows_cancels_and_isolates_jobs(
     base = mesh.dashboard_url.rstrip("/")
 
     # Another tenant's job: it exists, but the local user must never see it.
-    bob = opentinker.Client(mesh.scheduler_address, api_key=other_tenant_key(mesh), timeout=10)
+    bob = opentinker.Client(
+        mesh.scheduler_address, api_key=other_tenant_key(mesh, "other-team", "bob"), timeout=10
+    )
     hidden = bob.submit(letter_job(letter_model_dir, name="bobs-secret", steps=2))
     bob.cancel(hidden.job_id)
 

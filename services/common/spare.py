@@ -6,15 +6,25 @@ with a pipe on stdin. The process imports torch/transformers/peft, loads ``M`` (
 job's launch file. Nothing job-specific (token, spec, devices, seed) reaches the process before
 that line; it then serves that one job exactly as a freshly started process would and exits.
 A spare whose stdin closes without a hand-over (the worker retired it, or died) exits 0.
+
+A hand-over marked ``reusable`` (the worker's ``spare_reuse``: one device, a private rollout,
+RL or SFT) keeps the process after a job that ended well: ``serve_jobs`` reports the end on
+the pipe the worker gave it (``REPORT_FD_ENV``), puts its log and folder back, loads the base
+model again from its files (no weights of the job stay) and waits for the next hand-over,
+which the worker gives it only for a job of the same tenant and base model. The imports,
+the interpreter and the start of a process are then paid once for many short jobs.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -28,6 +38,9 @@ log = structlog.get_logger(__name__)
 
 # A spare exits with this when its stdin closed before a job was handed over.
 RETIRED_EXIT_CODE = 0
+# The write end of a pipe to the worker, where a reusable spare reports each job's end
+# ({"ended": exit code}, one JSON line).
+REPORT_FD_ENV = "OPENTINKER_SPARE_REPORT_FD"
 
 
 def model_key(base_model: str) -> str:
@@ -49,6 +62,8 @@ class Handover(BaseModel):
     # its address there (trainer/rollout_address.py)
     rollout_address_file: Path | None = None
     rollout_address_timeout_s: float | None = None  # and how long to wait for it
+    # After a job that ended well, report its end and wait for the next (serve_jobs).
+    reusable: bool = False
 
     def line(self) -> bytes:
         return (self.model_dump_json() + "\n").encode()
@@ -65,7 +80,9 @@ def wait_for_handover(stdin: TextIO = sys.stdin) -> Handover | None:
 def adopt(handover: Handover, *, waited_s: float) -> None:
     """Become the job's process: its devices, its log file, its run folder."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():  # the devices could not be set now
+    same_devices = os.environ.get("CUDA_VISIBLE_DEVICES") == handover.cuda_visible_devices
+    if torch is not None and torch.cuda.is_initialized() and not same_devices:
+        # the devices cannot be changed now (a reused process keeps its job's devices)
         raise RuntimeError("this spare initialised CUDA before its hand-over; it cannot be used")
     os.environ["CUDA_VISIBLE_DEVICES"] = handover.cuda_visible_devices
     sys.stdout.flush()
@@ -95,3 +112,41 @@ def become_job_process(service: str, preload_model: str | None) -> tuple[Preload
         sys.exit(RETIRED_EXIT_CODE)
     adopt(handover, waited_s=time.monotonic() - ready)
     return preload, handover
+
+
+class _Home:
+    """A spare's own log (its stdout and stderr) and folder, kept while it serves a job."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        self.out = os.dup(1)
+        self.cwd = os.getcwd()
+
+    def restore(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self.out, 1)
+        os.dup2(self.out, 2)
+        os.chdir(self.cwd)
+
+
+def serve_jobs(
+    service: str, preload_model: str | None, run_one: Callable[[Preload, Handover], int]
+) -> NoReturn:
+    """Spare mode for a process that may serve several jobs in turn: ``run_one`` runs each
+    and returns its exit code. It exits with that code unless the job was handed over
+    ``reusable``, ended with 0 and the worker gave a report pipe; then it reports the end and
+    becomes a spare again (a fresh load of the base model, its own log and folder)."""
+    home = _Home()
+    report = os.environ.get(REPORT_FD_ENV)
+    while True:
+        preload, handover = become_job_process(service, preload_model)
+        code = run_one(preload, handover)
+        if not (handover.reusable and code == 0 and report):
+            sys.exit(code)
+        del preload  # the job's model and optimizer: nothing of them reaches the next job
+        home.restore()
+        gc.unfreeze()  # a job process froze its loaded heap (heap.py); free what it made
+        gc.collect()
+        os.write(int(report), (json.dumps({"ended": code}) + "\n").encode())
+        log.info("job_ended_spare_again", pid=os.getpid(), code=code)

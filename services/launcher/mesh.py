@@ -44,6 +44,8 @@ class MeshSettings(BaseModel):
     cpu_slots: int = Field(default_factory=lambda: min(4, usable_cores()), ge=1)
     # Warm spare process pairs per recently used base model on the worker (0 = cold starts).
     warm_spares: int = Field(1, ge=0)
+    # A spare whose job ended well serves the same tenant's next job (worker spare_reuse).
+    spare_reuse: bool = True
     # LoRA RL jobs of one base model share one rollout engine on the worker, up to this many
     # (worker/shared_rollouts.py); 0 = each job has its own rollout.
     shared_lora_capacity: int = Field(0, ge=0)
@@ -183,6 +185,7 @@ class LocalMesh:
                 "OPENTINKER_CHECKPOINT_ROOT": str(self.checkpoint_root),
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
                 "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
+                "OPENTINKER_SPARE_REUSE": str(self.settings.spare_reuse).lower(),
                 "OPENTINKER_SHARED_LORA_CAPACITY": str(self.settings.shared_lora_capacity),
                 **(env or {}),
             },

@@ -24,7 +24,7 @@ from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.common.spare import become_job_process
+from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
 
@@ -73,10 +73,11 @@ async def main_shared(args: argparse.Namespace) -> None:
     await identity.close()
 
 
-async def _until_signalled(stop: asyncio.Event | None = None) -> None:
-    """Until SIGTERM or SIGINT, or ``stop`` is set."""
+async def _until_signalled(stop: asyncio.Event | None = None, *, job: bool = False) -> None:
+    """Until SIGTERM or SIGINT, or ``stop`` is set. A ``job``'s rollout also ends its job on
+    SIGUSR1: the worker's "job over" to a reusable spare (common/spare.py), which then stays."""
     stop = stop or asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, *((signal.SIGUSR1,) if job else ())):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     await stop.wait()
 
@@ -123,7 +124,7 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> int:
     )
     if launch is not None:
         write_atomic(launch.run_dir / "rollout.addr", host_port(settings.host, port))
-    await _until_signalled(stop)
+    await _until_signalled(stop, job=launch is not None)
     if trainer_lost:
         log.error("trainer_lost", reason=trainer_lost[0], exit_code=PEER_LOST)
     log.info("rollout_stopping")
@@ -136,11 +137,14 @@ def run() -> None:
     if args.shared_base:
         asyncio.run(main_shared(args))
         return
-    preload = None
     if args.spare:  # imports and the model load happen before the job is known
-        preload, handover = become_job_process("rollout", args.preload_model)
-        args.launch = handover.launch
-    sys.exit(asyncio.run(main(args, preload)))
+        serve_jobs("rollout", args.preload_model, lambda p, h: _run_handed(args, p, h))
+    sys.exit(asyncio.run(main(args)))
+
+
+def _run_handed(args: argparse.Namespace, preload: Preload, handover: Handover) -> int:
+    handed = argparse.Namespace(**{**vars(args), "launch": handover.launch})
+    return asyncio.run(main(handed, preload))
 
 
 if __name__ == "__main__":

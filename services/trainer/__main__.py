@@ -19,7 +19,7 @@ from pathlib import Path
 from opentinker.services.common.cpu_share import follow_job_share
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.common.spare import become_job_process
+from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.preload import Preload
 
 from .rollout_address import RolloutAddress
@@ -63,14 +63,28 @@ def main() -> None:
     parser.add_argument("--spare", action="store_true", help="wait for a job on stdin (spare.py)")
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     args = parser.parse_args()
-    preload = None
     if args.spare:  # imports and the model load happen before the job is known
-        preload, handover = become_job_process("trainer", args.preload_model)
-        args.launch, args.rollout_address = handover.launch, handover.rollout_address
-        args.rollout_address_file = handover.rollout_address_file
-        args.rollout_address_timeout = handover.rollout_address_timeout_s
+        serve_jobs("trainer", args.preload_model, lambda p, h: _run(_handed(args, h), p))
     if args.launch is None:
         parser.error("--launch is required (or --spare)")
+    sys.exit(_run(args, None))
+
+
+def _handed(args: argparse.Namespace, handover: Handover) -> argparse.Namespace:
+    """The arguments of the job a spare was handed."""
+    return argparse.Namespace(
+        **{
+            **vars(args),
+            "launch": handover.launch,
+            "rollout_address": handover.rollout_address,
+            "rollout_address_file": handover.rollout_address_file,
+            "rollout_address_timeout": handover.rollout_address_timeout_s,
+        }
+    )
+
+
+def _run(args: argparse.Namespace, preload: Preload | None) -> int:
+    """One job, start to end: its exit code."""
     settings = TrainerSettings()
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
@@ -82,7 +96,7 @@ def main() -> None:
     # is whole; gloo's threads abort the process when the group is freed during exit.
     gc.collect()
     log.info("trainer_exit", code=code)
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":

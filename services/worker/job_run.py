@@ -43,6 +43,7 @@ from opentinker.services.worker.ranks import (
     RankGroup,
     rank_envs,
 )
+from opentinker.services.worker.reusable import JobProcess, hand_to_spare, reusable_job
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_engine
 from opentinker.services.worker.spares import SparePool
@@ -57,6 +58,10 @@ TRAINER_WAIT_GRACE_S = 60.0
 # How long a process that refused a health check gets to be reaped (it was dying) before it is
 # taken for hung.
 REAP_S = 1.0
+
+
+# A job's process: started for it, or a spare handed it (reusable.py when it may be kept)
+Proc = ManagedProcess | JobProcess
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class JobRun:
         self._on_launched = on_launched
         self._stop_reason: str | None = None
         self._stopped = asyncio.Event()
-        self._processes: list[ManagedProcess] = []
+        self._processes: list[Proc] = []
         self._spares = spares
         self._shared = shared
         extra_env = extra_env or {}
@@ -124,10 +129,15 @@ class JobRun:
         return self._stop_reason is None
 
     async def run(self) -> Exit:
+        ended: Exit | None = None
         try:
-            return await self._run()
+            ended = await self._run()
+            return ended
         finally:
+            failed = ended is None or ended.exit_code != 0
             for process in self._processes:
+                if isinstance(process, JobProcess) and failed:
+                    process.keep = False  # a failed attempt's processes are not reused
                 await process.terminate(self.settings.stop_grace_s)
 
     async def _run(self) -> Exit:
@@ -251,7 +261,7 @@ class JobRun:
         *,
         rollout_address: str | None,
         address_file: Path | None = None,
-    ) -> ManagedProcess | RankGroup:
+    ) -> Proc | RankGroup:
         """The trainer, told its rollout's address (RL), the file the rollout writes it to (a
         private rollout starting beside it), or neither (SFT); several ranks for a job on
         several devices (rank 0 alone opens the rollout)."""
@@ -278,6 +288,7 @@ class JobRun:
     async def _start_ranks(self, argv: list[str], env: dict[str, str]) -> RankGroup:
         """One trainer process per local device: trainer.log for global rank 0, else
         trainer-rank<R>.log."""
+        ranks: list[ManagedProcess] = []
         envs = rank_envs(max(len(self.device_ids), 1), self._rendezvous)
         for rank_env in envs:
             rank = int(rank_env["RANK"])
@@ -290,13 +301,14 @@ class JobRun:
                 cwd=self.run_dir,
             )
             self._processes.append(process)
+            ranks.append(process)
             write_atomic(self.run_dir / f"{name}.pid", f"{process.pid}\n")
         self.log.info("trainer_ranks_started", world_size=envs[0]["WORLD_SIZE"], local=len(envs))
-        return RankGroup(self._processes[-len(envs) :])
+        return RankGroup(ranks)
 
     async def _start(
         self, name: str, argv: list[str], env: dict[str, str], handover: Handover
-    ) -> ManagedProcess:
+    ) -> Proc:
         """A warm spare of this job's base model handed the job, else a fresh process."""
         process = await self._take_spare(name, handover)
         if process is None:
@@ -308,24 +320,14 @@ class JobRun:
         write_atomic(self.run_dir / f"{name}.pid", f"{process.pid}\n")
         return process
 
-    async def _take_spare(self, name: str, handover: Handover) -> ManagedProcess | None:
-        if self._spares is None or not self.job.spec.model.base_model:
+    async def _take_spare(self, name: str, handover: Handover) -> Proc | None:
+        if self._spares is None:
             return None
-        spare = self._spares.take(name, self.job.spec.model.base_model)
-        if spare is None:
-            self.log.info("cold_start", process=name)
-            return None
-        try:
-            await spare.hand_over(handover.line(), handover.log_path)
-        except (BrokenPipeError, ConnectionResetError) as err:  # it died just now: start cold
-            self.log.warning("spare_lost", process=name, pid=spare.pid, error=repr(err))
-            await spare.terminate(0)
-            return None
-        self.log.info("warm_start", process=name, pid=spare.pid)
-        return spare
+        reusable = reusable_job(self.job, ranked=self._ranked) and self._spares.reuse
+        return await hand_to_spare(self._spares, name, self.job, handover, reusable, self.log)
 
     async def _wait_for_rollout_address(
-        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup
+        self, rollout: Proc, trainer: Proc | RankGroup
     ) -> Exit | None:
         """None once the rollout has written rollout.addr; else how the attempt ended: the
         rollout died or was late, the run was stopped, or the trainer exited first."""
@@ -364,8 +366,8 @@ class JobRun:
 
     async def _supervise(
         self,
-        rollout: ManagedProcess | None,
-        trainer: ManagedProcess | RankGroup,
+        rollout: Proc | None,
+        trainer: Proc | RankGroup,
         *,
         when: str = "while it trained",
     ) -> Exit:
@@ -384,6 +386,8 @@ class JobRun:
         grace = self.settings.stop_grace_s
         if "trainer" in first:
             code = trainer.returncode if trainer.returncode is not None else -1
+            if isinstance(rollout, JobProcess) and code != 0:
+                rollout.keep = False  # the attempt failed: its rollout is not reused
             if rollout is not None:
                 if code > 0 and (lost := await self._rollout_lost(rollout, trainer)):
                     return lost
@@ -413,9 +417,7 @@ class JobRun:
             self._died("rollout", rollout_code, rollout, "while the trainer ran"),
         )
 
-    async def _rollout_lost(
-        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup
-    ) -> Exit | None:
+    async def _rollout_lost(self, rollout: Proc, trainer: Proc | RankGroup) -> Exit | None:
         """The trainer failed: on its rollout's fault if the rollout was killed, or runs on
         but does not answer a health check (hung: then it is killed). Either way the attempt is
         lost, not the job failed; None when the rollout answers or exited by itself."""
@@ -445,9 +447,7 @@ class JobRun:
             return Exit(ended, self._died("rollout", ended, rollout, when))
         return None
 
-    async def _trainer_lost(
-        self, rollout: ManagedProcess, trainer: ManagedProcess | RankGroup, when: str
-    ) -> Exit:
+    async def _trainer_lost(self, rollout: Proc, trainer: Proc | RankGroup, when: str) -> Exit:
         """The rollout exited PEER_LOST: its trainer left the stream unclosed (hung, or gone).
         A trainer killed meanwhile says so; one still there after ``peer_lost_grace_s`` is
         killed as hung; the attempt is lost either way (a trainer that ends by itself closes
@@ -475,9 +475,7 @@ class JobRun:
             f"see {rollout.log_path}), and the trainer then exited with code {code}",
         )
 
-    def _died(
-        self, name: str, code: int | None, process: ManagedProcess | RankGroup, when: str
-    ) -> str:
+    def _died(self, name: str, code: int | None, process: Proc | RankGroup, when: str) -> str:
         where = f"(see {process.log_path})"
         if code is not None and code < 0:
             return f"{name} process was killed by {_signal_name(-code)} {when} {where}"

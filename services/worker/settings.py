@@ -100,6 +100,9 @@ class WorkerSettings(BaseSettings):
     warm_spares: int = Field(1, ge=0, description="spare process pairs per warm base model")
     warm_models: Annotated[list[str], NoDecode] = []  # kept warm from start-up, e.g. "Qwen/X"
     warm_models_max: int = Field(2, ge=1, description="most base models kept warm at once")
+    # A spare whose job (one device, private rollout, RL or SFT) ended well serves the same
+    # tenant's next job of that model instead of exiting (spares.py, reusable.py).
+    spare_reuse: bool = True
     spare_idle_s: float = Field(
         600.0, gt=0, description="retire a model's spares when no job asked for it this long"
     )

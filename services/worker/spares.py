@@ -6,8 +6,13 @@ model load, each time. The pool keeps, for each base model launched here recentl
 have paid that already and wait on stdin for a job. ``take`` gives one away (the job run hands
 it the launch file) and wakes the maintainer, which starts its replacement at once.
 
-Isolation stays simple: a spare serves one job and exits with it, exactly like a cold-started
-process; nothing of a job (token, spec, devices, seed, weights) reaches it before hand-over.
+Isolation: nothing of a job (token, spec, devices, seed, weights) reaches a spare before
+hand-over. A spare serves one job and exits with it, exactly like a cold-started process,
+unless ``settings.spare_reuse`` and the job allows it (job_run.py: one device, a private
+rollout, RL or SFT): then a process whose job ended well comes back (``give_back``, via
+reusable.py), reloads the base model from its files, and is kept for the next job of the
+*same tenant* and base model only (``take(..., tenant=...)``), at most ``warm_spares`` of each
+kind per tenant. Short jobs then pay no process start at all.
 Bounds: ``warm_models_max`` models at once, retired after ``spare_idle_s`` without a job; a
 spare that dies is replaced, and a model whose spares keep dying is no longer warmed.
 """
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from opentinker.services.common.spare import model_key
+from opentinker.services.common.spare import REPORT_FD_ENV, model_key
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.supervisor import ManagedProcess
 
@@ -41,6 +46,13 @@ class _Model:
     pinned: bool = False  # in settings.warm_models: never retired
     deaths: int = 0
     spares: dict[str, list[ManagedProcess]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    # (tenant, kind) -> processes that served a job of that tenant and wait for its next one
+    used: dict[tuple[str, str], list[ManagedProcess]] = field(default_factory=dict)
+
+    def everyone(self) -> list[ManagedProcess]:
+        return [p for k in KINDS for p in self.spares[k]] + [
+            p for ps in self.used.values() for p in ps
+        ]
 
 
 class SparePool:
@@ -55,31 +67,53 @@ class SparePool:
         self._numbers = itertools.count(1)
         self._wake = asyncio.Event()
         self.warm_starts = 0  # spares given to jobs (the bench and tests read it)
+        self.reused = 0  # processes given back after a job, for the tenant's next
+        self._retiring: set[asyncio.Future[None]] = set()
         now = time.monotonic()
         for name in settings.warm_models:
             key = model_key(name)
             self._models[key] = _Model(key, now, pinned=True)
 
-    def take(self, kind: str, base_model: str) -> ManagedProcess | None:
-        """A live spare of ``kind`` that preloaded ``base_model``, or None (start cold). Either
-        way the model counts as used, so spares are (re)made for it."""
+    @property
+    def reuse(self) -> bool:
+        return self.settings.spare_reuse
+
+    def take(self, kind: str, base_model: str, tenant: str = "") -> ManagedProcess | None:
+        """A live spare of ``kind`` that preloaded ``base_model``, or None (start cold): one
+        that served ``tenant`` before if there is one (a reusable job's), else a fresh one.
+        Either way the model counts as used, so spares are (re)made for it."""
         key = model_key(base_model)
         model = self._models.get(key)
         if model is None:
             model = self._models[key] = _Model(key, time.monotonic())
         model.last_used = time.monotonic()
         self._wake.set()
-        waiting = model.spares[kind]
-        while waiting:
-            process = waiting.pop(0)
-            if process.running:
-                self.warm_starts += 1
-                model.deaths = 0
-                return process
+        for waiting in (model.used.get((tenant, kind), []) if tenant else [], model.spares[kind]):
+            while waiting:
+                process = waiting.pop(0)
+                if process.running:
+                    self.warm_starts += 1
+                    model.deaths = 0
+                    return process
         return None
 
+    def give_back(self, kind: str, base_model: str, tenant: str, process: ManagedProcess) -> None:
+        """A reusable spare whose job (of ``tenant``) ended well: kept for that tenant's next
+        job of the model, unless the model is no longer warm or enough wait already."""
+        model = self._models.get(model_key(base_model))
+        waiting = model.used.setdefault((tenant, kind), []) if model else []
+        if model is None or len(waiting) >= max(1, self.settings.warm_spares):
+            log.info("spare_not_kept", kind=kind, model=base_model, pid=process.pid)
+            task = asyncio.ensure_future(_stop_all([process], self.settings.stop_grace_s))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+            return
+        waiting.append(process)
+        self.reused += 1
+        log.info("spare_kept", kind=kind, model=model.key, tenant=tenant, pid=process.pid)
+
     def waiting(self) -> dict[str, list[ManagedProcess]]:
-        """Kind -> the spares waiting for a job now, over every warm model."""
+        """Kind -> the fresh spares waiting for a job now, over every warm model."""
         return {k: [p for m in self._models.values() for p in m.spares[k]] for k in KINDS}
 
     async def maintain(self, stop: asyncio.Event, interval_s: float = 2.0) -> None:
@@ -109,6 +143,8 @@ class SparePool:
                 await self._refill(model, kind)
 
     async def _refill(self, model: _Model, kind: str) -> None:
+        for used in model.used.values():  # a reused one that died: its tenant starts fresh
+            used[:] = [p for p in used if p.running]
         waiting = model.spares[kind]
         for process in [p for p in waiting if not p.running]:
             waiting.remove(process)
@@ -134,13 +170,14 @@ class SparePool:
             env={**os.environ, **self._env, "PYTHONUNBUFFERED": "1"},
             cwd=self.dir,
             stdin_pipe=True,
+            report_pipe=REPORT_FD_ENV if self.reuse else "",
         )
         log.info("spare_started", kind=kind, model=key, pid=process.pid)
         return process
 
     async def _retire(self, model: _Model, why: str) -> None:
         del self._models[model.key]
-        spares = [p for kind in KINDS for p in model.spares[kind]]
+        spares = model.everyone()
         if spares:
             log.info("spares_retired", model=model.key, spares=len(spares), why=why)
         await _stop_all(spares, self.settings.stop_grace_s)
@@ -149,6 +186,8 @@ class SparePool:
         """Stop every waiting spare (they exit on stdin's EOF; stragglers are killed)."""
         for model in list(self._models.values()):
             await self._retire(model, "worker stopping")
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
 
 
 async def _stop_all(processes: list[ManagedProcess], grace_s: float) -> None:

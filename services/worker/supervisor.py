@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -46,10 +47,17 @@ def with_parent_death_signal(
 class ManagedProcess:
     """One supervised child process. Create with ``await ManagedProcess.start(...)``."""
 
-    def __init__(self, name: str, process: asyncio.subprocess.Process, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        process: asyncio.subprocess.Process,
+        log_path: Path,
+        reports: asyncio.StreamReader | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._process = process
+        self._reports = reports
 
     @classmethod
     async def start(
@@ -61,31 +69,64 @@ class ManagedProcess:
         env: Mapping[str, str],
         cwd: Path | None = None,
         stdin_pipe: bool = False,
+        report_pipe: str = "",
     ) -> ManagedProcess:
-        """``stdin_pipe``: keep a pipe to the child's stdin (``hand_over`` writes to it)."""
+        """``stdin_pipe``: keep a pipe to the child's stdin (``hand_over`` writes to it).
+        ``report_pipe``: an environment variable naming the write end of a pipe the child
+        reports on (JSON lines, ``next_report``)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            process = await asyncio.create_subprocess_exec(
-                *with_parent_death_signal(argv),
-                stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=asyncio.subprocess.STDOUT,
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,
+        env = dict(env)
+        pass_fds: tuple[int, ...] = ()
+        reports: asyncio.StreamReader | None = None
+        if report_pipe:
+            read_fd, write_fd = os.pipe()
+            env[report_pipe], pass_fds = str(write_fd), (write_fd,)
+        try:
+            with open(log_path, "ab") as log_file:
+                process = await asyncio.create_subprocess_exec(
+                    *with_parent_death_signal(argv),
+                    stdin=asyncio.subprocess.PIPE if stdin_pipe else asyncio.subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    pass_fds=pass_fds,
+                )
+        finally:
+            for fd in pass_fds:  # the child's end
+                os.close(fd)
+        if report_pipe:
+            reports = asyncio.StreamReader()
+            protocol = asyncio.StreamReaderProtocol(reports)
+            await asyncio.get_running_loop().connect_read_pipe(
+                lambda: protocol, os.fdopen(read_fd, "rb", buffering=0)
             )
         log.info("process_started", name=name, pid=process.pid, log=str(log_path))
-        return cls(name, process, log_path)
+        return cls(name, process, log_path, reports)
 
-    async def hand_over(self, line: bytes, log_path: Path) -> None:
-        """Send one line on stdin and close it (a warm spare's job); its log moves with it."""
+    async def hand_over(self, line: bytes, log_path: Path, *, keep_open: bool = False) -> None:
+        """Send one line on stdin (a warm spare's job); its log moves with it. Stdin is closed
+        after it unless ``keep_open`` (a reusable spare reads its next job there)."""
         stdin = self._process.stdin
         if stdin is None:
             raise RuntimeError(f"{self.name} was started without a stdin pipe")
         stdin.write(line)
         await stdin.drain()
-        stdin.close()
+        if not keep_open:
+            stdin.close()
         self.log_path = log_path
+
+    @property
+    def reports(self) -> bool:
+        return self._reports is not None
+
+    async def next_report(self) -> dict | None:
+        """The next JSON line the child reported; None once it closed the pipe (exited)."""
+        if self._reports is None:
+            return None
+        line = await self._reports.readline()
+        return json.loads(line) if line.strip() else None
 
     def close_stdin(self) -> None:
         """A spare reads EOF and exits: retired without a job."""

@@ -1,0 +1,91 @@
+"""Warm spares reused across one tenant's jobs (worker/spares.py, reusable.py,
+common/spare.py ``serve_jobs``), through the real mesh with the tiny model.
+
+A spare whose job ended well is kept for the next job of the same tenant and base model: that
+job pays no process start. It must start exactly as a fresh process would (the base model
+loaded again, its own seed), and never serve another tenant."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from identity_helpers import other_tenant_key
+
+import opentinker
+from opentinker import JobSpec, ModelSpec, RlConfig, SamplingParams
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    settings = MeshSettings(run_root=tmp_path_factory.mktemp("reuse"), cpu_slots=1, warm_spares=1)
+    with LocalMesh(settings) as running:
+        yield running
+
+
+def full_job(model: Path, *, seed: int = 3) -> JobSpec:
+    """Full fine-tuning with a large learning rate: a step changes the weights a lot."""
+    rl = RlConfig(
+        env_name="letter",
+        env_options={"num_letters": "4"},
+        steps=1,
+        prompts_per_step=2,
+        samples_per_prompt=4,
+        learning_rate=5e-2,
+        sampling=SamplingParams(max_new_tokens=1),
+        seed=seed,
+    )
+    return JobSpec(name="reuse", model=ModelSpec(base_model=str(model), finetune="full"), rl=rl)
+
+
+def run(client: opentinker.Client, spec: JobSpec) -> tuple[str, dict[str, float]]:
+    events: list = []
+    job = client.fit(spec, on_event=events.append, timeout=300)
+    return job.job_id, [e for e in events if e.kind == "step"][0].metrics
+
+
+def pids(mesh: LocalMesh, job_id: str) -> dict[str, int]:
+    run_dir = mesh.run_root / "jobs" / job_id / "attempt-1"
+    return {name: int((run_dir / f"{name}.pid").read_text()) for name in ("rollout", "trainer")}
+
+
+def until_logged(paths, text: str, count: int, timeout_s: float = 120.0) -> None:
+    """Until the files ``paths()`` names say ``text`` ``count`` times in all."""
+    deadline = time.monotonic() + timeout_s
+    while sum(p.read_text().count(text) for p in paths()) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} {text!r} in {paths()}"
+        time.sleep(0.2)
+
+
+def test_a_tenants_next_job_runs_on_its_last_jobs_processes_from_fresh_weights(
+    mesh, letter_model_dir
+) -> None:
+    spares = mesh.run_root / "jobs" / "spares"
+    spare_logs = lambda: list(spares.glob("*.log"))  # noqa: E731
+    worker_log = lambda: [mesh.log_dir / "worker.log"]  # noqa: E731
+    spec = full_job(letter_model_dir)
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10) as client:
+        run(client, spec)  # the worker learns the model: spares are made for it
+        until_logged(spare_logs, "spare_ready", 2)  # a rollout and a trainer
+        first_id, first = run(client, spec)  # on fresh spares, kept afterwards
+        until_logged(worker_log, "spare_kept", 2)
+        again_id, again = run(client, spec)
+    assert pids(mesh, again_id) == pids(mesh, first_id), "not the kept processes"
+    # The kept processes trained every parameter with a large step; had any of it (or the
+    # optimizer, or the RNG) reached the next job, its first step would differ from the
+    # first's. Same spec and seed from the base weights: the same numbers.
+    assert first["grad_norm"] > 0
+    for key in ("reward_mean", "entropy", "loss", "grad_norm", "probe_max_abs_diff"):
+        assert again[key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
+
+    # Another tenant's job never gets them.
+    kept = set(pids(mesh, again_id).values())
+    with opentinker.Client(
+        mesh.scheduler_address, api_key=other_tenant_key(mesh, "reuse-other", "carol")
+    ) as other:
+        other_id, _ = run(other, spec)
+    assert not kept & set(pids(mesh, other_id).values()), "another tenant's job reused them"
