@@ -53,9 +53,23 @@
       timeChart.data.datasets[i].data.push(ev.metrics[name] ?? 0);
     });
     document.getElementById("job-step").textContent = ev.step;
+    if (ev.metrics.env_errors) {  // the first reason arrives as the trainer's log line
+      envErrors += ev.metrics.env_errors;
+      const shown = document.getElementById("job-env-errors");
+      shown.textContent = envErrors;
+      shown.className = "state FAILED";
+    }
     if (ev.metrics.reward_mean != null) {  // null: not a finite number (NaN)
       document.getElementById("job-reward").textContent = ev.metrics.reward_mean.toFixed(3);
     }
+  }
+
+  let envErrors = 0;  // episodes of every step so far that ended in an env error
+  function showFirstEnvError(text) {  // the trainer's line: "env 'x': 2 of 8 episodes failed"
+    const first = document.getElementById("job-env-error-first");
+    if (!first.hidden || !/^env '[^']*': \d+ of \d+ episodes failed/.test(text)) return;
+    first.textContent = "first env error: " + text;
+    first.hidden = false;
   }
 
   function addLine(text) {
@@ -95,6 +109,7 @@
       }
       addLine(ev.state + (ev.reason ? " — " + ev.reason : ""));
     } else if (ev.kind === "log") {
+      showFirstEnvError(ev.message);
       addLine(ev.message);
     }
   });
