@@ -112,6 +112,12 @@ async def key_probe_agent(*, base_url: str, api_key: str, task: str, seed: int) 
     await client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": task}]
     )
+    with pytest.raises(openai.BadRequestError, match="n: Input should be less than or equal"):
+        await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "x"}], n=2
+        )
+    with pytest.raises(openai.BadRequestError, match="messages: List should have at least 1"):
+        await client.chat.completions.create(model="p", messages=[])
     bad = openai.AsyncOpenAI(base_url=base_url, api_key="stolen", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="wrong or missing API key"):
         await bad.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])

@@ -45,6 +45,8 @@ class _Episode:
     messages: list[ChatMessage] = field(default_factory=list)
     last_text: str = ""  # the last reply's text (tool calls included), graded by the env
     info: dict[str, str] = field(default_factory=dict)
+    # Calls of one episode are served one at a time, in arrival order: each extends the record.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class AgentProgramLoop:
@@ -130,7 +132,8 @@ class AgentProgramLoop:
         ep.messages.append(ChatMessage("user", reset.observation))
 
         async def complete(call: ChatRequest) -> dict[str, Any]:
-            return await self._complete(ep, call, queue)
+            async with ep.lock:
+                return await self._complete(ep, call, queue)
 
         base_url, api_key = self.server.open(request.episode_id, self.model_name, complete)
         reward = await run_program(

@@ -34,6 +34,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    n: int = Field(1, ge=1, le=1, description="one choice per call: each is a recorded turn")
 
     @property
     def token_cap(self) -> int | None:
