@@ -66,6 +66,14 @@ def test_every_link_in_the_docs_and_the_readme_names_a_file_that_exists() -> Non
 
 
 @pytest.mark.unit
+def test_the_readme_stays_short_and_points_into_the_docs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 15_000
+    assert "make demo" in readme and "make test" in readme
+    assert len([t for t in _local_links(ROOT / "README.md") if t.startswith("docs/")]) >= 5
+
+
+@pytest.mark.unit
 def test_the_protocol_reference_lists_every_service_and_rpc() -> None:
     spec = importlib.util.spec_from_file_location("proto_docs", ROOT / "tools" / "proto_docs.py")
     assert spec is not None and spec.loader is not None
