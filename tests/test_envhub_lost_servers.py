@@ -28,7 +28,7 @@ from opentinker.services.envhub.games.letter_env import LetterGame
 @pytest.mark.integration
 def test_a_stopped_env_server_fails_its_episodes_naming_it() -> None:
     async def scenario() -> None:
-        async with envhub() as hub:
+        async with envhub(env_return_grace_s=0.5) as hub:
             handle = await hub.serve(LetterGame, name="letters")
             episodes = Episodes(hub)
             await episodes.open("letters")
@@ -42,8 +42,14 @@ def test_a_stopped_env_server_fails_its_episodes_naming_it() -> None:
             assert failed.code == "UNAVAILABLE"
             assert "'letters'" in failed.reason and handle.address in failed.reason
             assert await hub.instances("letters") == []  # the dead instance was dropped
-            await episodes.reset("e2")  # nothing left to route to
-            assert (await episodes.recv()).failed.code == "NOT_FOUND"
+            # Nothing left to route to after a grace period (short: this server's renewals,
+            # still running in this process, would register it again within 2 s).
+            await episodes.reset("e2")
+            failed = (await episodes.recv()).failed
+            assert failed.code == "NOT_FOUND", failed.reason
+            # The cause, not the consequence: the dead server, its address, its last error.
+            assert f"its server at {handle.address} died" in failed.reason
+            assert "last error: Step failed: UNAVAILABLE" in failed.reason
             await asyncio.to_thread(handle.stop, 0)
 
     run(scenario())

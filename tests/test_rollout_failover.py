@@ -177,7 +177,9 @@ def test_no_instance_left_fails_the_batch_naming_the_env(
             message = str(caught.value)
             assert caught.value.code == "UNAVAILABLE"
             assert f"2 of 2 episodes of environment '{ENV_NAME}'" in message
-            assert f"no environment named '{ENV_NAME}' is registered" in message
+            # The cause, not the consequence: the dead server, its address, its last error.
+            assert f"environment '{ENV_NAME}' has no live instance: its server at" in message
+            assert "last error: Step failed: UNAVAILABLE" in message
             assert "on restart 1" in message
 
     asyncio.run(asyncio.wait_for(scenario(), 90))

@@ -41,7 +41,7 @@ from opentinker.services.envhub.image_limits import (
     image_problem,
 )
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
-from opentinker.services.envhub.registry import Instance, Registry
+from opentinker.services.envhub.registry import Instance, Registry, not_registered
 
 log = structlog.get_logger("opentinker.envhub")
 _Reply = TypeVar("_Reply")
@@ -104,16 +104,19 @@ class EpisodeRouter:
         tenant: str,
         image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
         capacity_wait_s: float = 0.0,
+        return_grace_s: float = 0.0,
     ) -> None:
         """``tenant``: whose episodes these are; routed to its own env of that name, else to a
         shared one (Registry.routable). ``capacity_wait_s``: how long a Reset waits for a slot
-        while every instance is at capacity (0 = fail at once)."""
+        while every instance is at capacity (0 = fail at once). ``return_grace_s``: how long
+        an open or a Reset waits for an env whose server died to register again."""
         self._registry = registry
         self._tenant = tenant
         self._channels = channels
         self.env_name = env_name
         self._timeout_s = call_timeout_s
         self._capacity_wait_s = capacity_wait_s
+        self._return_grace_s = return_grace_s
         self._max_observation_chars = max_observation_chars
         self._image_limits = image_limits
         self._episodes: dict[str, _Episode] = {}
@@ -132,13 +135,7 @@ class EpisodeRouter:
 
         Every instance is asked at once: asked in turn, each silent one (deadlocked, or
         unreachable without refusing) cost a whole call deadline before the next was tried."""
-        instances = self._registry.routable(self.env_name, tenant=self._tenant)
-        if not instances:
-            registered = sorted({i.env_name for i in self._registry.instances(tenant=self._tenant)})
-            raise NotFoundError(
-                f"no environment named {self.env_name!r} is registered; registered: {registered}",
-                reason="ENV_NOT_FOUND",
-            )
+        instances = await self._routable_after_grace()
         asks = [asyncio.create_task(self._spec_of(instance)) for instance in instances]
         failures = []
         try:
@@ -156,6 +153,19 @@ class EpisodeRouter:
             code="UNAVAILABLE",
             reason="ENV_UNAVAILABLE",  # EnvHub's own answer: the rollout does not wait it out
         )
+
+    async def _routable_after_grace(self) -> list[Instance]:
+        """The env's instances; when none is left because its server died lately, wait up to
+        ``return_grace_s`` for it to register again, then NOT_FOUND naming the dead server."""
+        deadline = time.monotonic() + self._return_grace_s
+        while True:
+            instances = self._registry.routable(self.env_name, tenant=self._tenant)
+            if instances:
+                return instances
+            gone = self._registry.departed(self.env_name, tenant=self._tenant)
+            if gone is None or time.monotonic() >= deadline:
+                raise not_registered(self._registry, self.env_name, self._tenant)
+            await asyncio.sleep(CAPACITY_POLL_S)
 
     async def _spec_of(
         self, instance: Instance
@@ -204,11 +214,15 @@ class EpisodeRouter:
         """A slot on an instance; while all are at capacity (episodes of other jobs sharing the
         env hold them), wait up to ``capacity_wait_s`` for one to be released."""
         deadline = time.monotonic() + self._capacity_wait_s
+        grace = time.monotonic() + self._return_grace_s
         while True:
             try:
                 return self._registry.acquire(self.env_name, tenant=self._tenant)
             except ResourceExhaustedError as err:
                 if err.reason != "ENV_AT_CAPACITY" or time.monotonic() >= deadline:
+                    raise
+            except NotFoundError as err:  # its server died: it may come back (a restart)
+                if err.reason != "ENV_SERVER_DIED" or time.monotonic() >= grace:
                     raise
             await asyncio.sleep(CAPACITY_POLL_S)
 
@@ -312,12 +326,12 @@ class EpisodeRouter:
                     f"port): {err.details()}"
                 )
                 code = "UNAVAILABLE"
-                self._registry.deregister(instance.instance_id)
+                self._registry.deregister(instance.instance_id, why=what)
                 self._log.warning("instance_refused_env_token_dropped", address=instance.address)
             else:
                 what = f"{method} failed: {code}: {err.details()}"
             if err.code() == grpc.StatusCode.UNAVAILABLE and not instance.pinned:
-                await self._drop_if_dead(instance)
+                await self._drop_if_dead(instance, what)
             self._forget(episode_id, episode)
             if code != "UNAVAILABLE":  # free whatever it still holds
                 self._in_background(self._close_on(instance, episode_id))
@@ -349,7 +363,7 @@ class EpisodeRouter:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _drop_if_dead(self, instance: Instance) -> None:
+    async def _drop_if_dead(self, instance: Instance, last_error: str) -> None:
         """Deregister an instance that failed a call UNAVAILABLE, unless it still answers: a
         live server's game may report its own backend unavailable (UnavailableError), and
         dropping that server would fail every Reset until it registers again, then forget the
@@ -363,7 +377,7 @@ class EpisodeRouter:
             return
         except grpc.aio.AioRpcError:
             pass
-        self._registry.deregister(instance.instance_id)
+        self._registry.deregister(instance.instance_id, why=f"last error: {last_error}")
         self._log.warning("instance_unavailable_dropped", address=instance.address)
 
     def _failure(

@@ -86,7 +86,8 @@ class Registry(Protocol):
         shared: bool = False,
     ) -> Instance: ...
     def renew(self, instance_id: str, *, tenant: str | None = None) -> None: ...
-    def deregister(self, instance_id: str, *, tenant: str | None = None) -> None: ...
+    def deregister(self, instance_id: str, *, tenant: str | None = None, why: str = "") -> None: ...
+    def departed(self, env_name: str, *, tenant: str | None = None) -> Departure | None: ...
     def instances(
         self, env_name: str | None = None, *, tenant: str | None = None
     ) -> list[Instance]: ...
@@ -96,6 +97,39 @@ class Registry(Protocol):
     def set_healthy(self, instance_id: str, healthy: bool) -> None: ...
 
 
+@dataclass(frozen=True)
+class Departure:
+    """The last instance of an env that left without deregistering itself: where it served,
+    why EnvHub dropped it (its last error), and when (wall clock, unix s)."""
+
+    address: str
+    why: str
+    at_unix_s: float
+    tenant_id: str
+    shared: bool
+
+    def visible_to(self, tenant: str | None) -> bool:
+        return tenant is None or self.shared or self.tenant_id in ("", tenant)
+
+
+def not_registered(registry: Registry, env_name: str, tenant: str) -> NotFoundError:
+    """NOT_FOUND for an env with no instance: the dead server's address and last error when
+    one left lately (the cause, not the consequence), else the names registered."""
+    gone = registry.departed(env_name, tenant=tenant)
+    if gone is not None:
+        ago = max(0.0, time.time() - gone.at_unix_s)
+        return NotFoundError(
+            f"environment {env_name!r} has no live instance: its server at {gone.address} "
+            f"died {ago:.0f} s ago ({gone.why}); restart the env server (it registers again)",
+            reason="ENV_SERVER_DIED",
+        )
+    registered = sorted({i.env_name for i in registry.instances(tenant=tenant)})
+    return NotFoundError(
+        f"no environment named {env_name!r} is registered; registered: {registered}",
+        reason="ENV_NOT_FOUND",
+    )
+
+
 class InMemoryRegistry:
     """Registrations in a dict. Not thread-safe: used from EnvHub's one event loop."""
 
@@ -103,6 +137,7 @@ class InMemoryRegistry:
         self._ttl_s = ttl_s
         self._clock = clock
         self._by_id: dict[str, Instance] = {}
+        self._departed: dict[str, Departure] = {}  # env name -> its last dead instance
 
     def register(
         self,
@@ -134,6 +169,7 @@ class InMemoryRegistry:
         for old in self.instances(env_name):
             if old.address == address and old.tenant_id == tenant_id:
                 del self._by_id[old.instance_id]
+        self._departed.pop(env_name, None)
         instance = Instance(
             instance_id=uuid.uuid4().hex,
             env_name=env_name,
@@ -159,11 +195,26 @@ class InMemoryRegistry:
             )
         instance.renewed_s = self._clock()
 
-    def deregister(self, instance_id: str, *, tenant: str | None = None) -> None:
-        """Drop an instance ``tenant`` owns; harmless for an unknown one."""
+    def deregister(self, instance_id: str, *, tenant: str | None = None, why: str = "") -> None:
+        """Drop an instance ``tenant`` owns; harmless for an unknown one. ``why``: EnvHub
+        drops it as dead (its last error), kept for ``departed``."""
         instance = self._by_id.get(instance_id)
         if instance is not None and _owned_by(instance, tenant):
             del self._by_id[instance_id]
+            if why:
+                self._depart(instance, why)
+
+    def departed(self, env_name: str, *, tenant: str | None = None) -> Departure | None:
+        """The last instance of ``env_name`` that died (dropped by EnvHub, or its renewals
+        stopped), while none has registered since."""
+        self._expire()
+        gone = self._departed.get(env_name)
+        return gone if gone is not None and gone.visible_to(tenant) else None
+
+    def _depart(self, instance: Instance, why: str) -> None:
+        self._departed[instance.env_name] = Departure(
+            instance.address, why, time.time(), instance.tenant_id, instance.shared
+        )
 
     def instances(
         self, env_name: str | None = None, *, tenant: str | None = None
@@ -190,11 +241,7 @@ class InMemoryRegistry:
         """Take a slot on the least-loaded healthy instance of ``env_name`` that has room."""
         candidates = self.routable(env_name, tenant=tenant)
         if not candidates:
-            raise NotFoundError(
-                f"no environment named {env_name!r} is registered; registered: "
-                f"{sorted({i.env_name for i in self.instances(tenant=tenant)})}",
-                reason="ENV_NOT_FOUND",
-            )
+            raise not_registered(self, env_name, tenant)
         healthy = [i for i in candidates if i.healthy]
         if not healthy:
             # RESOURCE_EXHAUSTED rather than UNAVAILABLE: the episode router maps only
@@ -234,6 +281,9 @@ class InMemoryRegistry:
         for instance in list(self._by_id.values()):
             if not instance.pinned and instance.renewed_s < cutoff:
                 del self._by_id[instance.instance_id]
+                self._depart(
+                    instance, f"it stopped renewing its registration for {self._ttl_s:g} s"
+                )
 
 
 def page(

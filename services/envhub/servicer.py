@@ -164,6 +164,7 @@ class EnvHubServicer(envhub_pb2_grpc.EnvHubServiceServicer):
             job_id=first.open.job_id,
             call_timeout_s=self._settings.env_call_timeout_s,
             capacity_wait_s=self._settings.capacity_wait_s,
+            return_grace_s=self._settings.env_return_grace_s,
             max_observation_chars=self._settings.max_observation_chars,
             image_limits=ImageLimits(
                 max_images=self._settings.max_observation_images,

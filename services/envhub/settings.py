@@ -33,6 +33,13 @@ class EnvHubSettings(BaseSettings):
         description="How long a Reset waits for a slot when every instance of its env is at "
         "capacity (jobs sharing an env queue for it) before failing RESOURCE_EXHAUSTED.",
     )
+    env_return_grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long opening an env, or a Reset, waits for an env whose server died "
+        "(dropped as dead, or its renewals stopped) to register again before failing "
+        "NOT_FOUND naming the dead server's address and last error.",
+    )
     max_observation_chars: int = Field(
         16384, ge=1, description="A longer env observation fails its episode (EpisodeFailed)."
     )
