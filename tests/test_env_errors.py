@@ -126,9 +126,12 @@ def tiny_model_dir(letter_model_dir: Path) -> Path:
     return letter_model_dir
 
 
-async def run_flaky(identities: Identities, spec: JobSpec, tmp_path: Path):  # noqa: ANN201
+async def run_flaky(  # noqa: ANN201
+    identities: Identities, spec: JobSpec, tmp_path: Path, game: type[AbstractGame] = Flaky
+):
+    """The RL loop of ``spec`` on the mesh with ``game`` served; (outcome, the scheduler)."""
     async with mesh(identities) as m:
-        handle = await asyncio.to_thread(serve, Flaky, envhub_address=m.envhub_address, block=False)
+        handle = await asyncio.to_thread(serve, game, envhub_address=m.envhub_address, block=False)
         try:
             outcome, _, _ = await run_loop(m, spec, tmp_path)
         finally:
@@ -281,3 +284,98 @@ def test_an_inference_job_with_most_episodes_failed_fails_naming_the_reasons(
     assert "backend of episode" in failure.reason and "is down" in failure.reason
     (line,) = [log.message for log in scheduler.of("log") if log.message.startswith("env '")]
     assert line.startswith("env 'mostly-broken': 7 of 8 episodes failed in batch 1 (raise 7)")
+
+
+def test_an_env_whose_server_died_is_named_with_its_address_and_last_error() -> None:
+    """EnvHub keeps the last dead instance of an env (dropped as dead, or its renewals
+    stopped) until one registers again: NOT_FOUND then names it, not 'no env named'."""
+    from opentinker.env_auth import new_env_token
+    from opentinker.errors import NotFoundError
+    from opentinker.services.envhub.registry import InMemoryRegistry, not_registered
+
+    now = [0.0]
+    registry = InMemoryRegistry(ttl_s=10, clock=lambda: now[0])
+    dead = registry.register("bad", "127.0.0.1:4321", 4, env_token=new_env_token())
+    registry.deregister(dead.instance_id, why="last error: Step failed: UNAVAILABLE: refused")
+    err = not_registered(registry, "bad", "acme")
+    assert err.reason == "ENV_SERVER_DIED"
+    assert "environment 'bad' has no live instance: its server at 127.0.0.1:4321 died" in str(err)
+    assert "last error: Step failed: UNAVAILABLE: refused" in str(err)
+    with pytest.raises(NotFoundError, match="127.0.0.1:4321"):
+        registry.acquire("bad", tenant="acme")
+    registry.register("bad", "127.0.0.1:4321", 4, env_token=new_env_token())  # it came back
+    assert registry.departed("bad") is None
+    now[0] = 11.0  # its renewals stopped
+    assert "stopped renewing its registration for 10 s" in str(not_registered(registry, "bad", ""))
+    assert not_registered(registry, "other", "").reason == "ENV_NOT_FOUND"
+
+
+def test_a_stream_waits_a_grace_period_for_a_dead_env_server_to_register_again() -> None:
+    """The env's only server died (EnvHub dropped it); a job opening it within
+    env_return_grace_s waits, and goes on once the server (restarted) registers again."""
+    import time as clock
+
+    from envhub_helpers import Episodes, SlowGame, envhub
+
+    async def scenario() -> None:
+        async with envhub(env_return_grace_s=10.0) as hub:
+            first = await hub.serve(SlowGame)
+            (instance,) = await hub.instances("slow")
+            first.stop()
+            hub.deps.registry.deregister(instance.instance_id, why="last error: it was killed")
+            started = clock.monotonic()
+            opening = asyncio.create_task(Episodes(hub).open("slow"))
+            await asyncio.sleep(1.0)
+            assert not opening.done()  # waiting for it, not failing at once
+            again = await hub.serve(SlowGame)
+            try:
+                spec = await asyncio.wait_for(opening, 10)
+                assert spec.name == "slow" and clock.monotonic() - started < 8
+            finally:
+                again.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+class Seedless(AbstractGame):
+    """Ignores the seed Reset gives it: every episode gets a prompt of its own."""
+
+    name = "seedless"
+    played = itertools.count()
+
+    def get_system_prompt(self) -> str:
+        return "Say a letter."
+
+    def reset(self, *, seed: int = 0) -> str:
+        return f"Letter number {next(Seedless.played) % 7}?"
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("", float(action.strip().startswith("a")), True)
+
+
+def test_a_grpo_group_given_different_prompts_is_counted_and_told(
+    identities: Identities, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    spec = job_spec(tiny_model_dir, env_name="seedless", env_options={}, steps=2)
+
+    outcome, scheduler = asyncio.run(run_flaky(identities, spec, tmp_path, Seedless))
+    assert outcome is Outcome.SUCCEEDED, scheduler.of("failure")
+    steps = scheduler.of("step")
+    assert [s.metrics["groups_prompt_mismatch"] for s in steps] == [2.0, 2.0]  # both groups
+    told = [log.message for log in scheduler.of("log") if "different prompts" in log.message]
+    assert len(told) == 1  # once per job
+    assert told[0].startswith("env 'seedless': 2 GRPO group(s) of step 1 got different prompts")
+    assert "ignore the seed" in told[0]
+
+
+def test_an_env_that_keeps_its_seed_has_no_mixed_groups() -> None:
+    from opentinker.services.trainer.batch import Episode
+    from opentinker.services.trainer.env_error_watch import mixed_prompt_groups
+
+    def ep(group: int, prompt: list[int], role: str = "") -> Episode:
+        return Episode(group, 0, [*prompt, 9], len(prompt), [0.0], [1], 0.0, False, role=role)
+
+    same = [ep(0, [1, 2]), ep(0, [1, 2]), ep(1, [3]), ep(1, [3])]
+    assert mixed_prompt_groups(same) == []
+    assert mixed_prompt_groups([*same, ep(1, [4])]) == [1]
+    assert mixed_prompt_groups([ep(0, [1], "white"), ep(0, [2], "black")]) == []  # roles differ

@@ -249,9 +249,11 @@ class RlLoop:
             self.log.warning("episodes_truncated", step=self.step, message=warning)
             await self.reporter.report_log(warning)
         env_errors = self._env_errors.observe(batch, self.step)
-        if env_errors.line:
-            self.log.warning("env_errors", step=self.step, message=env_errors.line)
-            await self.reporter.report_log(env_errors.line)
+        metrics.update(env_errors.metrics)
+        for line in (env_errors.line, env_errors.warning):
+            if line:
+                self.log.warning("env_trouble", step=self.step, message=line)
+                await self.reporter.report_log(line)
         await self._publish(metrics, loss=stats.loss)
         if env_errors.failure:  # the step's figures reach the event stream first
             await self.reports.flush()
