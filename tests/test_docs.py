@@ -97,10 +97,15 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
     site = tmp_path / "site"
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
     sdk_page = (site / "reference" / "sdk" / "index.html").read_text()
     assert 'id="opentinker.Client.fit"' in sdk_page  # mkdocstrings read the docstrings
     assert "SubmitJob" in (site / "reference" / "protocol" / "index.html").read_text()
+    cli_page = (site / "reference" / "cli" / "index.html").read_text()
+    assert "usage: opentinker models import" in cli_page  # every command's help, from argparse

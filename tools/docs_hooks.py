@@ -1,7 +1,11 @@
-"""MkDocs hooks (`hooks:` in mkdocs.yml): add the generated reference pages to the site.
+"""MkDocs hooks (`hooks:` in mkdocs.yml): the reference pages generated from the code.
 
-`reference/protocol.md` is rendered from the `.proto` comments by `tools/proto_docs.py` on
-every build, so the page cannot fall behind the protocol; nothing generated is committed.
+- `reference/protocol.md` is rendered from the `.proto` comments by `tools/proto_docs.py`;
+- `reference/cli.md` (hand-written overview) gets every command's help appended, from the CLI's
+  own parser (`tools/cli_docs.py`).
+
+Both are made on every build, so they cannot fall behind the code; nothing generated is
+committed.
 """
 
 from __future__ import annotations
@@ -13,30 +17,41 @@ from pathlib import Path
 from types import ModuleType
 
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+log = logging.getLogger("mkdocs.hooks.opentinker")
 
 
-def load_proto_docs() -> ModuleType:
-    """tools/proto_docs.py as a module (tools/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "proto_docs", Path(__file__).with_name("proto_docs.py")
-    )
+def load_tool(name: str) -> ModuleType:
+    """tools/<name>.py as a module (tools/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["proto_docs"] = module  # its dataclasses look their module up there
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-proto_docs = load_proto_docs()
-
-log = logging.getLogger("mkdocs.hooks.opentinker")
+proto_docs = load_tool("proto_docs")
+cli_docs = load_tool("cli_docs")
 
 
 def on_files(files: Files, config) -> Files:  # noqa: ANN001  (mkdocs' config type)
     """Add `reference/protocol.md`, rendered from protos/ now."""
     parsed = proto_docs.proto_files()
     missing = proto_docs.undocumented(parsed)
-    log.info("protocol reference: %d blocks, %d without a comment",
-             sum(len(f.blocks) for f in parsed), len(missing))
-    files.append(File.generated(config, "reference/protocol.md", content=proto_docs.render(parsed)))
+    log.info(
+        "protocol reference: %d blocks, %d without a comment",
+        sum(len(f.blocks) for f in parsed),
+        len(missing),
+    )
+    content = proto_docs.render(parsed)
+    files.append(File.generated(config, "reference/protocol.md", content=content))
     return files
+
+
+def on_page_markdown(markdown: str, page: Page, **_: object) -> str:
+    """Append every command's help to the CLI reference."""
+    if page.file.src_uri == "reference/cli.md":
+        return markdown.rstrip() + "\n\n" + cli_docs.render()
+    return markdown
