@@ -9,8 +9,10 @@ import sys
 from opentinker.errors import OpenTinkerError
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.adapters.openenv_game import OpenEnvGame, discover
+from opentinker.services.envhub.adapters.openenv_session import discover_capacity
 from opentinker.services.envhub.adapters.serve_args import (
     ADAPTER_TIMEOUT_S,
+    DEFAULT_CAPACITY,
     add_serving_args,
     serve_from_args,
 )
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout_s,
             system_prompt=args.system_prompt,
         )
+        if args.capacity is None:  # the server's own limit (OpenEnv's default is 1)
+            args.capacity = discover_capacity(
+                args.url, upto=DEFAULT_CAPACITY, timeout_s=args.timeout_s
+            )
     except OpenTinkerError as err:
         log.error("openenv_unusable", url=args.url, error=err.message)
         return 2
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         url=args.url,
         mcp=target.action_format.mcp,
         tools=[tool.name for tool in target.action_format.tools],
+        capacity=args.capacity,
     )
     serve_from_args(lambda: OpenEnvGame(target), args, name=name)
     return 0

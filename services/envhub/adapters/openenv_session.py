@@ -132,7 +132,11 @@ class OpenEnvSession:
         if self._ws is None:
             raise EnvironmentError_("OpenEnv session used before reset", reason="NOT_RESET")
         try:
-            self._ws.send(json.dumps(message))
+            try:
+                self._ws.send(json.dumps(message))
+            except ConnectionClosed:  # it may have said why first (a capacity refusal)
+                raw = self._ws.recv(timeout=0)
+                return self._data_of(raw, what=message["type"])
             raw = self._ws.recv(timeout=self._timeout_s)
         except TimeoutError as exc:
             raise UnavailableError(
@@ -165,6 +169,8 @@ class OpenEnvSession:
             code = str(data.get("code", "")) or "UNKNOWN"
             detail = data.get("errors") or ""
             error_type = _ERROR_TYPES.get(code, EnvironmentError_)
+            if code == "CAPACITY_REACHED":  # name the setting to change
+                detail = capacity_advice(data.get("max_sessions"))
             raise error_type(
                 f"OpenEnv server {self.base_url} refused {what} ({code}): "
                 f"{data.get('message', '')} {detail}".strip(),
@@ -191,6 +197,36 @@ class OpenEnvSession:
         return OpenEnvReply(
             observation=observation, reward=None if reward is None else float(reward), done=done
         )
+
+
+def capacity_advice(max_sessions: object) -> str:
+    """What to change when an OpenEnv server refuses a session for capacity."""
+    most = max_sessions if isinstance(max_sessions, int) else "its max_concurrent_envs"
+    return (
+        f"— the server holds at most {most} sessions, fewer than the adapter offers EnvHub: "
+        f"start `opentinker serve openenv-adapter` with --capacity {most} (or leave "
+        "--capacity out to discover it), or raise the server's max_concurrent_envs"
+    )
+
+
+def discover_capacity(base_url: str, *, upto: int, timeout_s: float) -> int:
+    """How many sessions the server holds at once (its max_concurrent_envs, as long as no one
+    else uses it), found by opening sessions one by one until it refuses one or ``upto`` are
+    open; all are closed again. ``upto`` when it never refuses."""
+    sessions: list[OpenEnvSession] = []
+    try:
+        while len(sessions) < upto:
+            session = OpenEnvSession(base_url, timeout_s=timeout_s)
+            try:
+                session.reset({})
+            except ResourceExhaustedError:
+                session.close()
+                return max(len(sessions), 1)
+            sessions.append(session)
+        return upto
+    finally:
+        for session in sessions:
+            session.close()
 
 
 def _too_big(exc: BaseException) -> bool:

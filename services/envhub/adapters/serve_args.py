@@ -12,6 +12,7 @@ from opentinker.env_server import EnvServerHandle, GameFactory, serve
 # Waiting longer gains nothing (the rollout has given up and restarted the episode elsewhere)
 # and keeps a server thread, and the episode, held by a call nobody reads.
 ADAPTER_TIMEOUT_S = 10.0
+DEFAULT_CAPACITY = 64  # live episodes an adapter offers EnvHub when not told
 
 
 def add_serving_args(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,13 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="where to listen")
     parser.add_argument("--port", type=int, default=0, help="port to listen on; 0 = any free")
     parser.add_argument("--advertise", default=None, help="host:port EnvHub should dial")
-    parser.add_argument("--capacity", type=int, default=64, help="live episodes at most")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help=f"live episodes at most (default {DEFAULT_CAPACITY}; the OpenEnv adapter "
+        "discovers its server's limit)",
+    )
     parser.add_argument(
         "--shared", action="store_true", help="offer the env to every tenant (admin key only)"
     )
@@ -41,7 +48,7 @@ def serve_from_args(
         "host": args.host,
         "port": args.port,
         "advertise_address": args.advertise,
-        "capacity": args.capacity,
+        "capacity": DEFAULT_CAPACITY if args.capacity is None else args.capacity,
         "block": block,
     }
     return serve(factory, **options)
