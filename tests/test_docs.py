@@ -109,3 +109,5 @@ def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert "SubmitJob" in (site / "reference" / "protocol" / "index.html").read_text()
     cli_page = (site / "reference" / "cli" / "index.html").read_text()
     assert "usage: opentinker models import" in cli_page  # every command's help, from argparse
+    settings_page = (site / "reference" / "settings" / "index.html").read_text()
+    assert "OPENTINKER_LEASE_TTL_S" in settings_page  # every setting, from pydantic

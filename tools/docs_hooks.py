@@ -2,7 +2,9 @@
 
 - `reference/protocol.md` is rendered from the `.proto` comments by `tools/proto_docs.py`;
 - `reference/cli.md` (hand-written overview) gets every command's help appended, from the CLI's
-  own parser (`tools/cli_docs.py`).
+  own parser (`tools/cli_docs.py`);
+- `reference/settings.md` gets every service's settings appended: variable, type, default and
+  meaning, from the pydantic settings classes (`tools/settings_docs.py`).
 
 Both are made on every build, so they cannot fall behind the code; nothing generated is
 committed.
@@ -34,6 +36,8 @@ def load_tool(name: str) -> ModuleType:
 
 proto_docs = load_tool("proto_docs")
 cli_docs = load_tool("cli_docs")
+settings_docs = load_tool("settings_docs")
+APPENDED = {"reference/cli.md": cli_docs.render, "reference/settings.md": settings_docs.render}
 
 
 def on_files(files: Files, config) -> Files:  # noqa: ANN001  (mkdocs' config type)
@@ -51,7 +55,6 @@ def on_files(files: Files, config) -> Files:  # noqa: ANN001  (mkdocs' config ty
 
 
 def on_page_markdown(markdown: str, page: Page, **_: object) -> str:
-    """Append every command's help to the CLI reference."""
-    if page.file.src_uri == "reference/cli.md":
-        return markdown.rstrip() + "\n\n" + cli_docs.render()
-    return markdown
+    """Append every command's help to the CLI reference, every setting to the settings one."""
+    render = APPENDED.get(page.file.src_uri)
+    return markdown.rstrip() + "\n\n" + render() if render else markdown
