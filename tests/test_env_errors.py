@@ -37,6 +37,8 @@ def test_reasons_the_rollout_records_sort_into_kinds() -> None:
     assert env_error_kind("bad reply to step 1: the step observation has 20000 characters, "
                           "more than max_observation_chars=16384") == "oversized"  # fmt: skip
     assert env_error_kind("step 1 failed: DEADLINE_EXCEEDED: env 'x' took 30 s") == "timeout"
+    assert env_error_kind("episode 'e': Step did not answer within 10 s") == "timeout"
+    assert env_error_kind("refused reset (CAPACITY_REACHED): ... --capacity 1") == "capacity"
     assert env_error_kind("reset failed: environment 'x' is not registered") == "unreachable"
     assert env_error_kind("bad reset reply: ... (missing fields)") == "bad_reply"
     assert env_error_kind("step 2 failed: INTERNAL: ZeroDivisionError: division by zero") == (

@@ -13,21 +13,26 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-RAISE, TIMEOUT, BAD_REWARD, OVERSIZED, UNREACHABLE, BAD_REPLY = (
+RAISE, TIMEOUT, BAD_REWARD, OVERSIZED, UNREACHABLE, CAPACITY, BAD_REPLY = (
     "raise",
     "timeout",
     "bad_reward",
     "oversized",
     "unreachable",
+    "capacity",
     "bad_reply",
 )
-ENV_ERROR_KINDS = (RAISE, TIMEOUT, BAD_REWARD, OVERSIZED, UNREACHABLE, BAD_REPLY)
+ENV_ERROR_KINDS = (RAISE, TIMEOUT, BAD_REWARD, OVERSIZED, UNREACHABLE, CAPACITY, BAD_REPLY)
 
 # (kind, words any of which in a reason mean it), the first that matches wins.
 _KIND_WORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (BAD_REWARD, ("non-finite", "s reward ")),
     (OVERSIZED, ("max_observation_chars", "too large", "RESOURCE_EXHAUSTED: received message")),
-    (TIMEOUT, ("DEADLINE_EXCEEDED", "TimeoutError", "timed out", "deadline")),
+    (
+        TIMEOUT,
+        ("DEADLINE_EXCEEDED", "TimeoutError", "timed out", "deadline", "did not answer within"),
+    ),
+    (CAPACITY, ("CAPACITY_REACHED", "at capacity", "RESOURCE_EXHAUSTED")),
     (
         UNREACHABLE,
         ("UNAVAILABLE", "not registered", "link to the envs", "NOT_FOUND", "is gone", "died"),
