@@ -381,3 +381,18 @@ def test_an_env_that_keeps_its_seed_has_no_mixed_groups() -> None:
     assert mixed_prompt_groups(same) == []
     assert mixed_prompt_groups([*same, ep(1, [4])]) == [1]
     assert mixed_prompt_groups([ep(0, [1], "white"), ep(0, [2], "black")]) == []  # roles differ
+
+
+def test_fits_console_prints_env_errors_with_the_first_reason() -> None:
+    from rich.console import Console
+
+    from opentinker.console import event_printer
+    from opentinker.jobs import JobEvent
+
+    console = Console(width=200, record=True)
+    show = event_printer(console=console)
+    line = "env 'flaky': 2 of 8 episodes failed in step 1 (raise 2); first: step 1 failed: boom"
+    show(JobEvent(1, 0.0, "step", step=1, metrics={"env_errors": 2.0, "env_error_frac": 0.25}))
+    show(JobEvent(2, 0.0, "log", message=line))
+    text = console.export_text()
+    assert "env errors 2 (25%)" in text and line in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 from rich.console import Console, JustifyMethod
 from rich.table import Table
@@ -112,6 +113,21 @@ def print_event(console: Console, event: JobEvent, *, every: int = 1) -> None:
     if event.kind == "step" and every > 1 and event.step % every != 0:
         return
     console.print(format_event(event), highlight=False)
+
+
+def event_printer(*, every: int = 1, console: Console | None = None) -> Callable[[JobEvent], None]:
+    """An ``on_event`` for ``Client.fit``/``infer`` that prints as ``opentinker tail`` does:
+    state changes, logs (env errors with their first reason among them) and every
+    ``every``-th step line (its env errors in red)::
+
+        client.fit(spec, on_event=event_printer(every=5))
+    """
+    out = console or Console()
+
+    def on_event(event: JobEvent) -> None:
+        print_event(out, event, every=every)
+
+    return on_event
 
 
 def usage_table(tenant: scheduler_pb2.TenantUsage) -> Table:
