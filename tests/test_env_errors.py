@@ -396,3 +396,15 @@ def test_fits_console_prints_env_errors_with_the_first_reason() -> None:
     show(JobEvent(2, 0.0, "log", message=line))
     text = console.export_text()
     assert "env errors 2 (25%)" in text and line in text
+
+
+def test_a_succeeded_inference_job_says_its_episodes_not_trainer_finished() -> None:
+    from opentinker.common.v1 import common_pb2
+    from opentinker.scheduler.v1 import scheduler_pb2
+    from opentinker.services.scheduler.attempt_ends import finished_reason
+
+    result = scheduler_pb2.JobResult(final_metrics={"episodes": 8.0, "env_errors": 1.0})
+    infer = common_pb2.Job(spec=common_pb2.JobSpec(kind=common_pb2.JOB_KIND_INFERENCE))
+    assert finished_reason(infer, result) == "8 episodes played, 1 failed in the environment"
+    rl = common_pb2.Job(spec=common_pb2.JobSpec(kind=common_pb2.JOB_KIND_RL))
+    assert finished_reason(rl, result) == "trainer finished"

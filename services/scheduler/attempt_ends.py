@@ -20,6 +20,7 @@ import structlog
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import OpenTinkerError
+from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.scheduler.attempts import (
     asks_for_retry,
     attempt_history,
@@ -109,7 +110,7 @@ class AttemptEnds:
             await self._states.change(
                 job_id,
                 SUCCEEDED,
-                report.session_end or "trainer finished",
+                report.session_end or finished_reason(job, report.result),
                 expect_attempt=attempt,
                 result=report.result,
             )
@@ -163,3 +164,13 @@ class AttemptEnds:
         """Stop the attempt's other parts and free their devices."""
         await end_parts(job, reason, except_worker, self._sessions, self._drains)
         self._wake()
+
+
+def finished_reason(job: common_pb2.Job, result: scheduler_pb2.JobResult) -> str:
+    """A succeeded job's reason: an inference job's episodes played and failed (it has no
+    trainer to speak of); "trainer finished" for the others."""
+    if job.spec.kind != common_pb2.JOB_KIND_INFERENCE:
+        return "trainer finished"
+    m = result.final_metrics
+    played, failed = m.get("episodes", 0.0), m.get("env_errors", 0.0)
+    return f"{played:.0f} episodes played, {failed:.0f} failed in the environment"
