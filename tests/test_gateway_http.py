@@ -5,12 +5,16 @@ Who may touch a Tinker session, and how malformed requests are answered."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from opentinker.admin import AdminClient
+from opentinker.errors import InvalidArgumentError
+from opentinker.services.gateway import wire
 from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
 
@@ -255,3 +259,89 @@ def test_a_key_check_that_cannot_reach_the_scheduler_keeps_no_channel_open() -> 
     with pytest.raises(ValueError, match="closed channel"):
         client.whoami(timeout=1)
     tenancy.close()
+
+
+PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [5, 9, 13]}]}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+        ({"sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
+        ({"sampling_params": {"max_tokens": 10**9}}, "sampling_params.max_tokens"),
+        ({"topk_sample_logprobs": 5}, "topk_sample_logprobs"),
+        ({"topk_prompt_logprobs": 5}, "topk_prompt_logprobs"),
+        ({"num_samples": 2_000_000}, "num_samples"),
+        ({"num_samples": 0}, "num_samples"),
+        ({"prompt": {"chunks": "x"}}, "prompt.chunks"),
+        ({"prompt": {"chunks": [{"tokens": ["a"]}]}}, "prompt.chunks[0].tokens"),
+    ],
+)
+def test_a_bad_sample_request_is_a_400_naming_its_field(gateway, identities, change, field):
+    body = {"sampling_session_id": "no-such:sample:1", "prompt": PROMPT, **change}
+    answer = post(gateway, "asample", identities.user_key, body)
+    assert answer.status_code == 400, answer.text
+    assert field in answer.json()["error"], answer.json()
+
+
+def test_a_deeply_nested_body_is_a_400(gateway, identities) -> None:
+    nested = b"[" * 100_000 + b"]" * 100_000
+    answer = httpx.post(
+        f"{gateway}/api/v1/create_session",
+        content=nested,
+        headers={"X-API-Key": f"tml-{identities.user_key}", "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert "body" in answer.json()["error"]
+
+
+def test_a_worker_token_cannot_create_a_session_403(gateway, identities) -> None:
+    with AdminClient(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        token = admin.create_worker_token(label="gateway-refusal")
+    answer = post(gateway, "create_session", token, {"tags": []})
+    assert answer.status_code == 403, answer.text
+    assert "worker or job token" in answer.json()["error"]
+    assert post(gateway, "create_session", identities.user_key, {}).status_code == 200
+
+
+def test_lora_switches_map_to_target_modules_and_bad_ones_are_named() -> None:
+    lora, seed = wire.lora_config({"rank": 4, "seed": 3, "train_mlp": False}, unembed=True)
+    assert lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "lm_head")
+    assert (lora.rank, seed) == (4, 3)
+    lora, seed = wire.lora_config({"rank": 4}, unembed=False)
+    assert "lm_head" not in lora.target_modules and "down_proj" in lora.target_modules
+    assert seed == 0
+    for bad, field in [
+        ({"rank": 4, "seed": -1}, "lora_config.seed"),
+        ({"rank": 4, "train_mlp": "yes"}, "lora_config.train_mlp"),
+        ({"rank": 4, "dropout": 0.1}, "dropout"),
+        ({"rank": 4, "train_attn": False, "train_mlp": False}, "nothing to train"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=field):
+            wire.lora_config(bad, unembed=False)
+
+
+def test_temperature_zero_is_greedy_decoding() -> None:
+    sampling, greedy = wire.sampling_params({"temperature": 0, "max_tokens": 4})
+    assert greedy and sampling.temperature == 1.0 and sampling.max_new_tokens == 4
+    sampling, greedy = wire.sampling_params({"temperature": 0.7})
+    assert not greedy and sampling.temperature == 0.7
+
+
+def test_a_client_gone_mid_body_is_one_warning_not_a_traceback(gateway, identities, capfd):
+    host, port = gateway.removeprefix("http://").rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /api/v1/create_session HTTP/1.1\r\nHost: x\r\n"
+            + f"X-API-Key: tml-{identities.user_key}\r\n".encode()
+            + b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"a":'
+        )
+        time.sleep(1.0)  # the gateway checked the key and reads the body
+    deadline = time.monotonic() + 10
+    out = ""
+    while "client_disconnected" not in out and time.monotonic() < deadline:
+        time.sleep(0.2)
+        out += "".join(capfd.readouterr())
+    assert "client_disconnected" in out
+    assert "call_failed" not in out and "Traceback" not in out

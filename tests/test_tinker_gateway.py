@@ -25,6 +25,7 @@ from tinker_gateway_helpers import (
     monkeypatch_module,
     service,
     service_client,
+    sft_datum,
 )
 from transformers import AutoTokenizer
 
@@ -34,17 +35,6 @@ from opentinker.services.gateway.settings import GatewaySettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here
-
-
-def sft_datum(tokens: list[int]) -> types.Datum:
-    """Tokens[:-1] in, tokens[1:] out, every target weighted 1."""
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": np.array(tokens[1:], dtype=np.int64),
-            "weights": np.ones(len(tokens) - 1, dtype=np.float32),
-        },
-    )
 
 
 def test_train_sample_and_continue_from_a_saved_state(service, mesh, gateway, tmp_path) -> None:

@@ -8,8 +8,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tinker
+from tinker import types
 
 from opentinker.services.gateway.in_thread import running_gateway
 from opentinker.services.gateway.settings import GatewaySettings
@@ -62,3 +64,14 @@ def service_client(url: str, api_key: str) -> Iterator[tinker.ServiceClient]:
 def service(gateway, mesh):
     with service_client(gateway, mesh.api_key) as client:
         yield client
+
+
+def sft_datum(tokens: list[int]) -> types.Datum:
+    """Tokens[:-1] in, tokens[1:] out, every target weighted 1."""
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(tokens[1:], dtype=np.int64),
+            "weights": np.ones(len(tokens) - 1, dtype=np.float32),
+        },
+    )

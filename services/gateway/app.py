@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -143,6 +143,9 @@ def _endpoint(gw: Gateway, path: str, handler: Handler, *, raw: bool):
             return answer if isinstance(answer, Response) else JSONResponse(answer)
         except (OpenTinkerError, ValueError, KeyError) as err:
             return _error(err)
+        except ClientDisconnect:  # the client went away mid-request: nobody to answer
+            log.warning("client_disconnected", path=path)
+            return Response(status_code=499)
         except Exception as err:  # a bug of ours: say so, the SDK retries 5xx
             log.exception("call_failed", path=path)
             return JSONResponse(error_body(err), status_code=500)
@@ -187,6 +190,8 @@ def _json(raw: bytes) -> dict:
         body = json.loads(raw)
     except ValueError as err:
         raise InvalidArgumentError(f"body: not JSON ({err})") from err
+    except RecursionError as err:  # nested past Python's limit: no call of ours needs that
+        raise InvalidArgumentError("body: JSON nested too deeply") from err
     return wire.check_json_body(body)
 
 
@@ -298,18 +303,25 @@ async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> di
         if not body.get("base_model"):
             raise InvalidArgumentError("base_model: required to sample without a model_path")
         model = await training.base_sampler(gw, caller, body["session_id"], body["base_model"])
-        sampler = gw.models.new_sampler(model)
+        sampler = gw.models.new_sampler(model, model.named_versions[""])
         return {"type": "create_sampling_session", "sampling_session_id": sampler}
     path = TinkerPath.parse(body["model_path"])
     if path.kind != SAMPLER_KIND:
         raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
-    model = gw.models.by_job(path.job_id, caller)
-    return {"type": "create_sampling_session", "sampling_session_id": gw.models.new_sampler(model)}
+    live = gw.models.live_job(path.job_id)
+    if live is not None and live.tenant_id == caller.tenant_id and path.name in live.named_versions:
+        model, version = live, live.named_versions[path.name]
+    else:  # the run has ended (or an earlier gateway served it): load them from disk
+        model = await training.sampler_of_saved(gw, caller, body["session_id"], path)
+        version = model.named_versions[path.name]
+    sampler = gw.models.new_sampler(model, version)
+    return {"type": "create_sampling_session", "sampling_session_id": sampler}
 
 
 async def get_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
     sampler = body["sampling_session_id"]
-    return {"sampler_id": sampler, "base_model": gw.models.sampler(sampler, caller).base_model}
+    model, _ = gw.models.sampler(sampler, caller)
+    return {"sampler_id": sampler, "base_model": model.base_model}
 
 
 async def get_info(gw: Gateway, caller: Caller, body: dict) -> dict:

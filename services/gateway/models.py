@@ -19,6 +19,7 @@ from .tenancy import Caller
 
 STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND = "weights", "sampler_weights", "external_weights"
 EXTERNAL_PREFIX = "ext."  # the trainer's state name of external weights: ext.<name>
+SAMPLER_PREFIX = "sampler."  # .. of named sampler weights (sampleable after the run)
 
 
 @dataclass
@@ -31,6 +32,10 @@ class TrainingModel:
     gate: SeqGate
     samplers: int = field(default=0)  # sampling sessions made from it
     sampler_names: dict[str, float] = field(default_factory=dict)  # named sampler saves: unix s
+    # The policy version each sampler snapshot is (the trainer keeps its weights): by
+    # sampling session id, and by sampler_weights name.
+    sampler_versions: dict[str, int] = field(default_factory=dict)
+    named_versions: dict[str, int] = field(default_factory=dict)
     stability: StabilityRecords = field(default_factory=StabilityRecords)  # stable_reinforce
 
     @property
@@ -64,8 +69,10 @@ class TinkerPath:
 
     @property
     def trainer_name(self) -> str:
-        """The trainer's state name (external weights are states too, named ext.<name>)."""
-        return f"{EXTERNAL_PREFIX}{self.name}" if self.kind == EXTERNAL_KIND else self.name
+        """The trainer's state name (external weights are states too, named ext.<name>, and
+        so are named sampler weights, sampler.<name>)."""
+        prefix = {EXTERNAL_KIND: EXTERNAL_PREFIX, SAMPLER_KIND: SAMPLER_PREFIX}.get(self.kind, "")
+        return f"{prefix}{self.name}"
 
     @property
     def trainer_state(self) -> str:
@@ -112,13 +119,22 @@ class Models:
             raise NotFoundError(f"no live training run {job_id!r} of yours")
         return model
 
-    def new_sampler(self, model: TrainingModel) -> str:
+    def new_sampler(self, model: TrainingModel, version: int) -> str:
+        """A sampling session of ``model``'s weights as served as policy ``version`` (a
+        snapshot: it samples them for as long as it lives, whatever the model trains)."""
         model.samplers += 1
-        return f"{model.job_id}:sample:{model.samplers}"
+        sampler = f"{model.job_id}:sample:{model.samplers}"
+        model.sampler_versions[sampler] = version
+        return sampler
 
-    def sampler(self, sampling_session_id: str, caller: Caller) -> TrainingModel:
-        """The model a sampling session samples from (``<job id>:sample:<n>``)."""
-        return self.by_job(sampling_session_id.split(":", 1)[0], caller)
+    def sampler(self, sampling_session_id: str, caller: Caller) -> tuple[TrainingModel, int]:
+        """The model a sampling session samples from (``<job id>:sample:<n>``) and the
+        policy version of its snapshot."""
+        model = self.by_job(sampling_session_id.split(":", 1)[0], caller)
+        version = model.sampler_versions.get(sampling_session_id)
+        if version is None:
+            raise NotFoundError(f"sampling_session_id: no sampler {sampling_session_id!r} of yours")
+        return model, version
 
     def remove(self, model: TrainingModel) -> None:
         self._by_id.pop(model.model_id, None)

@@ -3,8 +3,8 @@
 A training run is one of the caller's gateway session jobs (the mesh's record: the scheduler's
 job list); its training checkpoints are the states its trainer saved, read from the workers'
 shared checkpoint root (``<root>/<job id>/states/<name>/session.json`` names the owner
-tenant). Sampler checkpoints are the names given to save_weights_for_sampler while the run
-is live (they name its served weights, nothing on disk).
+tenant). Sampler checkpoints are the names given to save_weights_for_sampler: states too
+(``sampler.<name>``), so they stay sampleable after the run has ended.
 """
 
 from __future__ import annotations
@@ -19,11 +19,19 @@ from pathlib import Path
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from opentinker.jobs import JobInfo
 
-from .models import EXTERNAL_KIND, EXTERNAL_PREFIX, SAMPLER_KIND, STATE_KIND, TinkerPath
+from .models import (
+    EXTERNAL_KIND,
+    EXTERNAL_PREFIX,
+    SAMPLER_KIND,
+    SAMPLER_PREFIX,
+    STATE_KIND,
+    TinkerPath,
+)
 from .state import Gateway
 from .tenancy import Caller
 
 SESSION_FILE = "session.json"  # what the trainer writes beside a saved state (state.py)
+RUN_FILE = "tinker_run.json"  # {"user_metadata": {...}}: what create_model was given
 TTL_FILE = "tinker_ttl.json"  # {"expires_at": unix s}: the gateway deletes the state after it
 RUN_NAME = "tinker"  # the name of the session jobs the gateway starts
 
@@ -91,15 +99,10 @@ def delete_expired(root: Path) -> list[Path]:
 
 
 async def delete_checkpoint(gw: Gateway, caller: Caller, body: dict) -> None:
-    """Delete a training or external-weights checkpoint (its state folder) of one of the
-    caller's runs."""
+    """Delete a training, sampler or external-weights checkpoint (its state folder) of one
+    of the caller's runs (samplers made from it before keep sampling it)."""
     run, checkpoint = body["training_run_id"], body["checkpoint_id"]
     path = TinkerPath.parse(f"tinker://{run}/{checkpoint}")
-    if path.kind == SAMPLER_KIND:
-        raise InvalidArgumentError(
-            f"checkpoint_id: {checkpoint!r} names served sampler weights, not a saved state; "
-            "they end with their training run"
-        )
     await asyncio.to_thread(_run, caller, run)
     await asyncio.to_thread(shutil.rmtree, saved_state(gw, caller, path))
 
@@ -148,8 +151,29 @@ def _training_run(gw: Gateway, caller: Caller, job: JobInfo) -> dict:
         "last_request_time": _iso(job.updated_unix_s),
         "last_checkpoint": last["training"],
         "last_sampler_checkpoint": last["sampler"],
-        "user_metadata": {"state": job.state},
+        "user_metadata": {**_user_metadata(gw, job.job_id), "state": job.state},
     }
+
+
+def keep_user_metadata(gw: Gateway, job_id: str, metadata: dict) -> None:
+    """Keep a run's user_metadata (values as text, as Tinker returns them) beside its
+    checkpoints, where the run's listing reads it; nowhere without a checkpoint root."""
+    if gw.settings.checkpoint_root is None:
+        return
+    folder = Path(gw.settings.checkpoint_root) / job_id
+    folder.mkdir(parents=True, exist_ok=True)
+    text = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    (folder / RUN_FILE).write_text(json.dumps({"user_metadata": text}))
+
+
+def _user_metadata(gw: Gateway, job_id: str) -> dict[str, str]:
+    if gw.settings.checkpoint_root is None:
+        return {}
+    try:
+        kept = json.loads((Path(gw.settings.checkpoint_root) / job_id / RUN_FILE).read_text())
+        return dict(kept["user_metadata"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _checkpoints(gw: Gateway, caller: Caller, job: JobInfo) -> list[dict]:
@@ -158,16 +182,25 @@ def _checkpoints(gw: Gateway, caller: Caller, job: JobInfo) -> list[dict]:
     states = _states(gw, job.job_id)
     for folder in sorted(states.iterdir()) if states.is_dir() else []:
         if _owned(folder, caller):
-            external = folder.name.startswith(EXTERNAL_PREFIX)
-            name = folder.name.removeprefix(EXTERNAL_PREFIX)
-            path = TinkerPath(job.job_id, EXTERNAL_KIND if external else STATE_KIND, name)
+            path = _path_of(job.job_id, folder.name)
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             saved_at = (folder / SESSION_FILE).stat().st_mtime
             found.append(_checkpoint(path, saved_at, size, _expires_at(folder)))
+    on_disk = {c["tinker_path"] for c in found}
     live = gw.models.live_job(job.job_id)
     for name, saved_at in (live.sampler_names if live else {}).items():
-        found.append(_checkpoint(TinkerPath(job.job_id, SAMPLER_KIND, name), saved_at))
+        path = TinkerPath(job.job_id, SAMPLER_KIND, name)
+        if str(path) not in on_disk:  # being saved
+            found.append(_checkpoint(path, saved_at))
     return sorted(found, key=lambda c: c["time"], reverse=True)
+
+
+def _path_of(job_id: str, state_name: str) -> TinkerPath:
+    """The Tinker path of a state folder (see TinkerPath.trainer_name)."""
+    for kind, prefix in ((EXTERNAL_KIND, EXTERNAL_PREFIX), (SAMPLER_KIND, SAMPLER_PREFIX)):
+        if state_name.startswith(prefix):
+            return TinkerPath(job_id, kind, state_name.removeprefix(prefix))
+    return TinkerPath(job_id, STATE_KIND, state_name)
 
 
 def _checkpoint(

@@ -43,4 +43,10 @@ class GatewaySettings(BaseSettings):
     key_cache_s: float = Field(
         2.0, ge=0, description="A checked API key is trusted this long (a revoked one too)."
     )
+    unembed_lora: bool = Field(
+        False,
+        description="honour a LoRA config's train_unembed (LoRA on lm_head): the pool's engines "
+        "must serve it (transformers does; vLLM takes no LoRA on Qwen2's lm_head). Off: "
+        "train_unembed (the SDK's default) is not trained, and the run's user_metadata says so",
+    )
     log_level: str = "INFO"

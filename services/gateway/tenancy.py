@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 import opentinker
-from opentinker.errors import AuthenticationError
+from opentinker.errors import AuthenticationError, PermissionDeniedError
+from opentinker.scheduler.v1 import identity_pb2
 
 TINKER_PREFIX = "tml-"
 
@@ -53,6 +54,13 @@ class Tenancy:
             if known is None:
                 client.close()
             raise
+        if principal.kind != identity_pb2.PRINCIPAL_KIND_USER:  # a worker's or a job's token
+            self._callers.pop(key, None)
+            client.close()
+            raise PermissionDeniedError(
+                "X-API-Key: a worker or job token cannot use the Tinker API (it would act "
+                "for no user); pass a user's API key as tml-<key>"
+            )
         caller = Caller(key, principal.tenant_id, client, time.monotonic())
         self._callers[key] = caller
         return caller

@@ -11,22 +11,24 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, cast
 
+from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError, NotFoundError, OpenTinkerError
 from opentinker.session_config import SessionConfig
-from opentinker.spec import SamplingParams
+from opentinker.spec import LoraConfig
 from opentinker.training_session import AdamParams, LossName
 
 from . import wire
 from .futures import Result
 from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
 from .ordering import SeqGate
-from .runs import RUN_NAME, check_saved_state, set_ttl
+from .runs import RUN_NAME, check_saved_state, keep_user_metadata, set_ttl
 from .stability import with_recorded_logprobs
 from .state import Gateway
 from .stops import apply_stop_strings, parse_stop
 from .tenancy import Caller
 
 BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
+UNEMBED_NOT_SERVED = "not trained: the gateway's unembed_lora is off (engines may not serve it)"
 
 
 async def ordered(model: TrainingModel, seq: int | None, submit: Callable[[], Future]) -> Any:
@@ -54,13 +56,20 @@ async def pass_turn(model: TrainingModel, seq: int | None) -> None:
 async def create_model(gw: Gateway, caller: Caller, body: dict) -> dict:
     gw.sessions.check(body["session_id"], caller.tenant_id)
     model_id = f"{body['session_id']}:train:{body['model_seq_id']}"
-    rank = (body.get("lora_config") or {}).get("rank") or 0
-    if not isinstance(rank, int) or rank < 1:
-        raise InvalidArgumentError(
-            f"lora_config.rank: {rank!r}; an integer >= 1 is required (LoRA training only)"
-        )
-    work = start_model(gw, caller, model_id, body["base_model"], rank)
-    return {"request_id": gw.futures.start(work, tenant=caller.tenant_id), "model_id": model_id}
+    config = body.get("lora_config") or {}
+    lora, seed = wire.lora_config(config, unembed=gw.settings.unembed_lora)
+    metadata = body.get("user_metadata") or {}
+    if config.get("train_unembed", True) and "lm_head" not in lora.target_modules:
+        metadata = {**metadata, "opentinker.train_unembed": UNEMBED_NOT_SERVED}
+
+    async def work() -> Result:
+        result = await start_model(gw, caller, model_id, body["base_model"], lora, seed=seed)
+        if metadata:
+            model = await gw.models.get(model_id, caller)
+            await asyncio.to_thread(keep_user_metadata, gw, model.job_id, metadata)
+        return result
+
+    return {"request_id": gw.futures.start(work(), tenant=caller.tenant_id), "model_id": model_id}
 
 
 async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model: str):
@@ -71,9 +80,12 @@ async def base_sampler(gw: Gateway, caller: Caller, session_id: str, base_model:
     model_id = f"{session_id}:base:{base_model}"
     with contextlib.suppress(NotFoundError):
         return await gw.models.get(model_id, caller)
-    await start_model(gw, caller, model_id, base_model, rank=1, job_name=BASE_SAMPLER_NAME)
+    await start_model(
+        gw, caller, model_id, base_model, LoraConfig(rank=1), job_name=BASE_SAMPLER_NAME
+    )
     model = await gw.models.get(model_id, caller)
-    await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
+    version = await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
+    model.named_versions[""] = version  # the base weights' snapshot
     return model
 
 
@@ -82,18 +94,21 @@ async def start_model(
     caller: Caller,
     model_id: str,
     base_model: str,
-    rank: int,
+    lora: LoraConfig,
     first_seq: int = 1,
     job_name: str = RUN_NAME,
+    seed: int = 0,
 ) -> Result:
+    """A training model of the caller: a session job training ``lora`` on ``base_model``
+    (``seed``: of its LoRA init)."""
     gw.models.starting(model_id)
     try:
         session = await asyncio.to_thread(
             caller.client.training_session,
             base_model=gw.settings.base_models.get(base_model, base_model),
-            lora_rank=rank,
+            lora=lora,
             name=job_name,
-            session=SessionConfig(),
+            session=SessionConfig(seed=seed),
             wait_timeout=gw.settings.session_start_timeout_s,
             timeout=gw.settings.call_timeout_s,
         )
@@ -101,7 +116,7 @@ async def start_model(
         gw.models.failed(model_id)
         raise
     gate = SeqGate(first=first_seq, wait_s=gw.settings.order_wait_s)
-    gw.models.add(TrainingModel(model_id, caller.tenant_id, base_model, rank, session, gate))
+    gw.models.add(TrainingModel(model_id, caller.tenant_id, base_model, lora.rank, session, gate))
     return Result({"model_id": model_id, "type": "create_model"})
 
 
@@ -205,7 +220,8 @@ async def _load_new(
     gw: Gateway, caller: Caller, model_id: str, base_model: str | None, path: TinkerPath
 ) -> Result:
     source = await asyncio.to_thread(gw.job_model, caller, path.job_id)
-    await start_model(gw, caller, model_id, base_model or source.base_model, source.lora.rank)
+    base = base_model or tinker_name(gw, source.base_model)
+    await start_model(gw, caller, model_id, base, lora_of(source))
     model = await gw.models.get(model_id, caller)
     try:
         await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
@@ -217,44 +233,102 @@ async def _load_new(
 
 
 async def save_weights_for_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """Serve the current weights to sample: named -> a sampler path, else a sampling session."""
+    """Serve the current weights to sample, kept as a snapshot (the trainer's policy
+    version): named -> a sampler path, else a sampling session; either samples these weights
+    for as long as it lives. Named weights are also saved as a state (``sampler.<name>``),
+    so the path stays sampleable after the run ends (``sampler_of_saved``)."""
     model = await gw.models.get(body["model_id"], caller)
     name = body.get("path")
+    path = TinkerPath(model.job_id, SAMPLER_KIND, name) if name else None
+    saved: list[Future] = []
+
+    def submit() -> Future:  # both in this call's turn: the state holds the served weights
+        served = model.session.save_weights_for_sampler_async()
+        if path is not None:
+            saved.append(model.session.save_state_async(path.trainer_name))
+        return served
 
     async def work() -> Result:
-        await ordered(model, body.get("seq_id"), model.session.save_weights_for_sampler_async)
-        if name:
-            path = TinkerPath(model.job_id, SAMPLER_KIND, name)
-            model.sampler_names[name] = time.time()
+        version = await ordered(model, body.get("seq_id"), submit)
+        if path is not None:
+            await asyncio.wrap_future(saved[0])
+            model.sampler_names[path.name] = time.time()
+            model.named_versions[path.name] = version
             return Result({"path": str(path), "type": "save_weights_for_sampler"})
-        sampler = gw.models.new_sampler(model)
+        sampler = gw.models.new_sampler(model, version)
         return Result({"sampling_session_id": sampler, "type": "save_weights_for_sampler"})
 
     return start_future(gw, caller, work(), model)
 
 
+async def sampler_of_saved(gw: Gateway, caller: Caller, session_id: str, path: TinkerPath):
+    """A model serving the caller's saved sampler weights ``path`` whose run has ended (or
+    was served by an earlier gateway): a session job of the run's model that loads them, one
+    per session and path, closed with the session. NotFoundError for weights that are not
+    the caller's, or not there."""
+    gw.sessions.check(session_id, caller.tenant_id)
+    model_id = f"{session_id}:saved:{path.job_id}/{path.name}"
+    with contextlib.suppress(NotFoundError):
+        return await gw.models.get(model_id, caller)
+    await asyncio.to_thread(check_saved_state, gw, caller, path)
+    source = await asyncio.to_thread(gw.job_model, caller, path.job_id)
+    base = tinker_name(gw, source.base_model)
+    await start_model(gw, caller, model_id, base, lora_of(source), job_name=BASE_SAMPLER_NAME)
+    model = await gw.models.get(model_id, caller)
+    try:
+        await asyncio.wrap_future(model.session.load_state_async(path.trainer_state))
+        version = await asyncio.wrap_future(model.session.save_weights_for_sampler_async())
+    except BaseException:  # no half-made sampler: end its session, free its device
+        gw.models.remove(model)
+        await asyncio.to_thread(model.session.close)
+        raise
+    model.named_versions[path.name] = version
+    return model
+
+
+def lora_of(model: common_pb2.ModelSpec) -> LoraConfig:
+    """The LoRA config a run's job trained (its rank, alpha and target modules)."""
+    lora = model.lora
+    return LoraConfig(
+        rank=lora.rank,
+        alpha=lora.alpha or LoraConfig().alpha,
+        dropout=lora.dropout,
+        target_modules=tuple(lora.target_modules) or LoraConfig().target_modules,
+    )
+
+
+def tinker_name(gw: Gateway, base_model: str) -> str:
+    """The Tinker name of a base model a job was given (the first configured name that maps
+    to it), so a model made from a saved state is named as its run was."""
+    return next(
+        (n for n, local in gw.settings.base_models.items() if local == base_model), base_model
+    )
+
+
 async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """Sample on the trainer session's rollout engine (the weights last served to sample)."""
+    """Sample on the trainer session's rollout engine with the sampler's snapshot (the
+    weights served when the sampler was made). The request is checked first: a bad field is
+    a 400 naming it, whatever the sampler."""
     if not body.get("sampling_session_id"):
         raise InvalidArgumentError(
             "sampling_session_id: sample from a sampling client of a training client's weights"
         )
-    model = gw.models.sampler(body["sampling_session_id"], caller)
-    if body.get("topk_prompt_logprobs"):
-        raise InvalidArgumentError("topk_prompt_logprobs: not served (prompt_logprobs is)")
+    for topk in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+        if body.get(topk):
+            raise InvalidArgumentError(
+                f"{topk}: top-k logprobs are not served yet (the sampled tokens' logprobs "
+                "and prompt_logprobs are); leave it 0"
+            )
     with_prompt = bool(body.get("prompt_logprobs"))
     last_n = body.get("prompt_logprobs_last_n")
-    num_samples = int(body.get("num_samples", 1))
+    num_samples = wire.check_num_samples(body.get("num_samples", 1))
     params = body.get("sampling_params") or {}
-    wire.check_top_k(params.get("top_k"))
-    sampling = SamplingParams(
-        temperature=params.get("temperature", 1.0),
-        top_p=params.get("top_p", 1.0),
-        **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
-    )
+    sampling, greedy = wire.sampling_params(params)
     prompt = wire.prompt_tokens(body["prompt"])
     wire.check_prompt_logprobs_last_n(last_n, scored=with_prompt, prompt_len=len(prompt))
     stop_ids, stop_strings = parse_stop(params.get("stop"))
+    seed = wire.session_seed(params.get("seed"))
+    model, version = gw.models.sampler(body["sampling_session_id"], caller)
     if stop_strings:
         base = gw.settings.base_models.get(model.base_model, model.base_model)
         decode = await gw.tokenizers.decoder(base)
@@ -263,8 +337,10 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         num_samples=num_samples,
         sampling=sampling,
         stop_token_ids=stop_ids,
-        seed=wire.session_seed(params.get("seed")),
+        seed=seed,
         include_prompt_logprobs=with_prompt,
+        policy_version=version,
+        greedy=greedy,
     )
     ids: list[str] = []
 

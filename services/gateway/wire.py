@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from tinker.proto import tinker_public_pb2 as tinker_pb
 
 from opentinker.errors import InvalidArgumentError
+from opentinker.spec import LoraConfig, SamplingParams, validation_message
 from opentinker.training_session import Datum, ForwardOutput, SampleOutput
 
 # Tinker loss names the trainer implements, and the loss_fn_config keys each one takes.
@@ -44,6 +46,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
         (str,),
     ),
     "model_path": (str,),
+    "user_metadata": (dict,),
     **dict.fromkeys(("seq_id", "model_seq_id", "num_samples", "prompt_logprobs_last_n"), (int,)),
     "ttl_seconds": (float, int),
     **dict.fromkeys(("lora_config", "adam_params", "sampling_params", "prompt"), (dict,)),
@@ -172,6 +175,93 @@ def session_seed(seed: int | None) -> int:
     return seed % (2**64 - 1) + 1
 
 
+# Samples of one asample call: its reply (tokens and logprobs of each) is held in the
+# gateway's memory until retrieved, so it is bounded (the rollout's own limit too).
+MAX_NUM_SAMPLES = 1024
+
+
+def sampling_params(params: Mapping[str, Any]) -> tuple[SamplingParams, bool]:
+    """Tinker's sampling_params as ours, and whether to decode greedily: temperature 0 is
+    argmax decoding (the cookbook's greedy evals; logprobs then at temperature 1).
+    InvalidArgumentError names each bad field."""
+    check_top_k(params.get("top_k"))
+    temperature = params.get("temperature", 1.0)
+    greedy = temperature == 0 and not isinstance(temperature, bool)
+    fields = {
+        "temperature": 1.0 if greedy else temperature,
+        "top_p": params.get("top_p", 1.0),
+        **({"max_new_tokens": params["max_tokens"]} if params.get("max_tokens") else {}),
+    }
+    try:
+        return SamplingParams(**fields), greedy
+    except ValidationError as err:
+        names = {"max_new_tokens": "max_tokens"}
+        problems = [
+            f"sampling_params.{names.get(str(p['loc'][0]), p['loc'][0])}: {p['msg']}"
+            f" (got {p.get('input')!r})"
+            for p in err.errors()
+        ]
+        raise InvalidArgumentError("; ".join(problems)) from err
+
+
+# Tinker's LoRA switches -> the modules they add LoRA to (Qwen / Llama module names).
+LORA_MODULES = {
+    "train_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "train_mlp": ("gate_proj", "up_proj", "down_proj"),
+    "train_unembed": ("lm_head",),
+}
+_LORA_KEYS = {"rank", "seed", *LORA_MODULES}
+
+
+def lora_config(config: Mapping[str, Any], *, unembed: bool) -> tuple[LoraConfig, int]:
+    """Tinker's lora_config as ours (rank; target modules from train_attn / train_mlp /
+    train_unembed, each true by default as in the SDK; train_unembed only with ``unembed``,
+    see GatewaySettings.unembed_lora) and the seed of the LoRA init (None: 0).
+    InvalidArgumentError names each bad field."""
+    unknown = sorted(set(config) - _LORA_KEYS)
+    if unknown:
+        raise InvalidArgumentError(f"lora_config: unknown field(s) {unknown}")
+    rank = config.get("rank") or 0
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidArgumentError(
+            f"lora_config.rank: {rank!r}; an integer >= 1 is required (LoRA training only)"
+        )
+    for switch in LORA_MODULES:
+        if not isinstance(config.get(switch, True), bool):
+            raise InvalidArgumentError(
+                f"lora_config.{switch}: true or false, not {config[switch]!r}"
+            )
+    served = {**config, "train_unembed": unembed and config.get("train_unembed", True)}
+    modules = [
+        m for switch, names in LORA_MODULES.items() if served.get(switch, True) for m in names
+    ]
+    if not modules:
+        raise InvalidArgumentError(
+            "lora_config: nothing to train: train_attn and train_mlp are false"
+            + ("" if unembed else " (train_unembed is not served here: unembed_lora is off)")
+        )
+    seed = config.get("seed")
+    seed = 0 if seed is None else seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise InvalidArgumentError(f"lora_config.seed: an integer in 0..2**63-1, not {seed!r}")
+    try:
+        return LoraConfig(rank=rank, target_modules=tuple(modules)), seed
+    except ValidationError as err:
+        raise InvalidArgumentError(f"lora_config: {validation_message(err)}") from err
+
+
+def check_num_samples(num_samples: Any) -> int:
+    """``num_samples``: 1..MAX_NUM_SAMPLES (InvalidArgumentError naming it otherwise)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+        raise InvalidArgumentError(f"num_samples: an integer expected, not {num_samples!r}")
+    if not 1 <= num_samples <= MAX_NUM_SAMPLES:
+        raise InvalidArgumentError(
+            f"num_samples: {num_samples} is outside 1..{MAX_NUM_SAMPLES}; ask for more "
+            "samples in several calls"
+        )
+    return num_samples
+
+
 def check_top_k(top_k: Any) -> None:
     """The engine samples with temperature and top_p only: a top_k that would limit the draw
     is refused rather than ignored (-1, Tinker's default, and 0 mean no limit)."""
@@ -214,10 +304,18 @@ def sample_response(output: SampleOutput, *, prompt_logprobs: list[float] | None
 def prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:
     """Token ids of a JSON ModelInput ({"chunks": [{"type": "encoded_text", "tokens": [...]}]})."""
     tokens: list[int] = []
-    for i, chunk in enumerate(prompt.get("chunks", [])):
-        if chunk.get("type", "encoded_text") != "encoded_text":
+    chunks = prompt.get("chunks", [])
+    if not isinstance(chunks, list):
+        raise InvalidArgumentError(f"prompt.chunks: a list expected, not {chunks!r:.80}")
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict) or chunk.get("type", "encoded_text") != "encoded_text":
             raise InvalidArgumentError(f"prompt.chunks[{i}]: only token chunks are served")
-        tokens.extend(int(t) for t in chunk.get("tokens", []))
+        ids = chunk.get("tokens", [])
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise InvalidArgumentError(f"prompt.chunks[{i}].tokens: a list of integers expected")
+        tokens.extend(ids)
     if not tokens:
         raise InvalidArgumentError("prompt: no tokens")
     return tokens
