@@ -83,8 +83,21 @@ async def turns_agent_async(*, base_url: str, api_key: str, task: str, seed: int
             messages.append({"role": "user", "content": follow_up(turn)})
 
 
+class CountingEngine:
+    """The engine, counting its generate calls (how well each path batches)."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.inner, self.name, self.tokenizer = engine, engine.name, engine.tokenizer
+        self.policy_version = engine.policy_version
+        self.calls = 0
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.inner.generate(*args, **kwargs)
+
+
 async def play(
-    engine: TransformersEngine, args: argparse.Namespace, endpoint: bool
+    engine: CountingEngine, args: argparse.Namespace, endpoint: bool
 ) -> tuple[float, float]:
     """Episodes/s of one batch of ``--episodes`` episodes on one path, and the model tokens
     per episode (sampling differs between the paths: the token counts tell how much)."""
@@ -94,7 +107,7 @@ async def play(
         max_episode_tokens=4096,
         agent=AgentProgram(callable=f"agent_endpoint:{args.agent}") if endpoint else None,
     )
-    loop = AgentLoop(engine, config)
+    loop = AgentLoop(engine, config)  # type: ignore[arg-type]  # the engine, counted
     requests = [
         EpisodeRequest(f"ep-{n}", n, n, TurnsEnv(grade_only=endpoint)) for n in range(args.episodes)
     ]
@@ -126,14 +139,19 @@ def main() -> None:
     args = parser.parse_args()
     TURNS = args.turns
     model_dir = ensure_tiny_model(Path(tempfile.gettempdir()) / "opentinker-bench-tiny-qwen2")
-    engine = TransformersEngine.load(ModelSpec(base_model=str(model_dir), finetune="full"))
+    engine = CountingEngine(
+        TransformersEngine.load(ModelSpec(base_model=str(model_dir), finetune="full"))
+    )
     rates: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
     tokens: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
+    calls: dict[str, int] = {"reset/step": 0, "endpoint": 0}
     asyncio.run(play(engine, args, endpoint=True))  # warm-up: imports, server start, caches
     asyncio.run(play(engine, args, endpoint=False))
     for _ in range(args.rounds):
         for name in rates:
+            before = engine.calls
             rate, per_episode = asyncio.run(play(engine, args, endpoint=name == "endpoint"))
+            calls[name] += engine.calls - before
             rates[name].append(rate)
             tokens[name].append(per_episode)
     print(
@@ -143,7 +161,8 @@ def main() -> None:
     for name, values in rates.items():
         print(
             f"{name:>10}: {statistics.median(values):7.2f} episodes/s (median of {args.rounds}), "
-            f"{statistics.mean(tokens[name]):.1f} model tokens per episode"
+            f"{statistics.mean(tokens[name]):.1f} model tokens per episode, "
+            f"{calls[name] / args.rounds:.1f} engine calls per batch"
         )
     ratio = statistics.median(rates["endpoint"]) / statistics.median(rates["reset/step"])
     print(f"endpoint / reset-step: {ratio:.2f}x (target >= 0.8x)")
