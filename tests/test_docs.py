@@ -17,7 +17,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-GENERATED = {"reference/protocol.md"}  # added at build time by tools/docs_hooks.py
+# Pages tools/docs_hooks.py adds at build time: the protocol, and each notebook.
+GENERATED = {"reference/protocol.md"} | {
+    f"notebooks/{p.stem}.md" for p in (ROOT / "examples" / "notebooks").glob("*.ipynb")
+}
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

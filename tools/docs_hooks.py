@@ -4,7 +4,9 @@
 - `reference/cli.md` (hand-written overview) gets every command's help appended, from the CLI's
   own parser (`tools/cli_docs.py`);
 - `reference/settings.md` gets every service's settings appended: variable, type, default and
-  meaning, from the pydantic settings classes (`tools/settings_docs.py`).
+  meaning, from the pydantic settings classes (`tools/settings_docs.py`);
+- `notebooks/<name>.md` is each notebook of examples/notebooks/ with its saved outputs
+  (`tools/notebook_docs.py`).
 
 Both are made on every build, so they cannot fall behind the code; nothing generated is
 committed.
@@ -37,11 +39,12 @@ def load_tool(name: str) -> ModuleType:
 proto_docs = load_tool("proto_docs")
 cli_docs = load_tool("cli_docs")
 settings_docs = load_tool("settings_docs")
+notebook_docs = load_tool("notebook_docs")
 APPENDED = {"reference/cli.md": cli_docs.render, "reference/settings.md": settings_docs.render}
 
 
 def on_files(files: Files, config) -> Files:  # noqa: ANN001  (mkdocs' config type)
-    """Add `reference/protocol.md`, rendered from protos/ now."""
+    """Add `reference/protocol.md`, rendered from protos/ now, and the notebooks' pages."""
     parsed = proto_docs.proto_files()
     missing = proto_docs.undocumented(parsed)
     log.info(
@@ -51,6 +54,8 @@ def on_files(files: Files, config) -> Files:  # noqa: ANN001  (mkdocs' config ty
     )
     content = proto_docs.render(parsed)
     files.append(File.generated(config, "reference/protocol.md", content=content))
+    for uri, page in notebook_docs.pages().items():
+        files.append(File.generated(config, uri, content=page))
     return files
 
 
