@@ -146,9 +146,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             while (response := await stream.out.get()) is not None:
                 response.seq = next(seq)
+                # Ended as agreed once a terminal answer is sent: the trainer, which asked to
+                # close, may hang up before this generator resumes after the yield.
+                ended = response.WhichOneof("payload") in _TERMINAL
                 yield response
-                if response.WhichOneof("payload") in _TERMINAL:
-                    ended = True
+                if ended:
                     return
         finally:
             if stream.opened and not ended and self._on_trainer_lost is not None:
