@@ -8,7 +8,8 @@ thousands of short-lived objects a step, so one comes every few hundred steps).
 walks; objects made later are collected as before (bench/shared_prompts.py measures both).
 An object frozen that later becomes part of an unreachable cycle is never freed, so only a
 process that serves one job freezes (the trainer's and the rollout's job processes, once
-their model is loaded; not a server that loads many models, nor a test process).
+their model is loaded; not a server that loads many models, nor a test process); a spare that
+serves several jobs freezes only what its imports made (``freeze_imports_once``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,26 @@ Spec = TypeVar("Spec")
 Loaded = TypeVar("Loaded")
 
 
+_imports_frozen = False  # freeze_imports_once ran: a job's own freeze is skipped
+
+
 def freeze_loaded_heap(after: str) -> None:
     """Freeze what is alive now (``after``: what was just loaded, for the log)."""
+    if _imports_frozen:
+        return
     gc.freeze()
     log.debug("heap_frozen", after=after, frozen_objects=gc.get_freeze_count())
+
+
+def freeze_imports_once() -> None:
+    """A process that serves several jobs (common/spare.py, ``serve_jobs``) freezes what its
+    imports made, once, and no job's model: the collector then walks only what the current job
+    made, during the job and in the cheap collection at its end that frees its cycles."""
+    global _imports_frozen
+    gc.collect()
+    gc.freeze()
+    _imports_frozen = True
+    log.debug("heap_frozen", after="imports", frozen_objects=gc.get_freeze_count())
 
 
 def frozen_after(load: Callable[[Spec], Loaded], what: str) -> Callable[[Spec], Loaded]:

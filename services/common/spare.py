@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 import structlog
 from pydantic import BaseModel, ConfigDict
 
+from opentinker.services.common.heap import freeze_imports_once
 from opentinker.services.common.logging import configure_logging
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ def serve_jobs(
     becomes a spare again (a fresh load of the base model, its own log and folder)."""
     home = _Home()
     report = os.environ.get(REPORT_FD_ENV)
+    if report:
+        from opentinker.services.modeling import preload as _  # noqa: F401, PLC0415 - torch
+
+        freeze_imports_once()  # no job's objects frozen: each job's are freed at its end
     while True:
         preload, handover = become_job_process(service, preload_model)
         code = run_one(preload, handover)
@@ -146,7 +151,8 @@ def serve_jobs(
             sys.exit(code)
         del preload  # the job's model and optimizer: nothing of them reaches the next job
         home.restore()
-        gc.unfreeze()  # a job process froze its loaded heap (heap.py); free what it made
-        gc.collect()
+        # The job has ended: said at once, so its end waits for nothing below (a hand-over
+        # meanwhile waits on stdin until the process is ready again).
         os.write(int(report), (json.dumps({"ended": code}) + "\n").encode())
         log.info("job_ended_spare_again", pid=os.getpid(), code=code)
+        gc.collect()  # the job's cycles (its model, optimizer): only its objects are walked
