@@ -84,8 +84,9 @@ async def run_session(
                 seed=config.seed,
                 timeout_s=settings.open_timeout_s,
             )
-            await sampler.publish(policy, timeout_s=settings.weight_sync_timeout_s)
+            first = await sampler.publish(policy, timeout_s=settings.weight_sync_timeout_s)
             session = _training_session(launch, policy, sampler, config, settings, reporter)
+            session.keep_snapshot(first)  # version 1, the starting weights, as every later
             server, port = await serve(settings, session, _authenticator(launch, identity_channel))
             try:
                 return await _serve_until_ended(session, launch, settings, port, reporter)

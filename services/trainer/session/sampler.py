@@ -104,6 +104,7 @@ class SessionSampler:
             )
         except (RolloutError, WeightSyncError):
             self._broken = True
+            self.served_version = 0  # the engine may hold part of it: sync again before use
             raise
         self.served_version = version
         return result

@@ -26,6 +26,7 @@ from opentinker.session_config import SessionConfig
 from ..policy import Policy, Probe
 from ..settings import TrainerSettings
 from ..step_reports import BackgroundStepReports, StepReport
+from ..weight_sync import SyncResult
 from . import state
 from .data import Datum, collate_data
 from .objective import LossResult, LossSpec, evaluate
@@ -246,10 +247,14 @@ class TrainingSession:
         result = await self.sampler.publish(
             self.policy, timeout_s=self.settings.weight_sync_timeout_s
         )
-        version = self.sampler.policy_version
+        await asyncio.to_thread(self.keep_snapshot, result)
+        return self.sampler.policy_version, result.probe_diff
+
+    def keep_snapshot(self, result: SyncResult) -> None:
+        """Keep the weights just published (the newest version) as its snapshot."""
         probe = Probe(list(result.probe_logprobs), 0.0)  # the tolerance is kept as computed
-        await asyncio.to_thread(self.snapshots.keep, self.policy, version, probe, result.tolerance)
-        return version, result.probe_diff
+        version = self.sampler.policy_version
+        self.snapshots.keep(self.policy, version, probe, result.tolerance)
 
     async def sample(
         self,
