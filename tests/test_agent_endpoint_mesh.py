@@ -25,7 +25,8 @@ AGENT = AgentProgram(
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"))) as running:
+    settings = MeshSettings(run_root=tmp_path_factory.mktemp("mesh"), agent_programs=True)
+    with LocalMesh(settings) as running:
         yield running
 
 

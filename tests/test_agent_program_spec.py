@@ -50,3 +50,28 @@ def test_a_bad_agent_program_is_refused_naming_the_field(fields: dict, words: st
     with pytest.raises(ValidationError) as err:
         RlConfig(env_name="e", agent=fields)
     assert "agent" in str(err.value) and words in str(err.value)
+
+
+def test_a_rollout_refuses_agent_programs_unless_its_operator_enables_them() -> None:
+    """An agent program is the tenant's code run by the rollout on the worker (a command, or a
+    module it imports): refused by name unless the pool's operator turned them on."""
+    import asyncio
+
+    from opentinker.errors import FailedPreconditionError
+    from opentinker.services.rollout.session import RolloutSession
+    from opentinker.services.rollout.settings import RolloutSettings
+
+    spec = JobSpec(
+        name="a",
+        model=ModelSpec(base_model="m"),
+        rl=RlConfig(env_name="e", agent=AgentProgram(command=("cat", "/etc/passwd"))),
+    )
+    config = config_from_proto(open_request("job-9", spec))
+
+    def no_engine(_spec):
+        raise AssertionError("a refused job loads no model")
+
+    session = RolloutSession(RolloutSettings(envhub_address="127.0.0.1:1"), no_engine)
+    with pytest.raises(FailedPreconditionError, match="OPENTINKER_ROLLOUT_AGENT_PROGRAMS"):
+        asyncio.run(session.open(config))
+    assert session.config is None

@@ -38,6 +38,12 @@ NOT_PATHS = {
     "model.chat_template": "a template name or a Jinja template's text",
     "rl.env_name": "an environment registered with EnvHub",
     "inference.env_name": "an environment registered with EnvHub",
+    # Agent programs run the tenant's code on the worker: not a path to read but code to run,
+    # refused unless the operator enables them (RolloutSettings.agent_programs).
+    "rl.agent.callable": "a Python module:function the rollout imports",
+    "rl.agent.command": "a command line the rollout starts",
+    "inference.agent.callable": "a Python module:function the rollout imports",
+    "inference.agent.command": "a command line the rollout starts",
 }
 MAPS = {"rl.env_options", "rl.val_env_options", "inference.env_options"}  # read by the env
 

@@ -46,6 +46,9 @@ class MeshSettings(BaseModel):
     warm_spares: int = Field(1, ge=0)
     # A spare whose job ended well serves the same tenant's next job (worker spare_reuse).
     spare_reuse: bool = True
+    # Jobs may name agent programs: the tenants' code run by the rollout on this machine
+    # (RolloutSettings.agent_programs). Also on when OPENTINKER_ROLLOUT_AGENT_PROGRAMS is set.
+    agent_programs: bool = False
     # LoRA RL jobs of one base model share one rollout engine on the worker, up to this many
     # (worker/shared_rollouts.py); 0 = each job has its own rollout.
     shared_lora_capacity: int = Field(0, ge=0)
@@ -186,6 +189,11 @@ class LocalMesh:
                 "OPENTINKER_NUM_CPU_SLOTS": str(self.settings.cpu_slots),
                 "OPENTINKER_WARM_SPARES": str(self.settings.warm_spares),
                 "OPENTINKER_SPARE_REUSE": str(self.settings.spare_reuse).lower(),
+                **(
+                    {"OPENTINKER_ROLLOUT_AGENT_PROGRAMS": "true"}
+                    if self.settings.agent_programs
+                    else {}
+                ),
                 "OPENTINKER_SHARED_LORA_CAPACITY": str(self.settings.shared_lora_capacity),
                 **(env or {}),
             },
@@ -207,6 +215,10 @@ class LocalMesh:
         # the gRPC health check a restart waits for goes to this address
         proc.address = proc.wait_address(address_file, timeout_s=self.settings.startup_timeout_s)
         return proc
+
+    def _agent_programs_env(self) -> dict[str, str]:
+        on = self.settings.agent_programs
+        return {"OPENTINKER_ROLLOUT_AGENT_PROGRAMS": "true"} if on else {}
 
     def _start(
         self, name: str, module: str, env: dict[str, str], address: str = ""

@@ -67,6 +67,12 @@ class RolloutSession:
         """Check the environment is reachable, then load the model (policy version 0)."""
         if self.config is not None:
             raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
+        if config.agent and not self.settings.agent_programs:
+            raise FailedPreconditionError(
+                "rl.agent: this pool does not run agent programs: they run the tenant's code on "
+                "the worker, so its operator enables them on the workers with "
+                "OPENTINKER_ROLLOUT_AGENT_PROGRAMS=true"
+            )
         env = EnvSpec()
         if not config.sampling_only:
             if not self.settings.envhub_address:

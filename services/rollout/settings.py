@@ -38,6 +38,10 @@ class RolloutSettings(BaseSettings):
     max_batch_size: int = Field(
         DEFAULT_MAX_BATCH_SIZE, ge=1, description="sequences per transformers generate call"
     )
+    # Agent programs (RlConfig.agent) run a tenant's code (a callable it names, a command) in
+    # the rollout, on the worker, as the worker's user: off unless the operator trusts every
+    # tenant of the pool with that. A job naming one is refused otherwise.
+    agent_programs: bool = False
     max_env_error_fraction: float = Field(
         0.5, ge=0, le=1, description="a batch with more ENV_ERROR episodes than this fails"
     )
