@@ -11,6 +11,7 @@ from the scheduler's event stream (one host, one clock):
     submit -> RUNNING      the client's submit call to the RUNNING event (the rollout
                            serves; the trainer was started beside it, at the same time)
     submit -> first step   the client's submit call to the first step's metrics event
+    submit -> end          the client's submit call to the job's SUCCEEDED (its last update)
 
 Printed: p50 and p99 of both per mode, the ratio cold/reused, the jobs per second each mode
 completed (measured jobs over the time from the first submit to the last end), and how many
@@ -41,6 +42,7 @@ class Timing:
     job_id: str
     to_running_s: float
     to_first_step_s: float
+    to_end_s: float
 
 
 def one_step_job(model: Path, seed: int) -> JobSpec:
@@ -68,7 +70,9 @@ def run_job(client: opentinker.Client, spec: JobSpec) -> Timing:
     final = client.get_job(job_id)
     if final.state != "SUCCEEDED" or running is None or first_step is None:
         raise RuntimeError(f"job {job_id} ended {final.state}: {final.reason}")
-    return Timing(job_id, running - submitted, first_step - submitted)
+    return Timing(
+        job_id, running - submitted, first_step - submitted, final.updated_unix_s - submitted
+    )
 
 
 def wait_for_spares(mesh: LocalMesh, count: int, timeout_s: float = 300.0) -> None:
@@ -134,7 +138,10 @@ def percentile(values: list[float], q: float) -> float:
 def summary(timings: list[Timing]) -> dict[str, float]:
     running = [t.to_running_s for t in timings]
     step = [t.to_first_step_s for t in timings]
+    end = [t.to_end_s for t in timings]
     return {
+        "end_p50": statistics.median(end),
+        "end_p99": percentile(end, 99),
         "running_p50": statistics.median(running),
         "running_p99": percentile(running, 99),
         "step_p50": statistics.median(step),
@@ -177,6 +184,8 @@ def main() -> None:
         ("running_p99", "submit->RUNNING p99"),
         ("step_p50", "submit->step 1 p50"),
         ("step_p99", "submit->step 1 p99"),
+        ("end_p50", "submit->end p50"),
+        ("end_p99", "submit->end p99"),
     )
     for key, label in rows:
         line = f"{label:22}" + "".join(f"{results[m][0][key]:>9.2f}s" for m in modes)
