@@ -6,7 +6,7 @@ Every server has health checking and server reflection on, and the same message-
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -158,3 +158,25 @@ def rewrap_handler(
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """A server interceptor for the calls of some services only (health and reflection answer
+    for themselves): subclasses wrap each such handler in ``wrap``."""
+
+    def __init__(self, *services: str) -> None:
+        self._prefixes = tuple(f"/{service}/" for service in services)
+
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefixes):
+            return handler
+        return self.wrap(handler, method)

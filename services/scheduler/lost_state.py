@@ -35,7 +35,7 @@ from grpc_health.v1 import health, health_pb2
 
 from opentinker.errors import STATE_LOST_REASON, AuthenticationError, UnavailableError
 from opentinker.services.common.auth import Authenticator, Principal
-from opentinker.services.common.grpc_server import abort, rewrap_handler
+from opentinker.services.common.grpc_server import ServiceInterceptor, abort, rewrap_handler
 from opentinker.services.common.launch import write_atomic
 from opentinker.services.scheduler.redis_text import as_text
 from opentinker.services.scheduler.store_outage import STORE_ERRORS
@@ -212,23 +212,15 @@ async def set_health(
         await servicer.set(name, status)
 
 
-class LostStateInterceptor(grpc.aio.ServerInterceptor):
+class LostStateInterceptor(ServiceInterceptor):
     """While ``state`` is lost, every call of ``services`` ends UNAVAILABLE saying so, before
     its credential is checked (it would be "unknown": the keys were in the lost state)."""
 
     def __init__(self, state: InstanceState, *services: str) -> None:
+        super().__init__(*services)
         self._state = state
-        self._prefixes = tuple(f"/{service}/" for service in services)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(self._prefixes):
-            return handler  # health and reflection answer for themselves
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         state = self._state
 
         def coroutine(behavior: Callable[..., Awaitable[object]]) -> Callable[..., object]:

@@ -16,7 +16,7 @@ import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from opentinker.services.common.grpc_server import abort, rewrap_handler
+from opentinker.services.common.grpc_server import ServiceInterceptor, abort, rewrap_handler
 
 log = structlog.get_logger(__name__)
 
@@ -66,21 +66,10 @@ def _guarded_generator(method: str) -> Callable[[Callable[..., Any]], Callable[.
     return wrap
 
 
-class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
+class StoreOutageInterceptor(ServiceInterceptor):
     """Turns a Redis connection error escaping a handler of ``services`` into UNAVAILABLE."""
 
-    def __init__(self, *services: str) -> None:
-        self._prefixes = tuple(f"/{service}/" for service in services)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(self._prefixes):
-            return handler  # health and reflection need no Redis
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         return rewrap_handler(
             handler, coroutine=_guarded_coroutine(method), generator=_guarded_generator(method)
         )
