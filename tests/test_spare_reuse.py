@@ -89,3 +89,47 @@ def test_a_tenants_next_job_runs_on_its_last_jobs_processes_from_fresh_weights(
     ) as other:
         other_id, _ = run(other, spec)
     assert not kept & set(pids(mesh, other_id).values()), "another tenant's job reused them"
+
+
+def test_a_used_spare_goes_only_to_its_tenant_on_the_same_devices(tmp_path: Path) -> None:
+    """A process that served tenant t on GPU 0 has initialised CUDA there: a job of t leased
+    GPU 1 must not get it (its hand-over would be refused); a job of t on GPU 0 does. The kept
+    process is a real child (``cat``, which writes what it is handed to its log)."""
+    import asyncio
+
+    import structlog
+
+    from opentinker.common.v1 import common_pb2
+    from opentinker.services.common.spare import Handover
+    from opentinker.services.worker.reusable import hand_to_spare
+    from opentinker.services.worker.settings import WorkerSettings
+    from opentinker.services.worker.spares import SparePool
+    from opentinker.services.worker.supervisor import ManagedProcess
+
+    job = common_pb2.Job(job_id="j", tenant_id="t")
+    job.spec.kind = common_pb2.JOB_KIND_RL
+    job.spec.model.base_model = "m"
+    log_path = tmp_path / "kept.log"
+
+    def handover(devices: str) -> Handover:
+        return Handover(launch=tmp_path / "l", log_path=log_path, cuda_visible_devices=devices)
+
+    async def main() -> None:
+        pool = SparePool(WorkerSettings(run_root=tmp_path, warm_spares=1))
+        kept = await ManagedProcess.start(
+            "kept", ["cat"], log_path=log_path, env={}, stdin_pipe=True, report_pipe="FD"
+        )
+        try:
+            pool.take("trainer", "m")  # the pool knows the model (no fresh spare made here)
+            pool.give_back("trainer", "m", "t@0", kept)
+            log = structlog.get_logger()
+            other = await hand_to_spare(pool, "trainer", job, handover("1"), True, log)
+            assert other is None, "a job on GPU 1 got the process that used GPU 0"
+            same = await hand_to_spare(pool, "trainer", job, handover("0"), True, log)
+            assert same is not None and same.pid == kept.pid
+            await asyncio.sleep(0.2)
+            assert log_path.read_text().count('"cuda_visible_devices":"0"') == 1
+        finally:
+            await kept.terminate(1.0)
+
+    asyncio.run(main())

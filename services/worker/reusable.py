@@ -120,7 +120,9 @@ async def hand_to_spare(
     base_model = job.spec.model.base_model
     if not base_model:
         return None
-    tenant = job.tenant_id if reusable else ""
+    # A used process goes only to the same tenant on the same devices: one that has used CUDA
+    # cannot change its visible devices (common/spare.py adopt would refuse the job).
+    tenant = f"{job.tenant_id}@{handover.cuda_visible_devices}" if reusable else ""
     spare = spares.take(name, base_model, tenant=tenant)
     if spare is None:
         log.info("cold_start", process=name)
