@@ -67,12 +67,7 @@ class RolloutSession:
         """Check the environment is reachable, then load the model (policy version 0)."""
         if self.config is not None:
             raise FailedPreconditionError("the rollout is already open; send OpenRollout once")
-        if config.agent and not self.settings.agent_programs:
-            raise FailedPreconditionError(
-                "rl.agent: this pool does not run agent programs: they run the tenant's code on "
-                "the worker, so its operator enables them on the workers with "
-                "OPENTINKER_ROLLOUT_AGENT_PROGRAMS=true"
-            )
+        _refuse_agent_programs_unless_enabled(config, self.settings)
         env = EnvSpec()
         if not config.sampling_only:
             if not self.settings.envhub_address:
@@ -364,3 +359,13 @@ def _serve_role_adapters(engine: GenerationEngine, roles: tuple[str, ...]) -> No
         engine.use_role_adapters(roles)
     except ValueError as err:
         raise InvalidArgumentError(f"one adapter per role: {err}", code="INVALID_ARGUMENT") from err
+
+
+def _refuse_agent_programs_unless_enabled(config: RolloutConfig, settings: RolloutSettings) -> None:
+    """An agent program is the tenant's code run on the worker: only where the operator lets it."""
+    if config.agent and not settings.agent_programs:
+        raise FailedPreconditionError(
+            "rl.agent: this pool does not run agent programs: they run the tenant's code on "
+            "the worker, so its operator enables them on the workers with "
+            "OPENTINKER_ROLLOUT_AGENT_PROGRAMS=true"
+        )
