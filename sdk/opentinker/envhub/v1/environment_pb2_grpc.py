@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class EnvironmentServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """What an environment server implements (the contract above): one server, many episodes.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +58,8 @@ class EnvironmentServiceStub:
 
 
 class EnvironmentServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """What an environment server implements (the contract above): one server, many episodes.
+    """
 
     def GetEnvironmentSpec(self, request, context):
         """What the env is. EnvHub fetches it from one instance each time a rollout opens a
@@ -123,7 +125,8 @@ def add_EnvironmentServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EnvironmentService:
-    """Missing associated documentation comment in .proto file."""
+    """What an environment server implements (the contract above): one server, many episodes.
+    """
 
     @staticmethod
     def GetEnvironmentSpec(request,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class ModelServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Reads and edits of the model catalog.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +53,8 @@ class ModelServiceStub:
 
 
 class ModelServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Reads and edits of the model catalog.
+    """
 
     def ListModels(self, request, context):
         """Every model of the catalog, by name. Any user's API key.
@@ -102,7 +104,8 @@ def add_ModelServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ModelService:
-    """Missing associated documentation comment in .proto file."""
+    """Reads and edits of the model catalog.
+    """
 
     @staticmethod
     def ListModels(request,
