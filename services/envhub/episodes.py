@@ -27,20 +27,19 @@ import grpc
 import structlog
 
 from opentinker.env_auth import env_token_metadata
-from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
+from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import (
     EnvironmentError_,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
 )
-from opentinker.services.common.grpc_server import aio_channel
+from opentinker.services.envhub.env_channels import EnvChannels
 from opentinker.services.envhub.image_limits import (
     DEFAULT_IMAGE_LIMITS,
     ImageLimits,
     image_problem,
 )
-from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import Instance, Registry, not_registered
 
 log = structlog.get_logger("opentinker.envhub")
@@ -54,33 +53,6 @@ CAPACITY_POLL_S = 0.05
 def _presented(instance: Instance) -> tuple[tuple[str, str], ...]:
     """The metadata of every call to ``instance``: the env token its server registered with."""
     return env_token_metadata(instance.env_token)
-
-
-class EnvChannels:
-    """One channel per env instance address, shared by every stream."""
-
-    def __init__(self) -> None:
-        self._stubs: dict[str, environment_pb2_grpc.EnvironmentServiceStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
-
-    def add_local(self, address: str, stub: LocalEnvironmentStub) -> None:
-        """Reach the env served at ``address`` in-process (EnvHub's built-ins)."""
-        self._stubs[address] = stub  # type: ignore[assignment]  # same call interface
-
-    def stub(self, address: str) -> environment_pb2_grpc.EnvironmentServiceStub:
-        if address not in self._stubs:
-            channel = aio_channel(address)
-            self._channels.append(channel)
-            self._stubs[address] = environment_pb2_grpc.EnvironmentServiceStub(channel)
-        return self._stubs[address]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
-        self._channels.clear()
-        for stub in self._stubs.values():
-            if isinstance(stub, LocalEnvironmentStub):
-                stub.close()
-        self._stubs.clear()
 
 
 @dataclass

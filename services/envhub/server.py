@@ -17,7 +17,7 @@ from opentinker.services.envhub.builtin_envs import (
     INLINE_BUILTINS,
     start_builtin_envs,
 )
-from opentinker.services.envhub.episodes import EnvChannels
+from opentinker.services.envhub.env_channels import EnvChannels
 from opentinker.services.envhub.health_watch import HealthWatch
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.registry import InMemoryRegistry, Registry

@@ -19,7 +19,8 @@ from opentinker.errors import (
 from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.services.common.auth import JOBS, USERS, current_principal, rules_for
 from opentinker.services.common.grpc_server import abort, abort_with
-from opentinker.services.envhub.episodes import EnvChannels, EpisodeRouter
+from opentinker.services.envhub.env_channels import EnvChannels
+from opentinker.services.envhub.episodes import EpisodeRouter
 from opentinker.services.envhub.image_limits import ImageLimits
 from opentinker.services.envhub.registry import Instance, Registry, page
 from opentinker.services.envhub.settings import EnvHubSettings
