@@ -20,21 +20,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from opentinker.errors import (
-    AuthenticationError,
-    InvalidArgumentError,
-    NotFoundError,
-    OpenTinkerError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnavailableError,
-)
+from opentinker.errors import InvalidArgumentError, OpenTinkerError
 
-from . import downloads, runs, wire
+from . import downloads, runs, sampling, wire
 from . import training_routes as training
-from .futures import USER_ERRORS, FutureGoneError, error_body
+from .futures import error_body
+from .http_errors import http_status, read_body
 from .models import SAMPLER_KIND, TinkerPath
-from .sessions import SessionGoneError
+from .openai_routes import openai_routes
 from .settings import GatewaySettings
 from .state import Gateway
 from .tenancy import Caller
@@ -42,23 +35,6 @@ from .tenancy import Caller
 log = structlog.get_logger("gateway")
 PROTOBUF = "application/x-protobuf"
 Handler = Callable[[Gateway, Caller, Any], Awaitable[dict | Response | None]]
-
-
-class BodyTooLargeError(InvalidArgumentError):
-    """A request body past max_body_bytes (HTTP 413)."""
-
-
-# HTTP status of a call refused before it became a future (the SDK retries 429 and 5xx).
-_STATUS = {
-    SessionGoneError: 410,  # before NotFoundError: it is one
-    FutureGoneError: 410,  # likewise
-    BodyTooLargeError: 413,
-    PermissionDeniedError: 403,  # before AuthenticationError: it is one
-    AuthenticationError: 401,
-    NotFoundError: 404,
-    ResourceExhaustedError: 429,
-    UnavailableError: 503,
-}
 
 
 def create_app(settings: GatewaySettings) -> Starlette:
@@ -84,6 +60,7 @@ def _routes(gw: Gateway) -> list[Route]:
 
     checkpoint = "/api/v1/training_runs/{training_run_id}/checkpoints/{checkpoint_id:path}"
     return [
+        *openai_routes(gw),  # /v1: the OpenAI-compatible door
         Route("/api/v1/healthz", _healthz, methods=["GET"]),
         route("/api/v1/client/config", client_config),
         route("/api/v1/client/dynamic_config", lambda gw, c, b: _answer({})),
@@ -102,7 +79,7 @@ def _routes(gw: Gateway) -> list[Route]:
         route("/api/v1/save_weights", training.save_weights),
         route("/api/v1/load_weights", training.load_weights),
         route("/api/v1/save_weights_for_sampler", training.save_weights_for_sampler),
-        route("/api/v1/asample", training.asample),
+        route("/api/v1/asample", sampling.asample),
         route("/api/v1/training_runs", runs.list_training_runs, method="GET"),
         route("/api/v1/training_runs/{training_run_id}", runs.get_training_run, method="GET"),
         route(
@@ -129,7 +106,7 @@ def _endpoint(gw: Gateway, path: str, handler: Handler, *, raw: bool):
             key = request.headers.get("x-idempotency-key")
             if key and (first := gw.answered.get((caller.tenant_id, key))) is not None:
                 return JSONResponse(first)  # a retry of a call already taken
-            raw_body = await _body(request, gw.settings.max_body_bytes)
+            raw_body = await read_body(request, gw.settings.max_body_bytes)
             body: bytes | dict = raw_body
             if not raw:
                 body = {**request.query_params, **_json(raw_body), **request.path_params}
@@ -161,28 +138,6 @@ async def _answer(body: dict) -> dict:
     return body
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The request's body, read no further than ``limit`` bytes (BodyTooLargeError past it:
-    a client cannot make the gateway hold an unbounded body in memory)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():  # chunked, or a Content-Length that lied
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> BodyTooLargeError:
-    return BodyTooLargeError(
-        f"body: {size} bytes (or more) is over this gateway's max_body_bytes ({limit}); "
-        "send smaller requests (fewer data per forward_backward)"
-    )
-
-
 def _json(raw: bytes) -> dict:
     if not raw:
         return {}
@@ -196,9 +151,7 @@ def _json(raw: bytes) -> dict:
 
 
 def _error(err: Exception) -> JSONResponse:
-    status = next((code for kind, code in _STATUS.items() if isinstance(err, kind)), 400)
-    if isinstance(err, OpenTinkerError) and status == 400 and not isinstance(err, USER_ERRORS):
-        status = 500
+    status = http_status(err)
     if isinstance(err, KeyError):
         err = InvalidArgumentError(f"{err.args[0]}: required")
     return JSONResponse(error_body(err), status_code=status)
@@ -308,12 +261,7 @@ async def create_sampling_session(gw: Gateway, caller: Caller, body: dict) -> di
     path = TinkerPath.parse(body["model_path"])
     if path.kind != SAMPLER_KIND:
         raise InvalidArgumentError(f"model_path: {body['model_path']!r} is not sampler weights")
-    live = gw.models.live_job(path.job_id)
-    if live is not None and live.tenant_id == caller.tenant_id and path.name in live.named_versions:
-        model, version = live, live.named_versions[path.name]
-    else:  # the run has ended (or an earlier gateway served it): load them from disk
-        model = await training.sampler_of_saved(gw, caller, body["session_id"], path)
-        version = model.named_versions[path.name]
+    model, version = await training.snapshot_of(gw, caller, body["session_id"], path)
     sampler = gw.models.new_sampler(model, version)
     return {"type": "create_sampling_session", "sampling_session_id": sampler}
 

@@ -3,6 +3,7 @@ models and the futures in flight."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import OrderedDict
 
@@ -32,7 +33,12 @@ class Gateway:
         self.sessions = Sessions(expiry_s=settings.session_expiry_s)
         self.answered: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self.download_secret = signing_secret(settings)
-        self.tokenizers = Tokenizers()  # for stop strings
+        self.tokenizers = Tokenizers()  # for stop strings and the OpenAI-compatible routes
+        # The OpenAI-compatible routes' own session per tenant (its samplers close with it
+        # when the tenant's calls stop for session_expiry_s), and one lock per (tenant,
+        # model) so concurrent first calls start one sampler.
+        self.openai_sessions: dict[str, str] = {}
+        self.openai_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def remember(self, tenant: str, key: str, answer: dict) -> None:
         self.answered[(tenant, key)] = answer

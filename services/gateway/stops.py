@@ -64,14 +64,21 @@ class Tokenizers:
         self._by_path: dict[str, Any] = {}
 
     async def decoder(self, path: str) -> Decode:
+        tokenizer = await self.tokenizer(
+            path, need="sampling_params.stop: stop strings", instead="give stop token ids instead"
+        )
+        return lambda ids: tokenizer.decode(ids)
+
+    async def tokenizer(self, path: str, *, need: str, instead: str) -> Any:
+        """The tokenizer at ``path``; InvalidArgumentError saying what ``need``s it (a field:
+        what) and what to do ``instead`` when there is none."""
         if path not in self._by_path:
             try:
                 tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, path)
             except OSError as err:
                 raise InvalidArgumentError(
-                    f"sampling_params.stop: stop strings need the base model's tokenizer, and "
-                    f"{path!r} has none here ({err}); give stop token ids instead"
+                    f"{need} need the base model's tokenizer, and {path!r} has none here "
+                    f"({err}); {instead}"
                 ) from err
             self._by_path[path] = tokenizer
-        tokenizer = self._by_path[path]
-        return lambda ids: tokenizer.decode(ids)
+        return self._by_path[path]

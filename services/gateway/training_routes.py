@@ -24,7 +24,6 @@ from .ordering import SeqGate
 from .runs import RUN_NAME, check_saved_state, keep_user_metadata, set_ttl
 from .stability import with_recorded_logprobs
 from .state import Gateway
-from .stops import apply_stop_strings, parse_stop
 from .tenancy import Caller
 
 BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
@@ -267,7 +266,7 @@ async def sampler_of_saved(gw: Gateway, caller: Caller, session_id: str, path: T
     per session and path, closed with the session. NotFoundError for weights that are not
     the caller's, or not there."""
     gw.sessions.check(session_id, caller.tenant_id)
-    model_id = f"{session_id}:saved:{path.job_id}/{path.name}"
+    model_id = f"{session_id}:saved:{path.job_id}/{path.kind}/{path.name}"
     with contextlib.suppress(NotFoundError):
         return await gw.models.get(model_id, caller)
     await asyncio.to_thread(check_saved_state, gw, caller, path)
@@ -284,6 +283,24 @@ async def sampler_of_saved(gw: Gateway, caller: Caller, session_id: str, path: T
         raise
     model.named_versions[path.name] = version
     return model
+
+
+async def snapshot_of(
+    gw: Gateway, caller: Caller, session_id: str, path: TinkerPath
+) -> tuple[TrainingModel, int]:
+    """The model and policy version that serve the caller's checkpoint ``path``: the live
+    run's snapshot of named sampler weights, else the checkpoint loaded from disk (a run
+    that has ended, training weights, or weights an earlier gateway served)."""
+    live = gw.models.live_job(path.job_id)
+    if (
+        path.kind == SAMPLER_KIND
+        and live is not None
+        and live.tenant_id == caller.tenant_id
+        and path.name in live.named_versions
+    ):
+        return live, live.named_versions[path.name]
+    model = await sampler_of_saved(gw, caller, session_id, path)
+    return model, model.named_versions[path.name]
 
 
 def lora_of(model: common_pb2.ModelSpec) -> LoraConfig:
@@ -303,59 +320,6 @@ def tinker_name(gw: Gateway, base_model: str) -> str:
     return next(
         (n for n, local in gw.settings.base_models.items() if local == base_model), base_model
     )
-
-
-async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
-    """Sample on the trainer session's rollout engine with the sampler's snapshot (the
-    weights served when the sampler was made). The request is checked first: a bad field is
-    a 400 naming it, whatever the sampler."""
-    if not body.get("sampling_session_id"):
-        raise InvalidArgumentError(
-            "sampling_session_id: sample from a sampling client of a training client's weights"
-        )
-    for topk in ("topk_prompt_logprobs", "topk_sample_logprobs"):
-        if body.get(topk):
-            raise InvalidArgumentError(
-                f"{topk}: top-k logprobs are not served yet (the sampled tokens' logprobs "
-                "and prompt_logprobs are); leave it 0"
-            )
-    with_prompt = bool(body.get("prompt_logprobs"))
-    last_n = body.get("prompt_logprobs_last_n")
-    num_samples = wire.check_num_samples(body.get("num_samples", 1))
-    params = body.get("sampling_params") or {}
-    sampling, greedy = wire.sampling_params(params)
-    prompt = wire.prompt_tokens(body["prompt"])
-    wire.check_prompt_logprobs_last_n(last_n, scored=with_prompt, prompt_len=len(prompt))
-    stop_ids, stop_strings = parse_stop(params.get("stop"))
-    seed = wire.session_seed(params.get("seed"))
-    model, version = gw.models.sampler(body["sampling_session_id"], caller)
-    if stop_strings:
-        base = gw.settings.base_models.get(model.base_model, model.base_model)
-        decode = await gw.tokenizers.decoder(base)
-    future = model.session.sample_async(
-        prompt,
-        num_samples=num_samples,
-        sampling=sampling,
-        stop_token_ids=stop_ids,
-        seed=seed,
-        include_prompt_logprobs=with_prompt,
-        policy_version=version,
-        greedy=greedy,
-    )
-    ids: list[str] = []
-
-    async def work() -> Result:
-        output = await asyncio.wrap_future(future)
-        if stop_strings:
-            output = apply_stop_strings(output, stop_strings, decode)
-        if body.get("record_stability_info"):
-            model.stability.record_sample(ids, prompt, output.sequences)
-        scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
-        return Result(wire.sample_response(output, prompt_logprobs=scored))
-
-    request_id = gw.futures.start(work(), tenant=caller.tenant_id)
-    ids.extend(f"{request_id}:{i}" for i in range(num_samples))
-    return {"request_id": request_id, "sample_sequence_ids": ids}
 
 
 def start_future(gw: Gateway, caller: Caller, work: Any, model: TrainingModel) -> dict:

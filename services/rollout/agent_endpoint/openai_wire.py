@@ -74,15 +74,36 @@ def finish_reason(message: Message, stopped: bool) -> str:
     return "stop" if stopped else "length"
 
 
+def chat_choice(
+    index: int, message: Message, finish: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+
+
 def completion_body(
     model: str, message: Message, finish: str, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
+    """A chat completion of one choice."""
+    return chat_body(model, [chat_choice(0, message, finish)], prompt_tokens, completion_tokens)
+
+
+def chat_body(
+    model: str,
+    choices: list[dict[str, Any]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    kind: str = "chat.completion",
+) -> dict[str, Any]:
+    """A completion's body: ``kind`` "chat.completion" (choices of chat_choice) or
+    "text_completion" (choices with ``text``); usage counts tokens of all the choices."""
+    prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "choices": choices,
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -92,23 +113,34 @@ def completion_body(
 
 
 def stream_events(body: dict[str, Any]) -> Iterator[str]:
-    """A finished completion as the server-sent events of a streamed one: the role, the
-    content, each tool call, the finish reason, then ``[DONE]``."""
-    choice = body["choices"][0]
-    message = choice["message"]
-    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    """A finished completion as the server-sent events of a streamed one, then ``[DONE]``:
+    per chat choice its role, content (with its logprobs), each tool call and the finish
+    reason; per text choice one chunk with its text."""
+    head = {k: body[k] for k in ("id", "created", "model")}
+    if body["object"] == "text_completion":
+        for choice in body["choices"]:
+            yield _event(head | {"object": "text_completion", "choices": [choice]})
+        yield "data: [DONE]\n\n"
+        return
+    head |= {"object": "chat.completion.chunk"}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        data = head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return f"data: {json.dumps(data)}\n\n"
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **more: Any) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, **more}
+        return _event(head | {"choices": [choice]})
 
-    yield chunk({"role": "assistant", "content": ""})
-    if message.get("content"):
-        yield chunk({"content": message["content"]})
-    for index, call in enumerate(message.get("tool_calls") or ()):
-        yield chunk({"tool_calls": [{"index": index, **call}]})
-    yield chunk({}, choice["finish_reason"])
+    for choice in body["choices"]:
+        index, message = choice["index"], choice["message"]
+        yield chunk(index, {"role": "assistant", "content": ""})
+        if message.get("content"):
+            yield chunk(index, {"content": message["content"]}, logprobs=choice.get("logprobs"))
+        for at, call in enumerate(message.get("tool_calls") or ()):
+            yield chunk(index, {"tool_calls": [{"index": at, **call}]})
+        yield chunk(index, {}, choice["finish_reason"])
     yield "data: [DONE]\n\n"
+
+
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
 
 
 def error_body(message: str, kind: str, code: str, param: str | None = None) -> dict[str, Any]:

@@ -155,11 +155,22 @@ class EpisodeRecord:
     def _render(
         self, messages: list[Message], generation: bool, tools: list[Any] | None = None
     ) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools or None,
-            add_generation_prompt=generation,
-            tokenize=True,
-            return_dict=False,
-        )
-        return list(ids)
+        return render(self.tokenizer, messages, generation, tools)
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    generation: bool,
+    tools: Sequence[Any] | None = None,
+) -> list[int]:
+    """The ids of ``messages`` (as template_message makes them) by the chat template, with
+    the assistant's generation prompt when ``generation``."""
+    ids = tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=generation,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)
