@@ -21,7 +21,7 @@ from opentinker.errors import InvalidArgumentError, ResourceExhaustedError
 from ..batch import SequenceBatch
 
 LossName = Literal[
-    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce"
+    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce", "dro"
 ]
 
 

@@ -8,6 +8,7 @@ import torch
 
 from ..losses.cispo import cispo_loss
 from ..losses.cross_entropy import weighted_nll_sum
+from ..losses.dro import dro_loss
 from ..losses.gspo import gspo_loss
 from ..losses.importance_sampling import importance_sampling_loss
 from ..losses.ppo_token import ppo_token_loss
@@ -21,7 +22,7 @@ DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
 @dataclass(frozen=True)
 class LossSpec:
     """Which loss; for ppo, cispo and gspo the bounds of the probability ratio; for
-    stable_reinforce the weight of its KL term."""
+    stable_reinforce the weight of its KL term, for dro its beta."""
 
     name: LossName
     clip_low: float = DEFAULT_CLIP_LOW
@@ -59,6 +60,14 @@ def evaluate(policy: Policy, data: DatumBatch, spec: LossSpec) -> LossResult:
             kl_coeff=spec.kl_coeff,
         )
         metrics["truncated_fraction"], metrics["kl"] = sr.truncated_fraction, sr.kl
+    elif spec.name == "dro":  # every real position, as Tinker's; kl_coeff is its beta
+        loss, metrics["log_ratio_sq"] = dro_loss(
+            logprobs_B_T,
+            data.sampling_logprobs_B_T,
+            data.advantages_B_T,
+            data.mask_B_T,
+            beta=spec.kl_coeff,
+        )
     elif spec.name == "gspo":
         loss, gs = gspo_loss(
             logprobs_B_T,
