@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import structlog
 import torch
@@ -35,6 +36,13 @@ from .sampler import Sample, SessionSampler
 from .snapshots import Snapshots
 
 log = structlog.get_logger(__name__)
+_T = TypeVar("_T")
+
+
+class RunWork(Protocol):
+    """Runs a unit of model work off the event loop and returns its result."""
+
+    def __call__(self, fn: Callable[[], _T], /) -> Awaitable[_T]: ...
 
 
 @dataclass(frozen=True)
@@ -80,12 +88,16 @@ class TrainingSession:
         checkpoint_root: Path,
         settings: TrainerSettings,
         report_step: StepReport | None = None,
+        run_work: RunWork | None = None,
     ) -> None:
         """``report_step``: where each optimizer step's metrics go (the scheduler's event
         stream and usage: steps, tokens trained and generated since the last step). They go
         in the background (step_reports.py): a slow or restarting scheduler never holds up
         optim_step's answer, and a report that finally fails, or a stop answer, ends the
-        session at the next optim_step, before it moves the weights."""
+        session at the next optim_step, before it moves the weights. ``run_work``: where
+        forward, forward_backward and optim_step run (a worker thread of its own; on a shared
+        LoRA host, the session's fair turn: host.py)."""
+        self._run_work: RunWork = run_work or asyncio.to_thread
         self.job_id, self.tenant_id = job_id, tenant_id
         self._reports = BackgroundStepReports(report_step) if report_step is not None else None
         self._since_step = {"loss": 0.0, "tokens_trained": 0.0, "tokens_generated": 0.0}
@@ -149,10 +161,10 @@ class TrainingSession:
     # ---- the primitives (call each inside ``call(seq)``) ----
 
     async def forward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
-        return await asyncio.to_thread(self._forward, data, loss, False)
+        return await self._run_work(lambda: self._forward(data, loss, False))
 
     async def forward_backward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
-        result = await asyncio.to_thread(self._forward, data, loss, True)
+        result = await self._run_work(lambda: self._forward(data, loss, True))
         self.accumulated_calls += 1
         self._since_step["loss"] += float(result.loss.detach())
         self._since_step["tokens_trained"] += result.metrics["tokens"]
@@ -182,7 +194,7 @@ class TrainingSession:
                 "optim_step without gradients: call forward_backward first", reason="NO_GRADIENTS"
             )
         self._check_reports()
-        grad_norm = await asyncio.to_thread(self._step, adam)
+        grad_norm = await self._run_work(lambda: self._step(adam))
         self.step += 1
         self.accumulated_calls = 0
         metrics = {**self._since_step, "grad_norm": grad_norm, "learning_rate": adam.learning_rate}
