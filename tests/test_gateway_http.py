@@ -133,11 +133,17 @@ def test_every_route_refuses_a_missing_wrong_or_revoked_key_401(identities) -> N
             path = route.path.replace("{checkpoint_id:path}", "weights/x")
             path = path.replace("{", "").replace("}", "")  # any id: the key is checked first
             [method] = route.methods - {"HEAD"}
+            openai_door = path.startswith("/v1/")  # OpenAI's Bearer keys and error shape
             for key in (None, "tml-otk_0123456789ab_" + "x" * 40, f"tml-{revoked}"):
                 headers = {} if key is None else {"X-API-Key": key}
+                if openai_door:
+                    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
                 answer = httpx.request(method, url + path, headers=headers, json={})
                 assert answer.status_code == 401, (path, key, answer.text)
                 body = answer.json()
+                if openai_door:
+                    assert body["error"]["type"] == "authentication_error", (path, body)
+                    continue
                 assert body["category"] == "user", (path, body)  # the caller's to fix
                 assert "X-API-Key" in body["error"] or "key" in body["error"], body
 
@@ -270,8 +276,8 @@ PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [5, 9, 13]}]}
         ({"sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
         ({"sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
         ({"sampling_params": {"max_tokens": 10**9}}, "sampling_params.max_tokens"),
-        ({"topk_sample_logprobs": 5}, "topk_sample_logprobs"),
-        ({"topk_prompt_logprobs": 5}, "topk_prompt_logprobs"),
+        ({"topk_sample_logprobs": 1000}, "topk_sample_logprobs"),
+        ({"topk_prompt_logprobs": -1}, "topk_prompt_logprobs"),
         ({"num_samples": 2_000_000}, "num_samples"),
         ({"num_samples": 0}, "num_samples"),
         ({"prompt": {"chunks": "x"}}, "prompt.chunks"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import tinker
 from test_tinker_snapshots import other_tenant_key
 from tinker import types
 from tinker_gateway_helpers import BASE, gateway, mesh, monkeypatch_module, service, sft_datum
@@ -102,3 +103,45 @@ def test_bad_keys_other_tenants_and_bad_fields_are_4xx_in_openai_shape(
     with pytest.raises(openai.BadRequestError) as empty:
         client.chat.completions.create(model=BASE, messages=[])
     assert empty.value.body["param"] == "messages"
+
+
+def test_topk_logprobs_through_the_tinker_sdk_and_the_openai_door(service, client, trained) -> None:
+    path, tinker_tokens = trained
+    sampler = service.create_sampling_client(model_path=path).result()
+    greedy = types.SamplingParams(max_tokens=5, temperature=0.0)
+    prompt = types.ModelInput.from_ints(PROMPT)
+    out = sampler.sample(
+        prompt,
+        1,
+        greedy,
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=3,
+        topk_sample_logprobs=4,
+    ).result()
+    seq = out.sequences[0]
+    rows = seq.topk_logprobs
+    assert len(rows) == len(seq.tokens)
+    for token, logprob, row in zip(seq.tokens, seq.logprobs, rows, strict=True):
+        assert len(row) == 4
+        assert [lp for _, lp in row] == sorted((lp for _, lp in row), reverse=True)
+        # greedy: the sampled token is the likeliest, with the logprob it was sampled with
+        assert row[0][0] == token and row[0][1] == pytest.approx(logprob, abs=1e-3)
+    prompt_rows = out.topk_prompt_logprobs
+    assert len(prompt_rows) == len(PROMPT) and prompt_rows[0] is None
+    for at, row in enumerate(prompt_rows[1:], start=1):
+        assert len(row) == 3
+        # the prompt token's own logprob is at most the likeliest one's
+        assert out.prompt_logprobs[at] <= row[0][1] + 1e-3
+    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
+        sampler.sample(prompt, 1, greedy, topk_sample_logprobs=1000).result()
+
+    chat = client.chat.completions.create(
+        model=path, messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
+    for entry in chat.choices[0].logprobs.content:
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].token == entry.token
+    text = client.completions.create(
+        model=path, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2
+    )
+    assert len(text.choices[0].logprobs.top_logprobs) == len(tinker_tokens)

@@ -132,3 +132,30 @@ def test_gspo_steps_with_the_sequence_ratio_and_needs_its_mask(service) -> None:
         trainer.forward_backward([no_mask], "gspo").result()
     with pytest.raises(tinker.RequestFailedError, match="kl_coeff"):
         trainer.forward_backward([datum], "gspo", {"kl_coeff": 0.1}).result()
+
+
+def test_dro_is_tinkers_definition_and_trains(service) -> None:
+    trainer = service.create_lora_training_client(base_model=BASE, rank=4).result()
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=7)
+    result = sampler.sample(types.ModelInput.from_ints(PROMPT), 2, params).result()
+    seq = max(result.sequences, key=lambda s: len(s.tokens))
+    datum = rl_datum(seq, 1.0, provenance=False)
+    out = trainer.forward([datum], "cross_entropy").result()
+    logp = out.loss_fn_outputs[0]["logprobs"].to_numpy().astype(np.float64)
+    q = datum.loss_fn_inputs["logprobs"].to_numpy().astype(np.float64)
+    adv = datum.loss_fn_inputs["advantages"].to_numpy().astype(np.float64)
+    beta = 0.5
+    # Tinker's docs: loss = -sum(target_logprobs * A - beta/2 * (target_logprobs - q)^2),
+    # over every position (the prompt's too: A = 0 and q = 0 there).
+    expected = -np.sum(logp * adv - 0.5 * beta * (logp - q) ** 2)
+    before = sampled_logprob(trainer, datum)
+    got = trainer.forward_backward([datum], "dro", {"beta": beta}).result()
+    assert got.metrics["loss:sum"] == pytest.approx(expected, rel=1e-3, abs=1e-2)
+    trainer.optim_step(ADAM).result()
+    for _ in range(2):
+        trainer.forward_backward([datum], "dro", {"beta": beta}).result()
+        trainer.optim_step(ADAM).result()
+    assert sampled_logprob(trainer, datum) > before  # a positive advantage made it likelier
+    with pytest.raises(tinker.RequestFailedError, match="clip_low_threshold"):
+        trainer.forward_backward([datum], "dro", {"clip_low_threshold": 0.8}).result()

@@ -30,7 +30,7 @@ from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
 T = TypeVar("T")
 LossName = Literal[
-    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce"
+    "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce", "dro"
 ]
 _LOSS_PB = {
     "cross_entropy": trainer_pb2.SESSION_LOSS_CROSS_ENTROPY,
@@ -39,6 +39,7 @@ _LOSS_PB = {
     "cispo": trainer_pb2.SESSION_LOSS_CISPO,
     "gspo": trainer_pb2.SESSION_LOSS_GSPO,
     "stable_reinforce": trainer_pb2.SESSION_LOSS_STABLE_REINFORCE,
+    "dro": trainer_pb2.SESSION_LOSS_DRO,
 }
 
 
@@ -127,6 +128,8 @@ class SampledSequence:
     tokens: list[int]  # the completion, the stop token included
     logprobs: list[float]
     stop_reason: str  # "stop" | "length"
+    # topk_sample_logprobs = k: per token, the k likeliest (token, logprob) at its position
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ class SampleOutput:
     policy_version: int
     # include_prompt_logprobs: logprob of prompt[i+1] given prompt[:i+1] (len(prompt) - 1)
     prompt_logprobs: list[float] = field(default_factory=list)
+    # topk_prompt_logprobs = k: as SampledSequence.top_logprobs, for prompt[1:]
+    prompt_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class TrainingSession:
@@ -228,6 +233,8 @@ class TrainingSession:
         include_prompt_logprobs: bool = False,
         policy_version: int = 0,
         greedy: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
     ) -> Future[SampleOutput]:
         """``num_samples`` completions with the weights of the last save_weights_for_sampler
         (a completion ends after a stop token or eos, which it keeps); with
@@ -235,7 +242,8 @@ class TrainingSession:
         ``policy_version``: the weights served by an earlier save_weights_for_sampler (the
         version it returned) instead: a sampler snapshot, kept for the session's life.
         ``greedy``: argmax decoding (``sampling``'s temperature and top_p unused; logprobs
-        at temperature 1)."""
+        at temperature 1). ``topk_prompt_logprobs`` / ``topk_sample_logprobs``: also the k
+        likeliest tokens at each prompt position / sampled token (0..64)."""
         s = sampling or SamplingParams()
         pb = common_pb2.SamplingParams(
             temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
@@ -252,6 +260,8 @@ class TrainingSession:
                 include_prompt_logprobs=include_prompt_logprobs,
                 policy_version=policy_version,
                 greedy=greedy,
+                topk_prompt_logprobs=topk_prompt_logprobs,
+                topk_sample_logprobs=topk_sample_logprobs,
             ),
             _sample_output,
         )
@@ -356,8 +366,28 @@ def _forward_output(r: Any) -> ForwardOutput:
 def _sample_output(r: trainer_pb2.SampleResponse) -> SampleOutput:
     return SampleOutput(
         sequences=[
-            SampledSequence(list(s.tokens), list(s.logprobs), s.stop_reason) for s in r.sequences
+            SampledSequence(
+                list(s.tokens),
+                list(s.logprobs),
+                s.stop_reason,
+                _top_rows(s.topk_token_ids, s.topk_logprobs, len(s.tokens)),
+            )
+            for s in r.sequences
         ],
         policy_version=r.policy_version,
         prompt_logprobs=list(r.prompt_logprobs),
+        prompt_top_logprobs=_top_rows(
+            r.topk_prompt_token_ids, r.topk_prompt_logprobs, len(r.prompt_logprobs)
+        ),
     )
+
+
+def _top_rows(
+    ids: Sequence[int], logprobs: Sequence[float], rows: int
+) -> list[list[tuple[int, float]]]:
+    """Flat row-major top-k ids and logprobs as ``rows`` lists of (id, logprob)."""
+    if not ids or not rows:
+        return []
+    k = len(ids) // rows
+    pairs = list(zip(ids, logprobs, strict=True))
+    return [pairs[i * k : (i + 1) * k] for i in range(rows)]

@@ -134,7 +134,8 @@ def _parse(kind: type[_Request], raw: bytes) -> _Request:
 
 async def chat_completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
     request = _parse(OpenAIChatRequest, raw)
-    _refuse_top_logprobs(request.top_logprobs, "top_logprobs")
+    if request.top_logprobs and not request.logprobs:
+        raise InvalidArgumentError("top_logprobs: needs logprobs: true")
     with _session(gw, caller) as session_id:
         model, version = await _sampler(gw, caller, session_id, request.model)
         tokenizer = await _tokenizer(gw, model)
@@ -145,7 +146,14 @@ async def chat_completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
         except (ValueError, TypeError) as err:  # no chat template, or messages it cannot take
             raise InvalidArgumentError(f"messages: the chat template refused them ({err})") from err
         sequences = await _sample(
-            gw, model, version, prompt, request, request.token_cap, DEFAULT_CHAT_TOKENS
+            gw,
+            model,
+            version,
+            prompt,
+            request,
+            request.token_cap,
+            DEFAULT_CHAT_TOKENS,
+            request.top_logprobs,
         )
     choices = []
     for index, seq in enumerate(sequences):
@@ -153,7 +161,8 @@ async def chat_completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
         message = reply_message(text, request.tool_names)
         logprobs = None
         if request.logprobs:
-            logprobs = chat_logprobs(seq.tokens, seq.logprobs, None, _token_text(tokenizer))
+            top = seq.top_logprobs if request.top_logprobs else None
+            logprobs = chat_logprobs(seq.tokens, seq.logprobs, top, _token_text(tokenizer))
         finish = finish_reason(message, seq.stop_reason == "stop")
         choices.append(chat_choice(index, message, finish, logprobs))
     used = sum(len(s.tokens) for s in sequences)
@@ -162,7 +171,6 @@ async def chat_completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
 
 async def completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
     request = _parse(CompletionRequest, raw)
-    _refuse_top_logprobs(request.logprobs, "logprobs")
     if request.echo:
         raise InvalidArgumentError("echo: not served here (the reply holds the completion only)")
     with _session(gw, caller) as session_id:
@@ -172,14 +180,22 @@ async def completions(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
         if isinstance(prompt, str):
             prompt = list(tokenizer.encode(prompt))
         sequences = await _sample(
-            gw, model, version, prompt, request, request.max_tokens, DEFAULT_COMPLETION_TOKENS
+            gw,
+            model,
+            version,
+            prompt,
+            request,
+            request.max_tokens,
+            DEFAULT_COMPLETION_TOKENS,
+            request.logprobs,
         )
     choices = []
     for index, seq in enumerate(sequences):
         text = cut_at_stop(tokenizer.decode(seq.tokens, skip_special_tokens=True), request.stop)
         logprobs = None
         if request.logprobs is not None:
-            logprobs = text_logprobs(seq.tokens, seq.logprobs, None, _token_text(tokenizer))
+            top = seq.top_logprobs if request.logprobs else None
+            logprobs = text_logprobs(seq.tokens, seq.logprobs, top, _token_text(tokenizer))
         finish = "stop" if seq.stop_reason == "stop" else "length"
         choices.append(
             {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -204,14 +220,6 @@ async def list_models(gw: Gateway, caller: Caller, raw: bytes) -> Reply:
     return {"object": "list", "data": data}, False
 
 
-def _refuse_top_logprobs(top: int | None, field: str) -> None:
-    if top:
-        raise InvalidArgumentError(
-            f"{field}: top alternatives are not served yet (the sampled tokens' logprobs are); "
-            "leave it 0"
-        )
-
-
 async def _sample(
     gw: Gateway,
     model: TrainingModel,
@@ -220,12 +228,13 @@ async def _sample(
     request: SamplingFields,
     max_tokens: int | None,
     default_tokens: int,
+    top: int | None,
 ) -> list[SampledSequence]:
     """The sampling path of Tinker's asample, with the request's fields as its params
     (an error names the OpenAI field)."""
     params = request.tinker_params(max_tokens or default_tokens)
     try:
-        call = sample_call(prompt, params, num_samples=request.n)
+        call = sample_call(prompt, params, num_samples=request.n, topk_sample=top or 0)
     except InvalidArgumentError as err:
         raise InvalidArgumentError(str(err).replace("sampling_params.", "")) from err
     output = await sample(gw, model, version, call)

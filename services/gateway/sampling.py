@@ -36,13 +36,21 @@ class SampleCall:
     stop_strings: list[str]
     seed: int
     with_prompt: bool = False
+    topk_prompt: int = 0  # the k likeliest tokens at each prompt position (0: none)
+    topk_sample: int = 0  # .. at each sampled token
 
 
 def sample_call(
-    prompt: list[int], params: Mapping[str, Any], *, num_samples: Any = 1, with_prompt: bool = False
+    prompt: list[int],
+    params: Mapping[str, Any],
+    *,
+    num_samples: Any = 1,
+    with_prompt: bool = False,
+    topk_prompt: Any = 0,
+    topk_sample: Any = 0,
 ) -> SampleCall:
     """A SampleCall of Tinker's sampling_params (temperature, top_p, top_k, max_tokens, stop,
-    seed); InvalidArgumentError names each bad field."""
+    seed) and top-k asks; InvalidArgumentError names each bad field."""
     sampling, greedy = wire.sampling_params(params)
     stop_ids, stop_strings = parse_stop(params.get("stop"))
     return SampleCall(
@@ -54,6 +62,8 @@ def sample_call(
         stop_strings=stop_strings,
         seed=wire.session_seed(params.get("seed")),
         with_prompt=with_prompt,
+        topk_prompt=wire.check_topk("topk_prompt_logprobs", topk_prompt),
+        topk_sample=wire.check_topk("topk_sample_logprobs", topk_sample),
     )
 
 
@@ -68,9 +78,11 @@ async def sample(gw: Gateway, model: TrainingModel, version: int, call: SampleCa
             sampling=call.sampling,
             stop_token_ids=call.stop_ids,
             seed=call.seed,
-            include_prompt_logprobs=call.with_prompt,
+            include_prompt_logprobs=call.with_prompt or bool(call.topk_prompt),
             policy_version=version,
             greedy=call.greedy,
+            topk_prompt_logprobs=call.topk_prompt,
+            topk_sample_logprobs=call.topk_sample,
         )
     )
     if call.stop_strings:
@@ -89,12 +101,6 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         raise InvalidArgumentError(
             "sampling_session_id: sample from a sampling client of a training client's weights"
         )
-    for topk in ("topk_prompt_logprobs", "topk_sample_logprobs"):
-        if body.get(topk):
-            raise InvalidArgumentError(
-                f"{topk}: top-k logprobs are not served yet (the sampled tokens' logprobs "
-                "and prompt_logprobs are); leave it 0"
-            )
     with_prompt = bool(body.get("prompt_logprobs"))
     last_n = body.get("prompt_logprobs_last_n")
     prompt = wire.prompt_tokens(body["prompt"])
@@ -103,8 +109,11 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         body.get("sampling_params") or {},
         num_samples=body.get("num_samples", 1),
         with_prompt=with_prompt,
+        topk_prompt=body.get("topk_prompt_logprobs") or 0,
+        topk_sample=body.get("topk_sample_logprobs") or 0,
     )
-    wire.check_prompt_logprobs_last_n(last_n, scored=with_prompt, prompt_len=len(prompt))
+    scored = with_prompt or bool(call.topk_prompt)
+    wire.check_prompt_logprobs_last_n(last_n, scored=scored, prompt_len=len(prompt))
     model, version = gw.models.sampler(body["sampling_session_id"], caller)
     if call.stop_strings:  # refused now, not in the future, when the base has no tokenizer
         await gw.tokenizers.decoder(base_path(gw, model))
@@ -115,7 +124,8 @@ async def asample(gw: Gateway, caller: Caller, body: dict) -> dict:
         if body.get("record_stability_info"):
             model.stability.record_sample(ids, prompt, output.sequences)
         scored = wire.prompt_logprobs(output.prompt_logprobs, last_n) if with_prompt else None
-        return Result(wire.sample_response(output, prompt_logprobs=scored))
+        top = wire.prompt_top_rows(output, last_n) if call.topk_prompt else None
+        return Result(wire.sample_response(output, prompt_logprobs=scored, prompt_top=top))
 
     request_id = gw.futures.start(work(), tenant=caller.tenant_id)
     ids.extend(f"{request_id}:{i}" for i in range(call.num_samples))

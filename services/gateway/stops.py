@@ -46,7 +46,11 @@ def cut_at_stop(seq: SampledSequence, stops: Sequence[str], decode: Decode) -> S
     for end in range(1, len(seq.tokens) + 1):  # the first window holding one: its last token
         if any(s in decode(seq.tokens[max(0, end - window) : end]) for s in stops):  # completes it
             return replace(
-                seq, tokens=seq.tokens[:end], logprobs=seq.logprobs[:end], stop_reason="stop"
+                seq,
+                tokens=seq.tokens[:end],
+                logprobs=seq.logprobs[:end],
+                top_logprobs=seq.top_logprobs[:end],
+                stop_reason="stop",
             )
     return seq
 

@@ -27,6 +27,7 @@ SUPPORTED_LOSSES: dict[str, frozenset[str]] = {
     "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "gspo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
     "stable_reinforce": frozenset({"kl_coeff"}),
+    "dro": frozenset({"beta"}),  # the trainer's kl_coeff: the weight of its quadratic penalty
 }
 # loss_fn_inputs name -> our Datum field (target_tokens is the datum's targets).
 _INPUT_FIELDS = {
@@ -96,7 +97,7 @@ def loss_options(loss_fn: str, config: Mapping[str, float]) -> dict[str, float]:
     unknown = set(config) - SUPPORTED_LOSSES[loss_fn]
     if unknown:
         raise InvalidArgumentError(f"loss_fn_config: {sorted(unknown)} unknown for {loss_fn}")
-    return {k: float(v) for k, v in config.items()}
+    return {("kl_coeff" if k == "beta" else k): float(v) for k, v in config.items()}
 
 
 def session_data(request: tinker_pb.ForwardBackwardRequest) -> list[Datum]:
@@ -288,17 +289,64 @@ def check_prompt_logprobs_last_n(last_n: int | None, *, scored: bool, prompt_len
         )
 
 
-def sample_response(output: SampleOutput, *, prompt_logprobs: list[float] | None = None) -> bytes:
+def sample_response(
+    output: SampleOutput,
+    *,
+    prompt_logprobs: list[float] | None = None,
+    prompt_top: TopRows | None = None,
+) -> bytes:
+    """The SDK's SampleResponse; top-k rows (the sequences' own, and ``prompt_top``) as its
+    TopkLogprobs matrices."""
     proto = tinker_pb.SampleResponse()
     if prompt_logprobs is not None:
         proto.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
+    if prompt_top is not None:
+        proto.topk_prompt_logprobs.CopyFrom(_topk(prompt_top))
     for seq in output.sequences:
-        proto.sequences.add(
+        added = proto.sequences.add(
             stop_reason=_STOP_REASONS.get(seq.stop_reason, tinker_pb.STOP_REASON_LENGTH),
             tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes(),
             logprobs=np.asarray(seq.logprobs, dtype=np.float32).tobytes(),
         )
+        if seq.top_logprobs:
+            added.topk_sampled_logprobs.CopyFrom(_topk(seq.top_logprobs))
     return proto.SerializeToString()
+
+
+# Rows of top-k (token, logprob) pairs, one per position; None: a position without any
+# (the prompt's first token, and those before prompt_logprobs_last_n).
+TopRows = Sequence[Sequence[tuple[int, float]] | None]
+MASK_LOGPROB = -99999.0  # the SDK's sentinel of an empty slot (tinker.types.topk_logprobs)
+MAX_TOPK = 64  # the trainer's bound
+
+
+def _topk(rows: TopRows) -> tinker_pb.TopkLogprobs:
+    k = max((len(r) for r in rows if r), default=0)
+    ids = np.zeros((len(rows), k), dtype=np.int32)
+    logprobs = np.full((len(rows), k), MASK_LOGPROB, dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (token, logprob) in enumerate(row or ()):
+            ids[i, j], logprobs[i, j] = token, logprob
+    return tinker_pb.TopkLogprobs(
+        token_ids=ids.tobytes(), logprobs=logprobs.tobytes(), k=k, length=len(rows)
+    )
+
+
+def prompt_top_rows(output: SampleOutput, last_n: int | None) -> list:
+    """Tinker's topk_prompt_logprobs rows: one per prompt token, none for the first and,
+    with ``last_n``, none for all but the last ``last_n`` tokens."""
+    rows: list = [None, *output.prompt_top_logprobs]
+    if last_n:
+        keep = len(rows) - int(last_n)
+        rows = [None] * keep + rows[keep:]
+    return rows
+
+
+def check_topk(name: str, k: Any) -> int:
+    """A top-k ask: an integer 0..MAX_TOPK (InvalidArgumentError naming ``name``)."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOPK:
+        raise InvalidArgumentError(f"{name}: {k!r} is not an integer in 0..{MAX_TOPK}")
+    return k
 
 
 def prompt_tokens(prompt: Mapping[str, Any]) -> list[int]:

@@ -41,6 +41,7 @@ from .engine import copy_checked, cut_at_eos, eos_and_pad_ids
 from .prefix_cache import PrefixCache
 from .settings import DEFAULT_MAX_BATCH_SIZE
 from .shared_prefill import prompt_inputs
+from .top_logprobs import top_k_rows
 from .types import Completion
 
 # The adapter name the trainer's tensors carry (peft's default): mapped to the job's own here.
@@ -302,14 +303,28 @@ class SharedLoraEngine:
     def adapter_logprobs_of(self, adapter: str, token_ids: Sequence[int]) -> list[float]:
         if len(token_ids) < 2:
             return []
+        ids_1_T, logprobs_T_V = self._next_logprobs(adapter, token_ids)
+        return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+
+    @torch.no_grad()
+    def adapter_top_logprobs_of(
+        self, adapter: str, token_ids: Sequence[int], k: int
+    ) -> tuple[list[int], list[float]]:
+        """The k likeliest next tokens at each position under ``adapter`` (top_k_rows)."""
+        return top_k_rows(self._next_logprobs(adapter, token_ids)[1], k)
+
+    def _next_logprobs(
+        self, adapter: str, token_ids: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids as 1 x T, and every next token's logprob at each position but the last
+        under ``adapter``: (T - 1) x V."""
         with self._lock:
             self._require(adapter)
             assert self.model is not None
             ids_1_T = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
             logits_T_V = self.model(input_ids=ids_1_T, **self._adapters_of([adapter])).logits
             logits_T_V = logits_T_V[0, :-1]
-        logprobs_T_V = torch.log_softmax(logits_T_V.float(), dim=-1)
-        return logprobs_T_V.gather(-1, ids_1_T[0, 1:].unsqueeze(-1)).squeeze(-1).cpu().tolist()
+        return ids_1_T, torch.log_softmax(logits_T_V.float(), dim=-1)
 
     def _adapters_of(self, adapters: list[str]) -> dict[str, list[str]]:
         """The call's adapter arguments: one adapter per row (peft's mixed batch), or, when

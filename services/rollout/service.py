@@ -114,9 +114,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             session = self._open_session("ScoreTokens")
             logprobs, version = await session.score(list(request.token_ids))
+            top_ids, top_logprobs = (
+                await session.top_logprobs(list(request.token_ids), request.top_k)
+                if request.top_k
+                else ([], [])
+            )
         except OpenTinkerError as err:
             await abort_with(context, err)
-        return rollout_pb2.ScoreTokensResponse(logprobs=logprobs, policy_version=version)
+        return rollout_pb2.ScoreTokensResponse(
+            logprobs=logprobs,
+            policy_version=version,
+            top_token_ids=top_ids,
+            top_logprobs=top_logprobs,
+        )
 
     async def Rollout(  # noqa: N802 - the gRPC method name
         self,

@@ -38,6 +38,7 @@ from .token_sampling import (
     check_token_ids,
     sample_tokens,
 )
+from .top_logprobs import check_top_k, engine_top_logprobs
 from .types import EnvSpec, FinishReason, TrajectoryBatch
 
 log = structlog.get_logger("opentinker.rollout.session")
@@ -293,6 +294,14 @@ class RolloutSession:
         check_token_ids(engine, token_ids, "token_ids")
         logprobs = await asyncio.to_thread(engine.logprobs_of, list(token_ids))
         return logprobs, engine.policy_version
+
+    async def top_logprobs(self, token_ids: Sequence[int], k: int) -> tuple[list[int], list[float]]:
+        """The k likeliest next tokens at each position of ``token_ids`` (checked by
+        ``score`` first), flat row-major (top_logprobs.py)."""
+        check_top_k(k)
+        return await asyncio.to_thread(
+            engine_top_logprobs, self.require_open("ScoreTokens"), list(token_ids), k
+        )
 
     async def _episode_link(self, config: RolloutConfig) -> EnvHubLink:
         """The job's link to EnvHub, opened at the first batch and kept for the next ones (a

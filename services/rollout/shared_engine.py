@@ -71,6 +71,16 @@ class AdapterEngine:
     def logprobs_of(self, token_ids: Sequence[int]) -> list[float]:
         return self._engine.adapter_logprobs_of(self.adapter, token_ids)
 
+    def top_logprobs_of(self, token_ids: Sequence[int], k: int) -> tuple[list[int], list[float]]:
+        """This adapter's top-k next tokens (top_logprobs.py), on the engine that has them."""
+        top = getattr(self._engine, "adapter_top_logprobs_of", None)  # an optional capability
+        if top is None:
+            raise InvalidArgumentError(
+                "top_k: top-k logprobs are not served by this shared vLLM engine yet (the "
+                "transformers engines serve them); leave it 0"
+            )
+        return top(self.adapter, token_ids, k)
+
     def keep_prefixes(self, capacity_bytes: int) -> None:
         """As ``TransformersEngine.keep_prefixes``, for this adapter's rows (vLLM's engine
         keeps prefixes itself, and has no such call)."""

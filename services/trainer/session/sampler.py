@@ -141,12 +141,24 @@ class SessionSampler:
 
     async def score(self, tokens: Sequence[int], *, timeout_s: float) -> list[float]:
         """logprob(tokens[i+1] | tokens[:i+1]) under the served weights."""
-        request = rollout_pb2.ScoreTokensRequest(token_ids=list(tokens))
+        return list((await self._score(tokens, 0, timeout_s)).logprobs)
+
+    async def score_top(
+        self, tokens: Sequence[int], k: int, *, timeout_s: float
+    ) -> tuple[list[int], list[float]]:
+        """The k likeliest next tokens at each position but the last, under the served
+        weights: ids and logprobs, flat row-major (len(tokens) - 1 rows of k)."""
+        reply = await self._score(tokens, k, timeout_s)
+        return list(reply.top_token_ids), list(reply.top_logprobs)
+
+    async def _score(
+        self, tokens: Sequence[int], top_k: int, timeout_s: float
+    ) -> rollout_pb2.ScoreTokensResponse:
+        request = rollout_pb2.ScoreTokensRequest(token_ids=list(tokens), top_k=top_k)
         try:
-            reply = await self._stub.ScoreTokens(request, timeout=timeout_s)
+            return await self._stub.ScoreTokens(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             raise from_rpc_error(err) from err
-        return list(reply.logprobs)
 
     async def close(self, *, reason: str, timeout_s: float) -> None:
         await self._stream.close(reason=reason, timeout_s=timeout_s)

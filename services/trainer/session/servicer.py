@@ -19,6 +19,7 @@ from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from ..errors import RolloutError, WeightSyncError
 from .data import Datum
 from .objective import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW, LossSpec
+from .topk import add_topk, check_topk
 from .training_session import AdamParams, TrainingSession
 
 log = structlog.get_logger(__name__)
@@ -30,6 +31,7 @@ _LOSS_NAMES = {
     trainer_pb2.SESSION_LOSS_CISPO: "cispo",
     trainer_pb2.SESSION_LOSS_GSPO: "gspo",
     trainer_pb2.SESSION_LOSS_STABLE_REINFORCE: "stable_reinforce",
+    trainer_pb2.SESSION_LOSS_DRO: "dro",
 }
 
 
@@ -117,6 +119,7 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def Sample(self, request, context):  # noqa: N802
         async def body():
+            check_topk(request)
             samples, version = await self._s.sample(
                 list(request.prompt_tokens),
                 num_samples=request.num_samples,
@@ -140,9 +143,12 @@ class SessionServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 if request.include_prompt_logprobs
                 else []
             )
-            return trainer_pb2.SampleResponse(
+            response = trainer_pb2.SampleResponse(
                 sequences=sequences, policy_version=version, prompt_logprobs=prompt_logprobs
             )
+            timeout_s = self._s.settings.collect_timeout_s
+            await add_topk(self._s.sampler, request, response, timeout_s=timeout_s)
+            return response
 
         return await self._run(request.call, context, body)
 

@@ -34,18 +34,24 @@ FINISH_REASON_MAX_TOKENS: FinishReason
 FINISH_REASON_ENV_ERROR: FinishReason
 
 class ScoreTokensRequest(_message.Message):
-    __slots__ = ("token_ids",)
+    __slots__ = ("token_ids", "top_k")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    top_k: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., top_k: _Optional[int] = ...) -> None: ...
 
 class ScoreTokensResponse(_message.Message):
-    __slots__ = ("logprobs", "policy_version")
+    __slots__ = ("logprobs", "policy_version", "top_token_ids", "top_logprobs")
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     policy_version: int
-    def __init__(self, logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    top_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SampleTokensRequest(_message.Message):
     __slots__ = ("prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "greedy")

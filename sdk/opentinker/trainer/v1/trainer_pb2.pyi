@@ -17,6 +17,7 @@ class SessionLoss(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_LOSS_CISPO: _ClassVar[SessionLoss]
     SESSION_LOSS_GSPO: _ClassVar[SessionLoss]
     SESSION_LOSS_STABLE_REINFORCE: _ClassVar[SessionLoss]
+    SESSION_LOSS_DRO: _ClassVar[SessionLoss]
 SESSION_LOSS_UNSPECIFIED: SessionLoss
 SESSION_LOSS_CROSS_ENTROPY: SessionLoss
 SESSION_LOSS_IMPORTANCE_SAMPLING: SessionLoss
@@ -24,6 +25,7 @@ SESSION_LOSS_PPO: SessionLoss
 SESSION_LOSS_CISPO: SessionLoss
 SESSION_LOSS_GSPO: SessionLoss
 SESSION_LOSS_STABLE_REINFORCE: SessionLoss
+SESSION_LOSS_DRO: SessionLoss
 
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
@@ -192,7 +194,7 @@ class OptimStepResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., grad_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "include_prompt_logprobs", "policy_version", "greedy")
+    __slots__ = ("call", "prompt_tokens", "num_samples", "sampling", "stop_token_ids", "seed", "include_prompt_logprobs", "policy_version", "greedy", "topk_prompt_logprobs", "topk_sample_logprobs")
     CALL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +204,8 @@ class SampleRequest(_message.Message):
     INCLUDE_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     GREEDY_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_SAMPLE_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     call: SessionCall
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     num_samples: int
@@ -211,27 +215,37 @@ class SampleRequest(_message.Message):
     include_prompt_logprobs: bool
     policy_version: int
     greedy: bool
-    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., include_prompt_logprobs: _Optional[bool] = ..., policy_version: _Optional[int] = ..., greedy: _Optional[bool] = ...) -> None: ...
+    topk_prompt_logprobs: int
+    topk_sample_logprobs: int
+    def __init__(self, call: _Optional[_Union[SessionCall, _Mapping]] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., include_prompt_logprobs: _Optional[bool] = ..., policy_version: _Optional[int] = ..., greedy: _Optional[bool] = ..., topk_prompt_logprobs: _Optional[int] = ..., topk_sample_logprobs: _Optional[int] = ...) -> None: ...
 
 class SampledSequence(_message.Message):
-    __slots__ = ("tokens", "logprobs", "stop_reason")
+    __slots__ = ("tokens", "logprobs", "stop_reason", "topk_token_ids", "topk_logprobs")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOPK_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     stop_reason: str
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    topk_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    topk_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., topk_token_ids: _Optional[_Iterable[int]] = ..., topk_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("sequences", "policy_version", "prompt_logprobs")
+    __slots__ = ("sequences", "policy_version", "prompt_logprobs", "topk_prompt_token_ids", "topk_prompt_logprobs")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOPK_PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[SampledSequence]
     policy_version: int
     prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., policy_version: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    topk_prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    topk_prompt_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sequences: _Optional[_Iterable[_Union[SampledSequence, _Mapping]]] = ..., policy_version: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[float]] = ..., topk_prompt_token_ids: _Optional[_Iterable[int]] = ..., topk_prompt_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SaveWeightsForSamplerRequest(_message.Message):
     __slots__ = ("call",)
