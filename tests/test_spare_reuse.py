@@ -42,6 +42,12 @@ def full_job(model: Path, *, seed: int = 3) -> JobSpec:
     return JobSpec(name="reuse", model=ModelSpec(base_model=str(model), finetune="full"), rl=rl)
 
 
+def lora_job(model: Path, *, seed: int = 3) -> JobSpec:
+    """The same with LoRA (the default): a spare keeps the wrapped model (kept_wrap.py)."""
+    spec = full_job(model, seed=seed)
+    return spec.model_copy(update={"model": ModelSpec(base_model=str(model))})
+
+
 def run(client: opentinker.Client, spec: JobSpec) -> tuple[str, dict[str, float]]:
     events: list = []
     job = client.fit(spec, on_event=events.append, timeout=300)
@@ -89,6 +95,27 @@ def test_a_tenants_next_job_runs_on_its_last_jobs_processes_from_fresh_weights(
     ) as other:
         other_id, _ = run(other, spec)
     assert not kept & set(pids(mesh, other_id).values()), "another tenant's job reused them"
+
+
+def test_a_tenants_next_lora_job_gets_the_kept_wrapped_model_with_a_fresh_adapter(
+    mesh, letter_model_dir
+) -> None:
+    """The kept processes keep the LoRA job's wrapped model (no base read again, no wrap);
+    the next job's adapter is made anew from its own seed: its first step is the last's."""
+    worker_log = lambda: [mesh.log_dir / "worker.log"]  # noqa: E731
+    spec = lora_job(letter_model_dir)
+    with opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=10) as client:
+        kept = (mesh.log_dir / "worker.log").read_text().count("spare_kept")
+        first_id, first = run(client, spec)
+        until_logged(worker_log, "spare_kept", kept + 2)
+        again_id, again = run(client, spec)
+    assert pids(mesh, again_id) == pids(mesh, first_id), "not the kept processes"
+    run_dir = mesh.run_root / "jobs" / again_id / "attempt-1"
+    for name in ("trainer", "rollout"):  # the kept wrap, its adapter made anew
+        assert "event='adapter_reset'" in (run_dir / f"{name}.log").read_text(), name
+    assert first["grad_norm"] > 0
+    for key in ("reward_mean", "entropy", "loss", "grad_norm", "probe_max_abs_diff"):
+        assert again[key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
 
 
 def test_a_used_spare_goes_only_to_its_tenant_on_the_same_devices(tmp_path: Path) -> None:

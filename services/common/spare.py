@@ -10,9 +10,11 @@ A spare whose stdin closes without a hand-over (the worker retired it, or died) 
 A hand-over marked ``reusable`` (the worker's ``spare_reuse``: one device, a private rollout,
 RL or SFT) keeps the process after a job that ended well: ``serve_jobs`` reports the end on
 the pipe the worker gave it (``REPORT_FD_ENV``), puts its log and folder back, loads the base
-model again from its files (no weights of the job stay) and waits for the next hand-over,
+model again from its files (no trained weights of the job stay) and waits for the next hand-over,
 which the worker gives it only for a job of the same tenant and base model. The imports,
-the interpreter and the start of a process are then paid once for many short jobs.
+the interpreter and the start of a process are then paid once for many short jobs. A LoRA
+job's wrapped base is kept instead of read again (its base weights are never trained; the next
+job makes its adapter anew from its own seed: modeling/kept_wrap.py).
 """
 
 from __future__ import annotations
@@ -98,13 +100,16 @@ def adopt(handover: Handover, *, waited_s: float) -> None:
     log.info("warm_start", pid=os.getpid(), spare_waited_s=round(waited_s, 3))
 
 
-def become_job_process(service: str, preload_model: str | None) -> tuple[Preload, Handover]:
-    """Spare mode, start to end: preload, wait, adopt; returns (preload, handover). A spare
-    retired without a job exits here (``RETIRED_EXIT_CODE``)."""
+def become_job_process(
+    service: str, preload_model: str | None, kept: Preload | None = None
+) -> tuple[Preload, Handover]:
+    """Spare mode, start to end: preload (or ``kept``: what the last job left, common to the
+    next), wait, adopt; returns (preload, handover). A spare retired without a job exits here
+    (``RETIRED_EXIT_CODE``)."""
     from opentinker.services.modeling import preload as preloading  # noqa: PLC0415 - torch
 
     configure_logging(service)  # again by the service's main after hand-over, with its level
-    preload = preloading.Preload.of(preload_model)
+    preload = kept or preloading.Preload.of(preload_model)
     log.info("spare_ready", pid=os.getpid(), model=preload_model or "-")
     ready = time.monotonic()
     handover = wait_for_handover()
@@ -144,12 +149,16 @@ def serve_jobs(
         from opentinker.services.modeling import preload as _  # noqa: F401, PLC0415 - torch
 
         freeze_imports_once()  # no job's objects frozen: each job's are freed at its end
+    kept: Preload | None = None
     while True:
-        preload, handover = become_job_process(service, preload_model)
+        preload, handover = become_job_process(service, preload_model, kept)
         code = run_one(preload, handover)
         if not (handover.reusable and code == 0 and report):
             sys.exit(code)
-        del preload  # the job's model and optimizer: nothing of them reaches the next job
+        # A LoRA job's wrapped model is kept, its adapter made anew by the next job
+        # (kept_wrap.py); anything else the job trained is dropped and the base read again.
+        kept = preload if preload.take_back() else None
+        del preload  # the job's policy and optimizer: nothing of them reaches the next job
         home.restore()
         # The job has ended: said at once, so its end waits for nothing below (a hand-over
         # meanwhile waits on stdin until the process is ready again).

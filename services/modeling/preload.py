@@ -3,11 +3,13 @@
 A spare trainer or rollout process (``services/common/spare.py``) loads the tokenizer and the
 model of one base model while it waits; the job it is handed then builds its policy (LoRA
 wrapper or all parameters) on that object instead of reading the files again. The object is
-handed out at most once: it belongs to exactly one job, in a process that serves only that job.
+handed out at most once: it belongs to exactly one job, in a process that serves only that job
+(or, in a spare reused for its tenant's jobs, one job at a time: ``take_back``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import structlog
@@ -31,6 +33,18 @@ class PreloadedModel:
     key: str  # model_key(base_model)
     tokenizer: PreTrainedTokenizerBase
     model: PreTrainedModel
+    # Set by a LoRA job that wrapped ``model`` (peft changes it in place): the wrapped model,
+    # which a reused spare keeps for the next job asking for the same wrap (kept_wrap.py).
+    kept: KeptWrap | None = None
+
+
+@dataclass(frozen=True)
+class KeptWrap:
+    """``PreloadedModel.model`` wrapped by a job: the wrapper (a peft model) and what it was
+    wrapped for (kept_wrap.WrapKey); the model then no longer serves as a plain base."""
+
+    model: torch.nn.Module
+    wrapped_for: Hashable
 
 
 def load_base(base_model: str) -> PreloadedModel:
@@ -47,6 +61,7 @@ class Preload:
 
     def __init__(self, preloaded: PreloadedModel | None = None) -> None:
         self._preloaded = preloaded
+        self._lent: PreloadedModel | None = None  # given to the job running now
 
     @classmethod
     def of(cls, base_model: str | None) -> Preload:
@@ -66,4 +81,16 @@ class Preload:
         if preloaded is None or preloaded.key != model_key(base_model):
             return None
         self._preloaded = None
+        self._lent = preloaded
         return preloaded
+
+    def take_back(self) -> bool:
+        """After a job that ended well (a spare reused for its tenant's next job): keep the
+        model that job took if it left it wrapped (``kept``) for a job asking the same wrap;
+        True when kept. False: nothing worth keeping (not taken, or trained in full), and the
+        caller loads the base model afresh."""
+        lent, self._lent = self._lent, None
+        if lent is None or lent.kept is None:
+            return False
+        self._preloaded = lent
+        return True

@@ -28,8 +28,8 @@ from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
 
-from .engine import preloaded_engine_factory
 from .engine_choice import engine_factory, vllm_installed
+from .kept_engine import kept_engine_factory
 from .service import create_server
 from .settings import RolloutSettings
 from .shared_server import DEFAULT_MAX_LORA_RANK, SharedOptions, start_shared
@@ -103,7 +103,7 @@ async def main(args: argparse.Namespace, preload: Preload | None = None) -> int:
         settings, cuda_available=torch.cuda.is_available(), vllm_importable=vllm_installed()
     )
     if preload is not None and engine == "transformers":  # a spare preloads for transformers
-        factory = preloaded_engine_factory(
+        factory = kept_engine_factory(
             preload, factory, max_batch_size=settings.max_batch_size, device=settings.device or None
         )
     if launch is not None:  # one job's process: its engine stays loaded to the end

@@ -7,7 +7,7 @@ A vLLM engine implements the same Protocol in its own module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -25,7 +25,7 @@ from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_c
 from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.context_length import context_length
 from opentinker.services.modeling.placement import dtype_for_device
-from opentinker.services.modeling.preload import Preload, PreloadedModel
+from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
 from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.services.modeling.vision_inputs import (
@@ -339,24 +339,3 @@ def _decoding(sampling: SamplingParams, *, greedy: bool) -> dict:
         "top_p": sampling.top_p,
         "top_k": 0,  # off: only temperature and top_p shape the distribution
     }
-
-
-def preloaded_engine_factory(
-    preload: Preload,
-    fallback: Callable[[ModelSpec], GenerationEngine],
-    *,
-    max_batch_size: int,
-    device: str | None,
-) -> Callable[[ModelSpec], GenerationEngine]:
-    """A transformers engine on a warm spare's preloaded base model when the job asks for that
-    one (the first time only); otherwise whatever ``fallback`` (the default factory) makes."""
-
-    def load(spec: ModelSpec) -> GenerationEngine:
-        preloaded = preload.take(spec.base_model)
-        if preloaded is None:
-            return fallback(spec)
-        return TransformersEngine.load(
-            spec, max_batch_size=max_batch_size, device=device, preloaded=preloaded
-        )
-
-    return load

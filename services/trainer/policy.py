@@ -28,6 +28,14 @@ from opentinker.services.modeling.adapters import (
     load_init_adapter,
     peft_lora_config,
 )
+from opentinker.services.modeling.kept_wrap import (
+    keep,
+    kept_for,
+    reset_adapter,
+    usable_base,
+    wrap_key,
+)
+from opentinker.services.modeling.model_card import write_blank_card
 from opentinker.services.modeling.placement import dtype_for_device, probe_tolerance
 from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
@@ -93,28 +101,37 @@ class Policy:
         dtype: torch.dtype | None = None,
     ) -> None:
         """``preloaded``: ``model_spec.base_model`` already read by a warm spare (used as is,
-        never shared with another policy). ``seed``: torch's RNG is seeded right before the
-        LoRA weights are drawn, so a policy is the same whether its base was preloaded or not.
-        ``dtype``: the device's (``dtype_for_device``) unless given."""
+        never shared with another policy), or the model a reused spare's last LoRA job wrapped
+        (kept_wrap.py: its adapter is made anew). ``seed``: torch's RNG is seeded right before
+        the LoRA weights are drawn, so a policy is the same whether its base was preloaded,
+        kept or not. ``dtype``: the device's (``dtype_for_device``) unless given."""
         self.spec = model_spec
         self.device = torch.device(device)
         self.dtype = dtype or dtype_for_device(device)
-        if preloaded is None:
-            preloaded = PreloadedModel(
+        key = wrap_key(
+            model_spec,
+            dtype=self.dtype,
+            device=str(self.device),
+            gradient_checkpointing=model_spec.gradient_checkpointing,
+        )
+        kept = kept_for(preloaded, key) if self.is_lora else None
+        self.reused = kept is not None  # the last job's wrapped model, its adapter made anew
+        if kept is None:
+            preloaded = usable_base(preloaded) or PreloadedModel(
                 model_spec.base_model,
                 AutoTokenizer.from_pretrained(model_spec.base_model),
                 load_language_model(model_spec.base_model, dtype=self.dtype),
             )
+        assert preloaded is not None
         self.tokenizer: PreTrainedTokenizerBase = preloaded.tokenizer
         use_chat_template(self.tokenizer, model_spec.chat_template)  # the job's choice, if any
         self.image_processor = load_image_processor(model_spec.base_model)  # None: text only
-        # transformers types .to() narrowly (functools.wraps of the unbound method).
-        base = preloaded.model.to(dtype=self.dtype)  # type: ignore[call-arg]  # spare: float32
-        if seed is not None:
-            torch.manual_seed(seed)
-        if model_spec.gradient_checkpointing:
-            enable_gradient_checkpointing(base, lora=self.is_lora)
-        self.model: PreTrainedModel = self._wrap(base).to(self.device)  # type: ignore[arg-type]
+        if kept is not None:
+            reset_adapter(kept, model_spec, seed)
+            self.model: PreTrainedModel = kept  # type: ignore[assignment]  # a PeftModel
+        else:
+            self.model = self._wrapped(preloaded.model, seed)
+            keep(preloaded, self.model, key)  # a reused spare's next job may take it
         load_init_adapter(self.model, model_spec, self.device)  # LoRA from a saved adapter
         self.model.train()
         _, self._head = causal_lm_parts(self.model)
@@ -130,7 +147,8 @@ class Policy:
         self.probe_token_ids: list[int] = self._probe_ids()
         # Multi-agent self-play with one adapter per role (``use_role_adapters``); () = one.
         self.role_adapters: tuple[str, ...] = ()
-        self._check_chunked_logprobs()
+        if not self.reused:  # a kept model passed this check when it was wrapped
+            self._check_chunked_logprobs()
 
     def use_role_adapters(self, roles: tuple[str, ...]) -> None:
         """One LoRA adapter per role from now on (role_adapters.py), before any training:
@@ -161,11 +179,19 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
 
-    def _wrap(self, base: PreTrainedModel) -> PreTrainedModel:
-        if not self.is_lora:
-            return base
-        # PeftModel forwards every PreTrainedModel method (generate, named_parameters, ...).
-        return get_peft_model(base, peft_lora_config(self.spec.lora))  # type: ignore[return-value]
+    def _wrapped(self, base: PreTrainedModel, seed: int | None) -> PreTrainedModel:
+        """``base`` in the policy's dtype, wrapped (LoRA) with its adapter drawn after
+        ``seed``, on the policy's device."""
+        # transformers types .to() narrowly (functools.wraps of the unbound method).
+        base = base.to(dtype=self.dtype)  # type: ignore[call-arg]  # spare: float32
+        if seed is not None:
+            torch.manual_seed(seed)
+        if self.spec.gradient_checkpointing:
+            enable_gradient_checkpointing(base, lora=self.is_lora)
+        if self.is_lora:
+            # PeftModel forwards every PreTrainedModel method (generate, named_parameters, ...)
+            base = get_peft_model(base, peft_lora_config(self.spec.lora))  # type: ignore[assignment]
+        return base.to(self.device)  # type: ignore[arg-type]
 
     def _probe_ids(self) -> list[int]:
         if self.tokenizer.chat_template:
@@ -337,6 +363,8 @@ class Policy:
         """
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        if self.is_lora:  # peft fills in this card rather than render its template each save
+            write_blank_card(out_dir)
         self.model.save_pretrained(out_dir)
         self.tokenizer.save_pretrained(out_dir)
         if trainer_state is not None:
