@@ -106,6 +106,11 @@ class WorkerSettings(BaseSettings):
     spare_idle_s: float = Field(
         600.0, gt=0, description="retire a model's spares when no job asked for it this long"
     )
+    # (An agent started as root) each job's processes run as a uid of this range of its own,
+    # (first uid, count), one per job at once: they cannot read the agent's worker token, other
+    # jobs' folders or other tenants' checkpoints (job_user.py). (0, 0) = off: the agent's uid.
+    # Env: OPENTINKER_JOB_UIDS='[20000, 8]'.
+    job_uids: tuple[int, int] = (0, 0)
     log_level: str = "INFO"
     # The worker token this agent presents to the scheduler (identity.proto): given directly,
     # or read from a file (e.g. the scheduler's bootstrap worker.token, mode 0600).
@@ -147,6 +152,14 @@ class WorkerSettings(BaseSettings):
     def _non_empty(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError("needs at least the program to run")
+        return value
+
+    @field_validator("job_uids")
+    @classmethod
+    def _uid_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        first, count = value
+        if count < 0 or (count and not 1000 <= first <= 2**31 - count):
+            raise ValueError(f"(first uid >= 1000, count >= 0), got {value}")
         return value
 
     @field_validator("rendezvous_ports")
