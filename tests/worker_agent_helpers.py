@@ -140,7 +140,9 @@ async def mesh_with_agent(
     rollout_start_timeout_s: float = 30,
     lease_ttl_s: float = 1.5,
     devices: tuple[str, ...] = ("cpu:0",),
+    **worker: object,
 ) -> AsyncIterator[Mesh]:
+    """``worker``: more WorkerSettings fields (or ones to replace the stand-ins')."""
     rollout_script = tmp_path / "stand_in_rollout.py"
     trainer_script = tmp_path / "stand_in_trainer.py"
     rollout_script.write_text(STAND_IN_ROLLOUT)
@@ -163,7 +165,7 @@ async def mesh_with_agent(
             stop_grace_s=2,
             connect_timeout_s=3,
             warm_spares=0,  # the stand-ins have no spare mode (test_warm_spares.py has it)
-        )
+        ).model_copy(update=worker)
         agent = WorkerAgent(settings, detect_devices(settings))
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
