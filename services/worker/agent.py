@@ -39,6 +39,7 @@ from opentinker.services.worker.devices import (
 )
 from opentinker.services.worker.held import HeldAttempts, HeldRun
 from opentinker.services.worker.job_run import Exit, JobRun
+from opentinker.services.worker.job_user import JobUsers
 from opentinker.services.worker.rendezvous import rendezvous_env
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.shared_rollouts import SharedRollouts
@@ -68,10 +69,16 @@ class WorkerAgent:
             devices, cpu_share_path(settings), reserved=settings.cpu_cores_reserved
         )
         self._thread_env = cpu_thread_env(devices, self._cpu_share)
-        self.spares = SparePool(settings, self._thread_env) if settings.warm_spares > 0 else None
+        # Jobs under uids of their own (job_user.py) take no spare and no shared rollout: those
+        # run as the agent.
+        self.job_users = JobUsers(*settings.job_uids)
+        own_uid = not self.job_users.enabled
+        self.spares = (
+            SparePool(settings, self._thread_env) if settings.warm_spares > 0 and own_uid else None
+        )
         self.shared_rollouts = (
             SharedRollouts(settings, {**os.environ, "PYTHONUNBUFFERED": "1", **self._thread_env})
-            if settings.shared_lora_capacity > 0
+            if settings.shared_lora_capacity > 0 and own_uid
             else None
         )
 
@@ -171,6 +178,7 @@ class WorkerAgent:
             spares=self.spares,
             extra_env={**self._thread_env, **rendezvous_env(launch)},
             shared=self.shared_rollouts,
+            user=self.job_users.take(key),
         )
         holders = holders_of(run, self.held.runs, self.shared_rollouts)  # e.g. still stopping
         task = asyncio.create_task(self._run_and_report(key, run, holders))
@@ -203,6 +211,7 @@ class WorkerAgent:
             run.log.exception("job_run_failed")
             outcome = Exit(-1, f"worker could not run the job: {err!r}")
         held = self.held.runs.pop(key)
+        self.job_users.give_back(key)
         self._share_cpu()
         run.log.info("job_exited", exit_code=outcome.exit_code, reason=outcome.reason)
         if held.orphaned or self._stopping:

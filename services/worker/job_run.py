@@ -36,6 +36,7 @@ from opentinker.services.common.launch import LaunchConfig, wait_for_file, write
 from opentinker.services.common.spare import Handover
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.gguf_models import with_imported_model
+from opentinker.services.worker.job_user import JobUser
 from opentinker.services.worker.liveness import check
 from opentinker.services.worker.ranks import (
     RANK_ENV_KEYS,
@@ -87,8 +88,10 @@ class JobRun:
         spares: SparePool | None = None,
         extra_env: dict[str, str] | None = None,
         shared: SharedRollouts | None = None,
+        user: JobUser | None = None,
     ) -> None:
-        """shared: the node's shared rollouts, which a LoRA job joins when one has room."""
+        """shared: the node's shared rollouts, which a LoRA job joins when one has room.
+        user: the uid this job's processes run as (job_user.py); None: the agent's."""
         self.job = job
         self.lease_id = lease_id
         self.device_ids = device_ids
@@ -101,6 +104,15 @@ class JobRun:
         self._processes: list[Proc] = []
         self._spares = spares
         self._shared = shared
+        self._user = user
+        if user is not None:  # spares and shared rollouts run as the agent: not for this job
+            self._spares, self._shared = None, None
+            self.settings = settings.model_copy(
+                update={
+                    "trainer_command": user.command(settings.trainer_command),
+                    "rollout_command": user.command(settings.rollout_command),
+                }
+            )
         extra_env = extra_env or {}
         # A multi-worker job's rendezvous.py variables go to the trainer ranks only.
         self._rendezvous = {k: v for k, v in extra_env.items() if k in RENDEZVOUS_KEYS}
@@ -169,6 +181,10 @@ class JobRun:
             "PYTHONUNBUFFERED": "1",
             **self._extra_env,
         }
+        if self._user is not None:
+            checkpoints = self.settings.checkpoint_dir(self.job.job_id)
+            self._user.hand_over(self.run_dir.resolve(), checkpoints)
+            env = self._user.env(env, self.run_dir.resolve())
         handover = Handover(
             launch=launch_path.resolve(),
             log_path=(self.run_dir / "rollout.log").resolve(),
