@@ -27,6 +27,7 @@ from opentinker.errors import OpenTinkerError
 from opentinker.services.scheduler.affinity import by_lora_affinity, lora_base
 from opentinker.services.scheduler.errors import IllegalTransitionError
 from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
+from opentinker.services.scheduler.queue_wait import waiting_reasons
 from opentinker.services.scheduler.quotas import Quotas
 from opentinker.services.scheduler.spanning import launch_commands, split_across
 from opentinker.services.scheduler.stores import Stores
@@ -72,6 +73,10 @@ class Dispatcher:
         self._cut_short: list[_Placement] = []  # placements a store error interrupted
         self._held_for_budget: set[str] = set()  # queued jobs told they wait for a budget
         self._waiting_for_drain: set[str] = set()  # queued jobs said to wait for their drain
+        # Each queued job's (queue position, why it waits) after the last round (queue_wait.py)
+        self.waiting: dict[str, tuple[int, str]] = {}
+        self._spent: dict[str, str] = {}  # tenant -> why its budget is spent, this round
+        self._draining: dict[str, str] = {}  # job id -> worker its stopped attempt drains on
 
     async def dispatch(self) -> int:
         """One round; returns how many jobs were launched."""
@@ -86,29 +91,58 @@ class Dispatcher:
                     await self._queue.remove(job_id)
                 elif not await self._fail_if_unschedulable(job):
                     queued.append(job)
+            in_queue = list(queued)
             queued = await self._within_budget(queued)
             queued = await self._not_draining(queued)
             if not self._sessions:  # nowhere to place: a worker that joins wakes a new round
+                self._tell_waiting(in_queue, set(), None, {})
                 return 0
+            limits = await self._quotas.device_limits(j.tenant_id for j in queued)
             picker = FairPicker(
                 queued,
                 await self._quotas.devices_in_use(),
-                await self._quotas.device_limits(j.tenant_id for j in queued),
+                limits,
                 largest_worker=max((len(s.devices) for s in self._sessions.values()), default=0),
             )
+            placed_ids: set[str] = set()
             while (job := picker.next()) is not None:
                 placed = await self._place(job)
                 picker.done(job, placed=placed)
                 launched += placed
+                if placed:
+                    placed_ids.add(job.job_id)
                 # What each tenant holds now: a lease released meanwhile counts (fair_share.py)
                 picker.in_use = await self._quotas.devices_in_use()
+            self._tell_waiting(in_queue, placed_ids, picker, limits)
         return launched
+
+    def _tell_waiting(
+        self,
+        in_queue: list[common_pb2.Job],
+        placed: set[str],
+        picker: FairPicker | None,
+        limits: Mapping[str, int],
+    ) -> None:
+        """Record why each job still queued waits and its place: GetJob answers them, so a
+        client waiting for its session to start sees why (queue_wait.py)."""
+        reasons = waiting_reasons(
+            in_queue,
+            placed=placed,
+            workers={s.worker_id: len(s.devices) for s in self._sessions.values()},
+            spent=self._spent,
+            draining=self._draining,
+            picker=picker,
+            limits=limits,
+        )
+        queued_now = [j for j in in_queue if j.job_id in reasons]
+        self.waiting = {j.job_id: (i + 1, reasons[j.job_id]) for i, j in enumerate(queued_now)}
 
     async def _within_budget(self, queued: list[common_pb2.Job]) -> list[common_pb2.Job]:
         """The queued jobs whose tenant's device budget is not spent; the others wait in the
         queue for the next period (each said once per scheduler process, in the log and in the
         job's events)."""
         spent = await self._quotas.spent_budgets(j.tenant_id for j in queued)
+        self._spent = dict(spent)
         for job in queued:
             if job.tenant_id in spent and job.job_id not in self._held_for_budget:
                 self._held_for_budget.add(job.job_id)
@@ -123,6 +157,7 @@ class Dispatcher:
         """The queued jobs with no stopped attempt still holding devices; the others wait (said
         once per job in the log)."""
         draining = {lease.job_id: lease for lease in await self._ledger.draining()}
+        self._draining = {job_id: lease.worker_id for job_id, lease in draining.items()}
         for job in queued:
             lease = draining.get(job.job_id)
             if lease is not None and job.job_id not in self._waiting_for_drain:

@@ -228,6 +228,11 @@ class Scheduler:
         job = await self._jobs.get(job_id)
         if tenant is not None and job.tenant_id != tenant:
             raise JobNotFoundError.for_id(job_id)
+        if job.state == common_pb2.JOB_STATE_QUEUED:  # why it waits (queue_wait.py)
+            position, reason = self._dispatcher.waiting.get(
+                job_id, (0, "waiting for the next scheduling round")
+            )
+            job.queue_position, job.queue_reason = position, reason
         return job
 
     async def list_jobs(

@@ -368,7 +368,7 @@ class SessionConfig(_message.Message):
     def __init__(self, idle_timeout_s: _Optional[float] = ..., seed: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., order_wait_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id", "endpoint", "worker_ids")
+    __slots__ = ("job_id", "spec", "state", "reason", "created_unix_s", "updated_unix_s", "attempt", "worker_id", "checkpoint_uri", "final_metrics", "tenant_id", "owner_user_id", "endpoint", "worker_ids", "queue_position", "queue_reason")
     class FinalMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,8 @@ class Job(_message.Message):
     OWNER_USER_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_REASON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -404,7 +406,9 @@ class Job(_message.Message):
     owner_user_id: str
     endpoint: str
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    queue_position: int
+    queue_reason: str
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., queue_position: _Optional[int] = ..., queue_reason: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "policy_version", "metrics")
