@@ -193,6 +193,9 @@ def main() -> None:
     spec = spec.model_copy(
         update={"rl": spec.rl.model_copy(update={"max_staleness": args.staleness})}
     )
+    # A batch of real-model episodes can take more than the trainer's default 10 minutes on a
+    # busy 2-core machine (8 greedy episodes took 8 at load 11); the job processes inherit this.
+    os.environ.setdefault("OPENTINKER_TRAINER_COLLECT_TIMEOUT_S", "3600")
     root = Path(tempfile.mkdtemp(prefix="opentinker-real-model-"))
     budget = args.minutes * 60
     sys.stdout.write(f"model {model_dir}; load average at start {os.getloadavg()}\n")
