@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import structlog
@@ -242,7 +242,7 @@ async def _sample(
 
 
 @contextlib.contextmanager
-def _session(gw: Gateway, caller: Caller):
+def _session(gw: Gateway, caller: Caller) -> Iterator[str]:
     """The caller's OpenAI-door session (made when it has none live), kept alive while the
     call runs."""
     session_id = gw.openai_sessions.get(caller.tenant_id)
