@@ -153,3 +153,18 @@ def test_a_saved_adapters_model_card_is_the_one_peft_renders(model_dir, tmp_path
     assert "library_name: peft" in card
     assert (tmp_path / "ours" / "README.md").read_text() == card
     assert (tmp_path / "again" / "README.md").read_text() == card
+
+
+def test_peft_made_again_gives_the_same_adapter_as_drawn_in_place(model_dir) -> None:
+    """reset_adapter's other way (peft's delete_adapter/add_adapter: adapters that are not
+    float32 on the CPU) is bit for bit a fresh wrap too."""
+    from opentinker.services.modeling.kept_wrap import reset_adapter
+
+    spec = ModelSpec(base_model=str(model_dir))
+    want, want_rng = fresh(spec, seed=11)
+    last, _ = fresh(spec, seed=3)
+    train_a_step(last)
+    reset_adapter(last.model, spec, seed=11, in_place=False)
+    assert torch.equal(torch.get_rng_state(), want_rng)
+    got = {n: p.detach() for n, p in last.model.named_parameters() if p.requires_grad}
+    assert_same(got, state(want))
