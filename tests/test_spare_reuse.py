@@ -160,3 +160,37 @@ def test_a_used_spare_goes_only_to_its_tenant_on_the_same_devices(tmp_path: Path
             await kept.terminate(1.0)
 
     asyncio.run(main())
+
+
+def test_a_tenant_keeps_a_pair_for_each_job_it_can_run_at_once(tmp_path: Path) -> None:
+    """On CPU slots a tenant's concurrent jobs each give their processes back: as many are
+    kept as the worker runs jobs at once (4 slots, warm_spares 1); one more is ended. On a
+    GPU a device runs one job: one is kept."""
+    import asyncio
+
+    from opentinker.services.worker.settings import WorkerSettings
+    from opentinker.services.worker.spares import SparePool
+    from opentinker.services.worker.supervisor import ManagedProcess
+
+    async def main() -> None:
+        settings = WorkerSettings(run_root=tmp_path, warm_spares=1, num_cpu_slots=4)
+        pool = SparePool(settings)
+        assert pool.kept_limit(on_cpu=True) == 4 and pool.kept_limit(on_cpu=False) == 1
+        processes = [
+            await ManagedProcess.start(
+                f"p{i}", ["cat"], log_path=tmp_path / f"p{i}.log", env={}, stdin_pipe=True
+            )
+            for i in range(5)
+        ]
+        try:
+            pool.take("trainer", "m")  # the pool knows the model
+            for process in processes:
+                pool.give_back("trainer", "m", "t@", process, limit=pool.kept_limit(on_cpu=True))
+            kept = [pool.take("trainer", "m", tenant="t@") for _ in range(4)]
+            assert [p.pid for p in kept if p] == [p.pid for p in processes[:4]]
+            await asyncio.wait_for(processes[4].wait(), timeout=10)  # the fifth was ended
+        finally:
+            for process in processes:
+                await process.terminate(1.0)
+
+    asyncio.run(main())

@@ -137,4 +137,7 @@ async def hand_to_spare(
     log.info("warm_start", process=name, pid=spare.pid, reusable=reusable)
     if not reusable:
         return spare
-    return JobProcess(name, spare, lambda p: spares.give_back(name, base_model, tenant, p))
+    limit = spares.kept_limit(on_cpu=not handover.cuda_visible_devices)
+    return JobProcess(
+        name, spare, lambda p: spares.give_back(name, base_model, tenant, p, limit=limit)
+    )

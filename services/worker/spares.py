@@ -11,8 +11,8 @@ hand-over. A spare serves one job and exits with it, exactly like a cold-started
 unless ``settings.spare_reuse`` and the job allows it (job_run.py: one device, a private
 rollout, RL or SFT): then a process whose job ended well comes back (``give_back``, via
 reusable.py), reloads the base model from its files, and is kept for the next job of the
-*same tenant* and base model only (``take(..., tenant=...)``), at most ``warm_spares`` of each
-kind per tenant. Short jobs then pay no process start at all.
+*same tenant* and base model only (``take(..., tenant=...)``), at most as many of each kind
+per tenant as its jobs can run at once (``kept_limit``). Short jobs then pay no process start.
 Bounds: ``warm_models_max`` models at once, retired after ``spare_idle_s`` without a job; a
 spare that dies is replaced, and a model whose spares keep dying is no longer warmed.
 """
@@ -97,12 +97,30 @@ class SparePool:
                     return process
         return None
 
-    def give_back(self, kind: str, base_model: str, tenant: str, process: ManagedProcess) -> None:
+    def kept_limit(self, *, on_cpu: bool) -> int:
+        """The most processes of a kind kept for one tenant on one set of devices: as many as
+        its jobs that can run there at once (the CPU slots; one job on a GPU), at least
+        ``warm_spares``. Fewer, and a tenant's concurrent short jobs would end processes that
+        its next jobs then wait for spares to replace."""
+        at_once = self.settings.num_cpu_slots if on_cpu else 1
+        return max(1, self.settings.warm_spares, at_once)
+
+    def give_back(
+        self,
+        kind: str,
+        base_model: str,
+        tenant: str,
+        process: ManagedProcess,
+        *,
+        limit: int | None = None,
+    ) -> None:
         """A reusable spare whose job (of ``tenant``) ended well: kept for that tenant's next
-        job of the model, unless the model is no longer warm or enough wait already."""
+        job of the model, unless the model is no longer warm or ``limit`` wait already
+        (``kept_limit``; default ``warm_spares``)."""
         model = self._models.get(model_key(base_model))
         waiting = model.used.setdefault((tenant, kind), []) if model else []
-        if model is None or len(waiting) >= max(1, self.settings.warm_spares):
+        limit = self.settings.warm_spares if limit is None else limit
+        if model is None or len(waiting) >= max(1, limit):
             log.info("spare_not_kept", kind=kind, model=base_model, pid=process.pid)
             task = asyncio.ensure_future(_stop_all([process], self.settings.stop_grace_s))
             self._retiring.add(task)
