@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import signal
 import sys
@@ -64,7 +65,7 @@ def main() -> None:
     parser.add_argument("--preload-model", help="spare: the base model to load while waiting")
     args = parser.parse_args()
     if args.spare:  # imports and the model load happen before the job is known
-        serve_jobs("trainer", args.preload_model, lambda p, h: _run(_handed(args, h), p))
+        serve_jobs("trainer", args.preload_model, lambda p, h: _run(_handed(args, h), p, h))
     if args.launch is None:
         parser.error("--launch is required (or --spare)")
     sys.exit(_run(args, None))
@@ -83,9 +84,18 @@ def _handed(args: argparse.Namespace, handover: Handover) -> argparse.Namespace:
     )
 
 
-def _run(args: argparse.Namespace, preload: Preload | None) -> int:
-    """One job, start to end: its exit code."""
-    settings = TrainerSettings()
+@functools.cache
+def _settings() -> TrainerSettings:
+    """Read from the environment once: a spare reused for many jobs has the same one for each
+    (its hand-over sets CUDA_VISIBLE_DEVICES only), and reading it costs ~50 ms of CPU."""
+    return TrainerSettings()
+
+
+def _run(
+    args: argparse.Namespace, preload: Preload | None, handover: Handover | None = None
+) -> int:
+    """One job, start to end: its exit code. ``handover``: how a spare was handed it."""
+    settings = _settings()
     log = configure_logging("trainer", level=settings.log_level)
     launch = LaunchConfig.read(args.launch)
     rollout = RolloutAddress.given(
@@ -93,8 +103,10 @@ def _run(args: argparse.Namespace, preload: Preload | None) -> int:
     )
     code = asyncio.run(_main(launch, rollout, settings, preload))
     # A rank's sharded policy holds its (left) process group: free both while the interpreter
-    # is whole; gloo's threads abort the process when the group is freed during exit.
-    gc.collect()
+    # is whole; gloo's threads abort the process when the group is freed during exit. (A
+    # reused spare, never a rank, collects after it has reported the job's end: spare.py.)
+    if handover is None or not handover.reusable:
+        gc.collect()
     log.info("trainer_exit", code=code)
     return code
 
