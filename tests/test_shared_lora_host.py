@@ -18,7 +18,11 @@ from opentinker.services.trainer.session.host import SharedLoraHost
 from opentinker.services.trainer.session.host_turns import FairTurns
 from opentinker.services.trainer.session.objective import LossSpec
 from opentinker.services.trainer.session.sampler import SessionSampler
-from opentinker.services.trainer.session.training_session import AdamParams, TrainingSession
+from opentinker.services.trainer.session.training_session import (
+    AdamParams,
+    StepReport,
+    TrainingSession,
+)
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.session_config import SessionConfig
 from opentinker.spec import LoraConfig, ModelSpec
@@ -50,7 +54,14 @@ def specs(base: Path) -> dict[str, ModelSpec]:
     }
 
 
-def hosted(host: SharedLoraHost, session_id: str, spec: ModelSpec, seed: int, root: Path):
+def hosted(
+    host: SharedLoraHost,
+    session_id: str,
+    spec: ModelSpec,
+    seed: int,
+    root: Path,
+    report_step: StepReport | None = None,
+) -> TrainingSession:
     """A TrainingSession whose model work runs in its turns on ``host``. Its sampler is
     never called here (no sampling in these tests): a channel to nowhere."""
     tenant = host.add_session(session_id, spec, seed=seed)
@@ -64,6 +75,7 @@ def hosted(host: SharedLoraHost, session_id: str, spec: ModelSpec, seed: int, ro
         checkpoint_root=root,
         settings=TrainerSettings(),
         run_work=functools.partial(host.run, session_id),
+        report_step=report_step,
     )
 
 
@@ -157,6 +169,40 @@ def test_no_gradient_reaches_the_other_adapter_or_the_base(
         assert all(p.grad is None for p in base)
 
     asyncio.run(main())
+
+
+def test_each_step_reports_its_model_seconds_and_turn_wait(
+    letter_model_dir: Path, tmp_path: Path
+) -> None:
+    """Accounting per tenant: each step's metrics carry the tokens it trained, the seconds of
+    model work its calls took and the seconds they waited for other sessions' turns."""
+    spec = specs(letter_model_dir)
+    reports: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
+
+    def reporter(key: str) -> StepReport:
+        async def report(step: int, version: int, metrics) -> bool:  # noqa: ANN001
+            reports[key].append(dict(metrics))
+            return False
+
+        return report
+
+    async def main() -> None:
+        host = SharedLoraHost(str(letter_model_dir))
+        sessions = [hosted(host, k, spec[k], 1, tmp_path, reporter(k)) for k in ("a", "b")]
+
+        async def one_step(session: TrainingSession) -> None:
+            await session.forward_backward([DATA[0], DATA[1]], CE)
+            await session.optim_step(AdamParams(learning_rate=1e-3))
+            await session.flush_reports()
+
+        await asyncio.gather(*(one_step(s) for s in sessions))
+
+    asyncio.run(main())
+    (a,), (b,) = reports["a"], reports["b"]
+    assert a["tokens_trained"] == b["tokens_trained"] == 5 + 6
+    assert a["model_s"] > 0 and b["model_s"] > 0
+    # b's forward_backward waited for a's (round-robin: a queued first), at least its length.
+    assert b["turn_wait_s"] > 0.25 * a["model_s"], (a, b)
 
 
 def test_host_refuses_full_other_base_and_more_than_room(

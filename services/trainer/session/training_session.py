@@ -100,7 +100,16 @@ class TrainingSession:
         self._run_work: RunWork = run_work or asyncio.to_thread
         self.job_id, self.tenant_id = job_id, tenant_id
         self._reports = BackgroundStepReports(report_step) if report_step is not None else None
-        self._since_step = {"loss": 0.0, "tokens_trained": 0.0, "tokens_generated": 0.0}
+        # Per step, for the job's metrics and the tenant's accounting: model_s, the seconds of
+        # model work its calls took; turn_wait_s, the seconds they waited for their turn (on a
+        # shared host, other sessions' work; 0 on a device of its own but for thread start).
+        self._since_step = {
+            "loss": 0.0,
+            "tokens_trained": 0.0,
+            "tokens_generated": 0.0,
+            "model_s": 0.0,
+            "turn_wait_s": 0.0,
+        }
         self.policy, self.sampler, self.config = policy, sampler, config
         self.checkpoint_root = Path(checkpoint_root)
         self.settings = settings
@@ -161,14 +170,32 @@ class TrainingSession:
     # ---- the primitives (call each inside ``call(seq)``) ----
 
     async def forward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
-        return await self._run_work(lambda: self._forward(data, loss, False))
+        return await self._work(lambda: self._forward(data, loss, False))
 
     async def forward_backward(self, data: Sequence[Datum], loss: LossSpec) -> LossResult:
-        result = await self._run_work(lambda: self._forward(data, loss, True))
+        result = await self._work(lambda: self._forward(data, loss, True))
         self.accumulated_calls += 1
         self._since_step["loss"] += float(result.loss.detach())
         self._since_step["tokens_trained"] += result.metrics["tokens"]
         return result
+
+    async def _work(self, fn: Callable[[], _T]) -> _T:
+        """``fn`` through ``run_work``, its model seconds and its wait for a turn counted."""
+        busy = [0.0]
+
+        def timed() -> _T:
+            started = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                busy[0] = time.perf_counter() - started
+
+        queued = time.perf_counter()
+        try:
+            return await self._run_work(timed)
+        finally:
+            self._since_step["model_s"] += busy[0]
+            self._since_step["turn_wait_s"] += max(0.0, time.perf_counter() - queued - busy[0])
 
     def _forward(self, data: Sequence[Datum], loss: LossSpec, backward: bool) -> LossResult:
         batch = collate_data(
@@ -194,7 +221,7 @@ class TrainingSession:
                 "optim_step without gradients: call forward_backward first", reason="NO_GRADIENTS"
             )
         self._check_reports()
-        grad_norm = await self._run_work(lambda: self._step(adam))
+        grad_norm = await self._work(lambda: self._step(adam))
         self.step += 1
         self.accumulated_calls = 0
         metrics = {**self._since_step, "grad_norm": grad_norm, "learning_rate": adam.learning_rate}
