@@ -2,8 +2,9 @@
 serves one job and exits) and reused (a spare whose job ended well serves the tenant's next).
 
 For each mode a fresh ``LocalMesh`` (Redis, scheduler, EnvHub, one worker with ``--slots`` CPU
-slots) runs one unmeasured priming job on the tiny model (the worker learns the base model; in
-the warm modes its spares are made), waits until the worker's spares are ready, then
+slots) runs one unmeasured priming job per client at once on the tiny model (the worker learns
+the base model; in the warm modes its spares are made; reusing, each client's pair is kept),
+waits until every spare the worker started is ready, then
 ``--clients`` concurrent clients each submit one-step jobs one after another (closed loop,
 ``--gap`` seconds of think time between a client's jobs) until ``--jobs`` have run. Per job,
 from the scheduler's event stream (one host, one clock):
@@ -14,8 +15,11 @@ from the scheduler's event stream (one host, one clock):
     submit -> end          the client's submit call to the job's SUCCEEDED (its last update)
 
 Printed: p50 and p99 of both per mode, the ratio cold/reused, the jobs per second each mode
-completed (measured jobs over the time from the first submit to the last end), and how many
-processes a spare took over.
+completed (measured jobs over the time from the first submit to the last end), how many
+processes a spare took over, the 1-minute load average at the end (the machine may be
+shared: compare modes of one run), and the CPU seconds per job of the mesh's processes by kind
+(what bounds the rate on a machine of few cores: jobs/s <= cores / CPU s per job; in cold mode
+a job's exited processes count in the worker's).
 
     .venv/bin/python bench/start_latency.py [--jobs 10] [--clients 2] [--slots 2] [--spares 2]
         [--gap 0] [--modes cold,warm,reused]
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import statistics
 import tempfile
 import time
@@ -76,14 +81,48 @@ def run_job(client: opentinker.Client, spec: JobSpec) -> Timing:
 
 
 def wait_for_spares(mesh: LocalMesh, count: int, timeout_s: float = 300.0) -> None:
+    """Until at least ``count`` spares were started and every one started is ready (none
+    still importing or loading while jobs are measured)."""
     deadline = time.monotonic() + timeout_s
     spares = mesh.run_root / "jobs" / "spares"
     while time.monotonic() < deadline:
         logs = list(spares.glob("*.log")) if spares.exists() else []
-        if sum("spare_ready" in p.read_text() for p in logs) >= count:
-            return
+        if len(logs) >= count and all("spare_ready" in p.read_text() for p in logs):
+            time.sleep(1.0)  # none more started meanwhile (the pool tops up after a take)
+            if len(list(spares.glob("*.log"))) == len(logs):
+                return
         time.sleep(0.5)
     raise RuntimeError(f"{count} spares were not ready within {timeout_s:.0f} s")
+
+
+def tree_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system, and of their reaped children) of this process's descendants
+    now, by kind: scheduler, worker, envhub, rollout, trainer, redis-server (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float, str]] = {}  # pid -> (parent, cpu s, kind)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = sum(int(f) for f in fields[11:15]) / tick  # utime stime cutime cstime
+        words = [w.decode(errors="replace") for w in argv if w]
+        kind = next((w.rsplit(".", 1)[-1] for w in words if "opentinker.services." in w), "")
+        if not kind and words:  # redis-server names itself "redis-server HOST:PORT"
+            kind = Path(words[0].split()[0]).name
+        procs[int(entry.name)] = (int(fields[1]), cpu, kind)
+    mine = {os.getpid()}
+    by_kind: dict[str, float] = {}
+    for _ in range(8):  # descendants, a generation at a time
+        for pid, (parent, cpu, kind) in procs.items():
+            if parent in mine and pid not in mine:
+                mine.add(pid)
+                by_kind[kind] = by_kind.get(kind, 0.0) + cpu
+    return by_kind
 
 
 MODES = {"cold": (0, False), "warm": (None, False), "reused": (None, True)}  # spares, reuse
@@ -101,7 +140,10 @@ def measure(
             opentinker.Client(mesh.scheduler_address, api_key=mesh.api_key, timeout=30)
             for _ in range(args.clients)
         ]
-        run_job(clients[0], one_step_job(model, seed=0))  # priming: not measured
+        # Priming, not measured: one job per client at once, so the worker knows the model and,
+        # reusing, keeps a process pair for each client (the steady state of a busy tenant).
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(lambda c: run_job(c, one_step_job(model, seed=0)), clients))
         if spares:
             wait_for_spares(mesh, 2 * spares)
         seeds = iter(range(1, args.jobs + 1))
@@ -113,10 +155,12 @@ def measure(
                 time.sleep(args.gap)  # a person's think time between jobs
             return out
 
-        started = time.time()
+        started, cpu_before = time.time(), tree_cpu_s()
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
             results = [t for ts in pool.map(client_loop, clients) for t in ts]
         rate = len(results) / (time.time() - started)
+        load = os.getloadavg()[0]  # the machine is shared: say how busy it was
+        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in tree_cpu_s().items()}
         for client in clients:
             client.close()
         warm = sum(
@@ -125,7 +169,12 @@ def measure(
             for p in [mesh.run_root / "jobs" / t.job_id]
             for name in ("rollout", "trainer")
         )
-        print(f"  {root.name}: {warm} of {2 * len(results)} processes warm, {rate:.2f} jobs/s")
+        print(
+            f"  {root.name}: {warm} of {2 * len(results)} processes warm, {rate:.2f} jobs/s, "
+            f"load average {load:.1f} on {os.cpu_count()} cores"
+        )
+        per_job = ", ".join(f"{k} {v / len(results):.2f}" for k, v in sorted(cpu.items()) if v)
+        print(f"    CPU s per job: {sum(cpu.values()) / len(results):.2f} ({per_job})")
     return results, rate
 
 
