@@ -98,8 +98,8 @@ class _MeshClock:
         m = event.metrics
         if self.start is None:
             self.start = event.time_unix_s - m.get("time_step_s", 0.0)
+        self.validating += m.get("val/time_s", 0.0)  # the event comes after its validation
         seconds = event.time_unix_s - self.start - self.validating
-        self.validating += m.get("val/time_s", 0.0)
         return Point(seconds, event.step, m["reward_mean"], m.get("val/accuracy"))
 
 
