@@ -47,6 +47,10 @@ def readable(path):
 name = "trainer" if "--rollout-address-file" in sys.argv else "rollout"
 if name == "trainer":
     (checkpoints / "step-000001").mkdir(parents=True, exist_ok=True)
+    import time
+    deadline = time.monotonic() + 60  # the rollout has probed too before this one ends
+    while not (run_dir / "rollout.addr").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 probe = {
     "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
     "worker_token": readable(secrets / "worker.token"),
@@ -57,7 +61,7 @@ probe = {
 if name == "rollout":
     (run_dir / "rollout.addr").write_text("127.0.0.1:1")
     import time
-    time.sleep(30)
+    time.sleep(60)
 """
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
@@ -126,7 +130,7 @@ def test_a_job_runs_as_its_uid_and_reads_none_of_the_agents_or_other_jobs_files(
             token.write_text(mesh.agent.settings.worker_token)
             token.chmod(0o600)
             job = await submit(mesh.stub, "good")
-            await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_FAILED)
+            await wait_for_state(mesh.stub, job.job_id, common_pb2.JOB_STATE_FAILED, 60)
             run_dir = mesh.run_root / job.job_id / "attempt-1"
             for name in ("rollout", "trainer"):
                 found = json.loads((run_dir / f"probe-{name}.json").read_text())
