@@ -92,7 +92,7 @@ def trl_run(spec: JobSpec, model_dir: Path, out_dir: Path, target: float) -> Run
     alphabet = string.ascii_uppercase[: int(rl.env_options["num_letters"])]
     dataset = Dataset.from_dict(letter_prompts(rl, alphabet))
 
-    def letter_rewards(completions: list, letter: list[str], **_: object) -> list[float]:
+    def letter_rewards(completions: list, letter: list[str], **_: object) -> list[float | None]:
         return [
             letter_reward(c[0]["content"], k, alphabet, 0.0)
             for c, k in zip(completions, letter, strict=True)

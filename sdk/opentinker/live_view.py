@@ -96,13 +96,13 @@ class TailView:
                 f"  episodes {self.episodes - self.env_errors} done / {self.env_errors} failed"
             )
             return Group(line, self._env_error_text()) if self.first_env_error else line
-        line = Table.grid(padding=(0, 1))
+        row = Table.grid(padding=(0, 1))
         budget = self.step_budget
         done = f"step {self.step}/{budget}" if budget else f"step {self.step}"
         eta = eta_seconds(list(self.step_times), budget)
         eta_text = f"ETA {dt.timedelta(seconds=round(eta))}" if eta is not None else "ETA —"
         bar = ProgressBar(total=budget or None, completed=self.step, width=30)
-        line.add_row(Text(f"{self.job_id} {self.state}", style="bold"), bar, done, eta_text)
+        row.add_row(Text(f"{self.job_id} {self.state}", style="bold"), bar, done, eta_text)
         rewards = list(self.rewards)
         finite = [r for r in rewards if math.isfinite(r)]
         spark = Text("reward ")
@@ -110,5 +110,5 @@ class TailView:
             spark.append(sparkline(rewards), style="green")
             spark.append(f" {finite[-1]:.3f} (min {min(finite):.3f}, max {max(finite):.3f})")
         if self.env_errors:
-            return Group(line, spark, self._env_error_text())
-        return Group(line, spark)
+            return Group(row, spark, self._env_error_text())
+        return Group(row, spark)

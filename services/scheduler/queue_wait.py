@@ -62,4 +62,3 @@ def waiting_reasons(
             )
         out[job.job_id] = why
     return out
-

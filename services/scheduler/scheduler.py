@@ -422,8 +422,9 @@ class Scheduler:
     ) -> None:
         """The session ended (``reason``). With ``reclaim`` (the worker closes, or went silent,
         or was cut off) its jobs are re-queued now, with "worker W shut down: <reason>" when it
-        said it closes (``closing``), "worker W lost: <reason>" otherwise, their devices held (draining) until they lapse, or, ``jobs_stopped`` (it
-        closed saying its processes exited), freed now; without (the stream dropped, the
+        said it closes (``closing``), "worker W lost: <reason>" otherwise, their devices held
+        (draining) until they lapse, or, ``jobs_stopped`` (it closed saying its processes
+        exited), freed now; without (the stream dropped, the
         scheduler shuts down) its jobs keep running: their leases stay until they lapse, or
         until it reconnects and re-announces them. Idempotent; a no-op once replaced."""
         if session.lost:
