@@ -11,7 +11,9 @@ from async_guard import run
 from identity_helpers import api_key
 from scheduler_helpers import get_job, scheduler_mesh, scripted_worker, stub_with, submit
 
+import opentinker
 from opentinker.common.v1 import common_pb2
+from opentinker.errors import UnavailableError
 from opentinker.scheduler.v1 import identity_pb2
 
 pytestmark = pytest.mark.integration
@@ -67,5 +69,26 @@ def test_a_tenant_at_its_quota_is_told_so(redis_url: str) -> None:
                     "the tenant's jobs hold 1 of its 1 devices (max_devices); it needs 1 more"
                 )
                 assert job.queue_position == 1
+
+    run(main)
+
+
+def test_a_session_that_cannot_start_says_why_it_waited(redis_url: str) -> None:
+    """The SDK's session client gives up after ``wait_timeout`` naming the queue reason."""
+
+    async def main() -> None:
+        async with scheduler_mesh(redis_url) as mesh:
+            key = await api_key(mesh.running.stores.identity, tenant="initech", user="peter")
+
+            def open_session() -> str:
+                with opentinker.Client(mesh.running.address, api_key=key) as client:
+                    with pytest.raises(UnavailableError) as caught:
+                        client.training_session(base_model="tiny", lora_rank=4, wait_timeout=1)
+                    return str(caught.value)
+
+            message = await asyncio.to_thread(open_session)
+            assert "still QUEUED after 1 s (position 1 in the queue: no worker is connected" in (
+                message
+            ), message
 
     run(main)

@@ -40,6 +40,8 @@ class JobInfo:
     tenant_id: str = ""
     kind: str = ""  # RL | SFT | INFERENCE | SESSION
     step_budget: int = 0  # the optimizer steps the spec asks for (RL/SFT); 0 = not known
+    queue_position: int = 0  # while QUEUED: 1 = placed next; 0 in any other state
+    queue_reason: str = ""  # while QUEUED: why it is not placed yet
 
     @property
     def done(self) -> bool:
@@ -71,6 +73,8 @@ class JobInfo:
             tenant_id=job.tenant_id,
             kind=common_pb2.JobKind.Name(job.spec.kind).removeprefix("JOB_KIND_"),
             step_budget=job.spec.sft.steps if job.spec.HasField("sft") else job.spec.rl.steps,
+            queue_position=job.queue_position,
+            queue_reason=job.queue_reason,
         )
 
 

@@ -340,9 +340,14 @@ def wait_until_serving(
                 reason=job.state,
             )
         if time.monotonic() > deadline:
+            why = (
+                f"position {job.queue_position} in the queue: {job.queue_reason}"
+                if job.queue_reason
+                else "no free device, or the model is slow to load"
+            )
             raise UnavailableError(
-                f"session job {job_id} is still {job.state} after {timeout:g} s "
-                "(no free device, or the model is slow to load); cancel it or wait longer",
+                f"session job {job_id} is still {job.state} after {timeout:g} s ({why}); "
+                "cancel it or wait longer",
                 code="DEADLINE_EXCEEDED",
             )
         time.sleep(poll_s)
