@@ -5,6 +5,7 @@ dequantized, and clear refusals. The GGUFs are written here (tests/gguf_files.py
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,3 +127,21 @@ def test_the_token_that_ends_a_turn_becomes_the_eos(model: torch.nn.Module, tmp_
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     ends = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     assert loaded.generation_config.eos_token_id == ends
+
+
+def test_the_imported_folder_is_readable_by_every_uid_whatever_the_umask(
+    model: torch.nn.Module, tmp_path: Path
+) -> None:
+    """Jobs may run as other uids than the importer (worker job_uids): a tight umask must not
+    make the model 0600 (issue 35)."""
+    path = write_llama_gguf(tmp_path / "m.gguf", model)
+    old = os.umask(0o077)
+    try:
+        import_gguf(path, tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {
+        p.name: p.stat().st_mode & 0o777 for p in [tmp_path / "out", *(tmp_path / "out").rglob("*")]
+    }
+    assert modes["out"] == 0o755
+    assert {m for name, m in modes.items() if name != "out"} == {0o644}, modes

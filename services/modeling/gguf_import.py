@@ -151,7 +151,7 @@ def import_gguf(path: Path, out: Path, *, dtype: str = "float32") -> GgufInfo:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        os.chmod(staging, 0o755)  # mkdtemp's 0700 would hide it from the jobs' processes
+        _readable_by_all(staging)  # mkdtemp's 0700, or a tight umask, would hide it from jobs
         if out.exists():
             out.rmdir()  # empty, checked above
         staging.rename(out)
@@ -160,3 +160,14 @@ def import_gguf(path: Path, out: Path, *, dtype: str = "float32") -> GgufInfo:
         raise
     log.info("gguf_imported", out=str(out), parameters=info.parameters)
     return info
+
+
+def _readable_by_all(folder: Path) -> None:
+    """Folders 0755, files 0644: a base model is no secret, and the jobs' processes may run as
+    other uids than the importer (worker job_uids) or under another umask."""
+    os.chmod(folder, 0o755)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
