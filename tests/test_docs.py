@@ -90,6 +90,8 @@ def test_the_protocol_reference_lists_every_service_and_rpc() -> None:
             assert f"`{name}`" in page or f".{name}`" in page, f"{proto.name}: {name}"
         for rpc in re.findall(r"^\s*rpc\s+(\w+)", text, flags=re.M):
             assert f"| `{rpc}` |" in page, f"{proto.name}: rpc {rpc}"
+    # every service and top-level message says what it is for (the reference shows it)
+    assert proto_docs.undocumented(proto_docs.proto_files()) == []
 
 
 @pytest.mark.integration

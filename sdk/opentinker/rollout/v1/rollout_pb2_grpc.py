@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class RolloutServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """What a job's rollout serves its trainer: the batch stream, and raw sampling and scoring for sessions.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +53,8 @@ class RolloutServiceStub:
 
 
 class RolloutServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """What a job's rollout serves its trainer: the batch stream, and raw sampling and scoring for sessions.
+    """
 
     def Rollout(self, request_iterator, context):
         """The trainer's session with the rollout: open, sync weights, collect batches, close.
@@ -108,7 +110,8 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RolloutService:
-    """Missing associated documentation comment in .proto file."""
+    """What a job's rollout serves its trainer: the batch stream, and raw sampling and scoring for sessions.
+    """
 
     @staticmethod
     def Rollout(request_iterator,

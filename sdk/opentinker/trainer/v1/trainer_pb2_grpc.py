@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TrainerServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """A job's trainer: its status for anyone, and the session API a session job's owner drives.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -87,7 +88,8 @@ class TrainerServiceStub:
 
 
 class TrainerServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """A job's trainer: its status for anyone, and the session API a session job's owner drives.
+    """
 
     def GetTrainerStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -234,7 +236,8 @@ def add_TrainerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TrainerService:
-    """Missing associated documentation comment in .proto file."""
+    """A job's trainer: its status for anyone, and the session API a session job's owner drives.
+    """
 
     @staticmethod
     def GetTrainerStatus(request,
