@@ -59,8 +59,9 @@ def test_an_sdk_forward_backward_request_becomes_session_data() -> None:
 
 def test_losses_are_checked_with_their_options() -> None:
     assert wire.loss_options("ppo", {"clip_low_threshold": 0.7}) == {"clip_low_threshold": 0.7}
-    with pytest.raises(InvalidArgumentError, match="'dro' is not supported"):
-        wire.loss_options("dro", {})
+    assert wire.loss_options("dro", {"beta": 0.5}) == {"kl_coeff": 0.5}  # Tinker's beta
+    with pytest.raises(InvalidArgumentError, match="'my_loss' is not supported"):
+        wire.loss_options("my_loss", {})
     with pytest.raises(InvalidArgumentError, match="loss_fn_config"):
         wire.loss_options("cross_entropy", {"clip_low_threshold": 0.7})
 
