@@ -94,8 +94,8 @@ def test_train_sample_and_continue_from_a_saved_state(service, mesh, gateway, tm
     trainer.optim_step(adam).result()
 
     # An unsupported loss fails its own future; the client goes on.
-    with pytest.raises(tinker.RequestFailedError, match="dro"):
-        trainer.forward_backward(data, "dro").result()
+    with pytest.raises(tinker.RequestFailedError, match="'custom' is not supported"):
+        trainer.forward_backward(data, "custom").result()
     before = trainer.forward(data, "cross_entropy").result().metrics["loss:sum"]
 
     # save_state, then a new client from it continues from the same weights.
