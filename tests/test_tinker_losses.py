@@ -11,13 +11,24 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
-from tinker_gateway_helpers import BASE, gateway, mesh, monkeypatch_module, service
+from tinker_gateway_helpers import BASE, gateway, monkeypatch_module, service
+
+from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here
 
 PROMPT = [5, 9, 13]
 ADAM = types.AdamParams(learning_rate=1e-2)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):  # noqa: ANN001, ANN201
+    """A slot per test: each test's training client keeps its device until the module ends
+    (the module's ServiceClient heartbeats its sessions), and a session's job holds a whole
+    device, so with the 2 slots of a 2-core machine the third test waited 600 s."""
+    with LocalMesh(MeshSettings(run_root=tmp_path_factory.mktemp("mesh"), cpu_slots=3)) as running:
+        yield running
 
 
 def rl_datum(seq: types.SampledSequence, advantage: float, *, provenance: bool) -> types.Datum:
