@@ -141,17 +141,9 @@ def run_demo(
         f"lr {rl.learning_rate:g}, full fine-tuning"
     )
     console.print(f"success = job SUCCEEDED and 10-step mean reward ≥ [bold]{threshold}[/]")
-    # One job: a warm spare could only compete with it for the CPU.
-    settings = MeshSettings(run_root=run_root, redis_url=redis_url, warm_spares=0)
-    with LocalMesh(settings) as mesh:
-        console.print(f"mesh up: scheduler {mesh.scheduler_address}, envhub {mesh.envhub_address}")
-        register_local_model(
-            mesh.scheduler_address,
-            mesh.secrets_dir,
-            model_dir,
-            name=TINY_MODEL_NAME,
-            description=TINY_DESCRIPTION,
-        )
+    with demo_mesh(
+        console, run_root, redis_url, model_dir, name=TINY_MODEL_NAME, description=TINY_DESCRIPTION
+    ) as mesh:
 
         def show(event: JobEvent) -> None:
             print_event(console, event, every=10)
@@ -180,6 +172,27 @@ def run_demo(
         return 0
     console.print(f"[red]FAIL[/]: reward {reward:.3f} < threshold {threshold}")
     return 1
+
+
+@contextlib.contextmanager
+def demo_mesh(
+    console: Console,
+    run_root: Path,
+    redis_url: str | None,
+    model_dir: Path,
+    *,
+    name: str,
+    description: str,
+) -> Iterator[LocalMesh]:
+    """The single-node mesh of a demo's job, its model registered in the catalog. No warm
+    spares: for one job they could only compete with it for the CPU."""
+    settings = MeshSettings(run_root=run_root, redis_url=redis_url, warm_spares=0)
+    with LocalMesh(settings) as mesh:
+        console.print(f"mesh up: scheduler {mesh.scheduler_address}, envhub {mesh.envhub_address}")
+        register_local_model(
+            mesh.scheduler_address, mesh.secrets_dir, model_dir, name=name, description=description
+        )
+        yield mesh
 
 
 @contextlib.contextmanager

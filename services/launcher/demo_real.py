@@ -21,9 +21,12 @@ from opentinker.console import print_event
 from opentinker.errors import OpenTinkerError
 from opentinker.eval_stats import evaluate, paired_difference
 from opentinker.jobs import RL_FINAL_REWARD, JobEvent
-from opentinker.services.launcher.catalog_seed import register_local_model
-from opentinker.services.launcher.demo import _cancelled_if_a_service_exits, _quiet_logs
-from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
+from opentinker.services.launcher.demo import (
+    _cancelled_if_a_service_exits,
+    _quiet_logs,
+    demo_mesh,
+)
+from opentinker.services.launcher.mesh import LocalMesh
 from opentinker.services.launcher.smollm2 import (
     ARITHMETIC_RUNG,
     SMOLLM2_NAME,
@@ -69,16 +72,10 @@ def run_real_demo(
         max_new_tokens=max_new_tokens,
     )
     _describe(console, spec)
-    settings = MeshSettings(run_root=run_root, redis_url=redis_url, warm_spares=0)
-    with LocalMesh(settings) as mesh:
-        console.print(f"mesh up: scheduler {mesh.scheduler_address}, envhub {mesh.envhub_address}")
-        register_local_model(
-            mesh.scheduler_address,
-            mesh.secrets_dir,
-            model_dir,
-            name=name,
-            description=f"imported from {Path(source).name}",
-        )
+    described = f"imported from {Path(source).name}"
+    with demo_mesh(
+        console, run_root, redis_url, model_dir, name=name, description=described
+    ) as mesh:
         try:
             with Client(mesh.scheduler_address, api_key=mesh.api_key) as client:
                 code = _before_train_after(console, mesh, client, spec)
