@@ -31,6 +31,7 @@ from .openai_wire import ChatRequest, completion_body, finish_reason, reply_mess
 from .program import AgentProgramError, load_callable, run_program
 from .segments import EpisodeRecord, text_of
 from .server import CallRefusedError, EndpointServer
+from .settings import EndpointSettings
 
 log = structlog.get_logger("opentinker.rollout.agent_endpoint")
 MAX_AGENT_THREADS = 1024  # sync callables each hold a thread while they play
@@ -59,14 +60,15 @@ class AgentProgramLoop:
         program: AgentProgram,
         max_turns: int,
         *,
-        host: str = "127.0.0.1",
+        endpoint: EndpointSettings | None = None,
     ) -> None:
+        """endpoint: where the endpoint listens (default: OPENTINKER_AGENT_ENDPOINT_*)."""
         self.engine = engine
         self.config = config
         self.program = program
         self.max_turns = max_turns
         self.function = load_callable(program)  # fails at open, naming agent.callable
-        self.server = EndpointServer(host)
+        self.server = EndpointServer(endpoint)
         self._threads = concurrent.futures.ThreadPoolExecutor(MAX_AGENT_THREADS, "agent")
         self.model_name = getattr(engine, "model_name", "") or "opentinker-policy"
 

@@ -1,8 +1,9 @@
 """The HTTP side: one Starlette app for every live episode of a rollout, served by uvicorn in
 the rollout's own event loop (the calls then reach the episodes without crossing threads).
 
-An episode's base URL is ``http://HOST:PORT/episodes/<episode_id>/v1`` and its API key a
-secret made for it alone; a call with another key is refused (401) before anything runs.
+An episode's base URL is ``http://HOST:PORT/episodes/<episode_id>/v1`` (HOST: the advertised
+host of settings.py, the bind address by default) and its API key a secret made for it alone;
+a call with another key is refused (401) before anything runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from opentinker.grpc_options import host_port
 from opentinker.spec import validation_message
 
 from .openai_wire import ChatRequest, error_body, stream_events
+from .settings import EndpointSettings
 
 log = structlog.get_logger("opentinker.rollout.agent_endpoint")
 
@@ -60,8 +62,9 @@ class _QuietServer(uvicorn.Server):
 class EndpointServer:
     """Serves the live episodes; ``open`` / ``close`` one per episode."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.host = host
+    def __init__(self, settings: EndpointSettings | None = None) -> None:
+        self.settings = settings or EndpointSettings.load()
+        self.host = self.settings.host
         self.port = 0
         self._live: dict[str, _Live] = {}
         self._server: _QuietServer | None = None
@@ -87,7 +90,11 @@ class EndpointServer:
                 self._task.result()  # raises uvicorn's error
                 raise RuntimeError("the agent endpoint stopped while starting")
             await asyncio.sleep(0.01)
-        log.info("agent_endpoint_serving", address=host_port(self.host, self.port))
+        log.info(
+            "agent_endpoint_serving",
+            address=host_port(self.host, self.port),
+            advertised=host_port(self.settings.url_host, self.port),
+        )
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
@@ -99,7 +106,8 @@ class EndpointServer:
         """Serve an episode; returns its (base_url, api_key)."""
         token = secrets.token_urlsafe(24)
         self._live[episode_id] = _Live(token, model, complete)
-        return f"http://{host_port(self.host, self.port)}/episodes/{episode_id}/v1", token
+        url_host = host_port(self.settings.url_host, self.port)
+        return f"http://{url_host}/episodes/{episode_id}/v1", token
 
     def close(self, episode_id: str) -> None:
         """Stop serving an episode: its later calls get 404."""
