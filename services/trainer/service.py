@@ -16,6 +16,7 @@ from opentinker.grpc_options import host_port
 from opentinker.services.common.auth import (
     JOBS,
     USERS,
+    WORKERS,
     Authenticator,
     AuthInterceptor,
     OwnCredentialAuthenticator,
@@ -86,7 +87,12 @@ _SESSION_CALLS = (
 )
 ACCESS_RULES = rules_for(
     trainer_pb2.DESCRIPTOR.services_by_name["TrainerService"],
-    {"GetTrainerStatus": JOBS | USERS, **dict.fromkeys(_SESSION_CALLS, JOBS | USERS)},
+    {
+        "GetTrainerStatus": JOBS | USERS,
+        **dict.fromkeys(_SESSION_CALLS, JOBS | USERS),
+        # A shared LoRA host's worker hands it sessions (session/host_server.py)
+        "OpenHostedSession": WORKERS,
+    },
 )
 
 

@@ -27,6 +27,28 @@ SESSION_LOSS_GSPO: SessionLoss
 SESSION_LOSS_STABLE_REINFORCE: SessionLoss
 SESSION_LOSS_DRO: SessionLoss
 
+class OpenHostedSessionRequest(_message.Message):
+    __slots__ = ("launch_path", "rollout_address", "rollout_address_file")
+    LAUNCH_PATH_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ADDRESS_FILE_FIELD_NUMBER: _ClassVar[int]
+    launch_path: str
+    rollout_address: str
+    rollout_address_file: str
+    def __init__(self, launch_path: _Optional[str] = ..., rollout_address: _Optional[str] = ..., rollout_address_file: _Optional[str] = ...) -> None: ...
+
+class OpenHostedSessionResponse(_message.Message):
+    __slots__ = ("endpoint", "ended", "exit_code", "sessions_hosted")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_HOSTED_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    ended: bool
+    exit_code: int
+    sessions_hosted: int
+    def __init__(self, endpoint: _Optional[str] = ..., ended: _Optional[bool] = ..., exit_code: _Optional[int] = ..., sessions_hosted: _Optional[int] = ...) -> None: ...
+
 class GetTrainerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

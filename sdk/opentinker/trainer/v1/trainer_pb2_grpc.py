@@ -85,6 +85,11 @@ class TrainerServiceStub:
                 request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.OpenHostedSession = channel.unary_stream(
+                '/opentinker.trainer.v1.TrainerService/OpenHostedSession',
+                request_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionRequest.SerializeToString,
+                response_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServiceServicer:
@@ -174,6 +179,17 @@ class TrainerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenHostedSession(self, request, context):
+        """Shared LoRA host only (one trainer process serving many LoRA sessions of one base model):
+        the worker hands the host a session job. The stream lives as long as the session: a first
+        message once it serves (its calls then come to this host, routed by session id), a last
+        one when it ended. The worker cancelling the stream ends the session (its job stopped).
+        Callers: the worker that started the host (its host credential), no one else.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -226,6 +242,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.FromString,
                     response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'OpenHostedSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.OpenHostedSession,
+                    request_deserializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionRequest.FromString,
+                    response_serializer=opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -499,6 +520,33 @@ class TrainerService:
             '/opentinker.trainer.v1.TrainerService/CloseSession',
             opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionRequest.SerializeToString,
             opentinker_dot_trainer_dot_v1_dot_trainer__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenHostedSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/opentinker.trainer.v1.TrainerService/OpenHostedSession',
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionRequest.SerializeToString,
+            opentinker_dot_trainer_dot_v1_dot_trainer__pb2.OpenHostedSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
