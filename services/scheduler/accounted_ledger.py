@@ -2,7 +2,8 @@
 
 Wraps any ``LeaseLedger``: a release, wherever in the scheduler it happens (an attempt ended,
 a job was cancelled, a worker was lost, a lease lapsed), accounts the time from the lease's
-start to now, times its devices, to its job and the job's tenant (charged just before the
+start to now, times its devices (a shared LoRA host's session: its share of the host's device,
+1/slots), to its job and the job's tenant (charged just before the
 release, so held and charged together never miss it); the tenant's current budget period is
 charged only the time since it began.
 
@@ -96,8 +97,8 @@ class AccountedLedger:
             job.job_id,
             job.tenant_id,
             period_s,
-            seconds=max(0.0, now - lease.created_unix_s) * len(lease.device_ids),
-            in_period_s=max(0.0, now - since) * len(lease.device_ids),
+            seconds=max(0.0, now - lease.created_unix_s) * lease.share,
+            in_period_s=max(0.0, now - since) * lease.share,
         )
         await self._add(charge)
         return charge
@@ -129,6 +130,11 @@ class AccountedLedger:
 
     async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
         return await self._inner.acquire(worker_id, job_id, n)
+
+    async def acquire_share(
+        self, worker_id: str, job_id: str, host_id: str, slots: int
+    ) -> Lease | None:
+        return await self._inner.acquire_share(worker_id, job_id, host_id, slots)
 
     async def acquire_group(
         self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]

@@ -29,6 +29,7 @@ from opentinker.services.scheduler.errors import IllegalTransitionError
 from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 from opentinker.services.scheduler.queue_wait import waiting_reasons
 from opentinker.services.scheduler.quotas import Quotas
+from opentinker.services.scheduler.shared_hosts import hosted_base, shared_host_id
 from opentinker.services.scheduler.spanning import launch_commands, split_across
 from opentinker.services.scheduler.stores import Stores
 from opentinker.services.scheduler.transitions import JobStates
@@ -59,7 +60,10 @@ class Dispatcher:
         *,
         unschedulable_after_s: float,
         placing: asyncio.Lock,
+        shared_lora_sessions: int = 0,
     ) -> None:
+        """``shared_lora_sessions``: the LoRA sessions one shared host takes (shared_hosts.py);
+        0: every session a device and a trainer of its own."""
         self._jobs = stores.jobs
         self._queue = stores.queue
         self._ledger = stores.ledger
@@ -69,6 +73,7 @@ class Dispatcher:
         self._states = states
         self._sessions = sessions  # the scheduler's live dict of connected workers
         self.unschedulable_after_s = unschedulable_after_s
+        self.shared_lora_sessions = shared_lora_sessions
         self._lock = placing  # held for a round; re-queues take it too (attempt_ends.py)
         self._cut_short: list[_Placement] = []  # placements a store error interrupted
         self._held_for_budget: set[str] = set()  # queued jobs told they wait for a budget
@@ -177,6 +182,8 @@ class Dispatcher:
         sessions = list(self._sessions.values())
         if devices_needed(job) > max((len(s.devices) for s in sessions), default=0):
             return await self._place_across(job, sessions)
+        if await self._place_hosted(job, sessions):
+            return True
         for session in by_lora_affinity(sessions, job):
             lease = await self._ledger.acquire(session.worker_id, job.job_id, devices_needed(job))
             if lease is None:
@@ -185,6 +192,28 @@ class Dispatcher:
                 await self._ledger.release(lease.lease_id)  # devices, not this one's
                 continue
             return await self._launch(session, job, lease.lease_id, lease.device_ids)
+        return False
+
+    async def _place_hosted(self, job: common_pb2.Job, sessions: list[WorkerSession]) -> bool:
+        """A LoRA session onto a shared host of its base model with room, or a new host on a
+        free device (shared_hosts.py); False when hosting is off, the job not such a session,
+        or no worker has room."""
+        base = hosted_base(job)
+        if not (base and self.shared_lora_sessions):
+            return False
+        for session in sessions:
+            host_id = shared_host_id(session.worker_id, base)
+            lease = await self._ledger.acquire_share(
+                session.worker_id, job.job_id, host_id, self.shared_lora_sessions
+            )
+            if lease is None:
+                continue
+            if self._stale(session):  # as in _place
+                await self._ledger.release(lease.lease_id)
+                continue
+            return await self._launch(
+                session, job, lease.lease_id, lease.device_ids, host_id=host_id
+            )
         return False
 
     def _stale(self, session: WorkerSession) -> bool:
@@ -247,8 +276,12 @@ class Dispatcher:
         job: common_pb2.Job,
         lease_id: str,
         device_ids: tuple[str, ...],
+        *,
+        host_id: str = "",
     ) -> bool:
         reason = f"lease {lease_id} on worker {session.worker_id}"
+        if host_id:
+            reason += f" (a share of shared LoRA host {host_id})"
         committed = await self._commit(job, [lease_id], reason, [session.worker_id])
         if committed is None:
             return False
@@ -261,7 +294,9 @@ class Dispatcher:
             }
             session.lora_bases[(job_id, job.attempt)] = base
         session.send(
-            LaunchCommand(job=job, lease_id=lease_id, device_ids=device_ids, job_token=token)
+            LaunchCommand(
+                job=job, lease_id=lease_id, device_ids=device_ids, job_token=token, host_id=host_id
+            )
         )
         log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)
         return True

@@ -2,7 +2,8 @@
 
 Replays the acquire/release events: a device taken while another unreleased lease holds it, or
 a job acquiring a second lease while its first is unreleased, is a double lease (except the
-leases of one multi-worker attempt, taken together as one group). (A lapsed
+leases of one multi-worker attempt, taken together as one group; and the shares of one shared
+LoRA host, which hold its device together until the last is released). (A lapsed
 lease counts as held until the scheduler releases it: its worker may still be running it; so
 does a draining one, whose job's next attempt waits for its release: dispatch.py.)
 """
@@ -18,17 +19,21 @@ def double_leases(events: Iterable[LeaseEvent]) -> list[str]:
     """What went wrong, one line each; empty when every lease was exclusive."""
     held_devices: dict[str, str] = {}  # device -> lease
     job_leases: dict[str, set[str]] = {}  # job -> its unreleased leases
-    lease_job: dict[str, tuple[str, tuple[str, ...]]] = {}
+    lease_job: dict[str, tuple[str, tuple[str, ...], str]] = {}  # -> job, devices, holder
     problems = []
+    hosts: dict[str, set[str]] = {}  # shared host -> its unreleased shares
     for e in events:
         if e.kind == "acquire":
+            holder = f"host {e.host_id}" if e.host_id else e.lease_id
+            if e.host_id:
+                hosts.setdefault(holder, set()).add(e.lease_id)
             for device in e.device_ids:
-                if device in held_devices:
+                if device in held_devices and held_devices[device] != holder:
                     problems.append(
                         f"device {device}: lease {e.lease_id} (job {e.job_id}) taken while "
                         f"lease {held_devices[device]} still held it"
                     )
-                held_devices[device] = e.lease_id
+                held_devices[device] = holder
             others = job_leases.get(e.job_id, set()) - set(e.group)
             if others:
                 problems.append(
@@ -36,11 +41,12 @@ def double_leases(events: Iterable[LeaseEvent]) -> list[str]:
                     f"{min(others)} was not released (two attempts at once)"
                 )
             job_leases.setdefault(e.job_id, set()).add(e.lease_id)
-            lease_job[e.lease_id] = (e.job_id, e.device_ids)
+            lease_job[e.lease_id] = (e.job_id, e.device_ids, holder)
         elif e.kind == "release" and e.lease_id in lease_job:
-            job_id, devices = lease_job.pop(e.lease_id)
+            job_id, devices, holder = lease_job.pop(e.lease_id)
+            hosts.get(holder, set()).discard(e.lease_id)
             for device in devices:
-                if held_devices.get(device) == e.lease_id:
+                if held_devices.get(device) == holder and not hosts.get(holder):
                     del held_devices[device]
             job_leases.get(job_id, set()).discard(e.lease_id)
     return problems

@@ -10,11 +10,14 @@ Redis layout (``prefix`` defaults to ``ot:ledger``)::
 
     <prefix>:worker:<worker_id>:devices   LIST of device ids, in the order the worker offered them
     <prefix>:worker:<worker_id>:leases    SET of lease ids
-    <prefix>:device:<device_id>           STRING lease id, PX = lease TTL
+    <prefix>:device:<device_id>           STRING lease id (a shared host's: its host id), PX = TTL
     <prefix>:lease:<lease_id>             HASH worker_id, job_id, devices ("\\n"-joined), created
                                           [group ("\\n"-joined lease ids), port: multi-worker]
                                           [drain_attempt, drain_since, drain_reason: draining]
+                                          [host, slots: a share of a shared LoRA host]
     <prefix>:worker:<worker_id>:ports     SET rendezvous ports held by its rank-0 group leases
+    <prefix>:host:<host_id>               HASH worker_id, devices, slots (a shared LoRA host)
+    <prefix>:host:<host_id>:leases        SET of its shares' lease ids
     <prefix>:leases                       SET of every lease id not yet released
     <prefix>:draining                     SET of the draining lease ids
     <prefix>:history                      STREAM acquire/release/revive/drain events (LeaseEvent)
@@ -64,6 +67,13 @@ class Lease:
     device_ids: tuple[str, ...]
     created_unix_s: float
     drain: Drain | None = None
+    host_id: str = ""  # a share of this shared LoRA host (acquire_share), else ""
+    host_slots: int = 0  # how many sessions that host takes: the share is 1/host_slots
+
+    @property
+    def share(self) -> float:
+        """The devices the lease holds for its job: all of them, or its part of a host's."""
+        return len(self.device_ids) / self.host_slots if self.host_id else len(self.device_ids)
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class LeaseEvent:
     device_ids: tuple[str, ...]
     at_unix_s: float
     group: tuple[str, ...] = ()  # acquire of a multi-worker attempt: every lease taken with it
+    host_id: str = ""  # acquire of a share of this shared LoRA host (acquire_share)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,13 @@ class LeaseLedger(Protocol):
 
     async def acquire(self, worker_id: str, job_id: str, n: int) -> Lease | None:
         """Take ``n`` free devices of the worker at once, or none (returns None)."""
+
+    async def acquire_share(
+        self, worker_id: str, job_id: str, host_id: str, slots: int
+    ) -> Lease | None:
+        """One of the ``slots`` sessions of the shared LoRA host ``host_id`` on the worker (a
+        free device taken for the host by its first share, freed by its last one's release),
+        or None: no free device for a new host, or the host full or not live."""
 
     async def acquire_group(
         self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
@@ -177,6 +195,7 @@ class RedisLeaseLedger:
         self._revive = client.register_script(lease_scripts.REVIVE)
         self._acquire_group = client.register_script(lease_scripts.ACQUIRE_GROUP)
         self._drain = client.register_script(lease_scripts.DRAIN)
+        self._acquire_share = client.register_script(lease_scripts.ACQUIRE_SHARE)
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._prefix, *parts))
@@ -229,6 +248,20 @@ class RedisLeaseLedger:
         if not taken:
             return None
         return Lease(lease_id, worker_id, job_id, tuple(as_text(d) for d in taken), now)
+
+    async def acquire_share(
+        self, worker_id: str, job_id: str, host_id: str, slots: int
+    ) -> Lease | None:
+        if slots < 1 or not host_id:
+            raise ValueError(f"a share needs a host id and >= 1 slot, got {host_id!r}, {slots}")
+        lease_id = f"lease-{uuid.uuid4().hex[:16]}"
+        now = time.time()
+        args: list[str | int] = [self._prefix, worker_id, job_id, host_id, slots, lease_id]
+        args += [self._ttl_ms, repr(now), HISTORY_MAX_EVENTS]
+        taken = await self._acquire_share(args=args)
+        if not taken:
+            return None
+        return await self.get(lease_id)
 
     async def acquire_group(
         self, job_id: str, parts: Sequence[tuple[str, int]], ports: tuple[int, int]
@@ -283,6 +316,8 @@ class RedisLeaseLedger:
             device_ids=tuple(d for d in f["devices"].split("\n") if d),
             created_unix_s=float(f["created"]),
             drain=drain,
+            host_id=f.get("host", ""),
+            host_slots=int(f.get("slots", "0")),
         )
 
     async def leases(self, worker_id: str) -> list[Lease]:
@@ -339,4 +374,5 @@ def _event(entry_id: bytes | str, fields: dict) -> LeaseEvent:
         device_ids=tuple(d for d in f.get("devices", "").split("\n") if d),
         at_unix_s=int(as_text(entry_id).split("-")[0]) / 1000,
         group=tuple(i for i in f.get("group", "").split("\n") if i),
+        host_id=f.get("host", ""),
     )

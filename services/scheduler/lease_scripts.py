@@ -43,9 +43,14 @@ local function lease_devices(prefix, lease_id)
   for d in string.gmatch(joined, '[^\\n]+') do table.insert(out, d) end
   return out
 end
+-- A share of a shared LoRA host (ACQUIRE_SHARE) is live while its host holds the devices
+local function holder_of(prefix, lease_id)
+  return redis.call('HGET', prefix .. ':lease:' .. lease_id, 'host') or lease_id
+end
 local function is_live(prefix, lease_id, devices)
+  local holder = holder_of(prefix, lease_id)
   for _, d in ipairs(devices) do
-    if redis.call('GET', prefix .. ':device:' .. d) ~= lease_id then return false end
+    if redis.call('GET', prefix .. ':device:' .. d) ~= holder then return false end
   end
   return true
 end
@@ -84,8 +89,17 @@ if call_id and call_id ~= '' then redis.call('SET', released, call_id, 'PX', 600
 redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[3], '*', 'event', 'release',
            'lease_id', lease_id, 'worker_id', worker_id,
            'job_id', redis.call('HGET', prefix .. ':lease:' .. lease_id, 'job_id'))
+local holder = lease_id
+local host = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'host')
+if host then  -- a share: the host's devices are freed with its last share
+  redis.call('SREM', prefix .. ':host:' .. host .. ':leases', lease_id)
+  if redis.call('SCARD', prefix .. ':host:' .. host .. ':leases') == 0 then
+    holder = host
+    redis.call('DEL', prefix .. ':host:' .. host)
+  end
+end
 for _, d in ipairs(lease_devices(prefix, lease_id)) do
-  if redis.call('GET', prefix .. ':device:' .. d) == lease_id then
+  if redis.call('GET', prefix .. ':device:' .. d) == holder then
     redis.call('DEL', prefix .. ':device:' .. d)
   end
 end
@@ -130,12 +144,13 @@ local key = prefix .. ':lease:' .. lease_id
 if redis.call('HGET', key, 'worker_id') ~= worker_id then return 0 end
 if redis.call('HGET', key, 'job_id') ~= job_id then return 0 end
 local devices = lease_devices(prefix, lease_id)
+local own = holder_of(prefix, lease_id)
 for _, d in ipairs(devices) do
   local holder = redis.call('GET', prefix .. ':device:' .. d)
-  if holder and holder ~= lease_id then return 0 end
+  if holder and holder ~= own then return 0 end
 end
 for _, d in ipairs(devices) do
-  redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+  redis.call('SET', prefix .. ':device:' .. d, own, 'PX', ttl_ms)
 end
 redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[6], '*', 'event', 'revive',
            'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id)
@@ -155,9 +170,10 @@ local prefix, lease_id, ttl_ms = ARGV[1], ARGV[2], ARGV[6]
 local key = prefix .. ':lease:' .. lease_id
 local devices = lease_devices(prefix, lease_id)
 if not devices then return 0 end
+local own = holder_of(prefix, lease_id)
 for _, d in ipairs(devices) do
   if ARGV[8] == '1' and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then
-    redis.call('SET', prefix .. ':device:' .. d, lease_id, 'PX', ttl_ms)
+    redis.call('SET', prefix .. ':device:' .. d, own, 'PX', ttl_ms)
   end
 end
 if redis.call('HEXISTS', key, 'drain_since') == 1 then return 1 end
@@ -226,3 +242,48 @@ for i, part in ipairs(parts) do
 end
 return out
 """
+
+
+# A share of a shared LoRA host: one of the ``slots`` sessions of host ``host_id`` on one device
+# of the worker. The host's device key holds the host id (not a lease id); each share is a lease
+# of its own (its job's, released as any) whose ``host`` field names it, live while the host
+# holds the device. The first share takes a free device for the host; the last share's release
+# frees it (RELEASE). ARGV: prefix, worker_id, job_id, host_id, slots, lease_id, ttl_ms, now,
+# history max. Returns the devices, or false (no free device for a new host; the host full, on
+# another worker, or its device lapsed).
+ACQUIRE_SHARE = (
+    LIVE_FN
+    + """
+local prefix, worker_id, job_id, host_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local slots, lease_id, ttl_ms, now = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local taken = redis.call('HGET', prefix .. ':lease:' .. lease_id, 'devices')
+if taken then return {taken} end  -- a retry after a lost reply: the same answer
+local host_key = prefix .. ':host:' .. host_id
+local members = host_key .. ':leases'
+local device = redis.call('HGET', host_key, 'devices')
+if device then
+  if redis.call('HGET', host_key, 'worker_id') ~= worker_id then return false end
+  if redis.call('GET', prefix .. ':device:' .. device) ~= host_id then return false end
+  if redis.call('SCARD', members) >= tonumber(redis.call('HGET', host_key, 'slots')) then
+    return false
+  end
+else
+  for _, d in ipairs(redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)) do
+    if not device and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then device = d end
+  end
+  if not device then return false end
+  redis.call('SET', prefix .. ':device:' .. device, host_id, 'PX', ttl_ms)
+  redis.call('HSET', host_key, 'worker_id', worker_id, 'devices', device, 'slots', slots)
+end
+redis.call('SADD', members, lease_id)
+redis.call('HSET', prefix .. ':lease:' .. lease_id, 'worker_id', worker_id, 'job_id', job_id,
+           'devices', device, 'created', now, 'host', host_id,
+           'slots', redis.call('HGET', host_key, 'slots'))
+redis.call('SADD', prefix .. ':worker:' .. worker_id .. ':leases', lease_id)
+redis.call('SADD', prefix .. ':leases', lease_id)
+redis.call('XADD', prefix .. ':history', 'MAXLEN', '~', ARGV[9], '*', 'event', 'acquire',
+           'lease_id', lease_id, 'job_id', job_id, 'worker_id', worker_id, 'devices', device,
+           'host', host_id)
+return {device}
+"""
+)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 
@@ -83,7 +84,7 @@ class Quotas:
             used, _ = await self._usage.tenant(tenant_id, period_s=period_s)
             held = await self._leases_by_tenant() if held is None else held
             running = sum(
-                (now - max(lease.created_unix_s, start)) * len(lease.device_ids)
+                (now - max(lease.created_unix_s, start)) * lease.share
                 for tenant, lease in held
                 if tenant == tenant_id
             )
@@ -99,11 +100,13 @@ class Quotas:
     async def devices_in_use(self) -> dict[str, int]:
         """Devices held by each tenant's jobs: every lease not yet released, also those of
         workers not connected now (a dropped stream, a scheduler restart), whose jobs keep
-        running and are adopted again when their worker re-announces them."""
-        held: dict[str, int] = {}
+        running and are adopted again when their worker re-announces them. A session on a
+        shared LoRA host holds its share of the host's device (1/slots): a tenant's shares add
+        up, and a part of a device counts as a whole one."""
+        held: dict[str, float] = {}
         for tenant, lease in await self._leases_by_tenant():
-            held[tenant] = held.get(tenant, 0) + len(lease.device_ids)
-        return held
+            held[tenant] = held.get(tenant, 0.0) + lease.share
+        return {tenant: math.ceil(round(n, 6)) for tenant, n in held.items()}
 
     async def _leases_by_tenant(self) -> list[tuple[str, Lease]]:
         """Every lease not yet released, with its job's tenant ("" for a job that is gone)."""

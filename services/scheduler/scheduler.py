@@ -85,6 +85,7 @@ class Scheduler:
         reconnect_grace_s: float = 0.0,
         drain_timeout_s: float = 60.0,
         state_intact: Callable[[], Awaitable[bool]] | None = None,
+        shared_lora_sessions: int = 0,
     ) -> None:
         self._jobs = stores.jobs
         self._queue = stores.queue
@@ -119,6 +120,7 @@ class Scheduler:
             self._sessions,
             unschedulable_after_s=unschedulable_after_s,
             placing=placing,
+            shared_lora_sessions=shared_lora_sessions,
         )
         self._recovery = WorkerRecovery(
             self._jobs,

@@ -175,6 +175,7 @@ async def running_scheduler(
             reconnect_grace_s=settings.reconnect_grace_s,
             drain_timeout_s=settings.drain_timeout_s,
             state_intact=state.confirm,
+            shared_lora_sessions=settings.shared_lora_sessions,
         )
         if state.lost:
             scheduler.suspend(lost_state_message())

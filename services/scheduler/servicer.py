@@ -358,6 +358,7 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
                 device_ids=list(command.device_ids),
                 job_token=command.job_token,
                 rendezvous=_rendezvous(command.rendezvous),
+                shared_host_id=command.host_id,
             )
         }
     if isinstance(command, StopCommand):

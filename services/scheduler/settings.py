@@ -59,6 +59,13 @@ class SchedulerSettings(BaseSettings):
         description="newest step/log events kept per job; older ones are trimmed (state "
         "changes are always kept)",
     )
+    shared_lora_sessions: int = Field(
+        0,
+        ge=0,
+        description="LoRA sessions of one base model that one shared trainer process (a host "
+        "on one device) serves, each holding 1/this of the device (shared_hosts.py); 0 = every "
+        "session a device and a trainer of its own",
+    )
     log_level: str = "INFO"
     # The HMAC key under which credentials are stored; made (mode 0600) if the file is missing.
     # Unset: a secret kept in Redis beside the digests (fine for one machine; set a file, kept

@@ -44,6 +44,7 @@ class LaunchCommand:
     device_ids: tuple[str, ...]
     job_token: str  # the attempt's own credential (identity.proto)
     rendezvous: Rendezvous | None = None  # only for a job spanning workers
+    host_id: str = ""  # a LoRA session placed on this shared host (shared_hosts.py)
 
 
 @dataclass(frozen=True)
