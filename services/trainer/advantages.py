@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from .agent_segments import rows_by_episode
 from .batch import Episode, row_positions
 from .estimators.gae import gae_advantages
 from .estimators.grpo import ADVANTAGE_EPS, flat_groups, group_advantages
@@ -54,14 +55,17 @@ def baseline_advantages(
     advantages_B = torch.zeros_like(returns_B)
     scales_B = torch.ones_like(returns_B)
     for members in _groups(episodes):
-        rewards_1_N = returns_B[members].unsqueeze(0)
+        # An agent episode sent as several segment rows is one member of its group.
+        at = rows_by_episode(members, episodes)
+        firsts = [members[at.index(k)] for k in range(max(at) + 1)]
+        rewards_1_N = returns_B[firsts].unsqueeze(0)
         if loss == "grpo":
-            advantages_B[members] = group_advantages(rewards_1_N)[0]
+            advantages_B[members] = group_advantages(rewards_1_N)[0][at]
             if not bool(flat_groups(rewards_1_N.double())):  # else no signal: scale 1
                 std = float(rewards_1_N.double().std(unbiased=False))
                 scales_B[members] = 1.0 / (std + ADVANTAGE_EPS)
         elif loss == "rloo":
-            advantages_B[members] = rloo_advantages(rewards_1_N)[0]
+            advantages_B[members] = rloo_advantages(rewards_1_N)[0][at]
         else:
             raise ValueError(f"no group baseline for loss {loss!r}")
     return advantages_B, scales_B

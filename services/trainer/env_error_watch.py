@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from opentinker.services.common.env_errors import EnvErrorWindow, env_error_line
 from opentinker.spec import RlConfig
 
+from .agent_segments import first_rows
 from .batch import CollectedBatch, Episode
 from .step_metrics import batch_env_errors
 
@@ -62,8 +63,9 @@ class EnvErrorWatch:
 
 def mixed_prompt_groups(episodes: Sequence[Episode]) -> list[int]:
     """The group indices (sorted) whose episodes do not all begin with the same prompt
-    tokens (per role in a multi-agent env, where each role has its own view)."""
+    tokens (per role in a multi-agent env, where each role has its own view; an agent
+    episode's first segment)."""
     prompts: dict[tuple[int, str], set[tuple[int, ...]]] = defaultdict(set)
-    for e in episodes:
+    for e in (episodes[i] for i in first_rows(episodes)):  # a later segment re-renders
         prompts[(e.group_index, e.role)].add(tuple(e.token_ids[: e.prompt_length]))
     return sorted({group for (group, _), seen in prompts.items() if len(seen) > 1})

@@ -16,6 +16,7 @@ from typing import Protocol
 from opentinker.errors import EnvironmentError_
 from opentinker.spec import RlConfig
 
+from .agent_segments import first_rows
 from .batch import CollectedBatch, Episode
 from .errors import WeightSyncError
 
@@ -73,7 +74,10 @@ def usable_episodes(
     expected = rl.prompts_per_step * rl.samples_per_prompt
     # A self-play game gives one trajectory per role that moved: count games then.
     roles = any(e.role for e in batch.episodes)
-    played = len({e.episode_id for e in batch.episodes}) if roles else len(batch.episodes)
+    # ... and an agent episode sent as segment rows counts once (agent_segments.py).
+    played = (
+        len({e.episode_id for e in batch.episodes}) if roles else len(first_rows(batch.episodes))
+    )
     if played != expected:
         what = "games" if roles else "trajectories"
         raise WeightSyncError(f"rollout returned {played} {what}, expected {expected}")

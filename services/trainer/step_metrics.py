@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from opentinker.services.common.env_errors import EnvErrorTally, env_error_metrics, tally
 from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
 
+from .agent_segments import first_rows
 from .batch import CollectedBatch, Episode
 from .role_metrics import role_reward_means
 from .training import TrainStats
@@ -60,6 +61,8 @@ def step_metrics(
     off_policy_lag: int = 0,
 ) -> dict[str, float]:
     """Every figure one step reports (names are part of the event stream's contract)."""
+    rows = episodes  # an agent episode's segment rows count once below (agent_segments.py)
+    episodes = [rows[i] for i in first_rows(rows)]
     rewards = [e.reward for e in episodes]
     reward_mean = sum(rewards) / len(rewards)
     # Generation and env work the trainer waited for (all of it when strictly on-policy; with
@@ -81,8 +84,7 @@ def step_metrics(
         # Accounted per job and tenant by the scheduler (quotas.py reads these names).
         "tokens_generated": float(batch.generated_tokens),
         "tokens_trained": float(stats.trained_tokens),
-        "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in episodes)
-        / len(episodes),
+        "completion_len_mean": sum(len(e.token_ids) - e.prompt_length for e in rows) / len(rows),
         "episodes": float(len(episodes)),
         # env_errors, env_error_frac, env_errors/<kind> (common/env_errors.py)
         **env_error_metrics(batch_env_errors(batch)),
@@ -110,11 +112,13 @@ def step_metrics(
 def batch_env_errors(batch: CollectedBatch) -> EnvErrorTally:
     """The batch's ENV_ERROR episodes: how many of all, their kinds, the first reason."""
     failed = [e.finish_detail for e in batch.episodes if e.env_error]
-    return tally(failed, len(batch.episodes))
+    return tally(failed, len(first_rows(batch.episodes)))
 
 
 def agent_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Agent-program jobs: ``agent_rewrites``, the calls of the batch that could not continue
-    their episode's token segment (the agent rewrote its conversation; not trained on)."""
-    rewrites = [e.agent_rewrites for e in episodes if e.agent_rewrites is not None]
+    their episode's token segment (the agent rewrote its conversation; each segment is a row
+    of its own), counted once per episode."""
+    once = [episodes[i] for i in first_rows(episodes)]
+    rewrites = [e.agent_rewrites for e in once if e.agent_rewrites is not None]
     return {"agent_rewrites": float(sum(rewrites))} if rewrites else {}
