@@ -119,16 +119,21 @@ class AgentLoop:
         await asyncio.gather(*(self._close(ep) for ep in ready.episodes))
 
     async def run(
-        self, requests: Sequence[EpisodeRequest] | ResetEpisodes, *, seed: int
+        self,
+        requests: Sequence[EpisodeRequest] | ResetEpisodes,
+        *,
+        seed: int,
+        every_segment: bool = False,
     ) -> tuple[list[Trajectory], RolloutStats]:
         """Play every episode to the end (``ResetEpisodes``: from their reset ahead); ``seed``
-        fixes the sampling of every round.
+        fixes the sampling of every round. ``every_segment`` (training): an agent-program
+        episode whose conversation the agent rewrote gives a trajectory per token segment.
 
         An env with roles plays each episode as a self-play game: one trajectory per role."""
         if self.agent_programs is not None:
             if isinstance(requests, ResetEpisodes):
                 requests = [ep.request for ep in requests.episodes]
-            return await self.agent_programs.run(requests, seed=seed)
+            return await self.agent_programs.run(requests, seed=seed, every_segment=every_segment)
         if isinstance(requests, ResetEpisodes):
             episodes = requests.episodes
         elif self.multi_agent is not None:

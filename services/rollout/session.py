@@ -155,6 +155,7 @@ class RolloutSession:
         trajectories, stats = await self._loop.run(
             ready or batch_requests(config, envhub, key),
             seed=derive_seed(config.seed, "sample", batch_index),
+            every_segment=True,  # a rewritten agent conversation trains all its segments
         )
         if envhub.gone is not None:  # EnvHub stayed away: say so, not "N episodes failed"
             raise envhub.gone

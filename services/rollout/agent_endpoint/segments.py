@@ -10,8 +10,9 @@ segment's conversation: every earlier message equal (role, text, tool calls) and
 assistant message exactly the reply the endpoint returned for it, so the ids of that reply
 are the sampled ones, never the text re-tokenized. Otherwise (the agent rewrote, dropped or
 invented a message, or changed its tools) the call starts a new segment from the whole
-conversation rendered afresh, and ``rewrites`` counts it. The episode trains on its last
-segment (the one that led to the answer); earlier ones are counted, not trained on.
+conversation rendered afresh, and ``rewrites`` counts it. Every segment trains: each becomes
+a trajectory of its own with the episode's reward (episodes.py), so each model turn is
+trained once, in the segment that sampled it.
 """
 
 from __future__ import annotations
