@@ -157,6 +157,10 @@ def test_each_step_reports_its_env_errors_kinds_and_first_reason(
         for k in kinds:
             kinds[k] += s.metrics[f"env_errors/{k}"]
     assert all(n >= 1 for n in kinds.values()), kinds  # 4 failures: the 3 ways in turn
+    # Each step's first reason travels in its StepMetrics (env_error_reason), as recorded.
+    ways = ("flaky fell over in episode", "non-finite", "max_observation_chars")
+    for s in steps:
+        assert any(way in s.env_error_reason for way in ways), s.env_error_reason
     lines = [log.message for log in scheduler.of("log")]
     assert any(line.startswith("env 'flaky': 2 of 8 episodes failed in step 1") for line in lines)
     assert any("first: " in line and "flaky fell over in episode" in line for line in lines)
@@ -381,6 +385,31 @@ def test_an_env_that_keeps_its_seed_has_no_mixed_groups() -> None:
     assert mixed_prompt_groups(same) == []
     assert mixed_prompt_groups([*same, ep(1, [4])]) == [1]
     assert mixed_prompt_groups([ep(0, [1], "white"), ep(0, [2], "black")]) == []  # roles differ
+
+
+def test_tail_and_console_show_the_first_reason_from_the_step_metric() -> None:
+    from rich.console import Console
+
+    from opentinker.common.v1 import common_pb2
+    from opentinker.console import format_event
+    from opentinker.jobs import JobEvent
+    from opentinker.live_view import TailView
+
+    reason = "environment 'flaky' raised: [out] of cheese"  # brackets: not rich markup
+    wire = common_pb2.JobEvent(seq=1, step=common_pb2.StepMetrics(step=1, env_error_reason=reason,
+        metrics={"episodes": 6.0, "env_errors": 2.0, "env_error_frac": 0.25}))  # fmt: skip
+    event = JobEvent.from_proto(common_pb2.JobEvent.FromString(wire.SerializeToString()))
+    assert event.env_error_reason == reason
+    console = Console(width=200, record=True)
+    console.print(format_event(event))
+    assert f"env errors 2 (25%) first: {reason}" in console.export_text()
+    view = TailView(job_id="j1", step_budget=3, kind="RL")
+    view.update(event)  # no log line needed
+    console = Console(width=200, record=True)
+    console.print(view.render())
+    assert f"env errors 2 (25%) — first: {reason}" in console.export_text()
+    quiet = JobEvent.from_proto(common_pb2.JobEvent(seq=2, step=common_pb2.StepMetrics(step=2)))
+    assert quiet.env_error_reason == "" and "first" not in format_event(quiet)
 
 
 def test_fits_console_prints_env_errors_with_the_first_reason() -> None:

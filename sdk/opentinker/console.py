@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from rich.console import Console, JustifyMethod
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -98,9 +99,10 @@ def format_event(event: JobEvent) -> str:
         parts += [
             fmt.format(event.metrics[key]) for key, fmt in STEP_COLUMNS if key in event.metrics
         ]
-        if errors := event.metrics.get("env_errors"):  # the first reason: the log line beside
+        if errors := event.metrics.get("env_errors"):
             share = event.metrics.get("env_error_frac", 0.0)
-            parts.append(f"[red]env errors {errors:.0f} ({share:.0%})[/]")
+            first = f" first: {escape(event.env_error_reason)}" if event.env_error_reason else ""
+            parts.append(f"[red]env errors {errors:.0f} ({share:.0%})[/]{first}")
         return "  ".join(parts)
     if event.kind == "row":
         r = event.row

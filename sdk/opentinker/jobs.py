@@ -83,7 +83,8 @@ class JobEvent:
     """One entry of a job's event stream.
 
     kind "state": ``state``/``reason`` set; kind "step": ``step``, ``policy_version`` and
-    ``metrics`` (seconds for ``time_*``, per second for rates); kind "log": ``message``;
+    ``metrics`` (seconds for ``time_*``, per second for rates), ``env_error_reason`` (the
+    step's first env error, '' when none); kind "log": ``message``;
     kind "row": ``row``, one episode of an inference job (fields: common.proto ResultRow).
     """
 
@@ -97,6 +98,7 @@ class JobEvent:
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
     row: dict[str, Any] = field(default_factory=dict)
+    env_error_reason: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -122,6 +124,7 @@ class JobEvent:
                 step=ev.step.step,
                 policy_version=ev.step.policy_version,
                 metrics=dict(ev.step.metrics),
+                env_error_reason=ev.step.env_error_reason,
             )
         if which == "row":
             return cls(seq, at, kind="row", row=json.loads(ev.row.json))

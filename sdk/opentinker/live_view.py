@@ -73,6 +73,7 @@ class TailView:
                 self.rewards.append(event.metrics["reward_mean"])
             errors = int(event.metrics.get("env_errors", 0))
             self.env_errors += errors
+            self.first_env_error = self.first_env_error or event.env_error_reason
             self.episodes += int(event.metrics.get("episodes", 0)) + errors
         elif event.kind == "row":
             self.episodes += 1

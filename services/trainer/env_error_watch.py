@@ -27,6 +27,7 @@ class EnvErrorNews:
     failure: str
     metrics: dict[str, float] = field(default_factory=dict)  # groups_prompt_mismatch
     warning: str = ""  # the first step with mixed-prompt groups
+    reason: str = ""  # the step's first env error (StepMetrics.env_error_reason); '' = none
 
 
 class EnvErrorWatch:
@@ -58,6 +59,7 @@ class EnvErrorWatch:
             self._window.add(t, final=step >= self._steps),
             {"groups_prompt_mismatch": float(len(mixed))},
             warning,
+            t.first_reason,
         )
 
 

@@ -32,7 +32,11 @@ class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):
 
 class ProgressReporter(Protocol):
     async def report_step(
-        self, step: int, policy_version: int, metrics: Mapping[str, float]
+        self,
+        step: int,
+        policy_version: int,
+        metrics: Mapping[str, float],
+        env_error_reason: str = "",
     ) -> bool: ...
 
     async def report_result(

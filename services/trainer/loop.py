@@ -254,7 +254,7 @@ class RlLoop:
             if line:
                 self.log.warning("env_trouble", step=self.step, message=line)
                 await self.reporter.report_log(line)
-        await self._publish(metrics, loss=stats.loss)
+        await self._publish(metrics, loss=stats.loss, env_error_reason=env_errors.reason)
         if env_errors.failure:  # the step's figures reach the event stream first
             await self.reports.flush()
             raise EnvironmentError_(env_errors.failure)
@@ -278,7 +278,9 @@ class RlLoop:
         self._rng_after_update = (self.step + 1, checkpoints.rng_state())
         return stats
 
-    async def _publish(self, metrics: dict[str, float], *, loss: float) -> None:
+    async def _publish(
+        self, metrics: dict[str, float], *, loss: float, env_error_reason: str = ""
+    ) -> None:
         """Keep the step's figures (reward history, status) and report them in the background."""
         reward_mean = metrics["reward_mean"]
         self.rewards.append(reward_mean)
@@ -295,7 +297,8 @@ class RlLoop:
             loss=round(loss, 5),
             time_step_s=round(metrics["time_step_s"], 3),
         )
-        await self.reports.put(self.step, self.policy_version, metrics)  # sent in the background
+        # Sent in the background, with the step's first env error (StepMetrics.env_error_reason).
+        await self.reports.put(self.step, self.policy_version, metrics, env_error_reason)
 
     def _set_learning_rate(self) -> float:
         """The LR of this step's update from the schedule (a function of the step alone, so a

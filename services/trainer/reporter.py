@@ -62,10 +62,20 @@ class SchedulerReporter:
         self._log = log.bind(job_id=job_id, attempt=attempt, scheduler=address)
 
     async def report_step(
-        self, step: int, policy_version: int, metrics: Mapping[str, float]
+        self,
+        step: int,
+        policy_version: int,
+        metrics: Mapping[str, float],
+        env_error_reason: str = "",
     ) -> bool:
-        """Report one step's metrics; True when the scheduler says stop (cancelled/superseded)."""
-        pb = common_pb2.StepMetrics(step=step, policy_version=policy_version, metrics=dict(metrics))
+        """Report one step's metrics (and its first env error's reason, '' = none); True when
+        the scheduler says stop (cancelled/superseded)."""
+        pb = common_pb2.StepMetrics(
+            step=step,
+            policy_version=policy_version,
+            metrics=dict(metrics),
+            env_error_reason=env_error_reason,
+        )
         return await self._report(scheduler_pb2.ReportJobProgressRequest(step=pb))
 
     async def report_result(self, checkpoint_uri: str, final_metrics: Mapping[str, float]) -> None:

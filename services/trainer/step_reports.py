@@ -13,9 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
+from typing import Protocol
 
-StepReport = Callable[[int, int, Mapping[str, float]], Awaitable[bool]]
+
+class StepReport(Protocol):
+    """A reporter's ``report_step``: True when the scheduler says stop."""
+
+    def __call__(
+        self,
+        step: int,
+        policy_version: int,
+        metrics: Mapping[str, float],
+        env_error_reason: str = "",
+    ) -> Awaitable[bool]: ...
+
 
 _CLOSE = None  # the queue's end marker
 
@@ -25,7 +37,7 @@ class BackgroundStepReports:
 
     def __init__(self, report_step: StepReport, *, max_pending: int = 4) -> None:
         self._report_step = report_step
-        self._queue: asyncio.Queue[tuple[int, int, dict[str, float]] | None] = asyncio.Queue(
+        self._queue: asyncio.Queue[tuple[int, int, dict[str, float], str] | None] = asyncio.Queue(
             maxsize=max_pending
         )
         self._stop = False
@@ -39,13 +51,19 @@ class BackgroundStepReports:
             raise self._error
         return self._stop
 
-    async def put(self, step: int, policy_version: int, metrics: Mapping[str, float]) -> None:
+    async def put(
+        self,
+        step: int,
+        policy_version: int,
+        metrics: Mapping[str, float],
+        env_error_reason: str = "",
+    ) -> None:
         """Queue one step's report (waits while ``max_pending`` are queued)."""
         if self._sender is None:
             self._sender = asyncio.create_task(self._send_all())
         if self._stop or self._error is not None:
             return
-        await self._queue.put((step, policy_version, dict(metrics)))
+        await self._queue.put((step, policy_version, dict(metrics), env_error_reason))
 
     async def flush(self) -> bool:
         """Wait until every queued report was answered; returns stop_requested."""
@@ -68,6 +86,9 @@ class BackgroundStepReports:
             if self._stop or self._error is not None:
                 continue  # drain what was queued behind a stop or a failure
             try:
-                self._stop = await self._report_step(*report)
+                step, version, metrics, reason = report
+                self._stop = await self._report_step(
+                    step, version, metrics, env_error_reason=reason
+                )
             except Exception as err:  # noqa: BLE001 - raised in the loop at the next boundary
                 self._error = err

@@ -53,11 +53,16 @@
       timeChart.data.datasets[i].data.push(ev.metrics[name] ?? 0);
     });
     document.getElementById("job-step").textContent = ev.step;
-    if (ev.metrics.env_errors) {  // the first reason arrives as the trainer's log line
+    if (ev.metrics.env_errors) {  // the first reason: the step's env_error_reason
       envErrors += ev.metrics.env_errors;
       const shown = document.getElementById("job-env-errors");
       shown.textContent = envErrors;
       shown.className = "state FAILED";
+      const first = document.getElementById("job-env-error-first");
+      if (ev.env_error_reason && first.hidden) {
+        first.textContent = `first env error (step ${ev.step}): ${ev.env_error_reason}`;
+        first.hidden = false;
+      }
     }
     if (ev.metrics.reward_mean != null) {  // null: not a finite number (NaN)
       document.getElementById("job-reward").textContent = ev.metrics.reward_mean.toFixed(3);

@@ -411,7 +411,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., created_unix_s: _Optional[float] = ..., updated_unix_s: _Optional[float] = ..., attempt: _Optional[int] = ..., worker_id: _Optional[str] = ..., checkpoint_uri: _Optional[str] = ..., final_metrics: _Optional[_Mapping[str, float]] = ..., tenant_id: _Optional[str] = ..., owner_user_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., queue_position: _Optional[int] = ..., queue_reason: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "policy_version", "metrics")
+    __slots__ = ("step", "policy_version", "metrics", "env_error_reason")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -422,10 +422,12 @@ class StepMetrics(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    env_error_reason: str
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., env_error_reason: _Optional[str] = ...) -> None: ...
 
 class StateChange(_message.Message):
     __slots__ = ("state", "reason")
