@@ -23,10 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import verifiers as vf
-from verifiers.clients import Client
-from verifiers.types import Response, ResponseMessage, ToolCall
 
-from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls
+from opentinker.services.envhub.adapters.verifiers04 import require_classic_verifiers
+
+# verifiers 0.4 keeps only __version__ at its root: say so before its missing modules do.
+require_classic_verifiers(getattr(vf, "__version__", "0"))
+
+from verifiers.clients import Client  # noqa: E402 - after the version check above
+from verifiers.types import Response, ResponseMessage, ToolCall  # noqa: E402
+
+from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls  # noqa: E402
 
 POLICY_MODEL = "opentinker-policy"  # the model name verifiers records; the policy is ours
 
