@@ -44,6 +44,7 @@ from opentinker.services.worker.rendezvous import rendezvous_env
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.shared_rollouts import SharedRollouts
 from opentinker.services.worker.spares import SparePool
+from opentinker.services.worker.trainer_hosts import TrainerHosts
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +77,7 @@ class WorkerAgent:
         self.spares = (
             SparePool(settings, self._thread_env) if settings.warm_spares > 0 and own_uid else None
         )
+        self.trainer_hosts = TrainerHosts(settings)  # used for sessions the scheduler hosts
         self.shared_rollouts = (
             SharedRollouts(settings, {**os.environ, "PYTHONUNBUFFERED": "1", **self._thread_env})
             if settings.shared_lora_capacity > 0 and own_uid
@@ -130,6 +132,7 @@ class WorkerAgent:
                 await self.spares.close()
             if self.shared_rollouts is not None:
                 await self.shared_rollouts.close()
+            await self.trainer_hosts.close()
 
     async def _drop(self, connection: _Connection) -> None:
         if self._connection is connection:
@@ -176,9 +179,15 @@ class WorkerAgent:
             settings=self.settings,
             on_launched=lambda: self._launched(key),
             spares=self.spares,
-            extra_env={**self._thread_env, **rendezvous_env(launch)},
+            extra_env={
+                **self._thread_env,
+                **rendezvous_env(
+                    launch, local_host=self.settings.rendezvous_host or self.settings.hostname
+                ),
+            },
             shared=self.shared_rollouts,
             user=self.job_users.take(key),
+            hosted=(self.trainer_hosts, launch),
         )
         holders = holders_of(run, self.held.runs, self.shared_rollouts)  # e.g. still stopping
         task = asyncio.create_task(self._run_and_report(key, run, holders))
