@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -32,8 +33,9 @@ from ..reporter import SchedulerReporter, report_failure_logged
 from ..rollout_address import RolloutAddress
 from ..settings import TrainerSettings
 from .auth import SessionAuthenticator
+from .host import SharedLoraHost
 from .sampler import SessionSampler
-from .training_session import TrainingSession
+from .training_session import RunWork, TrainingSession
 
 log = structlog.get_logger(__name__)
 
@@ -51,14 +53,25 @@ async def run_session(
     reporter: SchedulerReporter,
     serve: ServeSession,
     preload: Preload | None = None,
+    host: SharedLoraHost | None = None,
 ) -> int:
-    """Run the session to its end; the process exit code (0 when closed or idle, 1 failed)."""
+    """Run the session to its end; the process exit code (0 when closed or idle, 1 failed).
+    ``host``: a shared LoRA host the session joins (its adapter on the host's base, its model
+    work in its turns there: host_process.py) instead of loading a policy of its own."""
     job = launch.job
     job_log = log.bind(job_id=job.job_id, attempt=job.attempt)
     config = spec.session or SessionConfig()
+    run_work: RunWork | None = None
     try:
-        policy = await _load_policy(spec, config, settings, preload)
-    except (OSError, ValueError) as err:
+        if host is None:
+            policy = await _load_policy(spec, config, settings, preload)
+        else:
+            tenant = await asyncio.to_thread(
+                host.add_session, job.job_id, spec.model, seed=config.seed
+            )
+            policy = tenant  # type: ignore[assignment]  # a Policy's duck: host_tenant.py
+            run_work = functools.partial(host.run, job.job_id)
+    except (OSError, ValueError, OpenTinkerError) as err:
         reason = f"could not load model {spec.model.base_model!r}: {type(err).__name__}: {err}"
         return await _fail(reporter, reason, job_log)
     try:  # the rollout may still be starting (worker/job_run.py): its address comes now
@@ -85,7 +98,9 @@ async def run_session(
                 timeout_s=settings.open_timeout_s,
             )
             first = await sampler.publish(policy, timeout_s=settings.weight_sync_timeout_s)
-            session = _training_session(launch, policy, sampler, config, settings, reporter)
+            session = _training_session(
+                launch, policy, sampler, config, settings, reporter, run_work
+            )
             session.keep_snapshot(first)  # version 1, the starting weights, as every later
             server, port = await serve(settings, session, _authenticator(launch, identity_channel))
             try:
@@ -105,6 +120,7 @@ def _training_session(
     config: SessionConfig,
     settings: TrainerSettings,
     reporter: SchedulerReporter,
+    run_work: RunWork | None,
 ) -> TrainingSession:
     job = launch.job
     checkpoint_dir = Path(launch.checkpoint_dir or Path(launch.run_dir) / "checkpoints")
@@ -117,6 +133,7 @@ def _training_session(
         checkpoint_root=checkpoint_dir.resolve().parent,  # every job's folder is in it
         settings=settings,
         report_step=reporter.report_step,
+        run_work=run_work,
     )
 
 
