@@ -295,7 +295,12 @@ class Dispatcher:
             session.lora_bases[(job_id, job.attempt)] = base
         session.send(
             LaunchCommand(
-                job=job, lease_id=lease_id, device_ids=device_ids, job_token=token, host_id=host_id
+                job=job,
+                lease_id=lease_id,
+                device_ids=device_ids,
+                job_token=token,
+                host_id=host_id,
+                host_slots=self.shared_lora_sessions if host_id else 0,
             )
         )
         log.info("job_launching", job_id=job_id, attempt=job.attempt, worker_id=session.worker_id)

@@ -268,7 +268,8 @@ if device then
     return false
   end
 else
-  for _, d in ipairs(redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)) do
+  local offered = redis.call('LRANGE', prefix .. ':worker:' .. worker_id .. ':devices', 0, -1)
+  for _, d in ipairs(offered) do
     if not device and redis.call('EXISTS', prefix .. ':device:' .. d) == 0 then device = d end
   end
   if not device then return false end

@@ -359,6 +359,7 @@ def _command_fields(command: WorkerCommand) -> dict[str, object]:
                 job_token=command.job_token,
                 rendezvous=_rendezvous(command.rendezvous),
                 shared_host_id=command.host_id,
+                shared_host_slots=command.host_slots,
             )
         }
     if isinstance(command, StopCommand):

@@ -45,6 +45,7 @@ class LaunchCommand:
     job_token: str  # the attempt's own credential (identity.proto)
     rendezvous: Rendezvous | None = None  # only for a job spanning workers
     host_id: str = ""  # a LoRA session placed on this shared host (shared_hosts.py)
+    host_slots: int = 0  # the sessions that host takes
 
 
 @dataclass(frozen=True)

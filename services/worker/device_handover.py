@@ -39,12 +39,15 @@ Say = Callable[..., Awaitable[None]]  # the worker's stream: say(waiting=JobWait
 def holders_of(
     run: JobRun, runs: Mapping[AttemptKey, HeldRun], shared: SharedRollouts | None
 ) -> Holders:
-    """The runs here, and the shared GPU rollouts ``run`` would not join, on its devices."""
+    """The runs here, and the shared GPU rollouts ``run`` would not join, on its devices.
+    Sessions of one shared LoRA host share its device by design (trainer_hosts.py): they do
+    not wait for each other."""
     wanted = set(run.device_ids)
     holders: Holders = {
         f"{job_id}/{attempt}": held.task
         for (job_id, attempt), held in runs.items()
         if wanted & set(held.run.device_ids)
+        and not (run.host_id and held.run.host_id == run.host_id)
     }
     if shared is not None:
         holders.update(shared.make_way(run.job, run.device_ids))

@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 
 from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
 from opentinker.services.common.spare import Handover
@@ -50,6 +51,7 @@ from opentinker.services.worker.shared_rollouts import SharedRollouts, shares_en
 from opentinker.services.worker.spares import SparePool
 from opentinker.services.worker.spec_paths import refused_path
 from opentinker.services.worker.supervisor import ManagedProcess, last_meaningful_line
+from opentinker.services.worker.trainer_hosts import HostedTrainer, HostStartError, TrainerHosts
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +64,7 @@ REAP_S = 1.0
 
 
 # A job's process: started for it, or a spare handed it (reusable.py when it may be kept)
-Proc = ManagedProcess | JobProcess
+Proc = ManagedProcess | JobProcess | HostedTrainer
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class JobRun:
         extra_env: dict[str, str] | None = None,
         shared: SharedRollouts | None = None,
         user: JobUser | None = None,
+        hosted: tuple[TrainerHosts, scheduler_pb2.LaunchJob] | None = None,
     ) -> None:
         """shared: the node's shared rollouts, which a LoRA job joins when one has room.
         user: the uid this job's processes run as (job_user.py); None: the agent's."""
@@ -105,14 +108,18 @@ class JobRun:
         self._spares = spares
         self._shared = shared
         self._user = user
-        if user is not None:  # spares and shared rollouts run as the agent: not for this job
-            self._spares, self._shared = None, None
+        # A LoRA session the scheduler placed on a shared LoRA host (trainer_hosts.py): the
+        # node's hosts and the launch naming it; None: a trainer of its own.
+        self._hosted = hosted if hosted is not None and hosted[1].shared_host_id else None
+        if user is not None:  # spares, shared rollouts and hosts run as the agent: not for it
+            self._spares, self._shared, self._hosted = None, None, None
             self.settings = settings.model_copy(
                 update={
                     "trainer_command": user.command(settings.trainer_command),
                     "rollout_command": user.command(settings.rollout_command),
                 }
             )
+        self.host_id = self._hosted[1].shared_host_id if self._hosted is not None else ""
         extra_env = extra_env or {}
         # A multi-worker job's rendezvous.py variables go to the trainer ranks only.
         self._rendezvous = {k: v for k, v in extra_env.items() if k in RENDEZVOUS_KEYS}
@@ -194,6 +201,8 @@ class JobRun:
             trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
             await self._on_launched()
             return await self._supervise(None, trainer)
+        if self._hosted is not None:
+            return await self._train_hosted(launch_path, env, handover)
         if self.job.spec.kind == common_pb2.JOB_KIND_SFT:  # the trainer alone: no rollout
             trainer = await self._start_trainer(launch_path, env, handover, rollout_address=None)
             await self._on_launched()
@@ -252,6 +261,39 @@ class JobRun:
             return ended  # run() ends both processes
         await self._on_launched()
         return await self._supervise(rollout, trainer)
+
+    async def _train_hosted(
+        self, launch_path: Path, env: dict[str, str], handover: Handover
+    ) -> Exit:
+        """Its rollout, and its trainer on the node's shared LoRA host (started if it is not
+        running; ended after its last session): watched as a trainer process of its own."""
+        assert self._hosted is not None
+        hosts, launch = self._hosted
+        rollout = await self._start(
+            "rollout", [*self.settings.rollout_command, "--launch", str(launch_path)], env, handover
+        )
+        try:
+            host = await hosts.join(
+                launch.shared_host_id,
+                base_model=self.job.spec.model.base_model,
+                device_ids=self.device_ids,
+                slots=launch.shared_host_slots,
+                env=env,
+            )
+        except HostStartError as err:
+            return Exit(-1, str(err))
+        try:
+            trainer = HostedTrainer(host, (self.run_dir / "trainer.log").resolve())
+            trainer.open(launch_path.resolve(), self._addr_path)
+            self._processes.append(trainer)
+            self.log.info("hosted_session", host_id=host.host_id, host_pid=host.process.pid)
+            ended = await self._wait_for_rollout_address(rollout, trainer)
+            if ended is None:
+                await self._on_launched()
+                ended = await self._supervise(rollout, trainer)
+            return Exit(-1, trainer.lost) if trainer.lost else ended
+        finally:
+            await hosts.leave(host)
 
     @property
     def _addr_path(self) -> Path:

@@ -322,20 +322,22 @@ class WorkerRegistered(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., lease_ttl_s: _Optional[float] = ...) -> None: ...
 
 class LaunchJob(_message.Message):
-    __slots__ = ("job", "lease_id", "device_ids", "job_token", "rendezvous", "shared_host_id")
+    __slots__ = ("job", "lease_id", "device_ids", "job_token", "rendezvous", "shared_host_id", "shared_host_slots")
     JOB_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     SHARED_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARED_HOST_SLOTS_FIELD_NUMBER: _ClassVar[int]
     job: _common_pb2.Job
     lease_id: str
     device_ids: _containers.RepeatedScalarFieldContainer[str]
     job_token: str
     rendezvous: MultiNodeRendezvous
     shared_host_id: str
-    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ..., rendezvous: _Optional[_Union[MultiNodeRendezvous, _Mapping]] = ..., shared_host_id: _Optional[str] = ...) -> None: ...
+    shared_host_slots: int
+    def __init__(self, job: _Optional[_Union[_common_pb2.Job, _Mapping]] = ..., lease_id: _Optional[str] = ..., device_ids: _Optional[_Iterable[str]] = ..., job_token: _Optional[str] = ..., rendezvous: _Optional[_Union[MultiNodeRendezvous, _Mapping]] = ..., shared_host_id: _Optional[str] = ..., shared_host_slots: _Optional[int] = ...) -> None: ...
 
 class MultiNodeRendezvous(_message.Message):
     __slots__ = ("master_addr", "master_port", "world_size", "rank_start", "node_rank", "num_nodes")
