@@ -101,6 +101,16 @@ def leave_group(*, peers_alive: bool) -> None:
     dist.destroy_process_group()
 
 
+def group_broke(err: BaseException) -> bool:
+    """True when ``err`` is the job's process group failing under a rank, not the job's own
+    fault: a peer rank died, hung past the timeout, or its node left the network (the node
+    was lost). torch raises those as ``DistError`` (NCCL, the rendezvous store), or, for
+    gloo's transport, as a plain RuntimeError naming it ("[.../gloo/transport/tcp/pair.cc:537]
+    Read error [10.0.0.2]:40848: Connection reset by peer"). Such an attempt is lost and the
+    job re-queued (exit_codes.RETRY_LATER), as when a rank of one worker is killed."""
+    return isinstance(err, dist.DistError) or "gloo/transport/" in str(err)
+
+
 def shard_policy(policy: Policy) -> None:
     """Shard ``policy``'s model over the process group with FSDP2 and rebuild its AdamW over
     the sharded parameters (same hyperparameters).

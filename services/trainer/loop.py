@@ -26,6 +26,7 @@ from . import checkpoints
 from .batch import Episode
 from .batch_work import UpdateConfig
 from .critic import Critic
+from .distributed import group_broke
 from .env_error_watch import EnvErrorWatch
 from .errors import CheckpointError
 from .job_types import (
@@ -133,6 +134,13 @@ class RlLoop:
         except OpenTinkerError as err:
             return await self._fail(str(err))
         except Exception as err:  # a bug or a torch error: still a reported, clean failure
+            if group_broke(err):  # another rank, or its node, was lost: not the job's fault
+                self.log.warning("rank_group_broke", error=str(err)[:500])
+                reason = (
+                    f"the job's ranks lost each other at step {self.step + 1} (a rank or its "
+                    f"node died, hung or left the network): {type(err).__name__}: {err}"
+                )
+                return await self._fail(reason, Outcome.RETRY_LATER)
             self.log.exception("trainer_crashed")
             return await self._fail(
                 f"trainer error at step {self.step + 1}: {type(err).__name__}: {err}"

@@ -14,12 +14,13 @@ import os
 import structlog
 
 from opentinker.errors import ConfigError
+from opentinker.services.common.exit_codes import RETRY_LATER
 from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.modeling.placement import placement_here
 from opentinker.spec import JobSpec, from_proto
 
-from .distributed import Rank, init_rank, leave_group, shard_policy
+from .distributed import Rank, group_broke, init_rank, leave_group, shard_policy
 from .policy import Policy
 from .ranks import LeaderPolicy, check_data_parallel, follow
 from .settings import TrainerSettings
@@ -63,7 +64,10 @@ def release(leader: LeaderPolicy) -> None:
 
 async def run_follower(launch: LaunchConfig, settings: TrainerSettings, me: Rank) -> int:
     """A follower's whole process: 0 when rank 0 released it (also when the job cannot run
-    on several ranks: rank 0 reports why), 1 when the group broke."""
+    on several ranks: rank 0 reports why); exit_codes.RETRY_LATER when the group broke under
+    it (rank 0 died, hung, or its node was lost: the attempt is lost, the job re-queued;
+    rank 0 releases its followers whenever it ends by itself, failed or not); 1 when this
+    rank failed by itself."""
     rank_log = log.bind(job_id=launch.job.job_id, rank=me.rank, world_size=me.world_size)
     try:
         spec = from_proto(launch.job.spec)
@@ -80,7 +84,7 @@ async def run_follower(launch: LaunchConfig, settings: TrainerSettings, me: Rank
         released = True
     except Exception as err:  # a peer died or timed out: say so and end this rank
         rank_log.error("rank_failed", error=f"{type(err).__name__}: {err}")
-        return 1
+        return RETRY_LATER if group_broke(err) else 1
     finally:  # the sharded policy died with _follow_job: the group goes with it
         await asyncio.to_thread(leave_group, peers_alive=released)
     return 0
