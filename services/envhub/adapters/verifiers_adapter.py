@@ -15,11 +15,18 @@ from opentinker.services.envhub.adapters.serve_args import (
     add_serving_args,
     serve_from_args,
 )
-from opentinker.services.envhub.adapters.verifiers_game import (
-    VerifiersGame,
-    VerifiersSource,
-    load_environment,
-)
+from opentinker.services.envhub.adapters.verifiers04 import VerifiersVersionError
+
+try:
+    from opentinker.services.envhub.adapters.verifiers_game import (
+        VerifiersGame,
+        VerifiersSource,
+        load_environment,
+    )
+except VerifiersVersionError as err:  # verifiers 0.4 installed: say what to use, no traceback
+    if __name__ != "__main__":
+        raise
+    sys.exit(f"opentinker serve verifiers-adapter: {err}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
