@@ -81,6 +81,14 @@ def test_two_tenants_lora_sessions_share_the_one_device(
         for waiting in (full, third, other_base):  # no whole device, no slot, no host of it
             assert (await stores.jobs.get(waiting.job_id)).state == common_pb2.JOB_STATE_QUEUED
         assert await scheduler.dispatch() == 0
+        # The workers' view: the device held by the host, its sessions and its room; each
+        # tenant sees only its own session there
+        for tenant, mine in (("acme", a.job_id), ("globex", b.job_id), ("initech", "")):
+            [status], _ = await scheduler.overview.workers(tenant=tenant)
+            [device] = status.devices
+            assert device.leased and device.shared_host_id == ca.host_id
+            assert (device.hosted_sessions, device.host_slots) == (2, 2)
+            assert device.job_id == mine
 
         # Each share is charged half of the device's seconds
         await asyncio.sleep(0.5)

@@ -40,18 +40,23 @@ class Overview:
     async def _worker(
         self, session: WorkerSession, tenant: str | None
     ) -> scheduler_pb2.WorkerStatus:
-        held: dict[str, Lease] = {}
+        held: dict[str, list[Lease]] = {}  # device -> its lease (a shared host's: its shares)
         for taken in await self._ledger.leases(session.worker_id):
-            held.update(dict.fromkeys(taken.device_ids, taken))
+            for device_id in taken.device_ids:
+                held.setdefault(device_id, []).append(taken)
         devices = []
         for offer in session.devices:
-            lease = held.get(offer.device_id)
+            leases = held.get(offer.device_id, [])
+            lease = await self._shown(leases, tenant)
             device = scheduler_pb2.DeviceStatus(
                 device_id=offer.device_id,
                 kind=offer.kind,
                 memory_bytes=offer.memory_bytes,
-                leased=lease is not None,
+                leased=bool(leases),
             )
+            if leases and leases[0].host_id:
+                device.shared_host_id = leases[0].host_id
+                device.hosted_sessions, device.host_slots = len(leases), leases[0].host_slots
             if lease is not None and lease.drain is not None:
                 device.draining = True
                 device.draining_since_unix_s = lease.drain.since_unix_s
@@ -66,6 +71,14 @@ class Overview:
             last_seen_s_ago=max(time.monotonic() - session.last_seen, 0.0),
             lost=session.lost,
         )
+
+    async def _shown(self, leases: list[Lease], tenant: str | None) -> Lease | None:
+        """The lease a device shows: its one lease, or of a shared host's shares the first
+        the caller may see (the first of all when it sees none: its job is then hidden)."""
+        for lease in leases:
+            if await self._visible(lease.job_id, tenant):
+                return lease
+        return leases[0] if leases else None
 
     async def _visible(self, job_id: str, tenant: str | None) -> bool:
         if tenant is None:

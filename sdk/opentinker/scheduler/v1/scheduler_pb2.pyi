@@ -402,7 +402,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., last_seen_s_ago: _Optional[float] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
-    __slots__ = ("device_id", "kind", "memory_bytes", "leased", "lease_id", "job_id", "leased_since_unix_s", "draining", "draining_since_unix_s")
+    __slots__ = ("device_id", "kind", "memory_bytes", "leased", "lease_id", "job_id", "leased_since_unix_s", "draining", "draining_since_unix_s", "shared_host_id", "hosted_sessions", "host_slots")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -412,6 +412,9 @@ class DeviceStatus(_message.Message):
     LEASED_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    SHARED_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HOST_SLOTS_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     kind: str
     memory_bytes: int
@@ -421,7 +424,10 @@ class DeviceStatus(_message.Message):
     leased_since_unix_s: float
     draining: bool
     draining_since_unix_s: float
-    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., leased: _Optional[bool] = ..., lease_id: _Optional[str] = ..., job_id: _Optional[str] = ..., leased_since_unix_s: _Optional[float] = ..., draining: _Optional[bool] = ..., draining_since_unix_s: _Optional[float] = ...) -> None: ...
+    shared_host_id: str
+    hosted_sessions: int
+    host_slots: int
+    def __init__(self, device_id: _Optional[str] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., leased: _Optional[bool] = ..., lease_id: _Optional[str] = ..., job_id: _Optional[str] = ..., leased_since_unix_s: _Optional[float] = ..., draining: _Optional[bool] = ..., draining_since_unix_s: _Optional[float] = ..., shared_host_id: _Optional[str] = ..., hosted_sessions: _Optional[int] = ..., host_slots: _Optional[int] = ...) -> None: ...
 
 class GetJobsProgressRequest(_message.Message):
     __slots__ = ("job_ids",)
