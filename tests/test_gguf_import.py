@@ -145,3 +145,22 @@ def test_the_imported_folder_is_readable_by_every_uid_whatever_the_umask(
     }
     assert modes["out"] == 0o755
     assert {m for name, m in modes.items() if name != "out"} == {0o644}, modes
+
+
+def test_the_demo_imports_a_gguf_replaced_in_place_anew(tmp_path: Path) -> None:
+    """The real-model demo's cache (`opentinker demo --model smollm2 --gguf F`) is keyed by the
+    file's path, size and modification time, as the worker's imports are: a GGUF replaced under
+    the same name is imported again, not served from the old import."""
+    from opentinker.services.launcher.smollm2 import imported_model
+
+    source, cache = tmp_path / "m.gguf", tmp_path / "cache"
+    write_llama_gguf(source, tiny_llama(seed=3))
+    first = imported_model(source, cache, "m")
+    assert imported_model(source, cache, "m") == first  # the same file: the same import
+    write_llama_gguf(source, tiny_llama(seed=4))
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))
+    second = imported_model(source, cache, "m")
+    assert second != first
+    new = AutoModelForCausalLM.from_pretrained(second)(IDS).logits
+    old = AutoModelForCausalLM.from_pretrained(first)(IDS).logits
+    assert not torch.allclose(new, old)  # the new weights, not the cached ones

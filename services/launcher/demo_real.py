@@ -60,8 +60,8 @@ def run_real_demo(
     console.rule("OpenTinker demo: a real model")
     source = gguf or find_smollm2_gguf(cache)
     name = SMOLLM2_NAME if gguf is None else Path(gguf).stem.lower()
-    console.print(f"model: {source} → importing into {cache / name} (once)")
     model_dir = imported_model(Path(source), cache, name)
+    console.print(f"model: {source} → {model_dir} (imported once per file version)")
     spec = smollm2_spec(
         model_dir,
         steps=steps,

@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 
 from opentinker.errors import ConfigError
-from opentinker.services.modeling.gguf_import import import_gguf
+from opentinker.services.modeling.gguf_import import import_gguf, import_key
 from opentinker.spec import (
     InferenceConfig,
     JobSpec,
@@ -80,9 +80,9 @@ def find_smollm2_gguf(cache: Path, *, download: bool = True) -> Path:
 
 
 def imported_model(gguf: Path, cache: Path, name: str = SMOLLM2_NAME) -> Path:
-    """The HF folder ``cache/name`` imported from ``gguf`` (once: a folder with weights is
-    reused)."""
-    out = cache / name
+    """The HF folder ``cache/<name>-<key>`` imported from ``gguf`` once; the key is of the
+    file's path, size and modification time, so a GGUF replaced in place is imported anew."""
+    out = cache / f"{name}-{import_key(gguf)}"
     if not (out / "config.json").exists():
         import_gguf(gguf, out)
     return out

@@ -16,6 +16,7 @@ renamed into place, so an interrupted import leaves no half-model under that nam
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -123,6 +124,14 @@ def _dequantizable() -> tuple[str, ...]:
 
     return tuple(sorted(t.name for t in _type_traits))
 
+
+
+def import_key(source: Path) -> str:
+    """What an import of ``source`` is cached under (beside a name): a key of the file's real
+    path, size and modification time, so that a GGUF replaced in place is imported anew."""
+    real = Path(os.path.realpath(source))
+    stat = real.stat()
+    return hashlib.sha256(f"{real}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 def import_gguf(path: Path, out: Path, *, dtype: str = "float32") -> GgufInfo:
     """Write ``path``'s model, tokenizer and chat template as a Hugging Face folder ``out``

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from opentinker.common.v1 import common_pb2
+from opentinker.services.modeling.gguf_import import import_key
 
 log = structlog.get_logger(__name__)
 
@@ -38,9 +38,7 @@ async def with_imported_model(
     source = Path(os.path.realpath(cwd / base))
     if not source.is_file():
         return job, f"model.base_model: {base!r}: no such GGUF file on worker ({source})"
-    stat = source.stat()
-    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    folder = models_root / f"{source.stem}-{key[:16]}"
+    folder = models_root / f"{source.stem}-{import_key(source)}"
     if not folder.exists():
         failed = await _import_once(source, folder)
         if failed is not None:
