@@ -113,7 +113,7 @@ def test_the_agent_script_says_which_verifiers_a_python_has() -> None:
     script = verifiers04_program(taskset="t", python=sys.executable).command[1:]
     run = subprocess.run([sys.executable, *script, "--seed", "0"], capture_output=True, text=True)
     assert run.returncode == 2
-    assert "has verifiers 0.3.1" in run.stderr and "the verifiers04 extra" in run.stderr
+    assert "has verifiers 0.3." in run.stderr and "the verifiers04 extra" in run.stderr
 
 
 @pytest.fixture
