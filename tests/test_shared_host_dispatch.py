@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from opentinker.common.v1 import common_pb2
+from opentinker.scheduler.v1 import identity_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.stores import connect_redis, redis_stores
@@ -65,10 +66,11 @@ def test_two_tenants_lora_sessions_share_the_one_device(
     async def main() -> None:
         client, stores, scheduler, worker = await mesh(redis_url, shared=2)
         a = await scheduler.submit(session_spec(letter_model_dir), owner=owner("acme"))
-        b = await scheduler.submit(session_spec(letter_model_dir), owner=owner("globex"))
+        # Queued before b, finds no whole device: b still gets its place on the host
         full = await scheduler.submit(
-            session_spec(letter_model_dir, lora=False), owner=owner("acme")
+            session_spec(letter_model_dir, lora=False), owner=owner("initech")
         )
+        b = await scheduler.submit(session_spec(letter_model_dir), owner=owner("globex"))
         third = await scheduler.submit(session_spec(letter_model_dir), owner=owner("initech"))
         other_base = await scheduler.submit(session_spec(other), owner=owner("umbrella"))
         started = time.time()
@@ -114,6 +116,33 @@ def test_off_by_default_a_session_holds_the_whole_device(
         lease = await stores.ledger.get(command.lease_id)
         assert lease is not None and lease.share == 1.0
         assert (await stores.jobs.get(b.job_id)).state == common_pb2.JOB_STATE_QUEUED
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_tenant_of_one_device_holds_two_half_shares(
+    redis_url: str, letter_model_dir: Path
+) -> None:
+    """max_devices counts a hosted session as its share: two sessions of 1/2 fit a quota of 1
+    device; a whole-device session then does not (told why)."""
+
+    async def main() -> None:
+        client, stores, scheduler, worker = await mesh(redis_url, shared=2)
+        await stores.identity.create_tenant("acme")
+        await stores.identity.set_quota("acme", identity_pb2.TenantQuota(max_devices=1))
+        a = await scheduler.submit(session_spec(letter_model_dir), owner=owner("acme"))
+        b = await scheduler.submit(session_spec(letter_model_dir), owner=owner("acme"))
+        assert await scheduler.dispatch() == 2
+        assert {c.job.job_id for c in launches(worker)} == {a.job_id, b.job_id}
+        await scheduler.connect_worker("w2", "h2", [DeviceOffer("w2/cpu:0", "cpu")])
+        full = await scheduler.submit(
+            session_spec(letter_model_dir, lora=False), owner=owner("acme")
+        )
+        assert await scheduler.dispatch() == 0
+        waiting = await scheduler.get(full.job_id, tenant="acme")
+        assert waiting.state == common_pb2.JOB_STATE_QUEUED
+        assert "hold 1 of its 1 devices" in waiting.queue_reason, waiting.queue_reason
         await client.aclose()
 
     asyncio.run(main())

@@ -105,9 +105,11 @@ class Dispatcher:
             limits = await self._quotas.device_limits(j.tenant_id for j in queued)
             picker = FairPicker(
                 queued,
-                await self._quotas.devices_in_use(),
+                await self._quotas.shares_in_use(),
                 limits,
                 largest_worker=max((len(s.devices) for s in self._sessions.values()), default=0),
+                hosted_base=hosted_base,
+                host_slots=self.shared_lora_sessions,
             )
             placed_ids: set[str] = set()
             while (job := picker.next()) is not None:
@@ -117,7 +119,7 @@ class Dispatcher:
                 if placed:
                     placed_ids.add(job.job_id)
                 # What each tenant holds now: a lease released meanwhile counts (fair_share.py)
-                picker.in_use = await self._quotas.devices_in_use()
+                picker.in_use = await self._quotas.shares_in_use()
             self._tell_waiting(in_queue, placed_ids, picker, limits)
         return launched
 

@@ -47,8 +47,8 @@ def waiting_reasons(
         elif picker is not None and not picker.fits_quota(job):
             held, limit = picker.in_use.get(job.tenant_id, 0), limits.get(job.tenant_id, 0)
             why = (
-                f"the tenant's jobs hold {held} of its {limit} devices (max_devices); it "
-                f"needs {needed} more"
+                f"the tenant's jobs hold {held:g} of its {limit} devices (max_devices); it "
+                f"needs {picker.needed(job):g} more"
             )
         elif needed > largest:
             why = (

@@ -97,16 +97,20 @@ class Quotas:
                 )
         return spent
 
+    async def shares_in_use(self) -> dict[str, float]:
+        """As ``devices_in_use``, a shared host's session counted as its share (1/slots)."""
+        held: dict[str, float] = {}
+        for tenant, lease in await self._leases_by_tenant():
+            held[tenant] = held.get(tenant, 0.0) + lease.share
+        return held
+
     async def devices_in_use(self) -> dict[str, int]:
         """Devices held by each tenant's jobs: every lease not yet released, also those of
         workers not connected now (a dropped stream, a scheduler restart), whose jobs keep
         running and are adopted again when their worker re-announces them. A session on a
         shared LoRA host holds its share of the host's device (1/slots): a tenant's shares add
         up, and a part of a device counts as a whole one."""
-        held: dict[str, float] = {}
-        for tenant, lease in await self._leases_by_tenant():
-            held[tenant] = held.get(tenant, 0.0) + lease.share
-        return {tenant: math.ceil(round(n, 6)) for tenant, n in held.items()}
+        return {t: math.ceil(round(n, 6)) for t, n in (await self.shares_in_use()).items()}
 
     async def _leases_by_tenant(self) -> list[tuple[str, Lease]]:
         """Every lease not yet released, with its job's tenant ("" for a job that is gone)."""
