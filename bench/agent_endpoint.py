@@ -6,10 +6,13 @@ The task: ``--turns`` model turns of at most ``--new-tokens`` tokens each; after
 but the last, a user message ("Turn k: go on.") comes back — from the env's Step on the
 Reset/Step path, from the agent program itself on the endpoint path — and the env grades the
 last answer. The env runs in-process on both paths, so the figure isolates the endpoint's
-hop: HTTP, the openai client, the program's thread and the prefix matching. Rounds alternate
-the two paths; each prints episodes/s; the last line is the ratio (target >= 0.8).
+hop: HTTP, the openai client, the program's thread and the prefix matching. Each round plays
+one batch on each path, back to back, and gives a ratio of the two rates (a busy machine
+slows both sides of a round alike); the last lines are the median ratio of the rounds and
+its spread (target >= 0.8). "engine busy" is the share of a batch's time spent generating:
+what is left is the path's own overhead (the env, or HTTP and the programs).
 
-    .venv/bin/python bench/agent_endpoint.py [--episodes 16] [--turns 4] [--rounds 3]
+    .venv/bin/python bench/agent_endpoint.py [--episodes 16] [--turns 4] [--rounds 5]
         [--agent turns_agent | turns_agent_async]
 """
 
@@ -98,9 +101,10 @@ class CountingEngine:
 
 async def play(
     engine: CountingEngine, args: argparse.Namespace, endpoint: bool
-) -> tuple[float, float]:
-    """Episodes/s of one batch of ``--episodes`` episodes on one path, and the model tokens
-    per episode (sampling differs between the paths: the token counts tell how much)."""
+) -> tuple[float, float, float]:
+    """Episodes/s of one batch of ``--episodes`` episodes on one path, the model tokens per
+    episode (sampling differs between the paths: the token counts tell how much) and the
+    share of the batch's time the engine was generating."""
     config = LoopConfig(
         sampling=SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens),
         max_turns=TURNS,
@@ -120,7 +124,11 @@ async def play(
     turns = {t.num_turns for t in trajectories}
     if bad or turns != {TURNS}:
         raise SystemExit(f"the episodes did not play {TURNS} turns: {turns}, errors {bad[:2]}")
-    return len(trajectories) / elapsed, stats.generated_tokens / len(trajectories)
+    return (
+        len(trajectories) / elapsed,
+        stats.generated_tokens / len(trajectories),
+        stats.generate_seconds / elapsed,
+    )
 
 
 def main() -> None:
@@ -129,7 +137,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=positive_int, default=16)
     parser.add_argument("--turns", type=positive_int, default=4)
     parser.add_argument("--new-tokens", type=positive_int, default=16)
-    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument(
         "--agent",
         choices=("turns_agent", "turns_agent_async"),
@@ -142,30 +150,42 @@ def main() -> None:
     engine = CountingEngine(
         TransformersEngine.load(ModelSpec(base_model=str(model_dir), finetune="full"))
     )
-    rates: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
-    tokens: dict[str, list[float]] = {"reset/step": [], "endpoint": []}
-    calls: dict[str, int] = {"reset/step": 0, "endpoint": 0}
+    paths = ("reset/step", "endpoint")
+    rates: dict[str, list[float]] = {name: [] for name in paths}
+    tokens: dict[str, list[float]] = {name: [] for name in paths}
+    busy: dict[str, list[float]] = {name: [] for name in paths}
+    calls: dict[str, int] = dict.fromkeys(paths, 0)
     asyncio.run(play(engine, args, endpoint=True))  # warm-up: imports, server start, caches
     asyncio.run(play(engine, args, endpoint=False))
-    for _ in range(args.rounds):
-        for name in rates:
+    ratios = []
+    for n in range(args.rounds):
+        for name in paths if n % 2 == 0 else reversed(paths):  # neither always goes first
             before = engine.calls
-            rate, per_episode = asyncio.run(play(engine, args, endpoint=name == "endpoint"))
+            rate, per_episode, share = asyncio.run(play(engine, args, name == "endpoint"))
             calls[name] += engine.calls - before
             rates[name].append(rate)
             tokens[name].append(per_episode)
+            busy[name].append(share)
+        ratios.append(rates["endpoint"][-1] / rates["reset/step"][-1])
+        print(f"round {n + 1}: endpoint / reset-step {ratios[-1]:.2f}x", flush=True)
     print(
         f"{args.episodes} episodes x {TURNS} turns x <= {args.new_tokens} tokens, tiny model, "
-        f"agent {args.agent}"
+        f"agent {args.agent}, {args.rounds} rounds"
     )
     for name, values in rates.items():
         print(
-            f"{name:>10}: {statistics.median(values):7.2f} episodes/s (median of {args.rounds}), "
+            f"{name:>10}: {statistics.median(values):7.2f} episodes/s (median), "
             f"{statistics.mean(tokens[name]):.1f} model tokens per episode, "
-            f"{calls[name] / args.rounds:.1f} engine calls per batch"
+            f"{calls[name] / args.rounds:.1f} engine calls per batch, "
+            f"engine busy {statistics.median(busy[name]):.0%}"
         )
-    ratio = statistics.median(rates["endpoint"]) / statistics.median(rates["reset/step"])
-    print(f"endpoint / reset-step: {ratio:.2f}x (target >= 0.8x)")
+    low, high = min(ratios), max(ratios)
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    print(
+        f"endpoint / reset-step: median {statistics.median(ratios):.2f}x, spread "
+        f"{low:.2f}-{high:.2f}x (quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}x) over "
+        f"{args.rounds} rounds (target >= 0.8x)"
+    )
 
 
 if __name__ == "__main__":

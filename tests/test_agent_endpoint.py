@@ -59,6 +59,9 @@ def test_a_tool_calling_agent_records_exactly_the_engines_tokens(engine: Recordi
     trajectories = play_with(engine, program, sessions)
     produced = [c.token_ids for c in engine.completions]
     assert len(produced) == 6  # 3 episodes x (ask, answer after the calculator's result)
+    # The first turn of every program went in one engine call: the first call waits (up to
+    # calls.FIRST_WAIT_S) for every program to start and call.
+    assert engine.calls[0] == 3, engine.calls
     for t, session in zip(trajectories, sessions, strict=True):
         assert (t.finish_reason, t.reward) == (FinishReason.ENV_DONE, 0.25), t.finish_detail
         assert t.info["agent_calls"] == "2" and t.info["agent_rewrites"] == "0"

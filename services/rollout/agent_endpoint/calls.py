@@ -17,7 +17,11 @@ from ..seeds import derive_seed
 from ..types import Completion, RolloutStats
 
 DEFAULT_WAIT_S = 0.005  # the least a call waits for company when batch_wait_s is unset
-FIRST_WAIT_S = 0.5  # the first call of a run waits (at most) for the other programs to start
+# The first call of a run waits (at most this long) for every other program's first call:
+# programs start together (a thread or a process each, an openai client each), and on a busy
+# machine 0.5 s was too short for 16 of them, so the first turn took two engine calls
+# (bench/agent_endpoint.py: 5 engine calls for 4 turns, 0.45x of Reset/Step).
+FIRST_WAIT_S = 5.0
 
 
 @dataclass
@@ -60,6 +64,11 @@ class GenerationQueue:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._serve())
         return await call.done
+
+    def episode_ended(self) -> None:
+        """An episode ended (``waiting_for`` dropped): the calls waiting may be all there
+        will be, so the batch need not wait out its window."""
+        self._arrived.set()
 
     async def close(self) -> None:
         if self._worker is not None:

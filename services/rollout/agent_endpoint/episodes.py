@@ -114,6 +114,7 @@ class AgentProgramLoop:
                 return await self._play(request, queue, policy_version)
             finally:
                 playing[0] -= 1
+                queue.episode_ended()
 
         try:
             played = await asyncio.gather(*(play(r) for r in requests))
