@@ -31,6 +31,7 @@ from compose_stack import (
     local_torch_wheel,
 )
 from compose_stack import override as compose_override
+from reaping import PROBE
 
 import opentinker
 from opentinker import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
@@ -217,6 +218,15 @@ def test_a_job_process_reads_no_secret(stack: Stack) -> None:
     assert found.strip() == "", f"a secret ({', '.join(values)}) is readable in: {found}"
     # the search finds what it looks for: as the agent (root), the worker token
     assert "worker.token" in stack.exec("worker", "sh", "-c", search, "sh", *patterns)
+
+
+def test_the_workers_init_reaps_orphaned_processes(stack: Stack) -> None:
+    """PID 1 of the worker's container is Docker's init (compose `init: true`), the agent its
+    child: a process orphaned in the container (a job's child outliving it) is reaped, not
+    left a zombie for the container's life (tests/reaping.py; tests/test_reaping.py shows a
+    Python PID 1 leaving it)."""
+    assert "docker-init" in stack.exec("worker", "cat", "/proc/1/cmdline")
+    assert stack.exec("worker", "python", "-c", PROBE).strip() == "reaped"
 
 
 def jobs(stack: Stack, key: str) -> dict[str, str]:
