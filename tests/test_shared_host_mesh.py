@@ -111,6 +111,11 @@ def test_two_tenants_share_one_host_process_on_one_device(mesh, letter_model_dir
                 with pytest.raises(grpc.RpcError) as refused:
                     rpc(request, timeout=10)
                 assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+            # Nor hands the host a session of its own: only the worker that started it may
+            handover = trainer_pb2.OpenHostedSessionRequest(launch_path="/etc/passwd")
+            with pytest.raises(grpc.RpcError) as denied:
+                list(stub.OpenHostedSession(handover, timeout=10))
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
             channel.close()
 
         # Closing one leaves the other training on the same host
