@@ -6,17 +6,12 @@ recipes name are read from local JSON files written here."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
-import datasets
 import pytest
-import tinker
+from cookbook_offline import json_splits, metrics, offline_recipes, write_jsonl
 from tinker_cookbook.recipes import rl_loop, sl_loop
-from tinker_cookbook.tokenizer_utils import register_tokenizer, unregister_tokenizer
 from tinker_gateway_helpers import QWEN, gateway, mesh, monkeypatch_module
-from transformers import AutoTokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["gateway", "mesh", "monkeypatch_module"]  # fixtures used here
@@ -24,42 +19,15 @@ __all__ = ["gateway", "mesh", "monkeypatch_module"]  # fixtures used here
 
 @pytest.fixture(scope="module")
 def offline_cookbook(gateway, mesh, letter_model_dir: Path, tmp_path_factory, monkeypatch_module):
-    """The key in TINKER_API_KEY, the tiny tokenizer under the recipes' model name, and
-    ``datasets.load_dataset`` of the recipes' hub datasets answered from local files. The
-    ServiceClients the recipes make are closed at the end, while the gateway still runs: the
-    recipes leave theirs open, and its heartbeat thread logged connection errors for minutes
-    once the gateway had stopped, into later tests and past pytest's end."""
     root = tmp_path_factory.mktemp("datasets")
-    files = {
-        "HuggingFaceH4/no_robots": _write(root / "no_robots.jsonl", _chats(16)),
-        "openai/gsm8k": _write(root / "gsm8k.jsonl", _questions(8)),
+    chats, held_out = (write_jsonl(root / f"{n}.jsonl", _chats(16)) for n in ("chats", "held"))
+    gsm8k = write_jsonl(root / "gsm8k.jsonl", _questions(8))
+    loaders = {
+        "HuggingFaceH4/no_robots": lambda *a, **k: json_splits(train=chats, test=held_out),
+        "openai/gsm8k": lambda *a, **k: json_splits(train=gsm8k),
     }
-    real_load = datasets.load_dataset
-
-    def load_local(name: str, *args, **kwargs):
-        return real_load("json", data_files={"train": str(files[name])})
-
-    monkeypatch_module.setenv("TINKER_API_KEY", f"tml-{mesh.api_key}")
-    monkeypatch_module.setattr(datasets, "load_dataset", load_local)
-    register_tokenizer(QWEN, lambda: AutoTokenizer.from_pretrained(letter_model_dir))
-    made: list[tinker.ServiceClient] = []
-    make = tinker.ServiceClient.__init__
-
-    def recorded(self: tinker.ServiceClient, *args: Any, **kwargs: Any) -> None:
-        make(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch_module.setattr(tinker.ServiceClient, "__init__", recorded)
-    yield
-    unregister_tokenizer(QWEN)
-    assert made, "the recipes made no ServiceClient: nothing to close"
-    for client in made:
-        client.close("success").result(timeout=30)
-
-
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
+    with offline_recipes(mesh.api_key, letter_model_dir, monkeypatch_module, loaders):
+        yield
 
 
 def _chats(n: int) -> list[dict]:
@@ -75,10 +43,6 @@ def _questions(n: int) -> list[dict]:
     return [{"question": "Which letter?", "answer": "It is A.\n#### A"} for _ in range(n)]
 
 
-def _metrics(log_path: Path) -> list[dict]:
-    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_sl_loop_runs_unchanged_and_its_loss_falls(gateway, offline_cookbook, tmp_path) -> None:
     config = sl_loop.Config(
         base_url=gateway,
@@ -91,7 +55,7 @@ def test_sl_loop_runs_unchanged_and_its_loss_falls(gateway, offline_cookbook, tm
         max_steps=4,
     )
     sl_loop.main(config)
-    nll = [row["train_mean_nll"] for row in _metrics(tmp_path / "sl")]
+    nll = [row["train_mean_nll"] for row in metrics(tmp_path / "sl")]
     assert len(nll) == 4 and nll[-1] < 0.8 * nll[0], nll
     checkpoints = (tmp_path / "sl" / "checkpoints.jsonl").read_text()
     assert "tinker://" in checkpoints and '"final"' in checkpoints
@@ -132,7 +96,7 @@ def test_rl_loop_runs_unchanged_with_its_default_loss(gateway, offline_cookbook,
         )
         assert config.loss_fn == "stable_reinforce"  # the recipe's default, unchanged
         rl_loop.main(config)
-    rows = _metrics(tmp_path / "rl")
+    rows = metrics(tmp_path / "rl")
     assert len(rows) == 3, rows
     assert all(0.0 <= row["reward/total"] <= 1.0 for row in rows)
     stepped = [row for row in rows if "optim/grad_norm:mean" in row or "grad_norm:mean" in row]
