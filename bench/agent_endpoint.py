@@ -39,6 +39,7 @@ from opentinker.spec import ModelSpec, SamplingParams
 from opentinker.spec_agent import AgentProgram
 
 TURNS = 4  # set from --turns before any episode plays
+PATHS = ("reset/step", "endpoint")
 
 
 def follow_up(turn: int) -> str:
@@ -99,27 +100,29 @@ class CountingEngine:
         return self.inner.generate(*args, **kwargs)
 
 
-async def play(
-    engine: CountingEngine, args: argparse.Namespace, endpoint: bool
-) -> tuple[float, float, float]:
-    """Episodes/s of one batch of ``--episodes`` episodes on one path, the model tokens per
-    episode (sampling differs between the paths: the token counts tell how much) and the
-    share of the batch's time the engine was generating."""
+def path_loop(engine: CountingEngine, args: argparse.Namespace, endpoint: bool) -> AgentLoop:
+    """One path's loop, kept for every batch as a job's rollout keeps its own (the endpoint's
+    program threads are started once, the server per batch)."""
     config = LoopConfig(
         sampling=SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens),
         max_turns=TURNS,
         max_episode_tokens=4096,
         agent=AgentProgram(callable=f"agent_endpoint:{args.agent}") if endpoint else None,
     )
-    loop = AgentLoop(engine, config)  # type: ignore[arg-type]  # the engine, counted
+    return AgentLoop(engine, config)  # type: ignore[arg-type]  # the engine, counted
+
+
+async def play(loop: AgentLoop, args: argparse.Namespace) -> tuple[float, float, float]:
+    """Episodes/s of one batch of ``--episodes`` episodes on one path, the model tokens per
+    episode (sampling differs between the paths: the token counts tell how much) and the
+    share of the batch's time the engine was generating."""
+    endpoint = loop.agent_programs is not None
     requests = [
         EpisodeRequest(f"ep-{n}", n, n, TurnsEnv(grade_only=endpoint)) for n in range(args.episodes)
     ]
     started = time.perf_counter()
     trajectories, stats = await loop.run(requests, seed=1)
     elapsed = time.perf_counter() - started
-    if loop.agent_programs is not None:
-        await loop.agent_programs.close()
     bad = [t.finish_detail for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
     turns = {t.num_turns for t in trajectories}
     if bad or turns != {TURNS}:
@@ -129,6 +132,32 @@ async def play(
         stats.generated_tokens / len(trajectories),
         stats.generate_seconds / elapsed,
     )
+
+
+async def run_rounds(
+    loops: dict[str, AgentLoop], args: argparse.Namespace, engine: CountingEngine
+) -> dict[str, dict[str, list[float]]]:
+    """A warm-up batch per path, then ``--rounds`` rounds of one batch per path (the order
+    alternating); per path and round: rate, tokens per episode, engine share, engine calls."""
+    for loop in loops.values():  # imports, the server's first start, caches
+        await play(loop, args)
+    figures: dict[str, dict[str, list[float]]] = {
+        name: {"rate": [], "tokens": [], "busy": [], "calls": []} for name in loops
+    }
+    names = list(loops)
+    for n in range(args.rounds):
+        for name in names if n % 2 == 0 else names[::-1]:  # neither always goes first
+            before = engine.calls
+            rate, per_episode, share = await play(loops[name], args)
+            for key, value in (("rate", rate), ("tokens", per_episode), ("busy", share)):
+                figures[name][key].append(value)
+            figures[name]["calls"].append(engine.calls - before)
+        ratio = figures["endpoint"]["rate"][-1] / figures["reset/step"]["rate"][-1]
+        print(f"round {n + 1}: endpoint / reset-step {ratio:.2f}x", flush=True)
+    for loop in loops.values():
+        if loop.agent_programs is not None:
+            await loop.agent_programs.close()
+    return figures
 
 
 def main() -> None:
@@ -150,41 +179,28 @@ def main() -> None:
     engine = CountingEngine(
         TransformersEngine.load(ModelSpec(base_model=str(model_dir), finetune="full"))
     )
-    paths = ("reset/step", "endpoint")
-    rates: dict[str, list[float]] = {name: [] for name in paths}
-    tokens: dict[str, list[float]] = {name: [] for name in paths}
-    busy: dict[str, list[float]] = {name: [] for name in paths}
-    calls: dict[str, int] = dict.fromkeys(paths, 0)
-    asyncio.run(play(engine, args, endpoint=True))  # warm-up: imports, server start, caches
-    asyncio.run(play(engine, args, endpoint=False))
-    ratios = []
-    for n in range(args.rounds):
-        for name in paths if n % 2 == 0 else reversed(paths):  # neither always goes first
-            before = engine.calls
-            rate, per_episode, share = asyncio.run(play(engine, args, name == "endpoint"))
-            calls[name] += engine.calls - before
-            rates[name].append(rate)
-            tokens[name].append(per_episode)
-            busy[name].append(share)
-        ratios.append(rates["endpoint"][-1] / rates["reset/step"][-1])
-        print(f"round {n + 1}: endpoint / reset-step {ratios[-1]:.2f}x", flush=True)
+    loops = {name: path_loop(engine, args, name == "endpoint") for name in PATHS}
+    figures = asyncio.run(run_rounds(loops, args, engine))
     print(
         f"{args.episodes} episodes x {TURNS} turns x <= {args.new_tokens} tokens, tiny model, "
         f"agent {args.agent}, {args.rounds} rounds"
     )
-    for name, values in rates.items():
+    for name, f in figures.items():
         print(
-            f"{name:>10}: {statistics.median(values):7.2f} episodes/s (median), "
-            f"{statistics.mean(tokens[name]):.1f} model tokens per episode, "
-            f"{calls[name] / args.rounds:.1f} engine calls per batch, "
-            f"engine busy {statistics.median(busy[name]):.0%}"
+            f"{name:>10}: {statistics.median(f['rate']):7.2f} episodes/s (median), "
+            f"{statistics.mean(f['tokens']):.1f} model tokens per episode, "
+            f"{statistics.mean(f['calls']):.1f} engine calls per batch, "
+            f"engine busy {statistics.median(f['busy']):.0%}"
         )
-    low, high = min(ratios), max(ratios)
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    ratios = [
+        e / r
+        for e, r in zip(figures["endpoint"]["rate"], figures["reset/step"]["rate"], strict=True)
+    ]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     print(
         f"endpoint / reset-step: median {statistics.median(ratios):.2f}x, spread "
-        f"{low:.2f}-{high:.2f}x (quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}x) over "
-        f"{args.rounds} rounds (target >= 0.8x)"
+        f"{min(ratios):.2f}-{max(ratios):.2f}x (quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}x) "
+        f"over {args.rounds} rounds (target >= 0.8x)"
     )
 
 
