@@ -146,3 +146,29 @@ def test_a_tenant_of_one_device_holds_two_half_shares(
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_a_session_joins_the_host_with_room_before_starting_another(
+    redis_url: str, letter_model_dir: Path
+) -> None:
+    """w1's device was taken when the first session came (it started a host on w2); once w1's
+    device is free the second session still joins w2's host, not a new host on w1."""
+
+    async def main() -> None:
+        client, stores, scheduler, w1 = await mesh(redis_url, shared=2)
+        w2 = await scheduler.connect_worker("w2", "h2", [DeviceOffer("w2/cpu:0", "cpu")])
+        whole = await stores.ledger.acquire("w1", "someone-else", 1)
+        assert whole is not None
+        a = await scheduler.submit(session_spec(letter_model_dir), owner=owner("acme"))
+        assert await scheduler.dispatch() == 1
+        [ca] = launches(w2)
+        await stores.ledger.release(whole.lease_id)
+        b = await scheduler.submit(session_spec(letter_model_dir), owner=owner("globex"))
+        assert await scheduler.dispatch() == 1
+        [cb] = launches(w2)
+        assert (ca.job.job_id, cb.job.job_id) == (a.job_id, b.job_id)
+        assert cb.host_id == ca.host_id and launches(w1) == []
+        assert await stores.ledger.free_devices("w1") == ["w1/cpu:0"]
+        await client.aclose()
+
+    asyncio.run(main())

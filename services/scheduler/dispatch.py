@@ -203,7 +203,13 @@ class Dispatcher:
         base = hosted_base(job)
         if not (base and self.shared_lora_sessions):
             return False
-        for session in sessions:
+
+        def hosting(session: WorkerSession) -> int:  # its sessions of this base now
+            bases = session.lora_bases.items()
+            return sum(1 for key, b in bases if b == base and key in session.running)
+
+        # Workers already hosting this base first: a host with room there before a new host
+        for session in sorted(sessions, key=hosting, reverse=True):
             host_id = shared_host_id(session.worker_id, base)
             lease = await self._ledger.acquire_share(
                 session.worker_id, job.job_id, host_id, self.shared_lora_sessions
@@ -290,7 +296,7 @@ class Dispatcher:
         job, token = committed
         job_id = job.job_id
         session.running[(job_id, job.attempt)] = lease_id
-        if base := lora_base(job):
+        if base := lora_base(job) or (hosted_base(job) if host_id else ""):
             session.lora_bases = {
                 k: b for k, b in session.lora_bases.items() if k in session.running
             }
