@@ -1,8 +1,8 @@
-"""tinker-cookbook's ``sl_loop`` and ``rl_loop`` recipes, unchanged, against the gateway in
-front of a real mesh, offline: the recipes' model name (Qwen/Qwen3-8B, so the cookbook picks
-its qwen3 renderer) is mapped by the gateway to the tiny local model, whose tokenizer the test
-registers with the cookbook's own ``register_tokenizer``; the Hugging Face datasets the
-recipes name are read from local JSON files written here."""
+"""tinker-cookbook's ``sl_loop``, ``chat_sl`` and ``rl_loop`` recipes, unchanged, against the
+gateway in front of a real mesh, offline: the recipes' model name (Qwen/Qwen3-8B, so the
+cookbook picks its qwen3 renderer) is mapped by the gateway to the tiny local model, whose
+tokenizer the test registers with the cookbook's own ``register_tokenizer``; the Hugging Face
+datasets the recipes name are read from local JSON files written here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from cookbook_offline import json_splits, metrics, offline_recipes, write_jsonl
 from tinker_cookbook.recipes import rl_loop, sl_loop
+from tinker_cookbook.recipes.chat_sl import train as chat_sl_train
 from tinker_gateway_helpers import QWEN, gateway, mesh, monkeypatch_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,6 +59,29 @@ def test_sl_loop_runs_unchanged_and_its_loss_falls(gateway, offline_cookbook, tm
     nll = [row["train_mean_nll"] for row in metrics(tmp_path / "sl")]
     assert len(nll) == 4 and nll[-1] < 0.8 * nll[0], nll
     checkpoints = (tmp_path / "sl" / "checkpoints.jsonl").read_text()
+    assert "tinker://" in checkpoints and '"final"' in checkpoints
+
+
+def test_chat_sl_runs_unchanged_and_its_loss_falls(gateway, offline_cookbook, tmp_path) -> None:
+    """chat_sl's CLI on no_robots (local rows): supervised.train's pipelined loop, which
+    submits the next forward_backward before the last optim_step has answered."""
+    config = chat_sl_train.CLIConfig(
+        base_url=gateway,
+        log_path=str(tmp_path / "chat_sl"),
+        model_name=QWEN,
+        dataset="no_robots",
+        batch_size=4,
+        learning_rate=5e-2,
+        lora_rank=4,
+        max_length=64,
+        max_steps=3,
+    )
+    chat_sl_train.cli_main(config)
+    nll = [
+        row["train_mean_nll"] for row in metrics(tmp_path / "chat_sl") if "train_mean_nll" in row
+    ]
+    assert len(nll) == 3 and nll[-1] < 0.9 * nll[0], nll
+    checkpoints = (tmp_path / "chat_sl" / "checkpoints.jsonl").read_text()
     assert "tinker://" in checkpoints and '"final"' in checkpoints
 
 

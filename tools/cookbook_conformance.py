@@ -45,6 +45,8 @@ FAMILIES = {  # the issue's families -> their files under tinker_cookbook/recipe
 TESTED = {
     "rl_basic / rl_loop": "rl_loop, unchanged: tests/test_tinker_cookbook.py",
     "sl_basic": "sl_loop (sl_basic's loop written out), unchanged: tests/test_tinker_cookbook.py",
+    "chat_sl": "chat_sl (chat_sl/train.py on no_robots, local stand-in rows), unchanged:"
+    " tests/test_tinker_cookbook.py",
     "preference / DPO": "dpo (preference/dpo/train.py on hhh, local stand-in rows), unchanged;"
     " its loss leaves ln 2 (the reference sampler stays the initial snapshot):"
     " tests/test_tinker_cookbook_dpo.py",
