@@ -25,11 +25,13 @@ _REAL_LOAD = datasets.load_dataset  # taken before any test patches it
 @contextlib.contextmanager
 def offline_recipes(
     api_key: str, model_dir: Path, patch: pytest.MonkeyPatch, loaders: dict[str, Loader]
-) -> Iterator[None]:
-    """Inside: recipes find the key, the tokenizer and their datasets locally. The
-    ServiceClients the recipes make are closed at the end, while the gateway still runs: the
-    recipes leave theirs open, and its heartbeat thread logged connection errors for minutes
-    once the gateway had stopped, into later tests and past pytest's end."""
+) -> Iterator[Callable[[], int]]:
+    """Inside: recipes find the key, the tokenizer and their datasets locally. Yields a
+    function that closes the ServiceClients the recipes made so far (and says how many);
+    ``close_after_each`` calls it after each test, and it runs again at the end, while the
+    gateway still runs. The recipes leave theirs open: their sessions kept the mesh's
+    slots, so a fourth recipe in one module waited for one, and their heartbeat threads logged
+    connection errors for minutes once the gateway had stopped."""
 
     def load_local(name: str, *args: Any, **kwargs: Any) -> Any:
         if name not in loaders:
@@ -47,14 +49,32 @@ def offline_recipes(
         made.append(self)
 
     patch.setattr(tinker.ServiceClient, "__init__", recorded)
-    try:
-        yield
-    finally:
-        unregister_tokenizer(QWEN)
-        for client in made:
+
+    def close_made() -> int:
+        closing, made[:] = list(made), []
+        for client in closing:
             with contextlib.suppress(Exception):
                 client.close("success").result(timeout=30)
-    assert made, "the recipes made no ServiceClient: nothing ran"
+        return len(closing)
+
+    try:
+        yield close_made
+    finally:
+        unregister_tokenizer(QWEN)
+        close_made()
+
+
+def close_after_each(offline_fixture: str):
+    """An autouse fixture for a module: after each test, the ServiceClients its recipe made
+    are closed (the closer is what the module fixture ``offline_fixture`` yields)."""
+
+    @pytest.fixture(autouse=True)
+    def _close_recipe_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+        close_made = request.getfixturevalue(offline_fixture)
+        yield
+        close_made()
+
+    return _close_recipe_clients
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -1,17 +1,19 @@
-"""tinker-cookbook's ``sl_loop``, ``chat_sl`` and ``rl_loop`` recipes, unchanged, against the
-gateway in front of a real mesh, offline: the recipes' model name (Qwen/Qwen3-8B, so the
-cookbook picks its qwen3 renderer) is mapped by the gateway to the tiny local model, whose
-tokenizer the test registers with the cookbook's own ``register_tokenizer``; the Hugging Face
-datasets the recipes name are read from local JSON files written here."""
+"""tinker-cookbook's ``sl_loop``, ``chat_sl``, ``rl_loop`` and ``math_rl`` recipes, unchanged,
+against the gateway in front of a real mesh, offline: the recipes' model name (Qwen/Qwen3-8B,
+so the cookbook picks its qwen3 renderer) is mapped by the gateway to the tiny local model,
+whose tokenizer the test registers with the cookbook's own ``register_tokenizer``; the Hugging
+Face datasets the recipes name are read from local JSON files written here."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
-from cookbook_offline import json_splits, metrics, offline_recipes, write_jsonl
+from cookbook_offline import close_after_each, json_splits, metrics, offline_recipes, write_jsonl
 from tinker_cookbook.recipes import rl_loop, sl_loop
 from tinker_cookbook.recipes.chat_sl import train as chat_sl_train
+from tinker_cookbook.recipes.math_rl import train as math_rl_train
 from tinker_gateway_helpers import QWEN, gateway, mesh, monkeypatch_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -27,8 +29,11 @@ def offline_cookbook(gateway, mesh, letter_model_dir: Path, tmp_path_factory, mo
         "HuggingFaceH4/no_robots": lambda *a, **k: json_splits(train=chats, test=held_out),
         "openai/gsm8k": lambda *a, **k: json_splits(train=gsm8k),
     }
-    with offline_recipes(mesh.api_key, letter_model_dir, monkeypatch_module, loaders):
-        yield
+    with offline_recipes(mesh.api_key, letter_model_dir, monkeypatch_module, loaders) as close:
+        yield close
+
+
+_close_recipe_clients = close_after_each("offline_cookbook")
 
 
 def _chats(n: int) -> list[dict]:
@@ -125,3 +130,31 @@ def test_rl_loop_runs_unchanged_with_its_default_loss(gateway, offline_cookbook,
     assert all(0.0 <= row["reward/total"] <= 1.0 for row in rows)
     stepped = [row for row in rows if "optim/grad_norm:mean" in row or "grad_norm:mean" in row]
     assert stepped, rows  # at least one batch had mixed rewards and took a stable_reinforce step
+
+
+def test_math_rl_arithmetic_runs_unchanged(gateway, offline_cookbook, tmp_path) -> None:
+    """math_rl's CLI on its arithmetic env (no hub data): rl.train's loop, sampling from
+    ``save_weights_and_get_sampling_client`` each iteration, graded by the recipe's own
+    reward (answer correct, minus 0.1 without the stop sequence). The random-init tiny model
+    never answers right (reward -0.1 throughout, so its steps carry no signal); what can fail
+    here is the loop itself and that the sampler and the trainer agree on the sampled tokens'
+    logprobs (``kl_sample_train`` ~ 0: the sampler is the weights it was saved from)."""
+    config = math_rl_train.CLIConfig(
+        base_url=gateway,
+        log_path=str(tmp_path / "math_rl"),
+        model_name=QWEN,
+        env="arithmetic",
+        lora_rank=4,
+        group_size=4,
+        groups_per_batch=2,
+        learning_rate=5e-2,
+        eval_every=0,
+        save_every=0,
+        max_steps=2,
+    )
+    asyncio.run(math_rl_train.cli_main(config))
+    rows = [row for row in metrics(tmp_path / "math_rl") if "optim/entropy" in row]
+    assert len(rows) == 2, rows  # both iterations sampled, graded and trained
+    for row in rows:
+        assert -0.1 <= row["env/all/reward/total"] <= 1.0, row
+        assert abs(row["optim/kl_sample_train_v1"]) < 1e-3, row

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from cookbook_offline import json_splits, metrics, offline_recipes, write_jsonl
+from cookbook_offline import close_after_each, json_splits, metrics, offline_recipes, write_jsonl
 from tinker_cookbook.recipes.preference.dpo import train as dpo_train
 from tinker_gateway_helpers import QWEN, gateway, mesh, monkeypatch_module
 
@@ -33,8 +33,11 @@ def offline_hh(gateway, mesh, letter_model_dir: Path, tmp_path_factory, monkeypa
     train = write_jsonl(root / "train.jsonl", _hh_rows(6))
     test = write_jsonl(root / "test.jsonl", _hh_rows(2))
     loaders = {"Anthropic/hh-rlhf": lambda *a, **k: json_splits(train=train, test=test)}
-    with offline_recipes(mesh.api_key, letter_model_dir, monkeypatch_module, loaders):
-        yield
+    with offline_recipes(mesh.api_key, letter_model_dir, monkeypatch_module, loaders) as close:
+        yield close
+
+
+_close_recipe_clients = close_after_each("offline_hh")
 
 
 def test_dpo_recipe_runs_unchanged_and_its_loss_leaves_ln2(gateway, offline_hh, tmp_path) -> None:

@@ -47,6 +47,9 @@ TESTED = {
     "sl_basic": "sl_loop (sl_basic's loop written out), unchanged: tests/test_tinker_cookbook.py",
     "chat_sl": "chat_sl (chat_sl/train.py on no_robots, local stand-in rows), unchanged:"
     " tests/test_tinker_cookbook.py",
+    "math_rl": "math_rl (math_rl/train.py, arithmetic env), unchanged; the hub-data envs"
+    " (gsm8k, MATH, polaris, deepmath) share its loop, not run:"
+    " tests/test_tinker_cookbook.py",
     "preference / DPO": "dpo (preference/dpo/train.py on hhh, local stand-in rows), unchanged;"
     " its loss leaves ln 2 (the reference sampler stays the initial snapshot):"
     " tests/test_tinker_cookbook_dpo.py",
