@@ -50,6 +50,9 @@ TESTED = {
     "math_rl": "math_rl (math_rl/train.py, arithmetic env), unchanged; the hub-data envs"
     " (gsm8k, MATH, polaris, deepmath) share its loop, not run:"
     " tests/test_tinker_cookbook.py",
+    "distillation": "on_policy_distillation (deepmath prompts, local stand-in rows; teacher"
+    " a base-model sampler), unchanged; the other distillation scripts are not run:"
+    " tests/test_tinker_cookbook_distillation.py",
     "preference / DPO": "dpo (preference/dpo/train.py on hhh, local stand-in rows), unchanged;"
     " its loss leaves ln 2 (the reference sampler stays the initial snapshot):"
     " tests/test_tinker_cookbook_dpo.py",
