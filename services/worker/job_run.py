@@ -7,12 +7,8 @@ reads the rollout's address from ``rollout.addr`` when it opens the rollout
 (trainer/rollout_address.py); the worker alone judges the rollout's start (it dies, is late, or
 the run is stopped: the attempt fails with that reason and both processes are ended).
 
-A hung process (SIGSTOP, a frozen GPU call) is a lost attempt, re-queued, not a failed job: a
-rollout that lost its trainer exits exit_codes.PEER_LOST and the trainer, if it does not exit by
-itself within ``peer_lost_grace_s``, is killed; a trainer that failed while its rollout was
-killed, or runs on without answering a health check (liveness.py: hung, then killed), failed on
-its rollout. Either way the attempt ends as one whose process was killed (exit code < 0), which
-the scheduler re-queues.
+A hung or killed process is a lost attempt, re-queued, not a failed job; attempt_faults.py
+judges which process failed and on whose fault, and words the reason.
 
 ``run_root/<job_id>/attempt-<n>/`` holds launch.json, rollout.log, rollout.addr and trainer.log.
 """
@@ -21,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +29,16 @@ from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
 from opentinker.services.common.spare import Handover
+from opentinker.services.worker.attempt_faults import (
+    Exit,
+    Proc,
+    died,
+    rollout_lost,
+    trainer_lost,
+)
 from opentinker.services.worker.devices import cuda_visible_devices
 from opentinker.services.worker.gguf_models import with_imported_model
 from opentinker.services.worker.job_user import JobUser
-from opentinker.services.worker.liveness import check
 from opentinker.services.worker.ranks import (
     RANK_ENV_KEYS,
     RENDEZVOUS_KEYS,
@@ -58,21 +58,6 @@ log = structlog.get_logger(__name__)
 # How much longer than the worker's own wait for rollout.addr its trainer waits (the worker
 # polls, then ends both processes: the trainer must not fail the job first).
 TRAINER_WAIT_GRACE_S = 60.0
-# How long a process that refused a health check gets to be reaped (it was dying) before it is
-# taken for hung.
-REAP_S = 1.0
-
-
-# A job's process: started for it, or a spare handed it (reusable.py when it may be kept)
-Proc = ManagedProcess | JobProcess | HostedTrainer
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How an attempt ended, as the worker reports it (JobExited)."""
-
-    exit_code: int
-    reason: str  # empty when the trainer exited 0 by itself
 
 
 class JobRun:
@@ -414,7 +399,7 @@ class JobRun:
                 return Exit(-1, f"stopped: {self._stop_reason}")
             if rollout_exited.done():
                 code = await rollout.wait()
-                return Exit(code or -1, self._died("rollout", code, rollout, "before it was ready"))
+                return Exit(code or -1, died("rollout", code, rollout, "before it was ready"))
             # The trainer exited first: reported as ever (its own reason, or how it was killed).
             return await self._supervise(rollout, trainer, when="while its rollout started")
         finally:
@@ -447,7 +432,14 @@ class JobRun:
             if isinstance(rollout, JobProcess) and code != 0:
                 rollout.keep = False  # the attempt failed: its rollout is not reused
             if rollout is not None:
-                if code > 0 and (lost := await self._rollout_lost(rollout, trainer)):
+                if code > 0 and (
+                    lost := await rollout_lost(
+                        rollout,
+                        trainer,
+                        address_file=self._addr_path,
+                        timeout_s=self.settings.liveness_timeout_s,
+                    )
+                ):
                     return lost
                 await rollout.terminate(grace)
             reason = "" if code == 0 else last_meaningful_line(trainer.log_path)
@@ -457,7 +449,7 @@ class JobRun:
                 culprit = trainer.name  # a follower that failed is named (trainer-rank1)
             # Killed, or a follower failed: say so (rank 0 reports its own failures).
             if code < 0 or (code != 0 and culprit != "trainer"):
-                reason = self._died(culprit, code, trainer, when)
+                reason = died(culprit, code, trainer, when)
             self.log.info("trainer_exited", exit_code=code)
             return Exit(code, reason)
         if "stop" in first:
@@ -468,83 +460,11 @@ class JobRun:
         assert rollout is not None  # "rollout" is only waited on when there is one
         rollout_code = rollout.returncode if rollout.returncode is not None else -1
         if rollout_code == PEER_LOST:
-            return await self._trainer_lost(rollout, trainer, when)
+            return await trainer_lost(
+                rollout, trainer, when, grace_s=self.settings.peer_lost_grace_s
+            )
         await trainer.terminate(grace)
         return Exit(
             rollout_code or -1,
-            self._died("rollout", rollout_code, rollout, "while the trainer ran"),
+            died("rollout", rollout_code, rollout, "while the trainer ran"),
         )
-
-    async def _rollout_lost(self, rollout: Proc, trainer: Proc | RankGroup) -> Exit | None:
-        """The trainer failed: on its rollout's fault if the rollout was killed, or runs on
-        but does not answer a health check (hung: then it is killed). Either way the attempt is
-        lost, not the job failed; None when the rollout answers or exited by itself."""
-        when = "while the trainer ran"
-        timeout_s = self.settings.liveness_timeout_s
-        address = self._addr_path.read_text().strip() if self._addr_path.exists() else ""
-        health = "serving"
-        if rollout.running and address:
-            health = await check(address, timeout_s=timeout_s)
-        if health != "serving":
-            try:  # a process dying refuses connections before it is reaped: let it end
-                await asyncio.wait_for(asyncio.shield(rollout.wait()), REAP_S)
-            except TimeoutError:
-                if health == "unreachable":  # alive, not serving: not a hang
-                    return None
-                code = await rollout.terminate(0)  # hung: it would not handle SIGTERM
-                self.log.warning("rollout_hung_killed", pid=rollout.pid, timeout_s=timeout_s)
-                failed = last_meaningful_line(trainer.log_path)
-                return Exit(
-                    min(code, -1),
-                    f"rollout process stopped answering (no health check answer within "
-                    f"{timeout_s:g} s) {when} and was killed (see {rollout.log_path}); the "
-                    f"trainer failed on it: {failed}",
-                )
-        ended = rollout.returncode
-        if ended is not None and ended < 0:  # killed: the trainer failed on a lost rollout
-            return Exit(ended, self._died("rollout", ended, rollout, when))
-        return None
-
-    async def _trainer_lost(self, rollout: Proc, trainer: Proc | RankGroup, when: str) -> Exit:
-        """The rollout exited PEER_LOST: its trainer left the stream unclosed (hung, or gone).
-        A trainer killed meanwhile says so; one still there after ``peer_lost_grace_s`` is
-        killed as hung; the attempt is lost either way (a trainer that ends by itself closes
-        its stream first)."""
-        grace_s = self.settings.peer_lost_grace_s
-        try:
-            code = await asyncio.wait_for(asyncio.shield(trainer.wait()), grace_s)
-        except TimeoutError:
-            code = await trainer.terminate(0)  # hung: it would not handle SIGTERM
-            self.log.warning("trainer_hung_killed", pid=trainer.pid, grace_s=grace_s)
-            return Exit(
-                min(code, -1),
-                f"trainer process stopped answering its rollout {when} (the rollout lost its "
-                f"stream: see {rollout.log_path}) and was killed after {grace_s:g} s more "
-                f"(see {trainer.log_path})",
-            )
-        await trainer.terminate(0)  # the other ranks, if any
-        if code == 0:
-            return Exit(0, "")
-        if code < 0:
-            return Exit(code, self._died("trainer", code, trainer, when))
-        return Exit(
-            -1,
-            f"the rollout lost its trainer's stream {when} (it exited with code {PEER_LOST}: "
-            f"see {rollout.log_path}), and the trainer then exited with code {code}",
-        )
-
-    def _died(self, name: str, code: int | None, process: Proc | RankGroup, when: str) -> str:
-        where = f"(see {process.log_path})"
-        if code is not None and code < 0:
-            return f"{name} process was killed by {_signal_name(-code)} {when} {where}"
-        last = last_meaningful_line(process.log_path)
-        detail = f": {last}" if last else ""
-        return f"{name} process died with exit code {code} {when} {where}{detail}"
-
-
-def _signal_name(number: int) -> str:
-    """``signal 9 (SIGKILL)``."""
-    try:
-        return f"signal {number} ({signal.Signals(number).name})"
-    except ValueError:
-        return f"signal {number}"
