@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 
 if TYPE_CHECKING:
-    from .launch import LaunchConfig
+    from opentinker.services.common.launch import LaunchConfig
 
 SHARE_FILE_ENV = "OPENTINKER_CPU_THREADS_FILE"  # set by the worker on every job process
 

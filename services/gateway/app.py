@@ -21,16 +21,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from opentinker.errors import InvalidArgumentError, OpenTinkerError
-
-from . import downloads, runs, sampling, wire
-from . import training_routes as training
-from .futures import error_body
-from .http_errors import http_status, read_body
-from .models import SAMPLER_KIND, TinkerPath
-from .openai_routes import openai_routes
-from .settings import GatewaySettings
-from .state import Gateway
-from .tenancy import Caller
+from opentinker.services.gateway import downloads, runs, sampling, wire
+from opentinker.services.gateway import training_routes as training
+from opentinker.services.gateway.futures import error_body
+from opentinker.services.gateway.http_errors import http_status, read_body
+from opentinker.services.gateway.models import SAMPLER_KIND, TinkerPath
+from opentinker.services.gateway.openai_routes import openai_routes
+from opentinker.services.gateway.settings import GatewaySettings
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.tenancy import Caller
 
 log = structlog.get_logger("gateway")
 PROTOBUF = "application/x-protobuf"

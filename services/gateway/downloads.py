@@ -18,14 +18,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from opentinker.errors import InvalidArgumentError
-
-from .futures import Result
-from .models import EXTERNAL_KIND, TinkerPath
-from .runs import saved_state, set_ttl
-from .signing import sign, verify
-from .state import Gateway
-from .tenancy import Caller
-from .training_routes import ordered, start_future
+from opentinker.services.gateway.futures import Result
+from opentinker.services.gateway.models import EXTERNAL_KIND, TinkerPath
+from opentinker.services.gateway.runs import saved_state, set_ttl
+from opentinker.services.gateway.signing import sign, verify
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.tenancy import Caller
+from opentinker.services.gateway.training_routes import ordered, start_future
 
 URL_TTL_S = 3600  # a signed URL works this long
 PRIVATE_FILES = {"optimizer.pt", "rng.pt", "trainer_state.json", "manifest.json", "session.json"}

@@ -14,9 +14,8 @@ from opentinker.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-
-from .futures import USER_ERRORS, FutureGoneError
-from .sessions import SessionGoneError
+from opentinker.services.gateway.futures import USER_ERRORS, FutureGoneError
+from opentinker.services.gateway.sessions import SessionGoneError
 
 
 class BodyTooLargeError(InvalidArgumentError):

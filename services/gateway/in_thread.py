@@ -11,9 +11,8 @@ from collections.abc import Iterator
 import uvicorn
 
 from opentinker.grpc_options import host_port
-
-from .app import create_app
-from .settings import GatewaySettings
+from opentinker.services.gateway.app import create_app
+from opentinker.services.gateway.settings import GatewaySettings
 
 
 @contextlib.contextmanager

@@ -11,11 +11,10 @@ import asyncio
 from dataclasses import dataclass, field
 
 from opentinker.errors import InvalidArgumentError, NotFoundError
+from opentinker.services.gateway.ordering import SeqGate
+from opentinker.services.gateway.stability import StabilityRecords
+from opentinker.services.gateway.tenancy import Caller
 from opentinker.training_session import TrainingSession
-
-from .ordering import SeqGate
-from .stability import StabilityRecords
-from .tenancy import Caller
 
 STATE_KIND, SAMPLER_KIND, EXTERNAL_KIND = "weights", "sampler_weights", "external_weights"
 EXTERNAL_PREFIX = "ext."  # the trainer's state name of external weights: ext.<name>

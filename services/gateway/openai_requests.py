@@ -8,9 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from opentinker.services.gateway.wire import MAX_NUM_SAMPLES
 from opentinker.services.rollout.agent_endpoint.openai_wire import ChatRequest
-
-from .wire import MAX_NUM_SAMPLES
 
 DEFAULT_CHAT_TOKENS = 512  # a chat reply's cap when the request gives none
 DEFAULT_COMPLETION_TOKENS = 16  # as OpenAI's /v1/completions

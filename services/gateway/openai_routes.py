@@ -30,6 +30,24 @@ from opentinker.errors import (
     NotFoundError,
     OpenTinkerError,
 )
+from opentinker.services.gateway import runs
+from opentinker.services.gateway import training_routes as training
+from opentinker.services.gateway.http_errors import http_status, read_body
+from opentinker.services.gateway.models import TinkerPath, TrainingModel
+from opentinker.services.gateway.openai_requests import (
+    DEFAULT_CHAT_TOKENS,
+    DEFAULT_COMPLETION_TOKENS,
+    CompletionRequest,
+    OpenAIChatRequest,
+    SamplingFields,
+    chat_logprobs,
+    cut_at_stop,
+    text_logprobs,
+)
+from opentinker.services.gateway.sampling import base_path, sample, sample_call
+from opentinker.services.gateway.sessions import SessionGoneError
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.tenancy import Caller
 from opentinker.services.rollout.agent_endpoint.openai_wire import (
     chat_body,
     chat_choice,
@@ -41,25 +59,6 @@ from opentinker.services.rollout.agent_endpoint.openai_wire import (
 from opentinker.services.rollout.agent_endpoint.segments import render, template_message
 from opentinker.spec import validation_message
 from opentinker.training_session import SampledSequence
-
-from . import runs
-from . import training_routes as training
-from .http_errors import http_status, read_body
-from .models import TinkerPath, TrainingModel
-from .openai_requests import (
-    DEFAULT_CHAT_TOKENS,
-    DEFAULT_COMPLETION_TOKENS,
-    CompletionRequest,
-    OpenAIChatRequest,
-    SamplingFields,
-    chat_logprobs,
-    cut_at_stop,
-    text_logprobs,
-)
-from .sampling import base_path, sample, sample_call
-from .sessions import SessionGoneError
-from .state import Gateway
-from .tenancy import Caller
 
 log = structlog.get_logger("gateway.openai")
 Reply = tuple[dict[str, Any], bool]  # the body, and whether to stream it

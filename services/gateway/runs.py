@@ -18,8 +18,7 @@ from pathlib import Path
 
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from opentinker.jobs import JobInfo
-
-from .models import (
+from opentinker.services.gateway.models import (
     EXTERNAL_KIND,
     EXTERNAL_PREFIX,
     SAMPLER_KIND,
@@ -27,8 +26,8 @@ from .models import (
     STATE_KIND,
     TinkerPath,
 )
-from .state import Gateway
-from .tenancy import Caller
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.tenancy import Caller
 
 SESSION_FILE = "session.json"  # what the trainer writes beside a saved state (state.py)
 RUN_FILE = "tinker_run.json"  # {"user_metadata": {...}}: what create_model was given

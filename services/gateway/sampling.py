@@ -11,15 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentinker.errors import InvalidArgumentError
+from opentinker.services.gateway import wire
+from opentinker.services.gateway.futures import Result
+from opentinker.services.gateway.models import TrainingModel
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.stops import apply_stop_strings, parse_stop
+from opentinker.services.gateway.tenancy import Caller
 from opentinker.spec import SamplingParams
 from opentinker.training_session import SampleOutput
-
-from . import wire
-from .futures import Result
-from .models import TrainingModel
-from .state import Gateway
-from .stops import apply_stop_strings, parse_stop
-from .tenancy import Caller
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,8 @@ import hmac
 import json
 import secrets
 
+from opentinker.services.gateway.settings import GatewaySettings
 from opentinker.services.scheduler.credentials import load_or_create_secret
-
-from .settings import GatewaySettings
 
 SECRET_NAME = ".gateway-download-secret"  # in the checkpoint root unless set elsewhere
 

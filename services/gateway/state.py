@@ -10,14 +10,13 @@ from collections import OrderedDict
 from opentinker.common.v1 import common_pb2
 from opentinker.connection import Connection
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-from .futures import FutureStore
-from .models import Models
-from .sessions import Sessions
-from .settings import GatewaySettings
-from .signing import signing_secret
-from .stops import Tokenizers
-from .tenancy import Caller, Tenancy
+from opentinker.services.gateway.futures import FutureStore
+from opentinker.services.gateway.models import Models
+from opentinker.services.gateway.sessions import Sessions
+from opentinker.services.gateway.settings import GatewaySettings
+from opentinker.services.gateway.signing import signing_secret
+from opentinker.services.gateway.stops import Tokenizers
+from opentinker.services.gateway.tenancy import Caller, Tenancy
 
 IDEMPOTENCY_KEEP = 4096  # answers remembered for retried requests (X-Idempotency-Key)
 

@@ -13,18 +13,22 @@ from typing import Any, cast
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError, NotFoundError, OpenTinkerError
+from opentinker.services.gateway import wire
+from opentinker.services.gateway.futures import Result
+from opentinker.services.gateway.models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
+from opentinker.services.gateway.ordering import SeqGate
+from opentinker.services.gateway.runs import (
+    RUN_NAME,
+    check_saved_state,
+    keep_user_metadata,
+    set_ttl,
+)
+from opentinker.services.gateway.stability import with_recorded_logprobs
+from opentinker.services.gateway.state import Gateway
+from opentinker.services.gateway.tenancy import Caller
 from opentinker.session_config import SessionConfig
 from opentinker.spec import LoraConfig
 from opentinker.training_session import AdamParams, LossName
-
-from . import wire
-from .futures import Result
-from .models import SAMPLER_KIND, STATE_KIND, TinkerPath, TrainingModel
-from .ordering import SeqGate
-from .runs import RUN_NAME, check_saved_state, keep_user_metadata, set_ttl
-from .stability import with_recorded_logprobs
-from .state import Gateway
-from .tenancy import Caller
 
 BASE_SAMPLER_NAME = "tinker-base-sampler"  # its session job's name (not a training run)
 UNEMBED_NOT_SERVED = "not trained: the gateway's unembed_lora is off (engines may not serve it)"

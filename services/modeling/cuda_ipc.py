@@ -16,8 +16,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from opentinker.rollout.v1 import rollout_pb2
-
-from .weights import dtype_from_pb, dtype_to_pb
+from opentinker.services.modeling.weights import dtype_from_pb, dtype_to_pb
 
 
 def device_uuid(device: torch.device) -> str:

@@ -30,8 +30,7 @@ from multiprocessing.shared_memory import SharedMemory
 import torch
 
 from opentinker.rollout.v1 import rollout_pb2
-
-from .weights import dtype_from_pb, dtype_to_pb
+from opentinker.services.modeling.weights import dtype_from_pb, dtype_to_pb
 
 SEGMENT_PREFIX = "otw_"  # every segment this module creates: /dev/shm/otw_<hex>
 ALIGN = 64  # each tensor's offset in a segment: any dtype's view is aligned

@@ -27,12 +27,15 @@ from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
-
-from .engine_choice import engine_factory, vllm_installed
-from .kept_engine import kept_engine_factory
-from .service import create_server
-from .settings import RolloutSettings
-from .shared_server import DEFAULT_MAX_LORA_RANK, SharedOptions, start_shared
+from opentinker.services.rollout.engine_choice import engine_factory, vllm_installed
+from opentinker.services.rollout.kept_engine import kept_engine_factory
+from opentinker.services.rollout.service import create_server
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.shared_server import (
+    DEFAULT_MAX_LORA_RANK,
+    SharedOptions,
+    start_shared,
+)
 
 
 def parse_args() -> argparse.Namespace:

@@ -33,14 +33,13 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from opentinker.errors import OpenTinkerError
-
-from .agent_endpoint.episodes import AgentProgramLoop
-from .chat_format import ChatFormat, decode
-from .engine import GenerationEngine
-from .env_replies import reset_problem, restart_after, step_problem
-from .episode_record import EpisodeState, PlayedEpisode, ResetEpisodes
-from .episode_scheduler import EpisodeScheduler, EpisodeSteps
-from .loop_config import (
+from opentinker.services.rollout.agent_endpoint.episodes import AgentProgramLoop
+from opentinker.services.rollout.chat_format import ChatFormat, decode
+from opentinker.services.rollout.engine import GenerationEngine
+from opentinker.services.rollout.env_replies import reset_problem, restart_after, step_problem
+from opentinker.services.rollout.episode_record import EpisodeState, PlayedEpisode, ResetEpisodes
+from opentinker.services.rollout.episode_scheduler import EpisodeScheduler, EpisodeSteps
+from opentinker.services.rollout.loop_config import (
     EnvSession,
     EpisodeRequest,
     LoopConfig,
@@ -48,11 +47,15 @@ from .loop_config import (
     turn_budgets,
     turn_limit,
 )
-from .multi_agent import MultiAgentLoop
-from .multimodal import observation_ids_with_images, prompt_ids_with_images, vision_chat_for
-from .seeds import derive_seed
-from .tool_calls import parse_tool_calls
-from .types import (
+from opentinker.services.rollout.multi_agent import MultiAgentLoop
+from opentinker.services.rollout.multimodal import (
+    observation_ids_with_images,
+    prompt_ids_with_images,
+    vision_chat_for,
+)
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.tool_calls import parse_tool_calls
+from opentinker.services.rollout.types import (
     ChatMessage,
     Completion,
     EnvSpec,

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from .agent_loop import AgentLoop, ResetEpisodes
-from .config import RolloutConfig
-from .envhub_link import EnvHubLink
-from .loop_config import EpisodeRequest
-from .seeds import derive_seed
+from opentinker.services.rollout.agent_loop import AgentLoop, ResetEpisodes
+from opentinker.services.rollout.config import RolloutConfig
+from opentinker.services.rollout.envhub_link import EnvHubLink
+from opentinker.services.rollout.loop_config import EpisodeRequest
+from opentinker.services.rollout.seeds import derive_seed
 
 log = structlog.get_logger(__name__)
 

@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from opentinker.errors import FailedPreconditionError
-
-from .multi_lora import LoraRow, MixedLoraEngine
-from .types import Completion
+from opentinker.services.rollout.multi_lora import LoraRow, MixedLoraEngine
+from opentinker.services.rollout.types import Completion
 
 DEFAULT_WINDOW_S = 0.005
 

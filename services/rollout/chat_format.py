@@ -21,9 +21,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from opentinker.services.modeling.template_choice import NO_TEMPLATE_HINT
-
-from .tool_calls import style_of
-from .types import ToolSpec
+from opentinker.services.rollout.tool_calls import style_of
+from opentinker.services.rollout.types import ToolSpec
 
 _PROBE_USER = "u"
 _PROBE_ASSISTANT = "a"

@@ -33,13 +33,12 @@ from opentinker.services.modeling.vision_inputs import (
     load_image_processor,
     load_language_model,
 )
+from opentinker.services.rollout.multimodal import generate_each_with_images
+from opentinker.services.rollout.prefix_cache import PrefixCache
+from opentinker.services.rollout.settings import DEFAULT_MAX_BATCH_SIZE
+from opentinker.services.rollout.shared_prefill import prompt_inputs
+from opentinker.services.rollout.types import Completion
 from opentinker.spec import ModelSpec, SamplingParams
-
-from .multimodal import generate_each_with_images
-from .prefix_cache import PrefixCache
-from .settings import DEFAULT_MAX_BATCH_SIZE
-from .shared_prefill import prompt_inputs
-from .types import Completion
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

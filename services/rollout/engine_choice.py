@@ -18,11 +18,10 @@ import structlog
 import torch
 
 from opentinker.errors import ConfigError
+from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.multi_lora import MixedLoraEngine, SharedLoraEngine
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.spec import ModelSpec
-
-from .engine import GenerationEngine, TransformersEngine
-from .multi_lora import MixedLoraEngine, SharedLoraEngine
-from .settings import RolloutSettings
 
 log = structlog.get_logger("opentinker.rollout.engine_choice")
 
@@ -83,7 +82,9 @@ def engine_factory(
     )
     log.info("engine_chosen", engine=name, reason=why, device=settings.device or "default")
     if name == "vllm":
-        from .vllm_engine import VllmEngine  # needs vllm; imported only when chosen
+        from opentinker.services.rollout.vllm_engine import (
+            VllmEngine,  # needs vllm; imported only when chosen
+        )
 
         device = settings.device or "cuda:0"
         return name, lambda spec: VllmEngine.load(spec, settings, device=device)
@@ -111,7 +112,9 @@ def shared_engine_loader(
     )
     log.info("shared_engine_chosen", engine=name, reason=why, device=settings.device or "default")
     if name == "vllm":
-        from .vllm_multi_lora import VllmMixedLoraEngine  # needs vllm; imported only when chosen
+        from opentinker.services.rollout.vllm_multi_lora import (
+            VllmMixedLoraEngine,  # needs vllm; imported only when chosen
+        )
 
         device = settings.device or "cuda:0"
         return name, lambda: VllmMixedLoraEngine.load(

@@ -17,10 +17,9 @@ import torch
 
 from opentinker.errors import InvalidArgumentError
 from opentinker.rollout.v1 import rollout_pb2
-
-from .engine import GenerationEngine, WeightUpdateError
-from .vllm_engine import VllmEngine
-from .weight_transports import open_cuda_ipc
+from opentinker.services.rollout.engine import GenerationEngine, WeightUpdateError
+from opentinker.services.rollout.vllm_engine import VllmEngine
+from opentinker.services.rollout.weight_transports import open_cuda_ipc
 
 log = structlog.get_logger("opentinker.rollout.session")  # the session's own events
 

@@ -14,9 +14,8 @@ from typing import Protocol
 
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import InvalidArgumentError, OpenTinkerError, UnavailableError
-
-from .loop_config import EpisodeRequest, LoopConfig
-from .types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.types import EnvSpec, ResetResult, RoleSpec, StepOutcome, ToolSpec
 
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
 

@@ -28,10 +28,9 @@ from opentinker.errors import (
     UnavailableError,
 )
 from opentinker.services.common.grpc_server import aio_channel
-
-from .env_replies import EnvLinkLostError
-from .envhub_episode import EnvHubEpisode
-from .envhub_errors import stream_error
+from opentinker.services.rollout.env_replies import EnvLinkLostError
+from opentinker.services.rollout.envhub_episode import EnvHubEpisode
+from opentinker.services.rollout.envhub_errors import stream_error
 
 log = structlog.get_logger("opentinker.rollout.envhub_client")
 

@@ -7,13 +7,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from opentinker.envhub.v1 import environment_pb2
-
-from .multimodal import images_of
-from .tool_calls import ToolCalls
-from .types import ResetResult, StepOutcome
+from opentinker.services.rollout.multimodal import images_of
+from opentinker.services.rollout.tool_calls import ToolCalls
+from opentinker.services.rollout.types import ResetResult, StepOutcome
 
 if TYPE_CHECKING:
-    from .envhub_client import EnvHubClient
+    from opentinker.services.rollout.envhub_client import EnvHubClient
 
 
 class EnvHubEpisode:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import grpc
 
 from opentinker.errors import NotFoundError, OpenTinkerError, UnavailableError, from_rpc_error
-
-from .env_replies import EnvLinkLostError
+from opentinker.services.rollout.env_replies import EnvLinkLostError
 
 ENV_UNAVAILABLE = "ENV_UNAVAILABLE"  # EnvHub's reason: no instance of the env answered
 _LINK_LOST_CODES = frozenset(

@@ -22,12 +22,11 @@ import structlog
 
 from opentinker.envhub.v1 import environment_pb2
 from opentinker.errors import NotFoundError, OpenTinkerError, UnavailableError
-
-from .envhub_client import EnvHubClient
-from .envhub_episode import EnvHubEpisode
-from .envhub_errors import ENV_UNAVAILABLE
-from .tool_calls import ToolCalls
-from .types import ResetResult, StepOutcome
+from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.envhub_episode import EnvHubEpisode
+from opentinker.services.rollout.envhub_errors import ENV_UNAVAILABLE
+from opentinker.services.rollout.tool_calls import ToolCalls
+from opentinker.services.rollout.types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.envhub_link")
 

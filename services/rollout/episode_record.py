@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opentinker.services.modeling.vision_inputs import ImageInput
-
-from .loop_config import EnvSession, EpisodeRequest
-from .types import ChatMessage, FinishReason
+from opentinker.services.rollout.loop_config import EnvSession, EpisodeRequest
+from opentinker.services.rollout.types import ChatMessage, FinishReason
 
 
 class EpisodeState(enum.Enum):

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .seeds import derive_seed
+from opentinker.services.rollout.seeds import derive_seed
 
 Ep = TypeVar("Ep")
 

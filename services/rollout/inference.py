@@ -31,17 +31,16 @@ from opentinker.inference_rows import (
     options_with_split,
     summarize,
 )
+from opentinker.services.rollout.agent_loop import AgentLoop
+from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.env_replies import env_spec_from_proto
+from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.envhub_link import EnvHubLink
+from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.seeds import derive_seed, eval_episode_seed
+from opentinker.services.rollout.settings import DEFAULT_ENVHUB_RECONNECT_S, DEFAULT_MAX_BATCH_SIZE
+from opentinker.services.rollout.types import Trajectory
 from opentinker.spec import ModelSpec, SamplingParams
-
-from .agent_loop import AgentLoop
-from .engine import GenerationEngine, TransformersEngine
-from .env_replies import env_spec_from_proto
-from .envhub_client import EnvHubClient
-from .envhub_link import EnvHubLink
-from .loop_config import EpisodeRequest, LoopConfig
-from .seeds import derive_seed, eval_episode_seed
-from .settings import DEFAULT_ENVHUB_RECONNECT_S, DEFAULT_MAX_BATCH_SIZE
-from .types import Trajectory
 
 log = structlog.get_logger("opentinker.rollout.inference")
 

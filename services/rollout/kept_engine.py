@@ -27,9 +27,8 @@ from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.preload import Preload
 from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.services.modeling.vision_inputs import load_image_processor
+from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
 from opentinker.spec import ModelSpec
-
-from .engine import GenerationEngine, TransformersEngine
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

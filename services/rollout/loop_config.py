@@ -10,11 +10,10 @@ from typing import Literal, Protocol
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.services.rollout.tool_calls import ToolCalls
+from opentinker.services.rollout.types import ResetResult, StepOutcome
 from opentinker.spec import SamplingParams
 from opentinker.spec_agent import AgentProgram
-
-from .tool_calls import ToolCalls
-from .types import ResetResult, StepOutcome
 
 log = structlog.get_logger("opentinker.rollout.agent_loop")
 

@@ -36,15 +36,25 @@ from dataclasses import dataclass, field
 import structlog
 
 from opentinker.errors import OpenTinkerError
-
-from .chat_format import ChatFormat, decode
-from .engine import GenerationEngine
-from .env_replies import reset_problem, restart_after, role_problem, step_problem
-from .loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session, turn_budgets
-from .multimodal import refuse_images
-from .seeds import derive_seed
-from .tool_calls import parse_tool_calls
-from .types import (
+from opentinker.services.rollout.chat_format import ChatFormat, decode
+from opentinker.services.rollout.engine import GenerationEngine
+from opentinker.services.rollout.env_replies import (
+    reset_problem,
+    restart_after,
+    role_problem,
+    step_problem,
+)
+from opentinker.services.rollout.loop_config import (
+    EnvSession,
+    EpisodeRequest,
+    LoopConfig,
+    close_session,
+    turn_budgets,
+)
+from opentinker.services.rollout.multimodal import refuse_images
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.tool_calls import parse_tool_calls
+from opentinker.services.rollout.types import (
     ChatMessage,
     Completion,
     EnvSpec,

@@ -35,14 +35,13 @@ from opentinker.services.modeling.attention import has_full_attention_only
 from opentinker.services.modeling.context_length import context_length
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_image_processor
+from opentinker.services.rollout.engine import copy_checked, cut_at_eos, eos_and_pad_ids
+from opentinker.services.rollout.prefix_cache import PrefixCache
+from opentinker.services.rollout.settings import DEFAULT_MAX_BATCH_SIZE
+from opentinker.services.rollout.shared_prefill import prompt_inputs
+from opentinker.services.rollout.top_logprobs import top_k_rows
+from opentinker.services.rollout.types import Completion
 from opentinker.spec import ModelSpec, SamplingParams
-
-from .engine import copy_checked, cut_at_eos, eos_and_pad_ids
-from .prefix_cache import PrefixCache
-from .settings import DEFAULT_MAX_BATCH_SIZE
-from .shared_prefill import prompt_inputs
-from .top_logprobs import top_k_rows
-from .types import Completion
 
 # The adapter name the trainer's tensors carry (peft's default): mapped to the job's own here.
 TRAINER_ADAPTER = "default"

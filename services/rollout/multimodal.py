@@ -23,10 +23,9 @@ from opentinker.services.modeling.vision_inputs import (
     model_image_inputs,
     pixel_inputs,
 )
+from opentinker.services.rollout.chat_format import ChatFormat, template_tools
+from opentinker.services.rollout.types import Completion, ResetResult, StepOutcome, ToolSpec
 from opentinker.spec import SamplingParams
-
-from .chat_format import ChatFormat, template_tools
-from .types import Completion, ResetResult, StepOutcome, ToolSpec
 
 
 def vision_chat_for(engine: Any, tools: Sequence[ToolSpec]) -> VisionChat | None:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .shared_prefill import left_padded, prefill
-from .types import Completion
+from opentinker.services.rollout.shared_prefill import left_padded, prefill
+from opentinker.services.rollout.types import Completion
 
 
 @dataclass(frozen=True)

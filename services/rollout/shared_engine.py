@@ -19,13 +19,12 @@ from opentinker.errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
 )
+from opentinker.services.rollout.batcher import MixedBatcher
+from opentinker.services.rollout.config import RolloutConfig
+from opentinker.services.rollout.multi_lora import LoraRow, MixedLoraEngine, adapter_name_for
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.types import Completion
 from opentinker.spec import ModelSpec, SamplingParams
-
-from .batcher import MixedBatcher
-from .config import RolloutConfig
-from .multi_lora import LoraRow, MixedLoraEngine, adapter_name_for
-from .seeds import derive_seed
-from .types import Completion
 
 
 class AdapterEngine:

@@ -24,12 +24,11 @@ from opentinker.grpc_options import host_port
 from opentinker.services.common.auth import IdentityServiceAuthenticator
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.launch import write_atomic
-
-from .batcher import DEFAULT_WINDOW_S, MixedBatcher
-from .engine_choice import shared_engine_loader, vllm_installed
-from .service import create_server
-from .settings import RolloutSettings
-from .shared_engine import SharedAdapters
+from opentinker.services.rollout.batcher import DEFAULT_WINDOW_S, MixedBatcher
+from opentinker.services.rollout.engine_choice import shared_engine_loader, vllm_installed
+from opentinker.services.rollout.service import create_server
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.shared_engine import SharedAdapters
 
 log = structlog.get_logger("opentinker.rollout.shared")
 

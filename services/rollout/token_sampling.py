@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opentinker.errors import InvalidArgumentError
+from opentinker.services.rollout.engine import GenerationEngine
 from opentinker.spec import SamplingParams
-
-from .engine import GenerationEngine
 
 MAX_SAMPLES = 1024
 

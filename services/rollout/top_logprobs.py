@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from opentinker.errors import InvalidArgumentError
-
-from .engine import TransformersEngine
+from opentinker.services.rollout.engine import TransformersEngine
 
 MAX_TOP_K = 64  # a row per position and k values each travel back: keep replies bounded
 

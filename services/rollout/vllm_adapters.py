@@ -23,9 +23,8 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from opentinker.services.modeling.adapters import peft_lora_config
+from opentinker.services.rollout.engine import WeightUpdateError
 from opentinker.spec import ModelSpec
-
-from .engine import WeightUpdateError
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _ADAPTER_NAME = re.compile(r"\.(lora_[A-Za-z_]+)\.default(?=\.|$)")  # embeddings: no .weight

@@ -46,14 +46,20 @@ from opentinker.errors import ConfigError
 from opentinker.services.modeling.cuda_ipc import meta_tensors
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.template_choice import use_chat_template
+from opentinker.services.rollout.engine import WeightUpdateError
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.types import Completion
+from opentinker.services.rollout.vllm_adapters import (
+    AdapterVersions,
+    WeightShapes,
+    max_lora_rank_for,
+)
+from opentinker.services.rollout.vllm_outputs import (
+    completions_from_outputs,
+    prompt_logprobs_from_output,
+)
 from opentinker.spec import ModelSpec, SamplingParams
-
-from .engine import WeightUpdateError
-from .seeds import derive_seed
-from .settings import RolloutSettings
-from .types import Completion
-from .vllm_adapters import AdapterVersions, WeightShapes, max_lora_rank_for
-from .vllm_outputs import completions_from_outputs, prompt_logprobs_from_output
 
 log = structlog.get_logger("opentinker.rollout.vllm")
 

@@ -39,14 +39,22 @@ import structlog
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from opentinker.services.rollout.multi_lora import LoraRow, check_shared_spec, check_text_model
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.types import Completion
+from opentinker.services.rollout.vllm_adapters import AdapterVersions, WeightShapes
+from opentinker.services.rollout.vllm_engine import (
+    PROBE_OPTIONS,
+    add_lora,
+    sampling_options,
+    shutdown_llm,
+    vllm_options,
+)
+from opentinker.services.rollout.vllm_outputs import (
+    completions_from_outputs,
+    prompt_logprobs_from_output,
+)
 from opentinker.spec import LoraConfig, ModelSpec
-
-from .multi_lora import LoraRow, check_shared_spec, check_text_model
-from .settings import RolloutSettings
-from .types import Completion
-from .vllm_adapters import AdapterVersions, WeightShapes
-from .vllm_engine import PROBE_OPTIONS, add_lora, sampling_options, shutdown_llm, vllm_options
-from .vllm_outputs import completions_from_outputs, prompt_logprobs_from_output
 
 log = structlog.get_logger("opentinker.rollout.vllm_multi_lora")
 

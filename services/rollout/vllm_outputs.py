@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from .types import Completion
+from opentinker.services.rollout.types import Completion
 
 
 class VllmOutputError(RuntimeError):

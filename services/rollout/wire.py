@@ -19,8 +19,7 @@ from opentinker.errors import (
 )
 from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.rollout.v1 import rollout_pb2
-
-from .types import FinishReason, Trajectory, TrajectoryBatch
+from opentinker.services.rollout.types import FinishReason, Trajectory, TrajectoryBatch
 
 # A TrajectoryBatch larger than this goes to the trainer in parts (TrajectoryBatch.more): gRPC
 # refuses to send a message past MAX_MESSAGE_BYTES, which would end the stream.

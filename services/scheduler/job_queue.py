@@ -10,7 +10,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from .redis_text import as_text
+from opentinker.services.scheduler.redis_text import as_text
 
 
 class JobQueue(Protocol):

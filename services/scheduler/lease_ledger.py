@@ -42,8 +42,8 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
-from . import lease_scripts
-from .redis_text import as_text
+from opentinker.services.scheduler import lease_scripts
+from opentinker.services.scheduler.redis_text import as_text
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from opentinker.common.v1 import common_pb2
-
-from .fair_share import FairPicker, devices_needed
+from opentinker.services.scheduler.fair_share import FairPicker, devices_needed
 
 
 def waiting_reasons(

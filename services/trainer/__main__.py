@@ -22,10 +22,9 @@ from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.preload import Preload
-
-from .rollout_address import RolloutAddress
-from .service import run_job
-from .settings import TrainerSettings
+from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.service import run_job
+from opentinker.services.trainer.settings import TrainerSettings
 
 
 async def _main(

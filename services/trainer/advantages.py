@@ -24,13 +24,13 @@ from dataclasses import replace
 
 import torch
 
-from .agent_segments import rows_by_episode
-from .batch import Episode, row_positions
-from .estimators.gae import gae_advantages
-from .estimators.grpo import ADVANTAGE_EPS, flat_groups, group_advantages
-from .estimators.reinforce import batch_baseline_advantages
-from .estimators.rloo import rloo_advantages
-from .estimators.turn_returns import discounted_returns, token_returns
+from opentinker.services.trainer.agent_segments import rows_by_episode
+from opentinker.services.trainer.batch import Episode, row_positions
+from opentinker.services.trainer.estimators.gae import gae_advantages
+from opentinker.services.trainer.estimators.grpo import ADVANTAGE_EPS, flat_groups, group_advantages
+from opentinker.services.trainer.estimators.reinforce import batch_baseline_advantages
+from opentinker.services.trainer.estimators.rloo import rloo_advantages
+from opentinker.services.trainer.estimators.turn_returns import discounted_returns, token_returns
 
 WHITEN_EPS = 1e-8
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .batch import Episode
+from opentinker.services.trainer.batch import Episode
 
 
 def episode_key(e: Episode, row: int) -> tuple[str, str] | int:

@@ -15,18 +15,21 @@ from typing import Literal
 
 import torch
 
+from opentinker.services.trainer.advantages import gae_token_advantages, token_advantages
+from opentinker.services.trainer.batch import Episode, SequenceBatch, collate
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.forward import can_share_prompts, policy_forward
+from opentinker.services.trainer.losses.kl import KlEstimator, kl_reward_penalty
+from opentinker.services.trainer.losses.policy_gradient import Normalization
+from opentinker.services.trainer.microbatch import group_by_token_budget
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reference import ReferencePolicy
+from opentinker.services.trainer.shared_prompts import (
+    PromptGroups,
+    prompt_groups,
+    shared_prompt_hidden,
+)
 from opentinker.spec import RlConfig
-
-from .advantages import gae_token_advantages, token_advantages
-from .batch import Episode, SequenceBatch, collate
-from .critic import Critic
-from .forward import can_share_prompts, policy_forward
-from .losses.kl import KlEstimator, kl_reward_penalty
-from .losses.policy_gradient import Normalization
-from .microbatch import group_by_token_budget
-from .policy import Policy
-from .reference import ReferencePolicy
-from .shared_prompts import PromptGroups, prompt_groups, shared_prompt_hidden
 
 
 @dataclass(frozen=True)

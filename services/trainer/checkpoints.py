@@ -45,13 +45,13 @@ import structlog
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import storage
-from .critic import Critic
-from .errors import CheckpointError
-from .policy import Policy
+from opentinker.services.trainer import storage
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.errors import CheckpointError
+from opentinker.services.trainer.policy import Policy
 
 if TYPE_CHECKING:
-    from .ranks import LeaderPolicy
+    from opentinker.services.trainer.ranks import LeaderPolicy
 
 log = structlog.get_logger()
 

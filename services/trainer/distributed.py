@@ -41,12 +41,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from .batch import Episode
-from .batch_work import UpdateConfig, prepare
-from .logprobs import causal_lm_parts
-from .master_weights import LOW_PRECISION
-from .policy import Policy
-from .training import (
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.batch_work import UpdateConfig, prepare
+from opentinker.services.trainer.logprobs import causal_lm_parts
+from opentinker.services.trainer.master_weights import LOW_PRECISION
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.training import (
     TrainStats,
     _no_signal_stats,
     _stats,

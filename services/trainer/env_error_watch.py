@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from opentinker.services.common.env_errors import EnvErrorWindow, env_error_line
+from opentinker.services.trainer.agent_segments import first_rows
+from opentinker.services.trainer.batch import CollectedBatch, Episode
+from opentinker.services.trainer.step_metrics import batch_env_errors
 from opentinker.spec import RlConfig
-
-from .agent_segments import first_rows
-from .batch import CollectedBatch, Episode
-from .step_metrics import batch_env_errors
 
 
 @dataclass(frozen=True)

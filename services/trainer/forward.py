@@ -14,12 +14,16 @@ import torch
 from transformers import PreTrainedModel
 
 from opentinker.services.modeling.attention import has_full_attention_only
-
-from .batch import SequenceBatch
-from .logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
-from .policy import Policy
-from .shared_prompts import PromptGroups, shared_prompt_logprobs
-from .vision_logprobs import vision_hidden_states
+from opentinker.services.trainer.batch import SequenceBatch
+from opentinker.services.trainer.logprobs import (
+    causal_lm_parts,
+    hidden_states,
+    logit_softcap,
+    logprobs_from_hidden,
+)
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.shared_prompts import PromptGroups, shared_prompt_logprobs
+from opentinker.services.trainer.vision_logprobs import vision_hidden_states
 
 
 @dataclass(frozen=True)

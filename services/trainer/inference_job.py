@@ -23,13 +23,12 @@ from opentinker.services.common.env_errors import (
     over_fraction,
     tally,
 )
+from opentinker.services.trainer.loop import Outcome
+from opentinker.services.trainer.reporter import report_failure_logged
+from opentinker.services.trainer.rollout_open import open_telling_the_user
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.validation import EvalRollout
 from opentinker.spec import InferenceConfig, JobSpec
-
-from .loop import Outcome
-from .reporter import report_failure_logged
-from .rollout_open import open_telling_the_user
-from .settings import TrainerSettings
-from .validation import EvalRollout
 
 log = structlog.get_logger()
 

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from opentinker.services.common.exit_codes import RETRY_LATER
+from opentinker.services.trainer.batch import CollectedBatch
+from opentinker.services.trainer.pipeline import BatchSource
+from opentinker.services.trainer.validation import EvalRollout
+from opentinker.services.trainer.weight_sync import WeightReceiver
 from opentinker.spec import JobSpec
-
-from .batch import CollectedBatch
-from .pipeline import BatchSource
-from .validation import EvalRollout
-from .weight_sync import WeightReceiver
 
 
 class RolloutSession(EvalRollout, BatchSource, WeightReceiver, Protocol):

@@ -20,38 +20,42 @@ import structlog
 from opentinker.errors import EnvironmentError_, OpenTinkerError
 from opentinker.jobs import RL_FINAL_REWARD
 from opentinker.services.common.env_stats import TruncationWatch
-from opentinker.spec import JobSpec, RlConfig
-
-from . import checkpoints
-from .batch import Episode
-from .batch_work import UpdateConfig
-from .critic import Critic
-from .distributed import group_broke
-from .env_error_watch import EnvErrorWatch
-from .errors import CheckpointError
-from .job_types import (
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.distributed import group_broke
+from opentinker.services.trainer.env_error_watch import EnvErrorWatch
+from opentinker.services.trainer.errors import CheckpointError
+from opentinker.services.trainer.job_types import (
     Outcome,
     ProgressReporter,
     RolloutSession,
     TrainerStatus,
     after_storage_fault,
 )
-from .memory_metrics import memory_metrics
-from .pipeline import BatchPipeline, usable_episodes
-from .policy import Policy
-from .ranks import LeaderPolicy
-from .reference import ReferencePolicy
-from .reporter import report_failure_logged
-from .role_training import adopt_roles, role_update
-from .rollout_open import open_telling_the_user
-from .schedule import lr_factor
-from .settings import TrainerSettings
-from .step_metrics import StepTimes, step_metrics
-from .step_reports import BackgroundStepReports
-from .storage import StorageError
-from .training import TrainStats, rl_update
-from .validation import Validation
-from .weight_sync import ProbeShift, ProbeShiftWatch, SyncResult, verified_sync
+from opentinker.services.trainer.memory_metrics import memory_metrics
+from opentinker.services.trainer.pipeline import BatchPipeline, usable_episodes
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.ranks import LeaderPolicy
+from opentinker.services.trainer.reference import ReferencePolicy
+from opentinker.services.trainer.reporter import report_failure_logged
+from opentinker.services.trainer.role_training import adopt_roles, role_update
+from opentinker.services.trainer.rollout_open import open_telling_the_user
+from opentinker.services.trainer.schedule import lr_factor
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.step_metrics import StepTimes, step_metrics
+from opentinker.services.trainer.step_reports import BackgroundStepReports
+from opentinker.services.trainer.storage import StorageError
+from opentinker.services.trainer.training import TrainStats, rl_update
+from opentinker.services.trainer.validation import Validation
+from opentinker.services.trainer.weight_sync import (
+    ProbeShift,
+    ProbeShiftWatch,
+    SyncResult,
+    verified_sync,
+)
+from opentinker.spec import JobSpec, RlConfig
 
 log = structlog.get_logger()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .batch import Episode, SequenceBatch, collate
+from opentinker.services.trainer.batch import Episode, SequenceBatch, collate
 
 
 @dataclass(frozen=True)

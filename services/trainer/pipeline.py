@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from opentinker.errors import EnvironmentError_
+from opentinker.services.trainer.agent_segments import first_rows
+from opentinker.services.trainer.batch import CollectedBatch, Episode
+from opentinker.services.trainer.errors import WeightSyncError
 from opentinker.spec import RlConfig
-
-from .agent_segments import first_rows
-from .batch import CollectedBatch, Episode
-from .errors import WeightSyncError
 
 
 class BatchSource(Protocol):

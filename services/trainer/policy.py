@@ -41,18 +41,17 @@ from opentinker.services.modeling.preload import PreloadedModel
 from opentinker.services.modeling.role_adapters import activate, add_role_adapters, each_role
 from opentinker.services.modeling.template_choice import use_chat_template
 from opentinker.services.modeling.vision_inputs import load_image_processor, load_language_model
-from opentinker.spec import ModelSpec
-
-from .batch import SequenceBatch
-from .logprobs import (
+from opentinker.services.trainer.batch import SequenceBatch
+from opentinker.services.trainer.logprobs import (
     causal_lm_parts,
     hidden_states,
     logit_softcap,
     logprobs_from_hidden,
     token_logprobs_and_entropy,
 )
-from .master_weights import MasterWeightAdamW
-from .vision_logprobs import vision_hidden_states
+from opentinker.services.trainer.master_weights import MasterWeightAdamW
+from opentinker.services.trainer.vision_logprobs import vision_hidden_states
+from opentinker.spec import ModelSpec
 
 # The probe that proves the rollout serves the trainer's weights: the first PROBE_LENGTH ids
 # of this conversation, tokenized with the model's own chat template.

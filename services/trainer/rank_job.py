@@ -18,12 +18,17 @@ from opentinker.services.common.exit_codes import RETRY_LATER
 from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.modeling.placement import placement_here
+from opentinker.services.trainer.distributed import (
+    Rank,
+    group_broke,
+    init_rank,
+    leave_group,
+    shard_policy,
+)
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.ranks import LeaderPolicy, check_data_parallel, follow
+from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.spec import JobSpec, from_proto
-
-from .distributed import Rank, group_broke, init_rank, leave_group, shard_policy
-from .policy import Policy
-from .ranks import LeaderPolicy, check_data_parallel, follow
-from .settings import TrainerSettings
 
 log = structlog.get_logger()
 

@@ -29,11 +29,9 @@ from peft.utils import load_peft_weights
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from opentinker.errors import ConfigError
-from opentinker.spec import JobSpec, data_parallel_problems
-
-from .batch import Episode
-from .batch_work import UpdateConfig
-from .distributed import (
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.distributed import (
     Rank,
     data_parallel_update,
     full_optimizer_state,
@@ -42,8 +40,9 @@ from .distributed import (
     load_full_state,
     trainable_names,
 )
-from .policy import Policy, Probe
-from .training import TrainStats
+from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.trainer.training import TrainStats
+from opentinker.spec import JobSpec, data_parallel_problems
 
 log = structlog.get_logger()
 

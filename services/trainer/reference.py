@@ -12,10 +12,10 @@ import copy
 import torch
 from transformers import PreTrainedModel
 
-from .batch import SequenceBatch
-from .forward import can_share_prompts, model_forward
-from .policy import Policy
-from .shared_prompts import PromptGroups, shared_prompt_logprobs
+from opentinker.services.trainer.batch import SequenceBatch
+from opentinker.services.trainer.forward import can_share_prompts, model_forward
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.shared_prompts import PromptGroups, shared_prompt_logprobs
 
 
 class ReferencePolicy:

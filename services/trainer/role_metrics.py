@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from .batch import Episode
+from opentinker.services.trainer.batch import Episode
 
 
 def role_reward_means(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -7,15 +7,14 @@ with that role's adapter active. The figures of the roles are merged into one ``
 from __future__ import annotations
 
 from opentinker.errors import ConfigError
+from opentinker.services.trainer.batch import Episode
+from opentinker.services.trainer.batch_work import UpdateConfig
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.ranks import LeaderPolicy
+from opentinker.services.trainer.reference import ReferencePolicy
+from opentinker.services.trainer.training import TrainStats, rl_update
 from opentinker.spec import RlConfig
-
-from .batch import Episode
-from .batch_work import UpdateConfig
-from .critic import Critic
-from .policy import Policy
-from .ranks import LeaderPolicy
-from .reference import ReferencePolicy
-from .training import TrainStats, rl_update
 
 _TOKEN_MEANS = ("entropy", "clip_fraction", "ratio_mean", "logprob_gap", "kl", "padding_share")
 _STEP_MEANS = ("loss", "grad_norm", "value_loss")

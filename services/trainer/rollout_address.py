@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from .errors import RolloutError
+from opentinker.services.trainer.errors import RolloutError
 
 log = structlog.get_logger(__name__)
 

@@ -22,12 +22,11 @@ import torch
 from opentinker.common.v1 import common_pb2
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.modeling.weights import ChangedTensors, pack_weights
+from opentinker.services.trainer.batch import CollectedBatch
+from opentinker.services.trainer.errors import RolloutError
+from opentinker.services.trainer.rollout_wire import episode_from_proto, eval_row, open_request
+from opentinker.services.trainer.weight_transport import StreamTransport, TransportSetting
 from opentinker.spec import JobSpec
-
-from .batch import CollectedBatch
-from .errors import RolloutError
-from .rollout_wire import episode_from_proto, eval_row, open_request
-from .weight_transport import StreamTransport, TransportSetting
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,8 @@ import asyncio
 import time
 from typing import Protocol
 
+from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.spec import JobSpec
-
-from .settings import TrainerSettings
 
 
 class Openable(Protocol):  # the RL loop's RolloutSession, inference's EvalRollout

@@ -10,9 +10,8 @@ from opentinker.inference_rows import episode_row, wire_row
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.modeling.vision_inputs import ImageInput
 from opentinker.services.rollout.seeds import eval_episode_seed
+from opentinker.services.trainer.batch import Episode
 from opentinker.spec import JobSpec, to_proto
-
-from .batch import Episode
 
 
 def open_request(job_id: str, spec: JobSpec) -> rollout_pb2.OpenRollout:

@@ -38,8 +38,12 @@ from transformers.cache_utils import (
 )
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .batch import Episode, SequenceBatch
-from .logprobs import causal_lm_parts, logit_softcap, logprobs_from_hidden
+from opentinker.services.trainer.batch import Episode, SequenceBatch
+from opentinker.services.trainer.logprobs import (
+    causal_lm_parts,
+    logit_softcap,
+    logprobs_from_hidden,
+)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 
 from opentinker.services.common.env_errors import EnvErrorTally, env_error_metrics, tally
 from opentinker.services.common.env_stats import summarize_episodes, truncated_fraction
-
-from .agent_segments import first_rows
-from .batch import CollectedBatch, Episode
-from .role_metrics import role_reward_means
-from .training import TrainStats
-from .weight_sync import ProbeShift
+from opentinker.services.trainer.agent_segments import first_rows
+from opentinker.services.trainer.batch import CollectedBatch, Episode
+from opentinker.services.trainer.role_metrics import role_reward_means
+from opentinker.services.trainer.training import TrainStats
+from opentinker.services.trainer.weight_sync import ProbeShift
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import CheckpointError
+from opentinker.services.trainer.errors import CheckpointError
 
 # A failed write that leaves less than this free on its filesystem is taken for a full disk
 # (torch's own writer reports a short write without the errno).

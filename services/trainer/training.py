@@ -16,20 +16,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .advantages import episode_advantages
-from .batch import Episode, collate
-from .batch_work import BatchWork, UpdateConfig, prepare
-from .critic import Critic
-from .forward import ForwardOut, policy_forward
-from .losses.entropy import entropy_bonus_loss
-from .losses.kl import kl_loss, kl_per_token
-from .losses.policy_gradient import clipped_policy_loss, sequence_scales
-from .losses.rollout_correction import truncated_importance_weights
-from .losses.value import explained_variance, value_loss
-from .microbatch import group_by_token_budget
-from .policy import Policy
-from .reference import ReferencePolicy
-from .shared_prompts import prompt_groups
+from opentinker.services.trainer.advantages import episode_advantages
+from opentinker.services.trainer.batch import Episode, collate
+from opentinker.services.trainer.batch_work import BatchWork, UpdateConfig, prepare
+from opentinker.services.trainer.critic import Critic
+from opentinker.services.trainer.forward import ForwardOut, policy_forward
+from opentinker.services.trainer.losses.entropy import entropy_bonus_loss
+from opentinker.services.trainer.losses.kl import kl_loss, kl_per_token
+from opentinker.services.trainer.losses.policy_gradient import clipped_policy_loss, sequence_scales
+from opentinker.services.trainer.losses.rollout_correction import truncated_importance_weights
+from opentinker.services.trainer.losses.value import explained_variance, value_loss
+from opentinker.services.trainer.microbatch import group_by_token_budget
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reference import ReferencePolicy
+from opentinker.services.trainer.shared_prompts import prompt_groups
 
 __all__ = ["TrainStats", "UpdateConfig", "episode_advantages", "grpo_update", "rl_update"]
 

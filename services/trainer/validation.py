@@ -15,9 +15,8 @@ from typing import Any, Protocol
 import structlog
 
 from opentinker.inference_rows import summarize
+from opentinker.services.trainer.role_metrics import role_win_rates
 from opentinker.spec import RlConfig
-
-from .role_metrics import role_win_rates
 
 log = structlog.get_logger()
 

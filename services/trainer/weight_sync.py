@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from opentinker.services.modeling.placement import probe_tolerance
-
-from .errors import WeightSyncError
-from .policy import Policy, Probe
-from .rollout_client import WeightsAck
+from opentinker.services.trainer.errors import WeightSyncError
+from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.trainer.rollout_client import WeightsAck
 
 if TYPE_CHECKING:
-    from .ranks import LeaderPolicy
+    from opentinker.services.trainer.ranks import LeaderPolicy
 
 
 class WeightReceiver(Protocol):

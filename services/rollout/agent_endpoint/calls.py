@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine import GenerationEngine
-from ..loop_config import LoopConfig
-from ..seeds import derive_seed
-from ..types import Completion, RolloutStats
+from opentinker.services.rollout.engine import GenerationEngine
+from opentinker.services.rollout.loop_config import LoopConfig
+from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.types import Completion, RolloutStats
 
 DEFAULT_WAIT_S = 0.005  # the least a call waits for company when batch_wait_s is unset
 # The first call of a run waits (at most this long) for every other program's first call:

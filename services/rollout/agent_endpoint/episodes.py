@@ -23,19 +23,32 @@ from typing import Any
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.services.rollout.agent_endpoint.calls import GenerationQueue
+from opentinker.services.rollout.agent_endpoint.openai_wire import (
+    ChatRequest,
+    completion_body,
+    finish_reason,
+    reply_message,
+)
+from opentinker.services.rollout.agent_endpoint.program import (
+    AgentProgramError,
+    load_callable,
+    run_program,
+)
+from opentinker.services.rollout.agent_endpoint.segments import EpisodeRecord, Segment, text_of
+from opentinker.services.rollout.agent_endpoint.server import CallRefusedError, EndpointServer
+from opentinker.services.rollout.agent_endpoint.settings import EndpointSettings
+from opentinker.services.rollout.chat_format import decode
+from opentinker.services.rollout.engine import GenerationEngine
+from opentinker.services.rollout.env_replies import reset_problem, restart_after, step_problem
+from opentinker.services.rollout.loop_config import (
+    EnvSession,
+    EpisodeRequest,
+    LoopConfig,
+    close_session,
+)
+from opentinker.services.rollout.types import ChatMessage, FinishReason, RolloutStats, Trajectory
 from opentinker.spec_agent import AgentProgram
-
-from ..chat_format import decode
-from ..engine import GenerationEngine
-from ..env_replies import reset_problem, restart_after, step_problem
-from ..loop_config import EnvSession, EpisodeRequest, LoopConfig, close_session
-from ..types import ChatMessage, FinishReason, RolloutStats, Trajectory
-from .calls import GenerationQueue
-from .openai_wire import ChatRequest, completion_body, finish_reason, reply_message
-from .program import AgentProgramError, load_callable, run_program
-from .segments import EpisodeRecord, Segment, text_of
-from .server import CallRefusedError, EndpointServer
-from .settings import EndpointSettings
 
 log = structlog.get_logger("opentinker.rollout.agent_endpoint")
 MAX_AGENT_THREADS = 1024  # sync callables each hold a thread while they play

@@ -25,10 +25,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from opentinker.grpc_options import host_port
+from opentinker.services.rollout.agent_endpoint.openai_wire import (
+    ChatRequest,
+    error_body,
+    stream_events,
+)
+from opentinker.services.rollout.agent_endpoint.settings import EndpointSettings
 from opentinker.spec import validation_message
-
-from .openai_wire import ChatRequest, error_body, stream_events
-from .settings import EndpointSettings
 
 log = structlog.get_logger("opentinker.rollout.agent_endpoint")
 

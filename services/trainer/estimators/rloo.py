@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .grpo import check_groups
+from opentinker.services.trainer.estimators.grpo import check_groups
 
 
 def rloo_advantages(rewards_G_N: torch.Tensor) -> torch.Tensor:

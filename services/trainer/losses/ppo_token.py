@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .policy_gradient import clipped_policy_loss
+from opentinker.services.trainer.losses.policy_gradient import clipped_policy_loss
 
 
 @dataclass(frozen=True)

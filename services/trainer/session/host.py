@@ -31,10 +31,14 @@ from opentinker.errors import FailedPreconditionError, InvalidArgumentError
 from opentinker.services.modeling.adapters import load_init_adapter, peft_lora_config
 from opentinker.services.modeling.placement import dtype_for_device
 from opentinker.services.modeling.vision_inputs import load_language_model
+from opentinker.services.trainer.session.host_tenant import (
+    RngState,
+    TenantPolicy,
+    adapter_name_for,
+    probe_ids,
+)
+from opentinker.services.trainer.session.host_turns import FairTurns, TurnUsage
 from opentinker.spec import ModelSpec
-
-from .host_tenant import RngState, TenantPolicy, adapter_name_for, probe_ids
-from .host_turns import FairTurns, TurnUsage
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

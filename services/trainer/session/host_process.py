@@ -30,18 +30,17 @@ from opentinker.services.common.grpc_server import aio_channel, create_aio_serve
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.modeling.placement import placement_here
+from opentinker.services.trainer.reporter import SchedulerReporter
+from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.service import ACCESS_RULES, SERVICE_NAME
+from opentinker.services.trainer.session.host import DEFAULT_MAX_SESSIONS, SharedLoraHost
+from opentinker.services.trainer.session.host_servicer import HostAuthenticator, HostServicer
+from opentinker.services.trainer.session.run import run_session
+from opentinker.services.trainer.session.servicer import SessionServicer
+from opentinker.services.trainer.session.training_session import TrainingSession
+from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.spec import from_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-
-from ..reporter import SchedulerReporter
-from ..rollout_address import RolloutAddress
-from ..service import ACCESS_RULES, SERVICE_NAME
-from ..settings import TrainerSettings
-from .host import DEFAULT_MAX_SESSIONS, SharedLoraHost
-from .host_servicer import HostAuthenticator, HostServicer
-from .run import run_session
-from .servicer import SessionServicer
-from .training_session import TrainingSession
 
 log = structlog.get_logger(__name__)
 CREDENTIAL_ENV = "OPENTINKER_HOST_CREDENTIAL"

@@ -24,9 +24,8 @@ from opentinker.services.common.auth import (
     parse_credential,
 )
 from opentinker.services.common.grpc_server import abort_with
+from opentinker.services.trainer.session.servicer import SessionServicer
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-
-from .servicer import SessionServicer
 
 
 class HostAuthenticator:

@@ -17,15 +17,24 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from opentinker.services.trainer.batch import SequenceBatch
+from opentinker.services.trainer.logprobs import (
+    causal_lm_parts,
+    hidden_states,
+    logit_softcap,
+    logprobs_from_hidden,
+)
+from opentinker.services.trainer.master_weights import MasterWeightAdamW
+from opentinker.services.trainer.policy import (
+    ADAMW_WEIGHT_DECAY,
+    PROBE_LENGTH,
+    PROBE_MESSAGES,
+    Probe,
+)
 from opentinker.spec import ModelSpec
 
-from ..batch import SequenceBatch
-from ..logprobs import causal_lm_parts, hidden_states, logit_softcap, logprobs_from_hidden
-from ..master_weights import MasterWeightAdamW
-from ..policy import ADAMW_WEIGHT_DECAY, PROBE_LENGTH, PROBE_MESSAGES, Probe
-
 if TYPE_CHECKING:
-    from .host import SharedLoraHost
+    from opentinker.services.trainer.session.host import SharedLoraHost
 
 RngState = tuple[torch.Tensor, torch.Tensor | None]  # (CPU, GPU or None)
 TRAINER_ADAPTER = "default"  # the adapter name in a one-session policy's tensor names

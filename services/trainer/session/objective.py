@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..losses.cispo import cispo_loss
-from ..losses.cross_entropy import weighted_nll_sum
-from ..losses.dro import dro_loss
-from ..losses.gspo import gspo_loss
-from ..losses.importance_sampling import importance_sampling_loss
-from ..losses.ppo_token import ppo_token_loss
-from ..losses.stable_reinforce import stable_reinforce_loss
-from ..policy import Policy
-from .data import DatumBatch, LossName
+from opentinker.services.trainer.losses.cispo import cispo_loss
+from opentinker.services.trainer.losses.cross_entropy import weighted_nll_sum
+from opentinker.services.trainer.losses.dro import dro_loss
+from opentinker.services.trainer.losses.gspo import gspo_loss
+from opentinker.services.trainer.losses.importance_sampling import importance_sampling_loss
+from opentinker.services.trainer.losses.ppo_token import ppo_token_loss
+from opentinker.services.trainer.losses.stable_reinforce import stable_reinforce_loss
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.session.data import DatumBatch, LossName
 
 DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2
 

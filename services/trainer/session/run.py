@@ -24,18 +24,17 @@ from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.modeling.preload import Preload
+from opentinker.services.trainer.errors import RolloutError
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reporter import SchedulerReporter, report_failure_logged
+from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.session.auth import SessionAuthenticator
+from opentinker.services.trainer.session.host import SharedLoraHost
+from opentinker.services.trainer.session.sampler import SessionSampler
+from opentinker.services.trainer.session.training_session import RunWork, TrainingSession
+from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, to_proto
-
-from ..errors import RolloutError
-from ..policy import Policy
-from ..reporter import SchedulerReporter, report_failure_logged
-from ..rollout_address import RolloutAddress
-from ..settings import TrainerSettings
-from .auth import SessionAuthenticator
-from .host import SharedLoraHost
-from .sampler import SessionSampler
-from .training_session import RunWork, TrainingSession
 
 log = structlog.get_logger(__name__)
 

@@ -15,13 +15,12 @@ import grpc
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import UnavailableError, from_rpc_error
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-
-from ..errors import RolloutError, WeightSyncError
-from ..policy import Policy
-from ..rollout_client import GrpcRolloutSession
-from ..weight_sync import SyncResult, verified_sync
-from ..weight_transport import TransportSetting
-from .snapshots import Snapshot
+from opentinker.services.trainer.errors import RolloutError, WeightSyncError
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.session.snapshots import Snapshot
+from opentinker.services.trainer.weight_sync import SyncResult, verified_sync
+from opentinker.services.trainer.weight_transport import TransportSetting
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,17 @@ import structlog
 from opentinker.errors import InvalidArgumentError, NotFoundError, OpenTinkerError
 from opentinker.services.common.auth import current_principal
 from opentinker.services.common.grpc_server import abort, abort_with
+from opentinker.services.trainer.errors import RolloutError, WeightSyncError
+from opentinker.services.trainer.session.data import Datum
+from opentinker.services.trainer.session.objective import (
+    DEFAULT_CLIP_HIGH,
+    DEFAULT_CLIP_LOW,
+    LossSpec,
+)
+from opentinker.services.trainer.session.topk import add_topk, check_topk
+from opentinker.services.trainer.session.training_session import AdamParams, TrainingSession
 from opentinker.spec import JobSpec, to_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-
-from ..errors import RolloutError, WeightSyncError
-from .data import Datum
-from .objective import DEFAULT_CLIP_HIGH, DEFAULT_CLIP_LOW, LossSpec
-from .topk import add_topk, check_topk
-from .training_session import AdamParams, TrainingSession
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -21,12 +21,11 @@ from opentinker.errors import (
     ResourceExhaustedError,
 )
 from opentinker.services.common.launch import write_atomic
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.errors import CheckpointError
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.storage import StorageError, named
 from opentinker.spec import ModelSpec
-
-from .. import checkpoints
-from ..errors import CheckpointError
-from ..policy import Policy
-from ..storage import StorageError, named
 
 SESSION_FILE = "session.json"
 NAME_PATTERN = re.compile(r"^(?!\.+$)[A-Za-z0-9_.\-]{1,64}$")  # not "." or ".."

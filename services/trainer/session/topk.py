@@ -4,9 +4,8 @@ scored by the sampler that made the samples, with the weights it serves for them
 from __future__ import annotations
 
 from opentinker.errors import InvalidArgumentError
+from opentinker.services.trainer.session.sampler import SessionSampler
 from opentinker.trainer.v1 import trainer_pb2
-
-from .sampler import SessionSampler
 
 MAX_TOPK = 64  # the rollout's bound (ScoreTokensRequest.top_k)
 

@@ -22,18 +22,17 @@ import torch
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, OpenTinkerError
 from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.trainer.session import state
+from opentinker.services.trainer.session.data import Datum, collate_data
+from opentinker.services.trainer.session.objective import LossResult, LossSpec, evaluate
+from opentinker.services.trainer.session.ordering import CallOrder
+from opentinker.services.trainer.session.sampler import Sample, SessionSampler
+from opentinker.services.trainer.session.snapshots import Snapshots
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.step_reports import BackgroundStepReports, StepReport
+from opentinker.services.trainer.weight_sync import SyncResult
 from opentinker.session_config import SessionConfig
-
-from ..policy import Policy, Probe
-from ..settings import TrainerSettings
-from ..step_reports import BackgroundStepReports, StepReport
-from ..weight_sync import SyncResult
-from . import state
-from .data import Datum, collate_data
-from .objective import LossResult, LossSpec, evaluate
-from .ordering import CallOrder
-from .sampler import Sample, SessionSampler
-from .snapshots import Snapshots
 
 log = structlog.get_logger(__name__)
 _T = TypeVar("_T")

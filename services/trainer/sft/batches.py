@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import Example
+from opentinker.services.trainer.sft.data import Example
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,28 @@ from pathlib import Path
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.services.trainer import checkpoints
+from opentinker.services.trainer.errors import CheckpointError
+from opentinker.services.trainer.job_types import (
+    Outcome,
+    ProgressReporter,
+    TrainerStatus,
+    after_storage_fault,
+)
+from opentinker.services.trainer.memory_metrics import memory_metrics
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.reporter import report_failure_logged
+from opentinker.services.trainer.settings import TrainerSettings
+from opentinker.services.trainer.sft.batches import SftBatch, make_batches
+from opentinker.services.trainer.sft.data import (
+    Example,
+    read_conversations,
+    render_all,
+    split_validation,
+)
+from opentinker.services.trainer.sft.step import train_step, validation_loss
+from opentinker.services.trainer.storage import StorageError
 from opentinker.spec import JobSpec, SftConfig
-
-from .. import checkpoints
-from ..errors import CheckpointError
-from ..job_types import Outcome, ProgressReporter, TrainerStatus, after_storage_fault
-from ..memory_metrics import memory_metrics
-from ..policy import Policy
-from ..reporter import report_failure_logged
-from ..settings import TrainerSettings
-from ..storage import StorageError
-from .batches import SftBatch, make_batches
-from .data import Example, read_conversations, render_all, split_validation
-from .step import train_step, validation_loss
 
 log = structlog.get_logger()
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..logprobs import token_logprobs_and_entropy
-from ..losses.cross_entropy import cross_entropy
-from ..policy import Policy
-from .batches import SftBatch
+from opentinker.services.trainer.logprobs import token_logprobs_and_entropy
+from opentinker.services.trainer.losses.cross_entropy import cross_entropy
+from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.sft.batches import SftBatch
 
 
 @dataclass(frozen=True)
