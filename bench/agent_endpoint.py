@@ -31,9 +31,9 @@ import openai
 from arguments import positive_int  # bench/ is sys.path[0]
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason, ResetResult, StepOutcome
 from opentinker.spec import ModelSpec, SamplingParams
 from opentinker.spec_agent import AgentProgram

@@ -39,11 +39,11 @@ from opentinker.services.common.logging import configure_logging
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.env_replies import env_spec_from_proto
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.env_replies import env_spec_from_proto
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 from opentinker.services.rollout.types import Completion
 from opentinker.spec import ModelSpec, SamplingParams
 

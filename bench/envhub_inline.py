@@ -26,7 +26,7 @@ from opentinker.services.envhub.builtin_envs import BUILTIN_GAMES
 from opentinker.services.envhub.local_envs import LocalEnvironmentStub
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 
 GAME = "letter"
 

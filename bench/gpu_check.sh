@@ -76,7 +76,7 @@ install() {
     --target "$SITE/ot" . 2>&1 | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || failed install "pip install of this repo"
   python3 bench/gpu_imports.py vllm.entrypoints.llm vllm.v1.engine.core \
-    opentinker.services.rollout.vllm_engine opentinker.services.rollout.vllm_multi_lora ||
+    opentinker.services.rollout.engines.vllm_engine opentinker.services.rollout.engines.vllm_multi_lora ||
     failed install "imports: add the missing modules' wheels to bench/gpu_wheels.txt"
   python3 - <<'PY' || failed install "imports"
 import torch, vllm, transformers, peft

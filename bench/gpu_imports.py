@@ -2,7 +2,8 @@
 missing one at once: the GPU machine has no internet, and one call per missing wheel (as on
 2026-11-26: httpx2, then llguidance, then xgrammar) costs minutes of a 15-minute lease.
 
-    python3 bench/gpu_imports.py vllm.entrypoints.llm opentinker.services.rollout.vllm_engine
+    python3 bench/gpu_imports.py vllm.entrypoints.llm
+    opentinker.services.rollout.engines.vllm_engine
 
 Each ModuleNotFoundError that escapes an import (one the importing code does not guard, so
 certainly needed) is noted, an empty stand-in module takes that name, and the imports run

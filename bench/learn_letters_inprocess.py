@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.chat_format import decode
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.training import grpo_update
+from opentinker.services.rollout.agent.chat_format import decode
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.training import grpo_update
 from opentinker.spec import ModelSpec, SamplingParams
 
 SYSTEM = "You answer with a single capital letter."

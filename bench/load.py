@@ -37,7 +37,7 @@ from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2, scheduler_pb2_g
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.launcher.redis_process import RedisProcess
-from opentinker.services.scheduler.lease_history import double_leases
+from opentinker.services.scheduler.leases.lease_history import double_leases
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 from opentinker.services.scheduler.stores import connect_redis
@@ -245,7 +245,7 @@ async def main(args: argparse.Namespace) -> int:
             await identity.create_tenant("ops")
             await identity.create_user("ops", "ops", role=identity_pb2.ROLE_ADMIN)
             admin_key = (await identity.create_api_key("ops"))[0]
-            # a worker token admits one worker id (scheduler/worker_admission.py): one each
+            # a worker token admits one worker id (scheduler/tenants/worker_admission.py): one each
             tokens = [
                 (await identity.create_worker_token(worker_id=f"w{i}"))[0]
                 for i in range(args.workers)

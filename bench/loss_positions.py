@@ -24,10 +24,10 @@ import torch
 from arguments import positive_int  # bench/ is sys.path[0]
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.forward import policy_forward
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.shared_prompts import prompt_groups
+from opentinker.services.trainer.model.forward import policy_forward
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.model.shared_prompts import prompt_groups
+from opentinker.services.trainer.rl.batch import Episode, collate
 from opentinker.spec import ModelSpec
 
 QWEN_VOCAB = 151_936

@@ -38,14 +38,18 @@ from typing import Protocol
 import torch
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.batcher import MixedBatcher
-from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
-from opentinker.services.rollout.multi_lora import LoraRow, MixedLoraEngine, SharedLoraEngine
-from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.agent.seeds import derive_seed
+from opentinker.services.rollout.engines.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.engines.multi_lora import (
+    LoraRow,
+    MixedLoraEngine,
+    SharedLoraEngine,
+)
+from opentinker.services.rollout.engines.vllm_adapters import WeightShapes
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.services.rollout.shared.batcher import MixedBatcher
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import Completion
-from opentinker.services.rollout.vllm_adapters import WeightShapes
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 
@@ -161,8 +165,8 @@ class OneJobPerCall:
 
 def vllm_main(args: argparse.Namespace, ks: list[int]) -> None:
     """Shared (merged calls) against one job per call, both on one vLLM multi-LoRA engine."""
-    from opentinker.services.rollout.engine_choice import vllm_installed
-    from opentinker.services.rollout.vllm_multi_lora import VllmMixedLoraEngine
+    from opentinker.services.rollout.engines.engine_choice import vllm_installed
+    from opentinker.services.rollout.engines.vllm_multi_lora import VllmMixedLoraEngine
 
     if not torch.cuda.is_available() or not vllm_installed():
         raise SystemExit(

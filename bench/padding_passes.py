@@ -25,10 +25,10 @@ from arguments import positive_int  # bench/ is sys.path[0]
 from loss_positions import add_episode_arguments, multi_turn_episodes
 
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.microbatch import group_by_token_budget
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.training import rl_update
+from opentinker.services.trainer.model.microbatch import group_by_token_budget
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
+from opentinker.services.trainer.rl.training import rl_update
 from opentinker.spec import ModelSpec
 
 SIDES = {"one padded pass": 1.0, "like-length passes": 0.25}

@@ -1,5 +1,5 @@
 """Multi-turn generation on the transformers engine: each turn continuing the previous turn's
-keys and values (``TransformersEngine.keep_prefixes``, services/rollout/prefix_cache.py) vs
+keys and values (``TransformersEngine.keep_prefixes``, services/rollout/engines/prefix_cache.py) vs
 computing every prompt again, in one run.
 
 ``--episodes`` episodes play ``--turns`` turns: a turn samples up to ``--new-tokens`` tokens,
@@ -12,7 +12,7 @@ each is printed with the ratio, and the tokens each computed (padding included).
     .venv/bin/python bench/prefix_cache.py [--episodes 32] [--turns 6] [--rounds 6] \
         [--hidden-size 128 --layers 2] [--adapters K]
 
-``--adapters K``: the shared multi-LoRA engine (services/rollout/multi_lora.py) with K jobs'
+``--adapters K``: the shared multi-LoRA engine (services/rollout/engines/multi_lora.py) with K jobs'
 adapters instead, episode i played by adapter i % K, every adapter keeping its prefixes.
 """
 
@@ -36,8 +36,8 @@ from transformers import (
 )
 
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.multi_lora import LoraRow, SharedLoraEngine
 from opentinker.services.rollout.types import Completion
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 

@@ -1,6 +1,6 @@
 """How far bfloat16 rounding alone moves the weight-sync probe, against the probe tolerance.
 
-The probe (trainer/weight_sync.py) holds the rollout's logprobs of 32 tokens to the
+The probe (trainer/rollout_link/weight_sync.py) holds the rollout's logprobs of 32 tokens to the
 trainer's within a tolerance per dtype pair (modeling/placement.py). bf16's error is relative
 to the logits, so it grows with their spread: a random-init model's logits have std ~0.6, a
 trained model's several times that. Trained weights cannot be downloaded here, so the spread
@@ -22,7 +22,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from opentinker.services.modeling.placement import probe_tolerance
 from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE
-from opentinker.services.trainer.policy import PROBE_LENGTH
+from opentinker.services.trainer.model.policy import PROBE_LENGTH
 
 
 def probe(model: Qwen2ForCausalLM, ids_1_L: torch.Tensor, dtype: torch.dtype, attention: str):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from opentinker.eval_stats import Interval
 from opentinker.services.envhub.games.arithmetic_env import ArithmeticGame
-from opentinker.services.rollout.seeds import derive_seed, eval_episode_seed
+from opentinker.services.rollout.agent.seeds import derive_seed, eval_episode_seed
 from opentinker.spec import RlConfig
 
 SPLIT_KEYS = ("generate", "env", "train", "weight_sync", "mesh", "rollout_wait", "step")

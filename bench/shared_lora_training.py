@@ -111,7 +111,7 @@ def status_kib(field: str) -> int:
 
 async def worker(args: argparse.Namespace) -> None:
     """One process: ``--indices`` sessions, shared on one host (or the one alone, a Policy)."""
-    from opentinker.services.trainer.policy import Policy
+    from opentinker.services.trainer.model.policy import Policy
     from opentinker.services.trainer.session.host import SharedLoraHost
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

@@ -3,7 +3,7 @@ without gradient checkpointing, on GRPO groups with long prompts.
 
 Real-size RL jobs run long prompts (a math problem, a game's rules and board), n samples each,
 and often turn gradient checkpointing on. The plain forward runs each prompt n times, forward
-and backward; the shared one (services/trainer/shared_prompts.py) runs it once and keeps its
+and backward; the shared one (services/trainer/model/shared_prompts.py) runs it once and keeps its
 keys and values for the rows. This measures both through the trainer's own ``policy_forward``
 on a random-init Qwen2 built here (no download): hidden 256, 4 layers, full fine-tuning.
 
@@ -25,10 +25,10 @@ import torch
 from trainer_memory import in_fresh_process, peak_growth  # bench/ is sys.path[0]
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.forward import policy_forward
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.shared_prompts import prompt_groups
+from opentinker.services.trainer.model.forward import policy_forward
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.model.shared_prompts import prompt_groups
+from opentinker.services.trainer.rl.batch import Episode, collate
 from opentinker.spec import ModelSpec
 
 MODEL = {"hidden_size": 256, "num_layers": 4, "intermediate_size": 768, "num_heads": 8}

@@ -28,12 +28,12 @@ from learn_letters_inprocess import letter_prompt  # bench/ is sys.path[0]
 
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.shared_prefill import prompt_inputs
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.forward import policy_forward
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.shared_prompts import prompt_groups
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.shared_prefill import prompt_inputs
+from opentinker.services.trainer.model.forward import policy_forward
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.model.shared_prompts import prompt_groups
+from opentinker.services.trainer.rl.batch import Episode, collate
 
 LETTERS = "ABCDEFGH" * 2  # 16 prompts
 SAMPLES = 8

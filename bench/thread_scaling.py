@@ -25,8 +25,8 @@ from vs_inprocess import demo_step  # bench/ is sys.path[0]
 
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
 
 
 def main() -> None:

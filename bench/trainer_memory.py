@@ -32,13 +32,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.logprobs import (
+from opentinker.services.trainer.model.logprobs import (
     chunk_positions_for,
     token_logprobs_and_entropy,
     unchunked_token_logprobs_and_entropy,
 )
-from opentinker.services.trainer.microbatch import MicroBatch, loss_tokens, micro_batches
+from opentinker.services.trainer.model.microbatch import MicroBatch, loss_tokens, micro_batches
+from opentinker.services.trainer.rl.batch import Episode, collate
 
 VOCAB = 151_936  # Qwen2.5's
 PAD_ID = 0

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.vllm_engine import VllmEngine
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.vllm_engine import VllmEngine
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 

@@ -50,10 +50,10 @@ from opentinker.jobs import JobEvent
 from opentinker.services.launcher.demo import demo_spec
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_scaled_model
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.training import rl_update
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
+from opentinker.services.trainer.rl.training import rl_update
 from opentinker.spec import JobSpec, RlConfig
 
 WINDOW = 10  # the loop's reward window (stop_at_reward is a 10-step mean)

@@ -49,7 +49,7 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.modeling import shared_weights, weights
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
 import weight_sync_baseline as baseline  # noqa: E402 - bench/ is not a package

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 
 from opentinker.errors import EnvironmentError_
 from opentinker.game import AbstractGame, StepResult, first_user_message
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import (
     Completion,
     ResetResult,

@@ -114,7 +114,7 @@ def identities(redis_server_url: str):
 def base_engine(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a TransformersEngine
     """The random-init tiny Qwen2 in the transformers engine, full weights, on the CPU."""
     from opentinker.services.modeling.tiny_model import build_tiny_model
-    from opentinker.services.rollout.engine import TransformersEngine
+    from opentinker.services.rollout.engines.engine import TransformersEngine
     from opentinker.spec import ModelSpec
 
     model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))

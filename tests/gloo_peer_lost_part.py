@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from opentinker.services.trainer.distributed import group_broke
+from opentinker.services.trainer.parallel.distributed import group_broke
 
 
 def main() -> None:

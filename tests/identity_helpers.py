@@ -10,7 +10,7 @@ import grpc
 from opentinker.errors import AlreadyExistsError
 from opentinker.scheduler.v1 import identity_pb2
 from opentinker.services.common.grpc_server import aio_channel
-from opentinker.services.scheduler.identity import IdentityStore
+from opentinker.services.scheduler.tenants.identity import IdentityStore
 
 
 def user_key() -> str:
@@ -47,7 +47,7 @@ async def worker_token(identity: IdentityStore, *, worker_id: str = "") -> str:
 def other_tenant_key(mesh, tenant: str, user: str) -> str:
     """An API key of ``user`` in a new ``tenant`` of a LocalMesh, made with its admin key."""
     from opentinker.admin import AdminClient  # noqa: PLC0415 - only the mesh tests need it
-    from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE  # noqa: PLC0415
+    from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE  # noqa: PLC0415
 
     admin_key = (mesh.secrets_dir / ADMIN_KEY_FILE).read_text().strip()
     with AdminClient(mesh.scheduler_address, api_key=admin_key) as admin:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from opentinker.services.scheduler.lease_history import double_leases
-from opentinker.services.scheduler.lease_ledger import LeaseEvent, RedisLeaseLedger
+from opentinker.services.scheduler.leases.lease_history import double_leases
+from opentinker.services.scheduler.leases.lease_ledger import LeaseEvent, RedisLeaseLedger
 from opentinker.services.scheduler.stores import connect_redis
 
 

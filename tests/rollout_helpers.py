@@ -20,16 +20,16 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.batcher import MixedBatcher
 from opentinker.services.rollout.config import RolloutConfig
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.multi_lora import SharedLoraEngine
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.services.rollout.shared.batcher import MixedBatcher
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import TrajectoryBatch
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
 from opentinker.spec import JobSpec, ModelSpec, SamplingParams, to_proto
 
 

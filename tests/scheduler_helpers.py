@@ -36,7 +36,8 @@ RPC_TIMEOUT_S = 5.0
 
 class WorkerStubs:
     """The workers' side of a mesh: a worker token admits one worker id (the first that
-    registers with it; scheduler/worker_admission.py), so each worker id a test connects gets
+    registers with it; scheduler/tenants/worker_admission.py), so each worker id a test connects
+    gets
     a stub of its own, holding one of a few tokens made when the mesh starts."""
 
     def __init__(self, stubs: list[scheduler_pb2_grpc.SchedulerServiceStub]) -> None:

@@ -12,11 +12,11 @@ import openai
 import pytest
 from agent_loop_helpers import Countdown, GameSession, RecordingEngine, model_turns
 
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.agent_endpoint.openai_wire import reply_message
 from opentinker.services.rollout.agent_endpoint.segments import EpisodeRecord
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.spec import SamplingParams
 from opentinker.spec_agent import AgentProgram

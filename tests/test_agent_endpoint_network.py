@@ -14,10 +14,10 @@ import pytest
 from agent_loop_helpers import Countdown, GameSession, RecordingEngine
 
 from opentinker.errors import ConfigError
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.agent_endpoint.settings import EndpointSettings
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason
 from opentinker.spec import SamplingParams
 from opentinker.spec_agent import AgentProgram

@@ -13,10 +13,10 @@ import pytest
 from agent_loop_helpers import Countdown, GameSession, RecordingEngine
 
 from opentinker.errors import EnvironmentError_
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.env_replies import EnvLinkLostError
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.env_replies import EnvLinkLostError
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason, ResetResult, StepOutcome, Trajectory
 from opentinker.spec import SamplingParams
 from opentinker.spec_agent import AgentProgram

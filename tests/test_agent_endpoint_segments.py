@@ -13,17 +13,17 @@ import pytest
 import torch
 from agent_loop_helpers import Countdown, GameSession, RecordingEngine, model_turns
 
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.services.rollout.wire import trajectory_to_proto
-from opentinker.services.trainer.advantages import token_advantages
-from opentinker.services.trainer.batch import CollectedBatch, collate
-from opentinker.services.trainer.env_error_watch import mixed_prompt_groups
-from opentinker.services.trainer.pipeline import usable_episodes
-from opentinker.services.trainer.rollout_wire import episode_from_proto
-from opentinker.services.trainer.step_metrics import agent_metrics, batch_env_errors
+from opentinker.services.trainer.rl.advantages import token_advantages
+from opentinker.services.trainer.rl.batch import CollectedBatch, collate
+from opentinker.services.trainer.rl.env_error_watch import mixed_prompt_groups
+from opentinker.services.trainer.rl.pipeline import usable_episodes
+from opentinker.services.trainer.rl.step_metrics import agent_metrics, batch_env_errors
+from opentinker.services.trainer.rollout_link.rollout_wire import episode_from_proto
 from opentinker.spec import RlConfig, SamplingParams
 from opentinker.spec_agent import AgentProgram
 

@@ -12,11 +12,11 @@ from agent_loop_helpers import Countdown, GameSession, RecordingEngine, model_tu
 
 from opentinker.errors import EnvironmentError_
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.chat_format import ChatFormat
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.env_replies import EnvLinkLostError
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.chat_format import ChatFormat
+from opentinker.services.rollout.agent.env_replies import EnvLinkLostError
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import (
     FinishReason,
     StepOutcome,

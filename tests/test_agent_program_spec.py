@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from opentinker.services.rollout.config import config_from_proto
-from opentinker.services.trainer.rollout_wire import open_request
+from opentinker.services.trainer.rollout_link.rollout_wire import open_request
 from opentinker.spec import InferenceConfig, JobSpec, ModelSpec, RlConfig, from_proto, to_proto
 from opentinker.spec_agent import AgentProgram
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.critic import Critic
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reference import ReferencePolicy
-from opentinker.services.trainer.training import TrainStats, UpdateConfig, rl_update
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.critic import Critic
+from opentinker.services.trainer.rl.reference import ReferencePolicy
+from opentinker.services.trainer.rl.training import TrainStats, UpdateConfig, rl_update
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration

@@ -21,10 +21,10 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.batcher import MixedBatcher
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.multi_lora import SharedLoraEngine
-from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.multi_lora import SharedLoraEngine
+from opentinker.services.rollout.shared.batcher import MixedBatcher
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters
 from opentinker.services.rollout.types import TrajectoryBatch
 from opentinker.spec import LoraConfig, ModelSpec
 

@@ -16,8 +16,8 @@ from opentinker.chat_templates import PLAIN_CHAT_TEMPLATE
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import models_pb2
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.chat_format import ChatFormat
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.agent.chat_format import ChatFormat
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason
 from opentinker.services.scheduler.model_admission import admit_model
 from opentinker.spec import JobSpec, ModelSpec, RlConfig, from_proto, to_proto

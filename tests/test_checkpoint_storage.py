@@ -37,7 +37,7 @@ from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.job_types import Outcome
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.session import state as session_state
 from opentinker.services.trainer.storage import StorageError
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, SftConfig
@@ -137,7 +137,7 @@ _FORBIDDEN = """
 import sys
 from pathlib import Path
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.storage import StorageError
 from opentinker.spec import ModelSpec
 folder = Path(sys.argv[2]) / "job-s"

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.batch import Episode
 from opentinker.services.trainer.errors import CheckpointError
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.training import grpo_update
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.training import grpo_update
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration  # real tiny model on disk, loaded with from_pretrained
@@ -221,7 +221,7 @@ import resource, signal, sys
 from pathlib import Path
 from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.errors import CheckpointError
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.spec import ModelSpec
 folder = Path(sys.argv[2])
 policy = Policy(ModelSpec(base_model=sys.argv[1], finetune="full"), learning_rate=1e-2)

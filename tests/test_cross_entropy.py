@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from opentinker.services.trainer.logprobs import target_logprobs_and_entropy
 from opentinker.services.trainer.losses.cross_entropy import cross_entropy
+from opentinker.services.trainer.model.logprobs import target_logprobs_and_entropy
 
 pytestmark = pytest.mark.unit
 

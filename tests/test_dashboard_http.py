@@ -14,7 +14,7 @@ import opentinker
 from opentinker import JobSpec, RlConfig
 from opentinker.admin import AdminClient
 from opentinker.services.launcher.processes import ServiceProcess, free_port
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
+from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ def test_a_step_with_a_nan_metric_reaches_the_page_as_json(scheduler, redis_url)
     from opentinker.common.v1 import common_pb2
     from opentinker.services.dashboard.app import create_app
     from opentinker.services.dashboard.settings import DashboardSettings
-    from opentinker.services.scheduler.event_log import RedisEventLog
+    from opentinker.services.scheduler.jobs.event_log import RedisEventLog
 
     address, admin_key = scheduler
     key = make_keys(address, admin_key)["alice"]

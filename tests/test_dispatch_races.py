@@ -11,9 +11,13 @@ import pytest
 from scheduler_helpers import ALLOCATING, QUEUED, spec
 
 from opentinker.services.common.auth import Principal
+from opentinker.services.scheduler.placement.worker_session import (
+    DeviceOffer,
+    LaunchCommand,
+    StopCommand,
+)
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.stores import connect_redis, redis_stores
-from opentinker.services.scheduler.worker_session import DeviceOffer, LaunchCommand, StopCommand
 
 pytestmark = pytest.mark.integration
 

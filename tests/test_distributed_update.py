@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.distributed import (
+from opentinker.services.trainer.model.master_weights import MASTERS_KEY
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.parallel.distributed import (
     Rank,
     data_parallel_step,
     full_state,
@@ -24,10 +24,10 @@ from opentinker.services.trainer.distributed import (
     rank_rows,
     shard_policy,
 )
-from opentinker.services.trainer.master_weights import MASTERS_KEY
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.ranks import LeaderPolicy, follow
-from opentinker.services.trainer.training import rl_update
+from opentinker.services.trainer.parallel.ranks import LeaderPolicy, follow
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
+from opentinker.services.trainer.rl.training import rl_update
 from opentinker.spec import ModelSpec
 
 LEARNING_RATE = 1e-3

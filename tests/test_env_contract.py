@@ -20,7 +20,7 @@ from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.config import RolloutConfig
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import FinishReason
@@ -109,7 +109,7 @@ def test_a_job_without_max_turns_plays_the_envs_own_turns(engine: TransformersEn
 
 
 def test_turn_limit_is_the_jobs_cap_else_the_envs_else_the_default() -> None:
-    from opentinker.services.rollout.loop_config import DEFAULT_MAX_TURNS, turn_limit
+    from opentinker.services.rollout.agent.loop_config import DEFAULT_MAX_TURNS, turn_limit
 
     assert turn_limit(3, 4) == 3
     assert turn_limit(None, 4) == 4

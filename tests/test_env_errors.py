@@ -26,7 +26,7 @@ from opentinker.services.common.env_errors import (
     env_error_metrics,
     tally,
 )
-from opentinker.services.trainer.loop import Outcome
+from opentinker.services.trainer.rl.loop import Outcome
 from opentinker.spec import JobSpec, from_proto, to_proto
 
 
@@ -236,9 +236,9 @@ def test_an_inference_job_with_most_episodes_failed_fails_naming_the_reasons(
     identities: Identities, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from opentinker.services.common.grpc_server import aio_channel
-    from opentinker.services.trainer.inference_job import InferenceJob
     from opentinker.services.trainer.reporter import SchedulerReporter
-    from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+    from opentinker.services.trainer.rl.inference_job import InferenceJob
+    from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
     from opentinker.services.trainer.settings import TrainerSettings
     from opentinker.spec import InferenceConfig, ModelSpec, SamplingParams
 
@@ -375,8 +375,8 @@ def test_a_grpo_group_given_different_prompts_is_counted_and_told(
 
 
 def test_an_env_that_keeps_its_seed_has_no_mixed_groups() -> None:
-    from opentinker.services.trainer.batch import Episode
-    from opentinker.services.trainer.env_error_watch import mixed_prompt_groups
+    from opentinker.services.trainer.rl.batch import Episode
+    from opentinker.services.trainer.rl.env_error_watch import mixed_prompt_groups
 
     def ep(group: int, prompt: list[int], role: str = "") -> Episode:
         return Episode(group, 0, [*prompt, 9], len(prompt), [0.0], [1], 0.0, False, role=role)
@@ -430,7 +430,7 @@ def test_fits_console_prints_env_errors_with_the_first_reason() -> None:
 def test_a_succeeded_inference_job_says_its_episodes_not_trainer_finished() -> None:
     from opentinker.common.v1 import common_pb2
     from opentinker.scheduler.v1 import scheduler_pb2
-    from opentinker.services.scheduler.attempt_ends import finished_reason
+    from opentinker.services.scheduler.jobs.attempt_ends import finished_reason
 
     result = scheduler_pb2.JobResult(final_metrics={"episodes": 8.0, "env_errors": 1.0})
     infer = common_pb2.Job(spec=common_pb2.JobSpec(kind=common_pb2.JOB_KIND_INFERENCE))

@@ -26,7 +26,7 @@ from opentinker.game import AbstractGame, StepResult
 from opentinker.grpc_options import MAX_MESSAGE_BYTES
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 
 pytestmark = pytest.mark.integration
 

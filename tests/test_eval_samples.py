@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from opentinker import Client, InferenceConfig
 from opentinker.eval_stats import evaluate, paired_difference
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.rollout.seeds import eval_episode_seed
+from opentinker.services.rollout.agent.seeds import eval_episode_seed
 
 
 def _row(index: int, reward: float) -> dict:

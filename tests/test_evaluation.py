@@ -19,10 +19,10 @@ from opentinker.inference_rows import (
     wire_row,
 )
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.seeds import derive_seed, eval_episode_seed
-from opentinker.services.scheduler.progress import MAX_ROW_BYTES, check_row
-from opentinker.services.trainer.validation import validation_metrics
+from opentinker.services.rollout.agent.seeds import derive_seed, eval_episode_seed
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.scheduler.jobs.progress import MAX_ROW_BYTES, check_row
+from opentinker.services.trainer.rl.validation import validation_metrics
 from opentinker.spec import ModelSpec, SamplingParams
 
 

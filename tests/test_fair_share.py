@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.scheduler.fair_share import FairPicker
+from opentinker.services.scheduler.placement.fair_share import FairPicker
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch import Episode, SequenceBatch, collate
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode, SequenceBatch, collate
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, from_proto, to_proto
 
 pytestmark = pytest.mark.integration  # real tiny model on disk, loaded with from_pretrained

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from opentinker.services.trainer.distributed import group_broke
+from opentinker.services.trainer.parallel.distributed import group_broke
 
 pytestmark = pytest.mark.integration
 

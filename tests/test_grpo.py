@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from opentinker.services.trainer.batch import Episode, collate
 from opentinker.services.trainer.estimators.grpo import group_advantages
 from opentinker.services.trainer.losses.policy_gradient import grpo_loss
-from opentinker.services.trainer.training import episode_advantages
+from opentinker.services.trainer.rl.batch import Episode, collate
+from opentinker.services.trainer.rl.training import episode_advantages
 
 pytestmark = pytest.mark.unit
 

@@ -18,12 +18,12 @@ from identity_helpers import api_key
 
 from opentinker.errors import AlreadyExistsError, AuthenticationError, ConfigError
 from opentinker.scheduler.v1 import identity_pb2
-from opentinker.services.scheduler.bootstrap import ensure_bootstrap_credentials
-from opentinker.services.scheduler.credentials import load_or_create_secret
-from opentinker.services.scheduler.identity import RedisIdentityStore
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 from opentinker.services.scheduler.stores import connect_redis
+from opentinker.services.scheduler.tenants.bootstrap import ensure_bootstrap_credentials
+from opentinker.services.scheduler.tenants.credentials import load_or_create_secret
+from opentinker.services.scheduler.tenants.identity import RedisIdentityStore
 
 pytestmark = pytest.mark.integration
 SECRET = b"s" * 64

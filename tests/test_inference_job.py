@@ -16,7 +16,7 @@ import opentinker
 from opentinker import InferenceConfig, JobSpec, ModelSpec, RlConfig, SamplingParams
 from opentinker.inference_rows import summarize
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.rollout.seeds import eval_episode_seed
+from opentinker.services.rollout.agent.seeds import eval_episode_seed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration

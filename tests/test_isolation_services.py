@@ -26,7 +26,7 @@ from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.scheduler.server import running_scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
-from opentinker.services.trainer.loop import TrainerStatus
+from opentinker.services.trainer.rl.loop import TrainerStatus
 from opentinker.services.trainer.service import create_server as create_trainer
 from opentinker.services.trainer.settings import TrainerSettings
 

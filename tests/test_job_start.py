@@ -37,7 +37,7 @@ from opentinker.services.common.launch import write_atomic
 from opentinker.services.common.logging import parse_log_line
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.rollout_link.rollout_address import RolloutAddress
 from opentinker.services.worker.job_run import TRAINER_WAIT_GRACE_S
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ from opentinker.services.scheduler.errors import (
     JobNotFoundError,
     StaleAttemptError,
 )
-from opentinker.services.scheduler.event_log import RedisEventLog, state_change
-from opentinker.services.scheduler.job_queue import RedisJobQueue
-from opentinker.services.scheduler.job_store import RedisJobStore
+from opentinker.services.scheduler.jobs.event_log import RedisEventLog, state_change
+from opentinker.services.scheduler.jobs.job_queue import RedisJobQueue
+from opentinker.services.scheduler.jobs.job_store import RedisJobStore
 from opentinker.services.scheduler.stores import Stores, redis_stores
 from opentinker.spec import JobSpec, RlConfig, to_proto
 

@@ -12,7 +12,7 @@ import torch
 
 from opentinker.services.modeling.preload import Preload, load_base
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.spec import LoraConfig, ModelSpec
 
 LR = 5e-2
@@ -119,8 +119,8 @@ def test_a_model_with_role_adapters_is_not_reused(model_dir) -> None:
 def test_a_reused_rollout_serves_the_base_until_the_trainer_sends_version_0(model_dir) -> None:
     """The rollout keeps the wrapped model too; the next job's engine is new, its adapter made
     anew (the base's numbers exactly, as a fresh engine's), and takes the trainer's weights."""
-    from opentinker.services.rollout.engine import TransformersEngine
-    from opentinker.services.rollout.kept_engine import kept_engine_factory
+    from opentinker.services.rollout.engines.engine import TransformersEngine
+    from opentinker.services.rollout.engines.kept_engine import kept_engine_factory
 
     spec = ModelSpec(base_model=str(model_dir))
     preload = Preload(load_base(str(model_dir)))

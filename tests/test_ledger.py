@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 import redis.asyncio as aioredis
 
-from opentinker.services.scheduler import lease_scripts
-from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+from opentinker.services.scheduler.leases import lease_scripts
+from opentinker.services.scheduler.leases.lease_ledger import LeaseLedger, RedisLeaseLedger
 
 pytestmark = pytest.mark.integration
 
@@ -203,8 +203,8 @@ def test_draining_a_lapsed_lease_holds_again_only_devices_no_lease_took(make_led
 
 
 def test_the_history_records_every_lease_and_proves_exclusivity(redis_url: str) -> None:
-    from opentinker.services.scheduler.lease_history import double_leases
-    from opentinker.services.scheduler.lease_ledger import LeaseEvent, RedisLeaseLedger
+    from opentinker.services.scheduler.leases.lease_history import double_leases
+    from opentinker.services.scheduler.leases.lease_ledger import LeaseEvent, RedisLeaseLedger
     from opentinker.services.scheduler.stores import connect_redis
 
     async def main() -> None:

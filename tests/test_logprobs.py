@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch import Episode, SequenceBatch, collate
-from opentinker.services.trainer.logprobs import (
+from opentinker.services.trainer.model.logprobs import (
     causal_lm_parts,
     chunk_positions_for,
     logprobs_from_hidden,
     target_logprobs_and_entropy,
     unchunked_token_logprobs_and_entropy,
 )
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode, SequenceBatch, collate
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration  # real tiny model on disk, loaded with from_pretrained

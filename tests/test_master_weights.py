@@ -1,5 +1,5 @@
 """bfloat16 weights keep updates smaller than their rounding step in float32 masters
-(services/trainer/master_weights.py): with plain AdamW such updates are lost."""
+(services/trainer/model/master_weights.py): with plain AdamW such updates are lost."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from opentinker import LoraConfig, ModelSpec
-from opentinker.services.trainer.master_weights import MASTERS_KEY, MasterWeightAdamW
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.master_weights import MASTERS_KEY, MasterWeightAdamW
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.session.state import SavedSession, load_state, save_state
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The trainer's memory figures in every step's metrics (services/trainer/memory_metrics.py):
+"""The trainer's memory figures in every step's metrics (services/trainer/model/memory_metrics.py):
 resident memory on CPU, the step's peak allocated / reserved on CUDA (the peaks start over
 after each report). The figures in the RL and SFT steps: test_trainer_loop.py, test_sft_loop.py.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opentinker.services.trainer.memory_metrics import GIB, memory_metrics, resident_bytes
+from opentinker.services.trainer.model.memory_metrics import GIB, memory_metrics, resident_bytes
 
 
 def test_on_cpu_the_figure_is_the_process_resident_memory_and_follows_it() -> None:

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.microbatch import (
+from opentinker.services.trainer.model.microbatch import (
     loss_tokens,
     micro_batches,
     split_by_token_budget,
 )
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode, collate
 from opentinker.spec import ModelSpec
 
 

@@ -19,11 +19,11 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.config import RolloutConfig
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.inference import run_inference
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import (

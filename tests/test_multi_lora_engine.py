@@ -14,10 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.batcher import MixedBatcher
-from opentinker.services.rollout.engine import WeightUpdateError
-from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
-from opentinker.services.rollout.shared_engine import SharedAdapters
+from opentinker.services.rollout.engines.engine import WeightUpdateError
+from opentinker.services.rollout.engines.multi_lora import LoraRow, SharedLoraEngine
+from opentinker.services.rollout.shared.batcher import MixedBatcher
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration

@@ -20,12 +20,12 @@ from rollout_helpers import shared_mesh
 
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server
-from opentinker.services.rollout.multi_lora import adapter_name_for
-from opentinker.services.rollout.shared_engine import SharedAdapters
-from opentinker.services.trainer.loop import Outcome, RlLoop
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.rollout.engines.multi_lora import adapter_name_for
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rl.loop import Outcome, RlLoop
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 

@@ -12,13 +12,13 @@ from agent_loop_helpers import GameSession, RecordingEngine, play
 
 from opentinker.game import AbstractGame, StepResult
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.wire import trajectory_to_proto
-from opentinker.services.trainer.advantages import token_advantages, turn_rewards_per_token
-from opentinker.services.trainer.batch import collate
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_wire import episode_from_proto
-from opentinker.services.trainer.training import UpdateConfig, rl_update
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.advantages import token_advantages, turn_rewards_per_token
+from opentinker.services.trainer.rl.batch import collate
+from opentinker.services.trainer.rl.training import UpdateConfig, rl_update
+from opentinker.services.trainer.rollout_link.rollout_wire import episode_from_proto
 from opentinker.spec import ModelSpec
 
 pytestmark = pytest.mark.integration

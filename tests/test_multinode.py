@@ -29,9 +29,9 @@ from scheduler_helpers import (
 )
 
 from opentinker.scheduler.v1 import scheduler_pb2
-from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
-from opentinker.services.scheduler.spanning import split_across
-from opentinker.services.scheduler.worker_session import WorkerSession
+from opentinker.services.scheduler.leases.lease_ledger import RedisLeaseLedger
+from opentinker.services.scheduler.placement.spanning import split_across
+from opentinker.services.scheduler.placement.worker_session import WorkerSession
 from opentinker.services.worker.rendezvous import rendezvous_env
 
 pytestmark = pytest.mark.integration

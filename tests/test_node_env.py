@@ -31,10 +31,10 @@ from opentinker.envhub.v1 import environment_pb2 as env_pb
 from opentinker.errors import EnvironmentError_
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.services.worker.supervisor import with_parent_death_signal
 from opentinker.spec import SamplingParams

@@ -16,8 +16,8 @@ from opentinker.services.modeling.placement import (
     probe_tolerance,
 )
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.spec import ModelSpec
 
 

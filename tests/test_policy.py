@@ -10,9 +10,9 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.policy import PROBE_LENGTH, Policy
-from opentinker.services.trainer.training import grpo_update
+from opentinker.services.trainer.model.policy import PROBE_LENGTH, Policy
+from opentinker.services.trainer.rl.batch import Episode, collate
+from opentinker.services.trainer.rl.training import grpo_update
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration  # real tiny model on disk, loaded with from_pretrained
@@ -151,9 +151,9 @@ def test_skipping_zero_advantage_groups_gives_the_full_batch_update(
     Both sides run the plain forward: the shared-prompt one (tested in test_shared_prompts.py)
     sums in another order, and Adam's first step (about lr * sign(g)) turns the 1e-9 rounding
     of a near-zero gradient element into a 1e-5 move, more than this test's 1e-6."""
-    from opentinker.services.trainer import training
     from opentinker.services.trainer.losses.policy_gradient import grpo_loss
-    from opentinker.services.trainer.training import episode_advantages
+    from opentinker.services.trainer.rl import training
+    from opentinker.services.trainer.rl.training import episode_advantages
 
     monkeypatch.setattr(training, "prompt_groups", lambda episodes: None)
 

@@ -1,5 +1,5 @@
 """A multi-turn episode's next turn continues the keys and values of its previous one
-(services/rollout/prefix_cache.py, TransformersEngine.keep_prefixes)."""
+(services/rollout/engines/prefix_cache.py, TransformersEngine.keep_prefixes)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
-from opentinker.services.rollout.prefix_cache import CachedPrefix, PrefixCache, row_prefix
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.multi_lora import LoraRow, SharedLoraEngine
+from opentinker.services.rollout.engines.prefix_cache import CachedPrefix, PrefixCache, row_prefix
 from opentinker.services.rollout.types import Completion
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 

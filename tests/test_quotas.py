@@ -24,8 +24,8 @@ from scheduler_helpers import (
 
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import identity_pb2, scheduler_pb2
+from opentinker.services.scheduler.leases.usage import period_start
 from opentinker.services.scheduler.stores import connect_redis
-from opentinker.services.scheduler.usage import period_start
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from opentinker import JobSpec, ModelSpec, RlConfig, SftConfig
 from opentinker.errors import ConfigError
 from opentinker.services.common.cpu_share import ThreadShareFile, ThreadShareReader
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.distributed import Rank
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.ranks import LeaderPolicy, check_data_parallel
-from opentinker.services.trainer.role_training import adopt_roles
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.parallel.distributed import Rank
+from opentinker.services.trainer.parallel.ranks import LeaderPolicy, check_data_parallel
+from opentinker.services.trainer.rl.role_training import adopt_roles
 from opentinker.services.worker.ranks import RankGroup, rank_envs
 from opentinker.services.worker.supervisor import ManagedProcess
 from opentinker.spec import LoraConfig

@@ -13,12 +13,12 @@ import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.batch_work import UpdateConfig, prepare
-from opentinker.services.trainer.critic import Critic
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reference import ReferencePolicy
-from opentinker.services.trainer.training import backward_minibatch, rl_update
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.batch_work import UpdateConfig, prepare
+from opentinker.services.trainer.rl.critic import Critic
+from opentinker.services.trainer.rl.reference import ReferencePolicy
+from opentinker.services.trainer.rl.training import backward_minibatch, rl_update
 from opentinker.spec import LoraConfig, ModelSpec, RlConfig
 
 pytestmark = pytest.mark.integration

@@ -13,18 +13,18 @@ from agent_loop_helpers import RoleSession
 
 from opentinker.game import AbstractGame, Role, StepResult
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import EnvSpec, RoleSpec
 from opentinker.services.rollout.wire import trajectory_to_proto
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.advantages import episode_advantages
-from opentinker.services.trainer.batch import Episode
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.role_training import role_update
-from opentinker.services.trainer.rollout_wire import episode_from_proto
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.advantages import episode_advantages
+from opentinker.services.trainer.rl.batch import Episode
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
+from opentinker.services.trainer.rl.role_training import role_update
+from opentinker.services.trainer.rollout_link.rollout_wire import episode_from_proto
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 ROLES = ("black", "white")

@@ -22,10 +22,10 @@ from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 from opentinker.services.rollout.types import FinishReason, Trajectory
 from opentinker.spec import SamplingParams
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine, WeightUpdateError
-from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.agent.seeds import derive_seed
+from opentinker.services.rollout.engines.engine import TransformersEngine, WeightUpdateError
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -153,7 +153,7 @@ def test_lora_engine_takes_adapter_tensors_named_as_the_trainer_names_them(model
     assert adapter and all(".lora_A." in n or ".lora_B." in n for n in adapter)
     assert any("q_proj" in n for n in adapter) and not any("k_proj" in n for n in adapter)
     try:
-        from opentinker.services.trainer.policy import Policy
+        from opentinker.services.trainer.model.policy import Policy
     except ImportError as err:  # the trainer is written in parallel
         pytest.skip(f"trainer policy not importable: {err}")
     trainer_names = set(Policy(spec, learning_rate=1e-3).trainable_state())

@@ -20,7 +20,7 @@ from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 
 pytestmark = pytest.mark.integration
 

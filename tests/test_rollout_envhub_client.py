@@ -14,8 +14,8 @@ from opentinker.services.common.grpc_server import create_aio_server
 from opentinker.services.envhub.games.letter_env import LetterGame
 from opentinker.services.envhub.server import EnvHubDeps, create_server
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.env_replies import EnvLinkLostError
-from opentinker.services.rollout.envhub_client import EnvHubClient
+from opentinker.services.rollout.agent.env_replies import EnvLinkLostError
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from rollout_helpers import assert_one_prompt_per_group, open_two_turn_session, 
 
 from opentinker.env_server import serve
 from opentinker.game import AbstractGame, StepResult
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.envhub_link import EnvHubUnreachableError
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.envs.envhub_link import EnvHubUnreachableError
 from opentinker.services.rollout.session import RolloutSession
 from opentinker.services.rollout.types import FinishReason
 

@@ -24,7 +24,7 @@ from opentinker.game import AbstractGame, StepResult
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.session import EnvBatchFailedError, RolloutSession
 from opentinker.services.rollout.types import FinishReason
 

@@ -28,7 +28,7 @@ from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ from rollout_helpers import shared_mesh
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
-from opentinker.services.trainer.weight_sync import verified_sync
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.weight_sync import verified_sync
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.trainer.model.policy import Policy, Probe
 from opentinker.services.trainer.session.snapshots import Snapshots
 from opentinker.spec import LoraConfig, ModelSpec
 

@@ -36,7 +36,7 @@ from worker_agent_helpers import submit as submit_named
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.exit_codes import RETRY_LATER
-from opentinker.services.scheduler.attempts import asks_for_retry, ended_by_signal
+from opentinker.services.scheduler.jobs.attempts import asks_for_retry, ended_by_signal
 
 pytestmark = pytest.mark.integration
 

@@ -208,7 +208,7 @@ def test_a_requeued_job_is_placed_again_only_once_its_requeue_is_written(
     revoked and its QUEUED event written after that. No dispatch round may place attempt 2 in
     between: the revocation would take attempt 2's token too, and attempt 2's ALLOCATING event
     would come before the QUEUED one."""
-    from opentinker.services.scheduler.identity import RedisIdentityStore
+    from opentinker.services.scheduler.tenants.identity import RedisIdentityStore
 
     revoke = RedisIdentityStore.revoke_job_tokens
 

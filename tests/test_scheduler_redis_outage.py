@@ -100,7 +100,7 @@ def test_a_job_stored_just_before_a_redis_outage_runs_without_a_retry(
     """Redis goes away right after SubmitJob stored the job: the caller sees an error and never
     retries. The job entered the queue in the step that stored it, so once Redis is back it
     runs: a QUEUED job outside the queue would never run."""
-    from opentinker.services.scheduler.job_store import RedisJobStore
+    from opentinker.services.scheduler.jobs.job_store import RedisJobStore
 
     cut = redis_dies_after(monkeypatch, redis_server, RedisJobStore, "create")
 
@@ -142,7 +142,7 @@ def test_a_dispatch_cut_short_by_a_redis_outage_leaks_no_lease(
     """Redis goes away right after the dispatcher took a lease and before the job left the
     queue (shorter than the lease TTL, which the worker's heartbeats keep renewing). Once Redis
     is back the lease must be given up and the job launched, not held by nobody forever."""
-    from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
+    from opentinker.services.scheduler.leases.lease_ledger import RedisLeaseLedger
 
     cut = redis_dies_after(monkeypatch, redis_server, RedisLeaseLedger, "acquire")
 
@@ -168,7 +168,7 @@ def test_a_requeue_cut_short_by_a_redis_outage_still_runs_the_job_again(
 ) -> None:
     """Redis goes away right after a killed attempt's job was moved back to QUEUED: once Redis
     is back the job must be in the queue and run again, not stay QUEUED outside it for ever."""
-    from opentinker.services.scheduler.job_store import RedisJobStore
+    from opentinker.services.scheduler.jobs.job_store import RedisJobStore
 
     cut = redis_dies_after(
         monkeypatch, redis_server, RedisJobStore, "transition", lambda _, to, **__: to == QUEUED

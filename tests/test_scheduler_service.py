@@ -288,7 +288,7 @@ def test_a_job_placed_while_its_cancel_was_under_way_is_stopped_and_its_lease_dr
     a worker that had just connected. The cancel must still stop that attempt and hold its
     lease only until the worker reports its exit, not wait for the worker to report a launch
     it was never told to drop."""
-    from opentinker.services.scheduler.job_store import RedisJobStore
+    from opentinker.services.scheduler.jobs.job_store import RedisJobStore
 
     transition = RedisJobStore.transition
 

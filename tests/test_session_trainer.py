@@ -28,7 +28,7 @@ from opentinker.services.launcher.redis_process import free_port
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
 from opentinker.services.trainer.service import create_session_server
 from opentinker.services.trainer.session.data import Datum, collate_data

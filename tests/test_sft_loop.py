@@ -14,8 +14,8 @@ from trainer_loop_helpers import run_sft
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer.loop import Outcome
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.loop import Outcome
 from opentinker.spec import JobSpec, ModelSpec, SftConfig
 
 pytestmark = pytest.mark.integration

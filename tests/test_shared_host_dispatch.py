@@ -1,4 +1,4 @@
-"""Dispatch of LoRA sessions onto shared LoRA hosts (scheduler/shared_hosts.py): the real
+"""Dispatch of LoRA sessions onto shared LoRA hosts (scheduler/placement/shared_hosts.py): the real
 Scheduler on a real Redis, driven directly. With ``shared_lora_sessions`` = 2 two tenants' LoRA
 sessions of one base share the one device of a worker (one host id, each lease a half); a third,
 a full fine-tuning session and a session of another base wait; each share is charged half the
@@ -15,9 +15,9 @@ import pytest
 from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import identity_pb2
 from opentinker.services.common.auth import Principal
+from opentinker.services.scheduler.placement.worker_session import DeviceOffer, LaunchCommand
 from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.stores import connect_redis, redis_stores
-from opentinker.services.scheduler.worker_session import DeviceOffer, LaunchCommand
 from opentinker.session_config import SessionConfig
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, to_proto
 

@@ -11,8 +11,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from opentinker.services.scheduler.lease_history import double_leases
-from opentinker.services.scheduler.lease_ledger import RedisLeaseLedger
+from opentinker.services.scheduler.leases.lease_history import double_leases
+from opentinker.services.scheduler.leases.lease_ledger import RedisLeaseLedger
 
 pytestmark = pytest.mark.integration
 

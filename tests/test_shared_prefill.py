@@ -1,4 +1,5 @@
-"""Each distinct prompt of a generate batch computed once (services/rollout/shared_prefill.py):
+"""Each distinct prompt of a generate batch computed once
+(services/rollout/engines/shared_prefill.py):
 the rows continue from a shared cache and sample exactly what the plain path samples."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.shared_prefill import prompt_inputs
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.shared_prefill import prompt_inputs
 from opentinker.spec import ModelSpec
 
 pytestmark = pytest.mark.integration

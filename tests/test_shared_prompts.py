@@ -1,4 +1,4 @@
-"""Each prompt of a GRPO group run once in training (services/trainer/shared_prompts.py):
+"""Each prompt of a GRPO group run once in training (services/trainer/model/shared_prompts.py):
 the same logprobs, entropies and gradients as the plain forward, and the same update."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.trainer import batch_work, forward, training
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.batch_work import UpdateConfig
-from opentinker.services.trainer.forward import policy_forward
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.shared_prompts import prompt_groups
+from opentinker.services.trainer.model import forward
+from opentinker.services.trainer.model.forward import policy_forward
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.model.shared_prompts import prompt_groups
+from opentinker.services.trainer.rl import batch_work, training
+from opentinker.services.trainer.rl.batch import Episode, collate
+from opentinker.services.trainer.rl.batch_work import UpdateConfig
 from opentinker.spec import LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration
@@ -192,7 +193,7 @@ def test_an_update_with_shared_prompts_moves_the_weights_as_the_plain_one(
 def test_the_reference_policy_shares_prompts_too(model_dir: Path, finetune: str) -> None:
     """The KL term's reference (a frozen copy, or LoRA's base with the adapter off): the same
     logprobs from the last prompt token on, after the policy has moved away from it."""
-    from opentinker.services.trainer.reference import ReferencePolicy
+    from opentinker.services.trainer.rl.reference import ReferencePolicy
 
     policy = Policy(spec(model_dir, finetune), learning_rate=1e-2)
     reference = ReferencePolicy.from_policy(policy)
@@ -215,8 +216,8 @@ def test_a_critic_reads_the_same_hidden_states_and_ppo_moves_the_weights_as_the_
     """PPO's value head reads the last hidden state at each completion position: the shared
     forward gives the plain one's there, and a whole PPO update (values before it, GAE, value
     loss) moves the policy and the critic as the plain path does."""
-    from opentinker.services.trainer.batch_work import prepare
-    from opentinker.services.trainer.critic import Critic
+    from opentinker.services.trainer.rl.batch_work import prepare
+    from opentinker.services.trainer.rl.critic import Critic
 
     policy = Policy(spec(model_dir, "full"), learning_rate=1e-3)
     episodes = grouped_episodes()

@@ -48,7 +48,7 @@ def test_cuda_ipc_is_refused_with_the_reason_when_the_gpu_is_not_visible() -> No
     only and says why; a handle of a GPU it does not see is refused by name."""
     from opentinker.services.modeling import cuda_ipc
     from opentinker.services.modeling.shared_weights import ProbeOffer
-    from opentinker.services.rollout.weight_transports import accept_offer
+    from opentinker.services.rollout.engines.weight_transports import accept_offer
 
     probe = ProbeOffer(cuda_device_uuid="GPU-0000-not-here")
     try:

@@ -1,5 +1,5 @@
 """Warm spares reused across one tenant's jobs (worker/spares.py, reusable.py,
-common/spare.py ``serve_jobs``), through the real mesh with the tiny model.
+modeling/spare.py ``serve_jobs``), through the real mesh with the tiny model.
 
 A spare whose job ended well is kept for the next job of the same tenant and base model: that
 job pays no process start. It must start exactly as a fresh process would (the base model
@@ -127,7 +127,7 @@ def test_a_used_spare_goes_only_to_its_tenant_on_the_same_devices(tmp_path: Path
     import structlog
 
     from opentinker.common.v1 import common_pb2
-    from opentinker.services.common.spare import Handover
+    from opentinker.services.modeling.spare import Handover
     from opentinker.services.worker.reusable import hand_to_spare
     from opentinker.services.worker.settings import WorkerSettings
     from opentinker.services.worker.spares import SparePool

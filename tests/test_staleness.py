@@ -17,10 +17,10 @@ from identity_service import Identities
 from trainer_loop_helpers import job_spec, mesh, run_attempt, run_loop
 
 from opentinker.services.common.grpc_server import aio_channel
-from opentinker.services.trainer.loop import Outcome
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
-from opentinker.services.trainer.weight_sync import verified_sync
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.loop import Outcome
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.weight_sync import verified_sync
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from opentinker.errors import UnavailableError
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel, create_aio_server
 from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.step_reports import BackgroundStepReports
+from opentinker.services.trainer.rl.step_reports import BackgroundStepReports
 
 pytestmark = pytest.mark.integration
 

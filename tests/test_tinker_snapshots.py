@@ -21,7 +21,7 @@ import opentinker
 from opentinker.admin import AdminClient
 from opentinker.connection import Connection
 from opentinker.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
+from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["gateway", "mesh", "monkeypatch_module", "service"]  # fixtures used here

@@ -21,24 +21,24 @@ from opentinker.auth import api_key_from_env
 from opentinker.env_auth import new_env_token
 from opentinker.envhub.v1 import environment_pb2, environment_pb2_grpc
 from opentinker.envhub_registration import EnvHubRegistration
-from opentinker.services.envhub.server import EnvHubDeps
-from opentinker.services.envhub.server import create_server as create_envhub
-from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.chat_format import ChatFormat
-from opentinker.services.rollout.config import RolloutConfig
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.session import RolloutSession
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.tool_calls import (
+from opentinker.services.common.tool_calls import (
     HERMES,
     ToolCall,
     ToolCalls,
     parse_tool_calls,
     style_of,
 )
+from opentinker.services.envhub.server import EnvHubDeps
+from opentinker.services.envhub.server import create_server as create_envhub
+from opentinker.services.envhub.settings import EnvHubSettings
+from opentinker.services.modeling.tiny_model import build_tiny_model
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.chat_format import ChatFormat
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.config import RolloutConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.session import RolloutSession
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import (
     Completion,
     EnvSpec,

@@ -9,8 +9,8 @@ import torch
 from test_multi_lora_engine import model_dir, prompts, spec_of, two_jobs
 
 from opentinker.errors import InvalidArgumentError
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.top_logprobs import check_top_k, engine_top_logprobs
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.top_logprobs import check_top_k, engine_top_logprobs
 
 pytestmark = pytest.mark.integration
 __all__ = ["model_dir", "two_jobs"]  # fixtures used here

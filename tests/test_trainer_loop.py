@@ -23,10 +23,14 @@ from transformers import AutoModelForCausalLM
 from opentinker.common.v1 import common_pb2
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.common.launch import LaunchConfig, wait_for_file
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.trainer.loop import Outcome
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.trainer.rl.loop import Outcome
+from opentinker.services.trainer.rollout_link.weight_sync import (
+    ProbeShift,
+    ProbeShiftWatch,
+    SyncResult,
+)
 from opentinker.services.trainer.settings import TrainerSettings
-from opentinker.services.trainer.weight_sync import ProbeShift, ProbeShiftWatch, SyncResult
 from opentinker.spec import to_proto
 from opentinker.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 
@@ -357,7 +361,7 @@ def test_trainer_status_reports_progress_over_grpc(
     identities: Identities, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from opentinker.services.common.auth import OwnCredentialAuthenticator
-    from opentinker.services.trainer.loop import TrainerStatus
+    from opentinker.services.trainer.rl.loop import TrainerStatus
     from opentinker.services.trainer.service import create_server
 
     token = identities.job_token("job-9")

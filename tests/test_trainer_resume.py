@@ -18,7 +18,7 @@ from identity_service import Identities
 from trainer_loop_helpers import RecordingScheduler, job_spec, mesh, run_attempt
 
 from opentinker.services.trainer import checkpoints
-from opentinker.services.trainer.loop import Outcome
+from opentinker.services.trainer.rl.loop import Outcome
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from opentinker import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams
 from opentinker.admin import AdminClient
 from opentinker.services.common.launch import write_atomic
 from opentinker.services.launcher.mesh import LocalMesh, MeshSettings
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
+from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
-from opentinker.services.trainer.advantages import (
+from opentinker.services.trainer.model.microbatch import group_by_token_budget
+from opentinker.services.trainer.model.schedule import lr_factor
+from opentinker.services.trainer.rl.advantages import (
     episode_advantages,
     token_advantages,
     turn_rewards_per_token,
 )
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.microbatch import group_by_token_budget
-from opentinker.services.trainer.schedule import lr_factor
+from opentinker.services.trainer.rl.batch import Episode, collate
 
 pytestmark = pytest.mark.unit
 

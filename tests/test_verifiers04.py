@@ -28,7 +28,7 @@ from opentinker.services.envhub.adapters.verifiers04 import (
     require_classic_verifiers,
     verifiers04_program,
 )
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason
 from opentinker.spec_agent import AgentProgram
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from opentinker.game import StepResult
+from opentinker.services.common.tool_calls import ToolCalls
 from opentinker.services.envhub.games.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.tool_calls import ToolCalls
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.types import FinishReason, ResetResult, StepOutcome, Trajectory
-from opentinker.services.trainer.vision_logprobs import vision_token_logprobs
+from opentinker.services.trainer.model.vision_logprobs import vision_token_logprobs
 from opentinker.spec import ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration

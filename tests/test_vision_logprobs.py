@@ -12,12 +12,12 @@ from transformers import AutoModelForImageTextToText, AutoTokenizer
 from opentinker.services.envhub.games.geometry_env import GeometryToolsGame
 from opentinker.services.modeling.tiny_vl_model import ensure_tiny_vl_model
 from opentinker.services.modeling.vision_inputs import ImageInput, load_image_processor
-from opentinker.services.rollout.multimodal import VisionChat, generate_with_images
-from opentinker.services.trainer.batch import Episode, collate
-from opentinker.services.trainer.forward import policy_forward
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.reference import ReferencePolicy
-from opentinker.services.trainer.vision_logprobs import vision_token_logprobs
+from opentinker.services.rollout.agent.multimodal import VisionChat, generate_with_images
+from opentinker.services.trainer.model.forward import policy_forward
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.model.vision_logprobs import vision_token_logprobs
+from opentinker.services.trainer.rl.batch import Episode, collate
+from opentinker.services.trainer.rl.reference import ReferencePolicy
 from opentinker.spec import ModelSpec, SamplingParams
 
 

@@ -30,16 +30,20 @@ from opentinker.rollout.v1 import rollout_pb2
 from opentinker.services.modeling import cuda_ipc
 from opentinker.services.modeling.tiny_model import build_tiny_model
 from opentinker.services.modeling.weights import dtype_to_pb
-from opentinker.services.rollout.engine import WeightUpdateError
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.vllm_adapters import (
+from opentinker.services.rollout.engines.engine import WeightUpdateError
+from opentinker.services.rollout.engines.vllm_adapters import (
     VLLM_LORA_RANKS,
     AdapterVersions,
     WeightShapes,
 )
-from opentinker.services.rollout.vllm_engine import PROBE_OPTIONS, sampling_options, vllm_options
-from opentinker.services.rollout.vllm_multi_lora import multi_lora_options
-from opentinker.services.rollout.vllm_worker import WeightUpdateExtension
+from opentinker.services.rollout.engines.vllm_engine import (
+    PROBE_OPTIONS,
+    sampling_options,
+    vllm_options,
+)
+from opentinker.services.rollout.engines.vllm_multi_lora import multi_lora_options
+from opentinker.services.rollout.engines.vllm_worker import WeightUpdateExtension
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -384,7 +388,7 @@ def test_the_output_fields_we_read_are_vllms(vllm_src: VllmSource) -> None:
     """vllm_outputs.py reads RequestOutput.outputs/prompt_logprobs, CompletionOutput.token_ids/
     logprobs/finish_reason and Logprob.logprob (the Protocols there), as list-of-dict logprobs:
     what vLLM returns unless SamplingParams.flat_logprobs, which we never set."""
-    from opentinker.services.rollout import vllm_outputs
+    from opentinker.services.rollout.engines import vllm_outputs
 
     completion = set(vllm_src.fields("vllm/outputs.py", "CompletionOutput"))
     request = _params(vllm_src.method("vllm/outputs.py", "RequestOutput", "__init__"))

@@ -19,22 +19,22 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.tiny_model import QWEN2_5_0_5B_SHAPE, build_tiny_model
-from opentinker.services.rollout.engine import TransformersEngine, WeightUpdateError
-from opentinker.services.rollout.engine_choice import choose_engine, engine_factory
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.types import Completion
-from opentinker.services.rollout.vllm_adapters import (
+from opentinker.services.rollout.engines.engine import TransformersEngine, WeightUpdateError
+from opentinker.services.rollout.engines.engine_choice import choose_engine, engine_factory
+from opentinker.services.rollout.engines.vllm_adapters import (
     AdapterVersions,
     WeightShapes,
     max_lora_rank_for,
     peft_key,
 )
-from opentinker.services.rollout.vllm_engine import sampling_options, vllm_options
-from opentinker.services.rollout.vllm_outputs import (
+from opentinker.services.rollout.engines.vllm_engine import sampling_options, vllm_options
+from opentinker.services.rollout.engines.vllm_outputs import (
     VllmOutputError,
     completions_from_outputs,
     prompt_logprobs_from_output,
 )
+from opentinker.services.rollout.settings import RolloutSettings
+from opentinker.services.rollout.types import Completion
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration
@@ -304,7 +304,7 @@ def test_the_0_5b_shape_has_qwen2_5_0_5b_parameter_count() -> None:
 def test_the_worker_extension_resolves_by_the_name_vllm_is_given() -> None:
     import importlib
 
-    from opentinker.services.rollout.vllm_engine import WORKER_EXTENSION
+    from opentinker.services.rollout.engines.vllm_engine import WORKER_EXTENSION
 
     module, _, name = WORKER_EXTENSION.rpartition(".")
     extension = getattr(importlib.import_module(module), name)  # as vLLM resolves it

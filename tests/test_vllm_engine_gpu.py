@@ -17,8 +17,8 @@ import torch
 from vllm_gpu_helpers import gpu_test_model, max_diff, prompts
 
 from opentinker.services.modeling.placement import probe_tolerance
-from opentinker.services.rollout.engine import TransformersEngine, WeightUpdateError
-from opentinker.services.rollout.engine_choice import vllm_installed
+from opentinker.services.rollout.engines.engine import TransformersEngine, WeightUpdateError
+from opentinker.services.rollout.engines.engine_choice import vllm_installed
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
@@ -39,7 +39,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def load_vllm(spec: ModelSpec) -> Iterator:
-    from opentinker.services.rollout.vllm_engine import VllmEngine
+    from opentinker.services.rollout.engines.vllm_engine import VllmEngine
 
     engine = VllmEngine.load(spec, SETTINGS, device="cuda:0")
     yield engine

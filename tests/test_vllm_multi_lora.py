@@ -18,16 +18,16 @@ from transformers import AutoModelForCausalLM
 
 from opentinker.errors import ConfigError
 from opentinker.services.modeling.tiny_model import build_tiny_model
-from opentinker.services.rollout.engine import WeightUpdateError
-from opentinker.services.rollout.engine_choice import shared_engine_loader
-from opentinker.services.rollout.multi_lora import LoraRow, SharedLoraEngine
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.vllm_adapters import WeightShapes
-from opentinker.services.rollout.vllm_multi_lora import (
+from opentinker.services.rollout.engines.engine import WeightUpdateError
+from opentinker.services.rollout.engines.engine_choice import shared_engine_loader
+from opentinker.services.rollout.engines.multi_lora import LoraRow, SharedLoraEngine
+from opentinker.services.rollout.engines.vllm_adapters import WeightShapes
+from opentinker.services.rollout.engines.vllm_multi_lora import (
     AdapterTable,
     multi_lora_options,
     row_requests,
 )
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
 pytestmark = pytest.mark.integration

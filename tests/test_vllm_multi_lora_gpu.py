@@ -23,9 +23,9 @@ import torch
 from vllm_gpu_helpers import gpu_test_model, max_diff, prompts
 
 from opentinker.services.modeling.placement import probe_tolerance
-from opentinker.services.rollout.engine import TransformersEngine
-from opentinker.services.rollout.engine_choice import vllm_installed
-from opentinker.services.rollout.multi_lora import LoraRow
+from opentinker.services.rollout.engines.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine_choice import vllm_installed
+from opentinker.services.rollout.engines.multi_lora import LoraRow
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.spec import LoraConfig, ModelSpec, SamplingParams
 
@@ -64,7 +64,7 @@ def random_update(reference: TransformersEngine, seed: int) -> dict[str, torch.T
 def shared(model_dir: Path) -> Iterator[tuple]:
     """A vLLM engine with two jobs' adapters (ranks 8 and 16), each with random weights, and
     each job's trainer-side reference (transformers + peft on the same GPU)."""
-    from opentinker.services.rollout.vllm_multi_lora import VllmMixedLoraEngine
+    from opentinker.services.rollout.engines.vllm_multi_lora import VllmMixedLoraEngine
 
     engine = VllmMixedLoraEngine.load(
         str(model_dir), SETTINGS, capacity=2, max_lora_rank=16, device="cuda:0"

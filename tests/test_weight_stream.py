@@ -18,9 +18,9 @@ from opentinker.services.modeling.tiny_model import ensure_tiny_model
 from opentinker.services.modeling.weights import ChangedTensors, WeightStream, pack_weights
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
-from opentinker.services.trainer.weight_sync import verified_sync
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.weight_sync import verified_sync
 from opentinker.spec import JobSpec, ModelSpec, to_proto
 
 

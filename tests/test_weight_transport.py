@@ -22,13 +22,13 @@ from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.common.grpc_server import aio_channel
 from opentinker.services.modeling.shared_weights import SEGMENT_PREFIX
 from opentinker.services.modeling.tiny_model import ensure_tiny_model
-from opentinker.services.rollout.engine_choice import default_engine_factory
+from opentinker.services.rollout.engines.engine_choice import default_engine_factory
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
-from opentinker.services.trainer.weight_sync import verified_sync
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.weight_sync import verified_sync
 from opentinker.spec import JobSpec, ModelSpec, to_proto
 
 SHM = rollout_pb2.WEIGHT_TRANSPORT_SHARED_MEMORY

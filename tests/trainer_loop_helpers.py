@@ -22,13 +22,13 @@ from opentinker.services.common.grpc_server import aio_channel, create_aio_serve
 from opentinker.services.envhub.server import EnvHubDeps
 from opentinker.services.envhub.server import create_server as create_envhub
 from opentinker.services.envhub.settings import EnvHubSettings
-from opentinker.services.rollout.engine import TransformersEngine
+from opentinker.services.rollout.engines.engine import TransformersEngine
 from opentinker.services.rollout.service import create_server as create_rollout
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.trainer.loop import Outcome, RlLoop
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rl.loop import Outcome, RlLoop
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.services.trainer.sft.loop import SftLoop
 from opentinker.spec import JobSpec, LoraConfig, ModelSpec, RlConfig, SamplingParams

@@ -16,7 +16,7 @@ def state_name(state: int) -> str:
     return common_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
-# The final_metrics key of each kind's reward: RL (trainer/loop.py, mean of the last 10
+# The final_metrics key of each kind's reward: RL (trainer/rl/loop.py, mean of the last 10
 # steps) and inference (inference_rows.InferenceSummary.metrics).
 RL_FINAL_REWARD = "reward_mean_last10"
 FINAL_REWARD_METRICS = (RL_FINAL_REWARD, "mean_reward")

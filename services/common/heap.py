@@ -38,7 +38,7 @@ def freeze_loaded_heap(after: str) -> None:
 
 
 def freeze_imports_once() -> None:
-    """A process that serves several jobs (common/spare.py, ``serve_jobs``) freezes what its
+    """A process that serves several jobs (modeling/spare.py, ``serve_jobs``) freezes what its
     imports made, once, and no job's model: the collector then walks only what the current job
     made, during the job and in the cheap collection at its end that frees its cycles."""
     global _imports_frozen

@@ -5,7 +5,7 @@ The protocol marks each JobSpec field that holds a path on the workers' filesyst
 an adapter to serve, the SFT datasets) and ``spec_paths`` finds them by that mark at any depth,
 so a path field added later is checked without touching this file (``tests/test_spec_paths.py``
 fails on a string field of JobSpec that is neither marked nor listed there as not a path). The
-scheduler (``scheduler/spec_paths.py``) and the worker (``worker/spec_paths.py``) check them.
+scheduler (``scheduler/jobs/spec_paths.py``) and the worker (``worker/spec_paths.py``) check them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import json
 import secrets
 
 from opentinker.services.gateway.settings import GatewaySettings
-from opentinker.services.scheduler.credentials import load_or_create_secret
+from opentinker.services.scheduler.tenants.credentials import load_or_create_secret
 
 SECRET_NAME = ".gateway-download-secret"  # in the checkpoint root unless set elsewhere
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opentinker.catalog import ModelInfo, describe_folder
 from opentinker.client import Client
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE
+from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE
 
 TINY_MODEL_NAME = "tiny-qwen2"
 

@@ -19,7 +19,7 @@ from opentinker.services.common.launch import write_atomic
 from opentinker.services.launcher.local_user import ensure_local_user_key
 from opentinker.services.launcher.processes import ServiceProcess
 from opentinker.services.launcher.redis_process import RedisProcess
-from opentinker.services.scheduler.bootstrap import ADMIN_KEY_FILE, WORKER_TOKEN_FILE
+from opentinker.services.scheduler.tenants.bootstrap import ADMIN_KEY_FILE, WORKER_TOKEN_FILE
 
 log = structlog.get_logger()
 

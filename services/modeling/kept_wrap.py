@@ -1,6 +1,6 @@
 """A LoRA job's wrapped model, kept by a reused spare for its tenant's next job.
 
-A trainer or rollout spare reused across one tenant's jobs (common/spare.py ``serve_jobs``)
+A trainer or rollout spare reused across one tenant's jobs (modeling/spare.py ``serve_jobs``)
 hands each LoRA job its preloaded base model, which the job wraps with peft
 (``get_peft_model`` changes the model in place). Reading the base from its files and wrapping
 it again for the next job cost more than the rest of a one-step job (on the 2-core machine,

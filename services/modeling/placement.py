@@ -103,7 +103,7 @@ class ProbeTolerance:
 # on an H100 at std ~0.6: 0.043). A random-init model's logits have std ~0.6, a trained
 # one's several times that, where a fixed 5e-2 would fail every sync. A stale or wrong
 # weight moves the probe by far more than the noise; an update that moves it less is what
-# ProbeShiftWatch (trainer/weight_sync.py) reports.
+# ProbeShiftWatch (trainer/rollout_link/weight_sync.py) reports.
 PROBE_TOLERANCE: dict[tuple[torch.dtype, torch.dtype], ProbeTolerance] = {
     (torch.float32, torch.float32): ProbeTolerance(1e-3, 0.0),
     (torch.float32, torch.bfloat16): ProbeTolerance(5e-2, 0.2),

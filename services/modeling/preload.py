@@ -1,6 +1,6 @@
 """A base model read from disk before the job that will use it is known (warm spares).
 
-A spare trainer or rollout process (``services/common/spare.py``) loads the tokenizer and the
+A spare trainer or rollout process (``services/modeling/spare.py``) loads the tokenizer and the
 model of one base model while it waits; the job it is handed then builds its policy (LoRA
 wrapper or all parameters) on that object instead of reading the files again. The object is
 handed out at most once: it belongs to exactly one job, in a process that serves only that job
@@ -20,7 +20,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from opentinker.services.common.spare import model_key
+from opentinker.services.modeling.model_key import model_key
 from opentinker.services.modeling.vision_inputs import load_language_model
 
 log = structlog.get_logger(__name__)

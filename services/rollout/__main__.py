@@ -1,6 +1,6 @@
 """python -m opentinker.services.rollout --launch RUN_DIR/launch.json  (or --envhub-address A)
 
-``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (common/spare.py).
+``--spare [--preload-model M]``: a warm spare; the launch file comes on stdin (modeling/spare.py).
 ``--shared-base M --capacity N [--max-lora-rank R] --addr-file F --scheduler-address A``: a
 node's shared engine for LoRA jobs of base model M (shared_server.py).
 
@@ -24,14 +24,14 @@ from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.heap import frozen_after
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
-from opentinker.services.rollout.engine_choice import engine_factory, vllm_installed
-from opentinker.services.rollout.kept_engine import kept_engine_factory
+from opentinker.services.modeling.spare import Handover, serve_jobs
+from opentinker.services.rollout.engines.engine_choice import engine_factory, vllm_installed
+from opentinker.services.rollout.engines.kept_engine import kept_engine_factory
 from opentinker.services.rollout.service import create_server
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.shared_server import (
+from opentinker.services.rollout.shared.shared_server import (
     DEFAULT_MAX_LORA_RANK,
     SharedOptions,
     start_shared,
@@ -78,7 +78,7 @@ async def main_shared(args: argparse.Namespace) -> None:
 
 async def _until_signalled(stop: asyncio.Event | None = None, *, job: bool = False) -> None:
     """Until SIGTERM or SIGINT, or ``stop`` is set. A ``job``'s rollout also ends its job on
-    SIGUSR1: the worker's "job over" to a reusable spare (common/spare.py), which then stays."""
+    SIGUSR1: the worker's "job over" to a reusable spare (modeling/spare.py), which then stays."""
     stop = stop or asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT, *((signal.SIGUSR1,) if job else ())):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)

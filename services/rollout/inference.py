@@ -31,13 +31,13 @@ from opentinker.inference_rows import (
     options_with_split,
     summarize,
 )
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
-from opentinker.services.rollout.env_replies import env_spec_from_proto
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.envhub_link import EnvHubLink
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.seeds import derive_seed, eval_episode_seed
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.env_replies import env_spec_from_proto
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.seeds import derive_seed, eval_episode_seed
+from opentinker.services.rollout.engines.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
+from opentinker.services.rollout.envs.envhub_link import EnvHubLink
 from opentinker.services.rollout.settings import DEFAULT_ENVHUB_RECONNECT_S, DEFAULT_MAX_BATCH_SIZE
 from opentinker.services.rollout.types import Trajectory
 from opentinker.spec import ModelSpec, SamplingParams

@@ -42,11 +42,11 @@ from opentinker.services.common.auth import (
 from opentinker.services.common.grpc_server import abort_with, create_aio_server, mark_serving
 from opentinker.services.modeling.weights import WeightStream
 from opentinker.services.rollout.config import RolloutConfig, config_from_proto, sampling_from_proto
-from opentinker.services.rollout.engine_choice import default_engine_factory
+from opentinker.services.rollout.engines.engine_choice import default_engine_factory
+from opentinker.services.rollout.engines.weight_transports import IncomingWeights, accept_offer
 from opentinker.services.rollout.session import EngineFactory, RolloutSession
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.shared_engine import SharedAdapters, Tenancy
-from opentinker.services.rollout.weight_transports import IncomingWeights, accept_offer
+from opentinker.services.rollout.shared.shared_engine import SharedAdapters, Tenancy
 from opentinker.services.rollout.wire import batch_parts, code_of, failed, heartbeat
 
 log = structlog.get_logger("opentinker.rollout.service")

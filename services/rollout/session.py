@@ -18,25 +18,25 @@ from opentinker.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from opentinker.services.rollout.agent_loop import AgentLoop
-from opentinker.services.rollout.batch_ahead import BatchAhead, BatchKey, batch_requests
+from opentinker.services.rollout.agent.agent_loop import AgentLoop
+from opentinker.services.rollout.agent.batch_ahead import BatchAhead, BatchKey, batch_requests
+from opentinker.services.rollout.agent.env_replies import env_spec_from_proto
+from opentinker.services.rollout.agent.loop_config import EpisodeRequest, LoopConfig
+from opentinker.services.rollout.agent.seeds import derive_seed, eval_episode_seed
 from opentinker.services.rollout.config import RolloutConfig
-from opentinker.services.rollout.engine import GenerationEngine, TransformersEngine
-from opentinker.services.rollout.engine_updates import EngineUpdates
-from opentinker.services.rollout.env_replies import env_spec_from_proto
-from opentinker.services.rollout.envhub_client import EnvHubClient
-from opentinker.services.rollout.envhub_link import EnvHubLink
-from opentinker.services.rollout.inference import ADAPTER_CONFIG, load_inference_engine
-from opentinker.services.rollout.loop_config import EpisodeRequest, LoopConfig
-from opentinker.services.rollout.seeds import derive_seed, eval_episode_seed
-from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.token_sampling import (
+from opentinker.services.rollout.engines.engine import GenerationEngine, TransformersEngine
+from opentinker.services.rollout.engines.engine_updates import EngineUpdates
+from opentinker.services.rollout.engines.token_sampling import (
     SampledTokens,
     check_context_length,
     check_token_ids,
     sample_tokens,
 )
-from opentinker.services.rollout.top_logprobs import check_top_k, engine_top_logprobs
+from opentinker.services.rollout.engines.top_logprobs import check_top_k, engine_top_logprobs
+from opentinker.services.rollout.envs.envhub_client import EnvHubClient
+from opentinker.services.rollout.envs.envhub_link import EnvHubLink
+from opentinker.services.rollout.inference import ADAPTER_CONFIG, load_inference_engine
+from opentinker.services.rollout.settings import RolloutSettings
 from opentinker.services.rollout.types import EnvSpec, FinishReason, TrajectoryBatch
 from opentinker.spec import ModelSpec, SamplingParams
 

@@ -17,7 +17,7 @@ from opentinker.services.common.auth import (
     rules_for,
 )
 from opentinker.services.common.grpc_server import abort_with
-from opentinker.services.scheduler.identity import IdentityStore
+from opentinker.services.scheduler.tenants.identity import IdentityStore
 
 log = structlog.get_logger(__name__)
 

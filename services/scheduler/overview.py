@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import InvalidArgumentError, NotFoundError
 from opentinker.scheduler.v1 import scheduler_pb2
-from opentinker.services.scheduler.job_store import JobStore
-from opentinker.services.scheduler.lease_ledger import Lease, LeaseLedger
-from opentinker.services.scheduler.worker_session import WorkerSession
+from opentinker.services.scheduler.jobs.job_store import JobStore
+from opentinker.services.scheduler.leases.lease_ledger import Lease, LeaseLedger
+from opentinker.services.scheduler.placement.worker_session import WorkerSession
 
 MAX_PROGRESS_JOBS = 500
 DEFAULT_WORKER_PAGE = 100

@@ -33,33 +33,36 @@ from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.auth import Principal
 from opentinker.services.common.revocation import while_not_revoked
 from opentinker.services.common.waiting import wait_event
-from opentinker.services.scheduler.attempt_ends import AttemptEnds
-from opentinker.services.scheduler.dispatch import Dispatcher
-from opentinker.services.scheduler.draining import Drains
 from opentinker.services.scheduler.errors import (
     IllegalTransitionError,
     JobNotFoundError,
 )
-from opentinker.services.scheduler.event_log import state_change
-from opentinker.services.scheduler.job_lifecycle import TERMINAL_STATES, state_name
-from opentinker.services.scheduler.job_store import JobPage
+from opentinker.services.scheduler.jobs.attempt_ends import AttemptEnds
+from opentinker.services.scheduler.jobs.event_log import state_change
+from opentinker.services.scheduler.jobs.job_lifecycle import TERMINAL_STATES, state_name
+from opentinker.services.scheduler.jobs.job_store import JobPage
+from opentinker.services.scheduler.jobs.progress import ProgressReports
+from opentinker.services.scheduler.jobs.recovery import HeldAttempt, WorkerRecovery
+from opentinker.services.scheduler.jobs.spec_paths import check_submission
+from opentinker.services.scheduler.jobs.transitions import JobStates
+from opentinker.services.scheduler.leases.draining import Drains
 from opentinker.services.scheduler.model_admission import admit_model
 from opentinker.services.scheduler.overview import Overview
-from opentinker.services.scheduler.progress import ProgressReports
-from opentinker.services.scheduler.quotas import Quotas
-from opentinker.services.scheduler.recovery import HeldAttempt, WorkerRecovery
-from opentinker.services.scheduler.revoked_sessions import revoked_reason, sessions_of_revoked_keys
-from opentinker.services.scheduler.spanning import holds_part
-from opentinker.services.scheduler.spec_paths import check_submission
-from opentinker.services.scheduler.stores import Stores
-from opentinker.services.scheduler.transitions import JobStates
-from opentinker.services.scheduler.worker_admission import admit_identity, refuse_if_alive
-from opentinker.services.scheduler.worker_session import (
+from opentinker.services.scheduler.placement.dispatch import Dispatcher
+from opentinker.services.scheduler.placement.spanning import holds_part
+from opentinker.services.scheduler.placement.worker_session import (
     CloseCommand,
     DeviceOffer,
     StopCommand,
     WorkerSession,
 )
+from opentinker.services.scheduler.stores import Stores
+from opentinker.services.scheduler.tenants.quotas import Quotas
+from opentinker.services.scheduler.tenants.revoked_sessions import (
+    revoked_reason,
+    sessions_of_revoked_keys,
+)
+from opentinker.services.scheduler.tenants.worker_admission import admit_identity, refuse_if_alive
 
 log = structlog.get_logger(__name__)
 

@@ -24,9 +24,6 @@ from opentinker.scheduler.v1 import (
 from opentinker.services.common.auth import AuthInterceptor
 from opentinker.services.common.grpc_server import create_aio_server, mark_serving
 from opentinker.services.scheduler import admin_servicer, model_servicer, servicer
-from opentinker.services.scheduler.bootstrap import ensure_bootstrap_credentials
-from opentinker.services.scheduler.credentials import load_or_create_secret
-from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
 from opentinker.services.scheduler.lost_state import (
     CheckedAuthenticator,
     InstanceState,
@@ -40,6 +37,9 @@ from opentinker.services.scheduler.scheduler import Scheduler
 from opentinker.services.scheduler.settings import SchedulerSettings
 from opentinker.services.scheduler.store_outage import StoreOutageInterceptor
 from opentinker.services.scheduler.stores import Stores, connect_redis, redis_stores
+from opentinker.services.scheduler.tenants.bootstrap import ensure_bootstrap_credentials
+from opentinker.services.scheduler.tenants.credentials import load_or_create_secret
+from opentinker.services.scheduler.tenants.identity import IdentityStore, RedisIdentityStore
 
 log = structlog.get_logger(__name__)
 

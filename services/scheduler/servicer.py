@@ -25,10 +25,9 @@ from opentinker.services.common.auth import (
     rules_for,
 )
 from opentinker.services.common.grpc_server import abort, abort_with
-from opentinker.services.scheduler.recovery import HeldAttempt
-from opentinker.services.scheduler.scheduler import Scheduler
-from opentinker.services.scheduler.spanning import holds_part
-from opentinker.services.scheduler.worker_session import (
+from opentinker.services.scheduler.jobs.recovery import HeldAttempt
+from opentinker.services.scheduler.placement.spanning import holds_part
+from opentinker.services.scheduler.placement.worker_session import (
     CloseCommand,
     DeviceOffer,
     LaunchCommand,
@@ -37,6 +36,7 @@ from opentinker.services.scheduler.worker_session import (
     WorkerCommand,
     WorkerSession,
 )
+from opentinker.services.scheduler.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
 

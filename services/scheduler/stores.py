@@ -10,14 +10,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from opentinker.services.scheduler.accounted_ledger import AccountedLedger
-from opentinker.services.scheduler.event_log import EventLog, RedisEventLog
-from opentinker.services.scheduler.identity import IdentityStore, RedisIdentityStore
-from opentinker.services.scheduler.job_queue import JobQueue, RedisJobQueue
-from opentinker.services.scheduler.job_store import JobStore, RedisJobStore
-from opentinker.services.scheduler.lease_ledger import LeaseLedger, RedisLeaseLedger
+from opentinker.services.scheduler.jobs.event_log import EventLog, RedisEventLog
+from opentinker.services.scheduler.jobs.job_queue import JobQueue, RedisJobQueue
+from opentinker.services.scheduler.jobs.job_store import JobStore, RedisJobStore
+from opentinker.services.scheduler.leases.accounted_ledger import AccountedLedger
+from opentinker.services.scheduler.leases.lease_ledger import LeaseLedger, RedisLeaseLedger
+from opentinker.services.scheduler.leases.usage import RedisUsageStore, UsageStore
 from opentinker.services.scheduler.model_catalog import ModelCatalog, RedisModelCatalog
-from opentinker.services.scheduler.usage import RedisUsageStore, UsageStore
+from opentinker.services.scheduler.tenants.identity import IdentityStore, RedisIdentityStore
 
 # Longer than the event log's blocking reads (1 s), short enough that a dead Redis is noticed.
 REDIS_SOCKET_TIMEOUT_S = 10.0

@@ -20,9 +20,9 @@ from pathlib import Path
 from opentinker.services.common.cpu_share import follow_job_share
 from opentinker.services.common.launch import LaunchConfig
 from opentinker.services.common.logging import configure_logging
-from opentinker.services.common.spare import Handover, serve_jobs
 from opentinker.services.modeling.preload import Preload
-from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.modeling.spare import Handover, serve_jobs
+from opentinker.services.trainer.rollout_link.rollout_address import RolloutAddress
 from opentinker.services.trainer.service import run_job
 from opentinker.services.trainer.settings import TrainerSettings
 

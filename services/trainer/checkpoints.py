@@ -46,12 +46,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentinker.services.trainer import storage
-from opentinker.services.trainer.critic import Critic
 from opentinker.services.trainer.errors import CheckpointError
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rl.critic import Critic
 
 if TYPE_CHECKING:
-    from opentinker.services.trainer.ranks import LeaderPolicy
+    from opentinker.services.trainer.parallel.ranks import LeaderPolicy
 
 log = structlog.get_logger()
 

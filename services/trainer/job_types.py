@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from opentinker.services.common.exit_codes import RETRY_LATER
-from opentinker.services.trainer.batch import CollectedBatch
-from opentinker.services.trainer.pipeline import BatchSource
-from opentinker.services.trainer.validation import EvalRollout
-from opentinker.services.trainer.weight_sync import WeightReceiver
+from opentinker.services.trainer.rl.batch import CollectedBatch
+from opentinker.services.trainer.rl.pipeline import BatchSource
+from opentinker.services.trainer.rl.validation import EvalRollout
+from opentinker.services.trainer.rollout_link.weight_sync import WeightReceiver
 from opentinker.spec import JobSpec
 
 

@@ -27,22 +27,22 @@ from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.modeling.preload import Preload
-from opentinker.services.trainer.distributed import Rank
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.inference_job import InferenceJob
-from opentinker.services.trainer.loop import Outcome, RlLoop, TrainerStatus
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rank_job import (
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.parallel.distributed import Rank
+from opentinker.services.trainer.parallel.rank_job import (
     lead,
     rank_device,
     release,
     run_follower,
     world_from_env,
 )
-from opentinker.services.trainer.ranks import LeaderPolicy, check_data_parallel
+from opentinker.services.trainer.parallel.ranks import LeaderPolicy, check_data_parallel
 from opentinker.services.trainer.reporter import SchedulerReporter, report_failure_logged
-from opentinker.services.trainer.rollout_address import RolloutAddress
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rl.inference_job import InferenceJob
+from opentinker.services.trainer.rl.loop import Outcome, RlLoop, TrainerStatus
+from opentinker.services.trainer.rollout_link.rollout_address import RolloutAddress
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
 from opentinker.services.trainer.session.run import run_session
 from opentinker.services.trainer.session.servicer import SessionServicer
 from opentinker.services.trainer.session.training_session import TrainingSession

@@ -4,8 +4,8 @@ An SFT job has no rollout: the trainer alone.
 A private rollout and its trainer start at the same time: each spends seconds importing torch
 and transformers, and the trainer loads its policy, before either needs the other. The trainer
 reads the rollout's address from ``rollout.addr`` when it opens the rollout
-(trainer/rollout_address.py); the worker alone judges the rollout's start (it dies, is late, or
-the run is stopped: the attempt fails with that reason and both processes are ended).
+(trainer/rollout_link/rollout_address.py); the worker alone judges the rollout's start (it dies, is
+late, or the run is stopped: the attempt fails with that reason and both processes are ended).
 
 A hung or killed process is a lost attempt, re-queued, not a failed job; attempt_faults.py
 judges which process failed and on whose fault, and words the reason.
@@ -28,7 +28,7 @@ from opentinker.common.v1 import common_pb2
 from opentinker.scheduler.v1 import scheduler_pb2
 from opentinker.services.common.exit_codes import PEER_LOST
 from opentinker.services.common.launch import LaunchConfig, wait_for_file, write_atomic
-from opentinker.services.common.spare import Handover
+from opentinker.services.modeling.spare import Handover
 from opentinker.services.worker.attempt_faults import (
     Exit,
     Proc,

@@ -5,7 +5,7 @@ MASTER_ADDR, MASTER_PORT), supervised as one unit.
 Not torchrun: a job spanning workers may hold a different number of devices on each
 (rendezvous.py's RANK_START), which torchrun's rank numbering (node_rank x nproc_per_node)
 cannot express. The ranks meet through ``init_process_group``'s env:// rendezvous; rank 0
-drives the job and the others follow it (trainer/ranks.py).
+drives the job and the others follow it (trainer/parallel/ranks.py).
 
 A one-worker job gets MASTER_ADDR 127.0.0.1 and a free port of this machine; a job spanning
 workers gets the scheduler's rendezvous (rendezvous.py), and only the worker holding rank 0

@@ -1,4 +1,4 @@
-"""A reusable warm spare seen as one job's process (common/spare.py, ``serve_jobs``).
+"""A reusable warm spare seen as one job's process (modeling/spare.py, ``serve_jobs``).
 
 The job run (job_run.py) watches its processes by ``wait``, ``returncode``, ``running`` and
 ends them with ``terminate``. A reusable spare does not exit at the end of its job: it
@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 
 from opentinker.common.v1 import common_pb2
-from opentinker.services.common.spare import Handover
+from opentinker.services.modeling.spare import Handover
 from opentinker.services.worker.spares import SparePool
 from opentinker.services.worker.supervisor import ManagedProcess
 
@@ -121,7 +121,7 @@ async def hand_to_spare(
     if not base_model:
         return None
     # A used process goes only to the same tenant on the same devices: one that has used CUDA
-    # cannot change its visible devices (common/spare.py adopt would refuse the job).
+    # cannot change its visible devices (modeling/spare.py adopt would refuse the job).
     tenant = f"{job.tenant_id}@{handover.cuda_visible_devices}" if reusable else ""
     spare = spares.take(name, base_model, tenant=tenant)
     if spare is None:

@@ -1,8 +1,8 @@
 """Placement of LoRA jobs onto this node's shared rollouts (one per base model).
 
 With ``shared_lora_capacity > 0`` a LoRA RL job does not get a rollout process of its own: it
-joins the node's shared rollout of its base model (rollout/shared_server.py) when that one has
-room, and the worker starts one when there is none yet. A full engine, a full fine-tuning job,
+joins the node's shared rollout of its base model (rollout/shared/shared_server.py) when that one
+has room, and the worker starts one when there is none yet. A full engine, a full fine-tuning job,
 SFT, inference, or a lease mixing CPU and GPU devices keeps the private rollout of before. The
 shared process ends when its last job leaves.
 

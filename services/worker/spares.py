@@ -1,4 +1,4 @@
-"""Warm spares: trainer and rollout processes started before their job (common/spare.py).
+"""Warm spares: trainer and rollout processes started before their job (modeling/spare.py).
 
 Starting a job's processes costs an interpreter, the imports of torch/transformers/peft and a
 model load, each time. The pool keeps, for each base model launched here recently (and each of
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from opentinker.services.common.spare import REPORT_FD_ENV, model_key
+from opentinker.services.modeling.model_key import model_key
+from opentinker.services.modeling.spare import REPORT_FD_ENV
 from opentinker.services.worker.settings import WorkerSettings
 from opentinker.services.worker.supervisor import ManagedProcess
 

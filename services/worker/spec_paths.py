@@ -1,7 +1,7 @@
 """Where a job spec's paths really lead, checked on the worker before any process reads them.
 
 The scheduler refuses, from the text alone, a path that names another tenant's job
-(``scheduler/spec_paths.py``). The worker sees the filesystem: it resolves each path
+(``scheduler/jobs/spec_paths.py``). The worker sees the filesystem: it resolves each path
 (symbolic links, ``..``; a relative one from the attempt's folder, the processes' working
 directory) and a path that leads into its run root or its checkpoint root must lead into the
 folder of this job or of a job the path itself names (the scheduler made sure those are the

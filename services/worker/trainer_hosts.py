@@ -1,10 +1,10 @@
 """This node's shared LoRA hosts: one trainer process per host the scheduler placed sessions on.
 
 The scheduler names the host of a LoRA session in LaunchJob.shared_host_id (one per worker and
-base model, on a device the ledger holds for it: scheduler/shared_hosts.py). The first session
-of a host starts its process (trainer/session/host_process.py) on that device; each session's
-attempt then hands itself to the host with OpenHostedSession, a stream that lives as long as
-the session (``HostedTrainer``, which the attempt watches as it would a trainer process of its
+base model, on a device the ledger holds for it: scheduler/placement/shared_hosts.py). The first
+session of a host starts its process (trainer/session/host_process.py) on that device; each
+session's attempt then hands itself to the host with OpenHostedSession, a stream that lives as long
+as the session (``HostedTrainer``, which the attempt watches as it would a trainer process of its
 own). The host's process is ended when its last session leaves.
 
 A host that dies ends each of its sessions' streams: each attempt ends with exit code -1 and a

@@ -1,7 +1,7 @@
 """The worker agent's default identity, stable across restarts of the same agent.
 
 A worker token admits one worker id, and one made for none (the bootstrap ``worker.token``)
-is bound to the first id that registers with it (scheduler/worker_admission.py). The old
+is bound to the first id that registers with it (scheduler/tenants/worker_admission.py). The old
 default id, ``<hostname>-<pid>``, changed at every start, so a restarted agent would have been
 refused by the token its previous run bound. When ``OPENTINKER_WORKER_ID`` is not set, the
 agent's id is therefore kept in ``<run_root>/worker.id``: made once as ``<hostname>-<6 random

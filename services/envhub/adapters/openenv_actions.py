@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentinker.game import Tool
-from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls
+from opentinker.services.common.tool_calls import HERMES, parse_tool_calls
 
 _JSON_FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
 _HIDDEN_OBSERVATION_FIELDS = frozenset({"reward", "done", "metadata"})

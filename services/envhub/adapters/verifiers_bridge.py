@@ -32,7 +32,7 @@ require_classic_verifiers(getattr(vf, "__version__", "0"))
 from verifiers.clients import Client  # noqa: E402 - after the version check above
 from verifiers.types import Response, ResponseMessage, ToolCall  # noqa: E402
 
-from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls  # noqa: E402
+from opentinker.services.common.tool_calls import HERMES, parse_tool_calls  # noqa: E402
 
 POLICY_MODEL = "opentinker-policy"  # the model name verifiers records; the policy is ours
 

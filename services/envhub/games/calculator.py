@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from opentinker.game import Tool
-from opentinker.services.rollout.tool_calls import HERMES, parse_tool_calls
+from opentinker.services.common.tool_calls import HERMES, parse_tool_calls
 
 CALCULATOR_TOOL = Tool(
     name="calculator",

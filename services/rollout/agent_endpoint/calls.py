@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from opentinker.services.rollout.engine import GenerationEngine
-from opentinker.services.rollout.loop_config import LoopConfig
-from opentinker.services.rollout.seeds import derive_seed
+from opentinker.services.rollout.agent.loop_config import LoopConfig
+from opentinker.services.rollout.agent.seeds import derive_seed
+from opentinker.services.rollout.engines.engine import GenerationEngine
 from opentinker.services.rollout.types import Completion, RolloutStats
 
 DEFAULT_WAIT_S = 0.005  # the least a call waits for company when batch_wait_s is unset

@@ -23,6 +23,14 @@ from typing import Any
 import structlog
 
 from opentinker.errors import OpenTinkerError
+from opentinker.services.rollout.agent.chat_format import decode
+from opentinker.services.rollout.agent.env_replies import reset_problem, restart_after, step_problem
+from opentinker.services.rollout.agent.loop_config import (
+    EnvSession,
+    EpisodeRequest,
+    LoopConfig,
+    close_session,
+)
 from opentinker.services.rollout.agent_endpoint.calls import GenerationQueue
 from opentinker.services.rollout.agent_endpoint.openai_wire import (
     ChatRequest,
@@ -38,15 +46,7 @@ from opentinker.services.rollout.agent_endpoint.program import (
 from opentinker.services.rollout.agent_endpoint.segments import EpisodeRecord, Segment, text_of
 from opentinker.services.rollout.agent_endpoint.server import CallRefusedError, EndpointServer
 from opentinker.services.rollout.agent_endpoint.settings import EndpointSettings
-from opentinker.services.rollout.chat_format import decode
-from opentinker.services.rollout.engine import GenerationEngine
-from opentinker.services.rollout.env_replies import reset_problem, restart_after, step_problem
-from opentinker.services.rollout.loop_config import (
-    EnvSession,
-    EpisodeRequest,
-    LoopConfig,
-    close_session,
-)
+from opentinker.services.rollout.engines.engine import GenerationEngine
 from opentinker.services.rollout.types import ChatMessage, FinishReason, RolloutStats, Trajectory
 from opentinker.spec_agent import AgentProgram
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from opentinker.services.rollout.tool_calls import _HERMES_BLOCK, HERMES, parse_tool_calls
+from opentinker.services.common.tool_calls import _HERMES_BLOCK, HERMES, parse_tool_calls
 
 Message = dict[str, Any]
 

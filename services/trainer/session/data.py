@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from opentinker.errors import InvalidArgumentError, ResourceExhaustedError
-from opentinker.services.trainer.batch import SequenceBatch
+from opentinker.services.trainer.rl.batch import SequenceBatch
 
 LossName = Literal[
     "cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "stable_reinforce", "dro"

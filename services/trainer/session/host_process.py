@@ -31,7 +31,7 @@ from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.common.logging import configure_logging
 from opentinker.services.modeling.placement import placement_here
 from opentinker.services.trainer.reporter import SchedulerReporter
-from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.rollout_link.rollout_address import RolloutAddress
 from opentinker.services.trainer.service import ACCESS_RULES, SERVICE_NAME
 from opentinker.services.trainer.session.host import DEFAULT_MAX_SESSIONS, SharedLoraHost
 from opentinker.services.trainer.session.host_servicer import HostAuthenticator, HostServicer

@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from opentinker.services.trainer.batch import SequenceBatch
-from opentinker.services.trainer.logprobs import (
+from opentinker.services.trainer.model.logprobs import (
     causal_lm_parts,
     hidden_states,
     logit_softcap,
     logprobs_from_hidden,
 )
-from opentinker.services.trainer.master_weights import MasterWeightAdamW
-from opentinker.services.trainer.policy import (
+from opentinker.services.trainer.model.master_weights import MasterWeightAdamW
+from opentinker.services.trainer.model.policy import (
     ADAMW_WEIGHT_DECAY,
     PROBE_LENGTH,
     PROBE_MESSAGES,
     Probe,
 )
+from opentinker.services.trainer.rl.batch import SequenceBatch
 from opentinker.spec import ModelSpec
 
 if TYPE_CHECKING:

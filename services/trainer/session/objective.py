@@ -13,7 +13,7 @@ from opentinker.services.trainer.losses.gspo import gspo_loss
 from opentinker.services.trainer.losses.importance_sampling import importance_sampling_loss
 from opentinker.services.trainer.losses.ppo_token import ppo_token_loss
 from opentinker.services.trainer.losses.stable_reinforce import stable_reinforce_loss
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.session.data import DatumBatch, LossName
 
 DEFAULT_CLIP_LOW, DEFAULT_CLIP_HIGH = 0.8, 1.2

@@ -25,9 +25,9 @@ from opentinker.services.common.heap import freeze_loaded_heap
 from opentinker.services.common.launch import LaunchConfig, write_atomic
 from opentinker.services.modeling.preload import Preload
 from opentinker.services.trainer.errors import RolloutError
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.reporter import SchedulerReporter, report_failure_logged
-from opentinker.services.trainer.rollout_address import RolloutAddress
+from opentinker.services.trainer.rollout_link.rollout_address import RolloutAddress
 from opentinker.services.trainer.session.auth import SessionAuthenticator
 from opentinker.services.trainer.session.host import SharedLoraHost
 from opentinker.services.trainer.session.sampler import SessionSampler

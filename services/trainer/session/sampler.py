@@ -16,11 +16,11 @@ from opentinker.common.v1 import common_pb2
 from opentinker.errors import UnavailableError, from_rpc_error
 from opentinker.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from opentinker.services.trainer.errors import RolloutError, WeightSyncError
-from opentinker.services.trainer.policy import Policy
-from opentinker.services.trainer.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.model.policy import Policy
+from opentinker.services.trainer.rollout_link.rollout_client import GrpcRolloutSession
+from opentinker.services.trainer.rollout_link.weight_sync import SyncResult, verified_sync
+from opentinker.services.trainer.rollout_link.weight_transport import TransportSetting
 from opentinker.services.trainer.session.snapshots import Snapshot
-from opentinker.services.trainer.weight_sync import SyncResult, verified_sync
-from opentinker.services.trainer.weight_transport import TransportSetting
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from opentinker.errors import NotFoundError
-from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.trainer.model.policy import Policy, Probe
 
 
 @dataclass

@@ -23,7 +23,7 @@ from opentinker.errors import (
 from opentinker.services.common.launch import write_atomic
 from opentinker.services.trainer import checkpoints
 from opentinker.services.trainer.errors import CheckpointError
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.storage import StorageError, named
 from opentinker.spec import ModelSpec
 

@@ -21,8 +21,10 @@ import torch
 
 from opentinker.common.v1 import common_pb2
 from opentinker.errors import FailedPreconditionError, InvalidArgumentError, OpenTinkerError
-from opentinker.services.rollout.seeds import derive_seed
-from opentinker.services.trainer.policy import Policy, Probe
+from opentinker.services.rollout.agent.seeds import derive_seed
+from opentinker.services.trainer.model.policy import Policy, Probe
+from opentinker.services.trainer.rl.step_reports import BackgroundStepReports, StepReport
+from opentinker.services.trainer.rollout_link.weight_sync import SyncResult
 from opentinker.services.trainer.session import state
 from opentinker.services.trainer.session.data import Datum, collate_data
 from opentinker.services.trainer.session.objective import LossResult, LossSpec, evaluate
@@ -30,8 +32,6 @@ from opentinker.services.trainer.session.ordering import CallOrder
 from opentinker.services.trainer.session.sampler import Sample, SessionSampler
 from opentinker.services.trainer.session.snapshots import Snapshots
 from opentinker.services.trainer.settings import TrainerSettings
-from opentinker.services.trainer.step_reports import BackgroundStepReports, StepReport
-from opentinker.services.trainer.weight_sync import SyncResult
 from opentinker.session_config import SessionConfig
 
 log = structlog.get_logger(__name__)

@@ -26,8 +26,8 @@ from opentinker.services.trainer.job_types import (
     TrainerStatus,
     after_storage_fault,
 )
-from opentinker.services.trainer.memory_metrics import memory_metrics
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.memory_metrics import memory_metrics
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.reporter import report_failure_logged
 from opentinker.services.trainer.settings import TrainerSettings
 from opentinker.services.trainer.sft.batches import SftBatch, make_batches

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from opentinker.services.trainer.logprobs import token_logprobs_and_entropy
 from opentinker.services.trainer.losses.cross_entropy import cross_entropy
-from opentinker.services.trainer.policy import Policy
+from opentinker.services.trainer.model.logprobs import token_logprobs_and_entropy
+from opentinker.services.trainer.model.policy import Policy
 from opentinker.services.trainer.sft.batches import SftBatch
 
 

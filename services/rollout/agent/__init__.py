@@ -1,0 +1,1 @@
+"""The agent loop: episodes played turn by turn, their records, seeds and scheduling."""

@@ -1,0 +1,1 @@
+"""Generation engines: transformers and vLLM, multi-LoRA, weight updates into an engine."""

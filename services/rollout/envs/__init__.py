@@ -1,0 +1,1 @@
+"""The rollout's link to EnvHub: the RunEpisodes stream, its episodes, its faults."""

@@ -1,0 +1,1 @@
+"""Jobs: their store, queue, life cycle, attempts, events and progress."""

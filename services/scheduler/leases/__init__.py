@@ -1,0 +1,1 @@
+"""The GPU lease ledger in Redis: leases, their history, draining and usage."""

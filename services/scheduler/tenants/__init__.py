@@ -1,0 +1,1 @@
+"""Tenants, users, credentials and quotas: who may do what, and how much."""

@@ -1,0 +1,1 @@
+"""The policy and its compute: forward passes, logprobs, micro-batches, the optimizer."""

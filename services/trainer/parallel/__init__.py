@@ -1,0 +1,1 @@
+"""One job on several devices: ranks in step, FSDP2 data parallelism."""

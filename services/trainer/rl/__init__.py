@@ -1,0 +1,1 @@
+"""The managed RL loop: collect, advantages, update, sync, validate, report."""

@@ -1,0 +1,1 @@
+"""The trainer's side of the Rollout stream: opening it, batches, verified weight sync."""
