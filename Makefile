@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CONSTRAINTS := .ci/constraints.txt
 PROTO_FILES := $(shell find protos -name '*.proto')
 
-.PHONY: install protos demo test lint bench docs clean
+.PHONY: install protos demo test test-fast lint bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The unit tier only (marker `unit`: no network, no subprocess): a quick check while editing.
+test-fast: install
+	$(BIN)/python -m pytest -q -m unit
 
 lint: install
 	$(BIN)/ruff check sdk services tests bench tools

@@ -89,9 +89,9 @@ PY
   passed install
 }
 
-GPU_TEST_FILES="tests/test_vllm_engine_gpu.py tests/test_vllm_multi_lora_gpu.py
-  tests/test_rollout_engine.py tests/test_prefix_cache.py tests/test_weight_transport.py
-  tests/test_checkpoints.py tests/test_memory_metrics.py"  # every file holding a `gpu` test (tests/test_benches.py checks)
+GPU_TEST_FILES="tests/rollout/test_vllm_engine_gpu.py tests/rollout/test_vllm_multi_lora_gpu.py
+  tests/rollout/test_rollout_engine.py tests/rollout/test_prefix_cache.py tests/trainer/test_weight_transport.py
+  tests/trainer/test_checkpoints.py tests/trainer/test_memory_metrics.py"  # every file holding a `gpu` test (tests/project/test_benches.py checks)
 
 tests() {
   # One pytest per file, each with its own log in $OUT, so the files that ran keep their

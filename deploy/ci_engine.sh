@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A container engine for tests/test_compose_stack.py on a Debian machine where we are root (CI):
+# A container engine for tests/project/test_compose_stack.py on a Debian machine where we are root (CI):
 # Debian's docker.io and debootstrap, the compose v2 plugin, and dockerd started when none
 # answers. Exits non-zero saying why when any of it fails; the test then skips, saying why.
 #   bash deploy/ci_engine.sh

@@ -1,17 +1,18 @@
-"""Shared fixtures: one real redis-server per test session.
+"""Fixtures of every group: one real redis-server per test session, tiny models, identities.
+
+The tests are grouped by service or tier (scheduler/, worker/, trainer/, sessions/, rollout/,
+envhub/, e2e/, sdk/, project/); a fixture only one group uses lives in that group's
+conftest.py, and the helpers every group imports live in support/ (on pytest's pythonpath).
 
 - ``redis_server_url`` (session): the URL of a real ``redis-server`` started once for the whole
   session in a temporary folder (services.launcher.redis_process.RedisProcess).
 - ``redis_url`` (function): the same URL, with database 0 emptied (FLUSHDB) before the test,
   so each test starts from a clean Redis. Use this one in tests.
-- ``redis_server`` (function): a Redis of the test's own (AOF on), which the test may kill and
-  start again (the scheduler's Redis-outage tests).
-- ``base_engine`` (module): the random-init tiny Qwen2 in the transformers engine.
 - ``letter_model_dir`` (session): the tiny Qwen2 nudged to answer with some letter A..D.
 - ``structlog_config_restored`` (autouse): each test leaves structlog as it found it.
 - ``identities`` (session): a real scheduler whose IdentityService checks credentials for
   EnvHub servers started by tests, with API keys of two tenants, an admin key and a worker
-  token (tests/identity_service.py).
+  token (tests/support/identity_service.py).
 
 Async tests here are plain functions that call ``asyncio.run(...)``; no plugin is needed.
 """
@@ -60,16 +61,6 @@ def redis_url(redis_server_url: str) -> str:
     return redis_server_url
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    """A Redis of the test's own (AOF on), which a test may kill and start again."""
-    server = RedisProcess(tmp_path / "redis").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(autouse=True)
 def structlog_config_restored() -> Iterator[None]:
     """structlog's configuration as it was before each test: a CLI a test runs in-process
@@ -108,19 +99,6 @@ def identities(redis_server_url: str):
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
-def base_engine(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 - a TransformersEngine
-    """The random-init tiny Qwen2 in the transformers engine, full weights, on the CPU."""
-    from opentinker.services.modeling.tiny_model import build_tiny_model
-    from opentinker.services.rollout.engines.engine import TransformersEngine
-    from opentinker.spec import ModelSpec
-
-    model_dir: Path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    return TransformersEngine.load(
-        ModelSpec(base_model=str(model_dir), finetune="full"), device="cpu"
-    )
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +147,7 @@ def letter_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's reporter
-    """The fault and load report (tests/fault_report.py), when those tests ran."""
+    """The fault and load report (tests/support/fault_report.py), when those tests ran."""
     from fault_report import summary_lines
 
     lines = summary_lines()

@@ -43,19 +43,20 @@ FAMILIES = {  # the issue's families -> their files under tinker_cookbook/recipe
 }
 # Families a test runs against a real gateway, and the test.
 TESTED = {
-    "rl_basic / rl_loop": "rl_loop, unchanged: tests/test_tinker_cookbook.py",
-    "sl_basic": "sl_loop (sl_basic's loop written out), unchanged: tests/test_tinker_cookbook.py",
+    "rl_basic / rl_loop": "rl_loop, unchanged: tests/sessions/test_tinker_cookbook.py",
+    "sl_basic": "sl_loop (sl_basic's loop written out), unchanged:"
+    " tests/sessions/test_tinker_cookbook.py",
     "chat_sl": "chat_sl (chat_sl/train.py on no_robots, local stand-in rows), unchanged:"
-    " tests/test_tinker_cookbook.py",
+    " tests/sessions/test_tinker_cookbook.py",
     "math_rl": "math_rl (math_rl/train.py, arithmetic env), unchanged; the hub-data envs"
     " (gsm8k, MATH, polaris, deepmath) share its loop, not run:"
-    " tests/test_tinker_cookbook.py",
+    " tests/sessions/test_tinker_cookbook.py",
     "distillation": "on_policy_distillation (deepmath prompts, local stand-in rows; teacher"
     " a base-model sampler), unchanged; the other distillation scripts are not run:"
-    " tests/test_tinker_cookbook_distillation.py",
+    " tests/sessions/test_tinker_cookbook_distillation.py",
     "preference / DPO": "dpo (preference/dpo/train.py on hhh, local stand-in rows), unchanged;"
     " its loss leaves ln 2 (the reference sampler stays the initial snapshot):"
-    " tests/test_tinker_cookbook_dpo.py",
+    " tests/sessions/test_tinker_cookbook_dpo.py",
 }
 TINKER_LOSSES = {
     "cross_entropy",

@@ -3,7 +3,8 @@
 Usage: python tools/gen_protos.py [--out DIR]   (default: sdk, the committed location)
 
 The proto packages (opentinker.<svc>.v1) become the Python modules opentinker.<svc>.v1.*.
-tests/test_protos.py runs this into a temporary folder and fails when the committed stubs differ.
+tests/project/test_protos.py runs this into a temporary folder and fails when the committed stubs
+differ.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `tools/docs_hooks.py` adds `notebooks/<name>.md` for each `examples/notebooks/<name>.ipynb` at
 build time: markdown cells as they are, code cells as Python blocks, printed output as text
-blocks and PNG figures inline. The notebooks themselves are run by `tests/test_notebooks.py`.
+blocks and PNG figures inline. The notebooks themselves are run by `tests/sdk/test_notebooks.py`.
 Run by hand to see one: `.venv/bin/python tools/notebook_docs.py quickstart`.
 """
 

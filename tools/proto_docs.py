@@ -9,7 +9,7 @@ The parser reads the subset of proto3 our files use, line by line: a run of `//`
 above a `service`, `rpc`, `message`, `enum`, field or enum value documents it, as does a `//`
 comment at the end of its line. Nested messages and enums are listed under their parent's
 name (`Job.Attempt`). `undocumented()` names every service and top-level message without a
-comment (the build logs how many; tests/test_docs.py fails on any).
+comment (the build logs how many; tests/project/test_docs.py fails on any).
 """
 
 from __future__ import annotations

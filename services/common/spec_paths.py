@@ -3,9 +3,10 @@
 The protocol marks each JobSpec field that holds a path on the workers' filesystem
 (``[(opentinker.common.v1.worker_path) = true]`` in common.proto: the model, a starting adapter,
 an adapter to serve, the SFT datasets) and ``spec_paths`` finds them by that mark at any depth,
-so a path field added later is checked without touching this file (``tests/test_spec_paths.py``
-fails on a string field of JobSpec that is neither marked nor listed there as not a path). The
-scheduler (``scheduler/jobs/spec_paths.py``) and the worker (``worker/spec_paths.py``) check them.
+so a path field added later is checked without touching this file
+(``tests/scheduler/test_spec_paths.py`` fails on a string field of JobSpec that is neither marked
+nor listed there as not a path). The scheduler (``scheduler/jobs/spec_paths.py``) and the worker
+(``worker/spec_paths.py``) check them.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ LoRA settings, dtype, device, gradient checkpointing) gets it back with its adap
   draws and their order are the same), or else the adapter is dropped and added again through
   peft's own ``delete_adapter`` and ``add_adapter``, which makes the same layers: either way
   the policy, its optimizer and torch's random state are bit for bit those of a fresh process
-  (tests/test_kept_wrap.py compares them, and a trained step, both ways).
+  (tests/worker/test_kept_wrap.py compares them, and a trained step, both ways).
 
 A model with any other adapter (roles) or asking another wrap is not reused: the job reads
 the base from its files, as a cold process does.

@@ -9,7 +9,7 @@ Every row samples with its own seed (its own ``torch.Generator``, Gumbel-max ove
 temperature/top-p distribution), so a row's tokens depend only on its prompt, its adapter and
 its seed, never on which other jobs' rows share the call. Its logprobs can differ from those of
 the same row run alone in the last float bits (a wider batch pads it more on the left); the
-tokens then differ only at an exact near-tie (tests/test_multi_lora_engine.py).
+tokens then differ only at an exact near-tie (tests/rollout/test_multi_lora_engine.py).
 
 ``AdapterEngine`` is one job's view: a ``GenerationEngine`` (engine.py) whose calls go through
 the shared ``MixedBatcher`` (batcher.py) with the job's adapter, whose weight updates touch only

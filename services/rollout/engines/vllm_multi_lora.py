@@ -18,9 +18,9 @@ batch), ``max_cpu_loras`` = capacity + 1 (the version being switched to beside t
 a switch never evicts another job's adapter), ``max_lora_rank`` = vLLM's slot for the largest
 rank the engine admits (the worker sends a job of a larger rank to a private rollout).
 
-What needs no GPU is here as plain code tested on CPU (tests/test_vllm_multi_lora.py): the
+What needs no GPU is here as plain code tested on CPU (tests/rollout/test_vllm_multi_lora.py): the
 adapter table (ids, versions, folders per job), the request of each row, the engine options.
-The class at the end only hands them to vLLM (tests/test_vllm_multi_lora_gpu.py).
+The class at the end only hands them to vLLM (tests/rollout/test_vllm_multi_lora_gpu.py).
 """
 
 from __future__ import annotations

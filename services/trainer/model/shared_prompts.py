@@ -5,7 +5,7 @@ times (and its backward n times). Here every distinct prompt but its last token 
 a KV cache, with gradient; the cache is repeated to one row per sample, and each row runs only
 its last prompt token and its completion on top of it. The backward pass sums each row's
 gradient through the repeat back into its prompt, which is the plain forward's gradient to
-float rounding (tests/test_shared_prompts.py). The demo's batch (16 prompts x 8 samples, 30
+float rounding (tests/trainer/test_shared_prompts.py). The demo's batch (16 prompts x 8 samples, 30
 prompt tokens, one answer token) on the tiny model: forward + backward 113 -> 28 ms
 (bench/shared_prompts.py).
 

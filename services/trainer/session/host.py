@@ -6,8 +6,8 @@ when asked) -- its own AdamW and its own RNG (``host_tenant.TenantPolicy``). The
 work runs in fair turns (``host_turns.FairTurns``): one unit at a time, round-robin across
 the sessions with work waiting.
 
-Isolation, by construction and tested (tests/test_shared_lora_host.py): a unit runs with only
-its session's adapter active and trainable (peft ``set_adapter``), so its graph holds no other
+Isolation, by construction and tested (tests/sessions/test_shared_lora_host.py): a unit runs with
+only its session's adapter active and trainable (peft ``set_adapter``), so its graph holds no other
 adapter and no base weight that needs a gradient; each AdamW holds only its session's
 parameters; the torch RNG is swapped to the session's own state for its unit (dropout, the
 adapter's initial weights) and back after. A session trained here is bit-for-bit the same

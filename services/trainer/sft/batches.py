@@ -6,7 +6,7 @@ Packed: conversations laid end to end in rows of up to ``max_sequence_length`` t
 Either way ``position_ids`` restart at 0 where each conversation (and each row's padding)
 starts, and the model is called with them and no attention mask: transformers then reads the
 restarts as sequence boundaries and lets a token attend only within its own conversation
-(``masking_utils.find_packed_sequence_indices``; tests/test_sft_data.py checks that packed
+(``masking_utils.find_packed_sequence_indices``; tests/trainer/test_sft_data.py checks that packed
 logits equal unpacked ones). Padding is a segment of its own with weight 0, so no real token
 attends to it and it is never trained on.
 """
