@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from opentinker.catalog import ModelInfo
 from opentinker.errors import InvalidArgumentError, OpenTinkerError
 from opentinker.services.gateway import downloads, runs, sampling, wire
 from opentinker.services.gateway import training_routes as training
@@ -193,6 +194,16 @@ async def capabilities(gw: Gateway, caller: Caller, body: dict) -> dict:
     return {"supported_models": configured + listed}
 
 
+def tokenizer_location(base_model: str, catalog: Sequence[ModelInfo]) -> str:
+    """Where the SDK loads ``base_model``'s tokenizer from: a catalog entry's location (a
+    local folder), else the name as given (a hub id). The SDK's ``get_tokenizer()`` looked a
+    catalog name up on the hub, which has no ``tiny-qwen2``."""
+    for entry in catalog:
+        if entry.name == base_model and entry.location:
+            return entry.location
+    return base_model
+
+
 def _context_length(local: str) -> int | None:
     try:
         config = json.loads((Path(local) / "config.json").read_text())
@@ -273,7 +284,10 @@ async def get_sampler(gw: Gateway, caller: Caller, body: dict) -> dict:
 
 async def get_info(gw: Gateway, caller: Caller, body: dict) -> dict:
     model = await gw.models.get(body["model_id"], caller)
-    local = gw.settings.base_models.get(model.base_model, model.base_model)
+    local = gw.settings.base_models.get(model.base_model)
+    if local is None:  # a catalog name: the SDK's get_tokenizer() loads from its location
+        catalog = await asyncio.to_thread(caller.client.models, timeout=10)
+        local = tokenizer_location(model.base_model, catalog)
     return {
         "type": "get_info",
         "model_id": model.model_id,

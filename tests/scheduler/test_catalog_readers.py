@@ -78,3 +78,19 @@ def test_the_dashboard_shows_the_catalog(identities) -> None:
             admin.remove_model(gemma.name)
     assert 'data-model="gemma-3-270m"' in page and "gemma3_text" in page
     assert "plain (set)" in page
+
+
+def test_a_catalog_models_tokenizer_is_loaded_from_its_location(identities) -> None:
+    """get_info's tokenizer_id (what the tinker SDK's get_tokenizer() loads) for a model named
+    only in the catalog is the entry's location, not the bare name the hub does not have."""
+    from opentinker.services.gateway.app import tokenizer_location
+
+    tiny = ModelInfo(name="tiny-test-model", location="/models/tiny", architecture="qwen2")
+    with Client(identities.scheduler_address, api_key=identities.admin_key) as admin:
+        admin.register_model(tiny)
+        try:
+            catalog = admin.models()
+        finally:
+            admin.remove_model(tiny.name)
+    assert tokenizer_location("tiny-test-model", catalog) == "/models/tiny"
+    assert tokenizer_location("Qwen/Qwen3-8B", catalog) == "Qwen/Qwen3-8B"  # a hub id as given
