@@ -37,12 +37,19 @@ from opentinker.services.rollout.envs.envhub_client import EnvHubClient
 from opentinker.services.rollout.envs.envhub_link import EnvHubLink
 from opentinker.services.rollout.inference import ADAPTER_CONFIG, load_inference_engine
 from opentinker.services.rollout.settings import RolloutSettings
-from opentinker.services.rollout.types import EnvSpec, FinishReason, TrajectoryBatch
+from opentinker.services.rollout.types import EnvSpec, FinishReason, Trajectory, TrajectoryBatch
 from opentinker.spec import ModelSpec, SamplingParams
 
 log = structlog.get_logger("opentinker.rollout.session")
 
 EngineFactory = Callable[[ModelSpec], GenerationEngine]
+
+
+def one_row_per_episode(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """An agent episode whose conversation was rewritten arrives as one row per segment (each
+    with the episode's finish): it counts once, by its first segment, so its rows do not dilute
+    a batch's failed share."""
+    return [t for t in trajectories if t.info.get("agent_segment", "0") == "0"]
 
 
 class EnvBatchFailedError(UnavailableError):
@@ -158,10 +165,11 @@ class RolloutSession:
         )
         if envhub.gone is not None:  # EnvHub stayed away: say so, not "N episodes failed"
             raise envhub.gone
-        failed = [t for t in trajectories if t.finish_reason is FinishReason.ENV_ERROR]
-        if len(failed) > self.settings.max_env_error_fraction * len(trajectories):
+        episodes = one_row_per_episode(trajectories)
+        failed = [t for t in episodes if t.finish_reason is FinishReason.ENV_ERROR]
+        if len(failed) > self.settings.max_env_error_fraction * len(episodes):
             raise EnvBatchFailedError(
-                f"{len(failed)} of {len(trajectories)} episodes of environment "
+                f"{len(failed)} of {len(episodes)} episodes of environment "
                 f"'{config.env_name}' failed in batch {batch_index}; "
                 f"first: {failed[0].finish_detail}",
                 code="UNAVAILABLE",

@@ -120,3 +120,21 @@ def test_every_segment_of_a_rewritten_conversation_reaches_the_batch(
 def test_evaluation_gets_one_row_per_episode(base_engine: TransformersEngine) -> None:
     rows, _ = _play(RecordingEngine(base_engine), every_segment=False)
     assert [(t.episode_id, t.info["agent_segment"]) for t in rows] == [("ep-0", "1"), ("ep-1", "0")]
+
+
+def test_a_rewritten_episode_counts_once_in_the_batchs_failed_share() -> None:
+    """The rollout fails a batch past max_env_error_fraction of its episodes: one failed
+    episode among two, the good one rewritten into three segment rows, is half the episodes,
+    not a quarter of the rows."""
+    from opentinker.services.rollout.session import one_row_per_episode
+    from opentinker.services.rollout.types import FinishReason, Trajectory
+
+    def row(episode: str, finish: FinishReason, segment: str | None) -> Trajectory:
+        info = {} if segment is None else {"agent_segment": segment}
+        return Trajectory(episode, 0, [1, 2], 1, [0.0], [1], 0.0, 1, finish, info=info)
+
+    rows = [row("good", FinishReason.ENV_DONE, s) for s in "012"]
+    rows.append(row("bad", FinishReason.ENV_ERROR, None))
+    episodes = one_row_per_episode(rows)
+    assert [t.episode_id for t in episodes] == ["good", "bad"]
+    assert sum(t.finish_reason is FinishReason.ENV_ERROR for t in episodes) / len(episodes) == 0.5
