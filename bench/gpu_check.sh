@@ -89,9 +89,11 @@ PY
   passed install
 }
 
+# Every file holding a `gpu` test (tests/project/test_benches.py checks).
 GPU_TEST_FILES="tests/rollout/test_vllm_engine_gpu.py tests/rollout/test_vllm_multi_lora_gpu.py
-  tests/rollout/test_rollout_engine.py tests/rollout/test_prefix_cache.py tests/trainer/test_weight_transport.py
-  tests/trainer/test_checkpoints.py tests/trainer/test_memory_metrics.py"  # every file holding a `gpu` test (tests/project/test_benches.py checks)
+  tests/rollout/test_rollout_engine.py tests/rollout/test_prefix_cache.py
+  tests/trainer/test_weight_transport.py tests/trainer/test_checkpoints.py
+  tests/trainer/test_memory_metrics.py"
 
 tests() {
   # One pytest per file, each with its own log in $OUT, so the files that ran keep their
@@ -99,7 +101,10 @@ tests() {
   # are named (not `-m gpu` over tests/): the others import packages the image lacks.
   local files=() file stem bad=()
   if [ -n "${1:-}" ]; then
-    for stem in ${1//,/ }; do files+=("tests/test_$stem.py"); done
+    for stem in ${1//,/ }; do  # tests/<group>/test_<stem>.py
+      file=$(ls tests/*/test_"$stem".py 2>/dev/null | head -1)
+      files+=("${file:-tests/test_$stem.py}")
+    done
   else
     read -ra files <<<"$(echo $GPU_TEST_FILES)"
   fi

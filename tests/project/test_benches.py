@@ -199,11 +199,11 @@ def test_the_gpu_check_runs_every_test_file_that_holds_a_gpu_test() -> None:
     script = (BENCH / "gpu_check.sh").read_text()
     tests = BENCH.parent / "tests"
     holding = {
-        f.name
-        for f in tests.glob("test_*.py")
+        str(f.relative_to(tests))
+        for f in tests.glob("*/test_*.py")
         if any(line.strip() == "@pytest.mark.gpu" for line in f.read_text().splitlines())
     }
-    assert "test_prefix_cache.py" in holding
+    assert "rollout/test_prefix_cache.py" in holding
     missing = sorted(name for name in holding if f"tests/{name}" not in script)
     assert not missing, f"bench/gpu_check.sh's tests step leaves out {missing}"
 

@@ -1,7 +1,7 @@
 """Running tinker-cookbook recipes unchanged against the gateway, offline: the key in
 TINKER_API_KEY, the tiny tokenizer registered under the recipes' model name (the gateway maps
 that name to the tiny local model), and ``datasets.load_dataset`` of the hub datasets a recipe
-names answered from local JSON files. Used by the tests/test_tinker_cookbook*.py modules."""
+names answered from local JSON files. Used by the tests/sessions/test_tinker_cookbook*.py modules."""
 
 from __future__ import annotations
 
