@@ -135,7 +135,7 @@ def test_a_job_spans_two_nodes_and_resumes_when_one_is_lost(
         )
         # Whichever the scheduler hears first: the lost node's silence, or the surviving
         # rank's exit on its broken group (exit_codes.RETRY_LATER): a lost attempt either way.
-        lost_reasons = (f"worker node-{gone} lost", "process died with exit code 75")
+        lost_reasons = (f"worker node-{gone} lost", "exited 75 while it trained: its process group")
         assert any(r in requeued.reason for r in lost_reasons), requeued.reason
         before = [e.step for e in events if e.kind == "step" and e.seq < requeued.seq]
         after = [e.step for e in events if e.kind == "step" and e.seq > requeued.seq]
