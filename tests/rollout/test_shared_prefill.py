@@ -132,7 +132,7 @@ def test_a_vision_language_engine_keeps_the_plain_path(
     """Its rope positions are 3-D and its generate keeps rope state between calls: no cache
     made outside generate, also for text-only prompts."""
     from opentinker.services.modeling.tiny_vl_model import build_tiny_vl_model
-    from opentinker.services.rollout import engine as engine_module
+    from opentinker.services.rollout.engines import engine as engine_module
     from opentinker.spec import SamplingParams
 
     vl = TransformersEngine.load(
