@@ -180,7 +180,7 @@ def test_each_step_reports_its_model_seconds_and_turn_wait(
     reports: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
 
     def reporter(key: str) -> StepReport:
-        async def report(step: int, version: int, metrics) -> bool:  # noqa: ANN001
+        async def report(step: int, version: int, metrics, env_error_reason: str = "") -> bool:  # noqa: ANN001
             reports[key].append(dict(metrics))
             return False
 
